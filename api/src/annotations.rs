@@ -1,0 +1,31 @@
+//! Machine annotations. These keys are shared with the CK8s Cluster API provider and its users'
+//! scripts: never rename them.
+
+/// Requests a certificate refresh; the value is the new certificates' lifetime (e.g. `1y`).
+/// Removed by the controller when the request has been handled.
+pub const REFRESH_CERTIFICATES: &str = "v1beta2.k8sd.io/refresh-certificates";
+
+/// Outcome of the last refresh request: one of [`RefreshStatus`]'s values.
+pub const REFRESH_CERTIFICATES_STATUS: &str = "v1beta2.k8sd.io/refresh-certificates-status";
+
+/// The node certificates' expiry, RFC 3339 in UTC. Upstream Cluster API key: CAPI copies it into
+/// `Machine.status.certificatesExpiryDate` for control-plane Machines.
+pub const CERTIFICATES_EXPIRY: &str = "machine.cluster.x-k8s.io/certificates-expiry";
+
+/// Values of [`REFRESH_CERTIFICATES_STATUS`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RefreshStatus {
+    InProgress,
+    Done,
+    Failed,
+}
+
+impl RefreshStatus {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::InProgress => "in-progress",
+            Self::Done => "done",
+            Self::Failed => "failed",
+        }
+    }
+}

@@ -1,0 +1,37 @@
+//! Cluster API names we read. We never own Machines or Clusters: we read them and patch only
+//! the annotation keys of [`crate::annotations`].
+
+/// API group of Cluster API core objects (Cluster, Machine).
+pub const GROUP: &str = "cluster.x-k8s.io";
+
+/// Machine / Cluster API versions, newest first. v1beta2 is served from CAPI v1.11 on; older
+/// management clusters (v1.9, v1.10) only serve v1beta1.
+pub const VERSIONS: [&str; 2] = ["v1beta2", "v1beta1"];
+
+/// Label on every Machine naming its Cluster.
+pub const CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
+
+/// Label present (any value) on control-plane Machines.
+pub const CONTROL_PLANE_LABEL: &str = "cluster.x-k8s.io/control-plane";
+
+/// Annotation that pauses reconciliation of a CAPI object (the same as `Cluster.spec.paused`).
+pub const PAUSED_ANNOTATION: &str = "cluster.x-k8s.io/paused";
+
+/// Label selecting which controller instance handles an object (`--watch-filter`).
+pub const WATCH_FILTER_LABEL: &str = "cluster.x-k8s.io/watch-filter";
+
+/// Label naming the provider on every object a provider installs.
+pub const PROVIDER_LABEL: &str = "cluster.x-k8s.io/provider";
+
+/// Secret `<cluster>-kubeconfig`, key `value`: the workload cluster's admin kubeconfig.
+pub fn kubeconfig_secret_name(cluster: &str) -> String {
+    format!("{cluster}-kubeconfig")
+}
+
+/// Key of the kubeconfig in [`kubeconfig_secret_name`].
+pub const KUBECONFIG_SECRET_KEY: &str = "value";
+
+/// API group / version / kind of the CK8s bootstrap config that marks a Machine as a CK8s one.
+pub const CK8S_CONFIG_GROUP: &str = "bootstrap.cluster.x-k8s.io";
+pub const CK8S_CONFIG_VERSION: &str = "v1beta2";
+pub const CK8S_CONFIG_KIND: &str = "CK8sConfig";

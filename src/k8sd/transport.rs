@@ -1,0 +1,87 @@
+//! How bytes reach a node's k8sd.
+//!
+//! - [`Route::PortForward`] (default): a `pods/portforward` through the *workload* API server to
+//!   port 2380 of the node's `k8sd-proxy` pod, which relays to k8sd on the host. Works wherever
+//!   the management cluster can reach the workload API server, which CAPI requires anyway.
+//! - [`Route::Direct`]: TCP to the node's address and microcluster port, for management clusters
+//!   that route to nodes.
+//!
+//! Both yield a plain byte stream; TLS and HTTP run on top of it in [`super::client`], so the two
+//! transports share every byte of the HTTP path.
+
+use std::net::SocketAddr;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+
+use super::error::K8sdError;
+use ck8s_certs_api::k8sd::PROXY_POD_PORT;
+
+/// A bidirectional byte stream to k8sd.
+pub trait Stream: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Stream for T {}
+
+/// Where a node's k8sd is reached. Built once per operation, so the size of the port-forward
+/// variant (it holds a client) does not matter.
+#[derive(Clone)]
+#[allow(clippy::large_enum_variant)]
+pub enum Route {
+    /// Port-forward to the node's `k8sd-proxy` pod (in `kube-system` of the workload cluster).
+    PortForward { pods: Api<Pod>, pod: String },
+    /// Direct TCP to the node.
+    Direct { address: SocketAddr },
+}
+
+impl std::fmt::Display for Route {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::PortForward { pod, .. } => {
+                write!(f, "port-forward to pod {pod}:{PROXY_POD_PORT}")
+            }
+            Self::Direct { address } => write!(f, "direct connection to {address}"),
+        }
+    }
+}
+
+impl Route {
+    /// Opens a fresh stream. The caller bounds the time it may take.
+    pub async fn open(&self, node: &str) -> Result<Box<dyn Stream>, K8sdError> {
+        let fail = |reason: String| K8sdError::Connect {
+            node: node.to_owned(),
+            route: self.to_string(),
+            reason,
+        };
+        match self {
+            Self::Direct { address } => {
+                let stream = TcpStream::connect(address)
+                    .await
+                    .map_err(|err| fail(err.to_string()))?;
+                // Small request/response exchanges: don't wait to coalesce.
+                stream
+                    .set_nodelay(true)
+                    .map_err(|err| fail(err.to_string()))?;
+                Ok(Box::new(stream))
+            }
+            Self::PortForward { pods, pod } => {
+                let mut forwarder = pods
+                    .portforward(pod, &[PROXY_POD_PORT])
+                    .await
+                    .map_err(|err| fail(err.to_string()))?;
+                let stream = forwarder
+                    .take_stream(PROXY_POD_PORT)
+                    .ok_or_else(|| fail("the port-forward opened no stream".to_owned()))?;
+                // The forwarder's task pumps the websocket; it ends once the stream is closed.
+                // Its join error after a finished exchange ("Sending after closing is not
+                // allowed") only says the remote closed first, so it is not reported.
+                tokio::spawn(async move {
+                    if let Err(err) = forwarder.join().await {
+                        tracing::trace!(error = %err, "port-forward ended");
+                    }
+                });
+                Ok(Box::new(stream))
+            }
+        }
+    }
+}

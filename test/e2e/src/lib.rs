@@ -1,0 +1,564 @@
+//! The real test environment of ck8s-certs.
+//!
+//! [`Environment::start`] brings up, on loopback only:
+//! - one etcd and one kube-apiserver per cluster (a management cluster and the workload
+//!   clusters of [`EnvSpec`]), TLS from a fresh CA, RBAC on, an admin token;
+//! - the real Cluster API CRDs of the chosen release plus the CK8sConfig CRD, and the fixtures
+//!   of [`fixtures`] in the management and workload clusters;
+//! - the node simulator (`test/nodesim`), which plays every node's kubelet (port-forward) and
+//!   k8sd, each node on its own loopback address `127.E.C.N`.
+//!
+//! Tests share one environment per test binary ([`shared`]) and isolate by cluster and node.
+//! Binaries come from `make control-plane` / `make nodesim` (see the Makefile); their paths can
+//! be overridden with `CK8S_E2E_KUBE_APISERVER`, `CK8S_E2E_ETCD`, `CK8S_E2E_NODESIM`, and the CAPI
+//! release with `CK8S_E2E_CAPI_VERSION`.
+
+pub mod controlplane;
+pub mod crds;
+pub mod fixtures;
+pub mod k8sd;
+pub mod pki;
+pub mod process;
+pub mod sim;
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use kube::Client;
+
+use crate::controlplane::{ApiServer, SharedPki};
+use crate::crds::CapiVersion;
+use crate::fixtures::{ClusterSpec, ClusterTokens, NodeInfo, Role};
+use crate::pki::{Ca, Leaf, Usage};
+use crate::process::Process;
+use crate::sim::SimControl;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("starting {name} failed: {source}")]
+    Spawn {
+        name: String,
+        source: std::io::Error,
+    },
+    #[error("{name} exited ({status}); see {log}", log = log.display())]
+    Exited {
+        name: String,
+        status: String,
+        log: PathBuf,
+    },
+    #[error("timed out waiting for {what}; last log lines:\n{log}")]
+    Timeout { what: String, log: String },
+    #[error("certificate generation failed: {0}")]
+    Pki(String),
+    #[error("Kubernetes API call failed: {0}")]
+    Kube(#[source] kube::Error),
+    #[error("node simulator control API: {0}")]
+    Sim(String),
+    #[error("{0}")]
+    Setup(String),
+}
+
+impl Error {
+    pub fn io(path: &Path, source: std::io::Error) -> Self {
+        Self::Io {
+            path: path.to_owned(),
+            source,
+        }
+    }
+}
+
+/// Pinned versions, from `hack/versions.env` (the Makefile and the build script read it too).
+pub fn pinned_version(key: &str) -> Option<String> {
+    include_str!("../../../hack/versions.env")
+        .lines()
+        .find_map(|line| {
+            let (k, v) = line.split_once('=')?;
+            (k.trim() == key).then(|| v.trim().to_owned())
+        })
+}
+
+/// Paths of the environment's executables.
+#[derive(Clone, Debug)]
+pub struct Binaries {
+    pub kube_apiserver: PathBuf,
+    pub etcd: PathBuf,
+    pub nodesim: PathBuf,
+}
+
+impl Binaries {
+    /// From the environment variables, else the cache of `hack/build-control-plane.sh` and
+    /// `target/bin/nodesim`.
+    pub fn locate() -> Result<Self, Error> {
+        let cache = std::env::var_os("CK8S_CERTS_CACHE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                let base = std::env::var_os("XDG_CACHE_HOME")
+                    .map(PathBuf::from)
+                    .unwrap_or_else(|| {
+                        PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache")
+                    });
+                base.join("ck8s-certs")
+            });
+        let version = |key: &str| pinned_version(key).unwrap_or_default();
+        let pick = |var: &str, default: PathBuf| {
+            std::env::var_os(var).map(PathBuf::from).unwrap_or(default)
+        };
+        let bins = Self {
+            kube_apiserver: pick(
+                "CK8S_E2E_KUBE_APISERVER",
+                cache
+                    .join("bin")
+                    .join(format!("kube-apiserver-{}", version("KUBE_VERSION"))),
+            ),
+            etcd: pick(
+                "CK8S_E2E_ETCD",
+                cache
+                    .join("bin")
+                    .join(format!("etcd-{}", version("ETCD_VERSION"))),
+            ),
+            nodesim: pick(
+                "CK8S_E2E_NODESIM",
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/bin/nodesim"),
+            ),
+        };
+        for path in [&bins.kube_apiserver, &bins.etcd, &bins.nodesim] {
+            if !path.is_file() {
+                return Err(Error::Setup(format!(
+                    "{} is missing: run `make test` (or `make control-plane nodesim`) to build the test environment",
+                    path.display()
+                )));
+            }
+        }
+        Ok(bins)
+    }
+}
+
+impl Binaries {
+    /// The controller binary under test (`CK8S_E2E_CONTROLLER`, else `target/debug/ck8s-certs`,
+    /// which `make e2e` builds first).
+    pub fn controller() -> Result<PathBuf, Error> {
+        let path = std::env::var_os("CK8S_E2E_CONTROLLER")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/ck8s-certs")
+            });
+        if path.is_file() {
+            Ok(path)
+        } else {
+            Err(Error::Setup(format!(
+                "{} is missing: run `cargo build --bin ck8s-certs` (make e2e does)",
+                path.display()
+            )))
+        }
+    }
+}
+
+/// What to start.
+#[derive(Clone, Debug)]
+pub struct EnvSpec {
+    pub capi_version: CapiVersion,
+    pub clusters: Vec<ClusterSpec>,
+    /// How long a node's k8sd is down after a `run` (the real one restarts services).
+    pub restart_seconds: u64,
+}
+
+impl EnvSpec {
+    /// Two workload clusters in one namespace, two control planes and two workers each; `beta`
+    /// has a non-default microcluster port and extra SANs.
+    pub fn standard() -> Self {
+        let capi_version = CapiVersion(
+            std::env::var("CK8S_E2E_CAPI_VERSION")
+                .ok()
+                .filter(|v| !v.is_empty())
+                .or_else(|| {
+                    pinned_version("CAPI_VERSIONS")
+                        .and_then(|v| v.split_whitespace().last().map(str::to_owned))
+                })
+                .unwrap_or_else(|| "v1.14.2".into()),
+        );
+        let cluster = |name: &str, port: Option<u16>, sans: &[&str]| ClusterSpec {
+            name: name.into(),
+            namespace: "fleet".into(),
+            control_planes: 2,
+            workers: 2,
+            microcluster_port: port,
+            extra_sans: sans.iter().map(|s| s.to_string()).collect(),
+            endpoint_host: format!("{name}.k8s.example.internal"),
+        };
+        Self {
+            capi_version,
+            clusters: vec![
+                cluster("alpha", None, &[]),
+                cluster("beta", Some(6543), &["beta-api.example.com", "10.20.30.40"]),
+            ],
+            restart_seconds: 2,
+        }
+    }
+}
+
+/// One workload cluster of a running environment.
+pub struct WorkloadCluster {
+    pub spec: ClusterSpec,
+    pub nodes: Vec<NodeInfo>,
+    pub tokens: ClusterTokens,
+    pub kubeconfig_yaml: String,
+    pub kubeconfig: PathBuf,
+}
+
+impl WorkloadCluster {
+    pub fn node(&self, machine: &str) -> &NodeInfo {
+        self.nodes
+            .iter()
+            .find(|n| n.machine == machine)
+            .unwrap_or_else(|| panic!("no machine {machine} in cluster {}", self.spec.name))
+    }
+
+    pub fn nodes_with_role(&self, role: Role) -> impl Iterator<Item = &NodeInfo> {
+        self.nodes.iter().filter(move |n| n.role == role)
+    }
+
+    pub async fn client(&self) -> Result<Client, Error> {
+        controlplane::client_from_kubeconfig(&self.kubeconfig_yaml).await
+    }
+}
+
+/// Start-up timings and memory, for the closing notes and benchmarks.
+#[derive(Clone, Debug, Default)]
+pub struct Measurements {
+    pub start: Duration,
+    pub control_planes_ready: Duration,
+    pub rss_kib: BTreeMap<String, u64>,
+}
+
+pub struct Environment {
+    pub spec: EnvSpec,
+    pub dir: PathBuf,
+    pub management_kubeconfig_yaml: String,
+    pub management_kubeconfig: PathBuf,
+    pub clusters: Vec<WorkloadCluster>,
+    pub sim: SimControl,
+    pub measurements: Measurements,
+    processes: Mutex<Vec<Process>>,
+}
+
+impl Environment {
+    /// Starts everything. Child processes die with the thread that calls this (see
+    /// [`process`]), so call it from a thread that lives as long as the environment.
+    pub async fn start(spec: EnvSpec) -> Result<Self, Error> {
+        let started = Instant::now();
+        let bins = Binaries::locate()?;
+        let crd_dir = spec.capi_version.crd_dir()?;
+        let dir = make_dir()?;
+        let mut processes = Vec::new();
+
+        let ca = Ca::new(&dir)?;
+        let localhost = [IpAddr::V4(Ipv4Addr::LOCALHOST)];
+        let pki = SharedPki {
+            serving: ca.issue(
+                &dir,
+                Leaf {
+                    file_name: "apiserver",
+                    common_name: "kube-apiserver",
+                    organization: None,
+                    ips: &localhost,
+                    dns: &["localhost", "kubernetes"],
+                    usage: Usage::Server,
+                },
+            )?,
+            kubelet_client: ca.issue(
+                &dir,
+                Leaf {
+                    file_name: "apiserver-kubelet-client",
+                    common_name: "kube-apiserver-kubelet-client",
+                    organization: Some("system:masters"),
+                    ips: &[],
+                    dns: &[],
+                    usage: Usage::Client,
+                },
+            )?,
+            service_account: pki::service_account_keys(&dir)?,
+            admin_token: fixtures::token(),
+            token_file: dir.join("tokens.csv"),
+            ca,
+        };
+        std::fs::write(
+            &pki.token_file,
+            format!("{},admin,admin-uid,\"system:masters\"\n", pki.admin_token),
+        )
+        .map_err(|e| Error::io(&pki.token_file, e))?;
+
+        let (mut etcd, etcd_url) = controlplane::start_etcd(&bins, &dir)?;
+        controlplane::wait_for_etcd(&mut etcd, &etcd_url, Duration::from_secs(30)).await?;
+        processes.push(etcd);
+
+        let mut servers = vec![ApiServer::start(
+            &bins,
+            &pki,
+            &etcd_url,
+            "management",
+            &dir,
+        )?];
+        for cluster in &spec.clusters {
+            servers.push(ApiServer::start(
+                &bins,
+                &pki,
+                &etcd_url,
+                &cluster.name,
+                &dir,
+            )?);
+        }
+        for server in &mut servers {
+            server.wait_ready(Duration::from_secs(90)).await?;
+        }
+        let control_planes_ready = started.elapsed();
+
+        let management = servers.remove(0);
+        let mgmt = management.client().await?;
+        let mut crds = crds::read_dir(&crd_dir)?;
+        crds.extend(crds::read_dir(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("crds"),
+        )?);
+        crds::install(&mgmt, crds).await?;
+
+        let env_octet = pick_env_octet(&spec)?;
+        let mut clusters = Vec::new();
+        let mut sim_clusters = Vec::new();
+        for ((index, cluster_spec), server) in spec.clusters.iter().enumerate().zip(&servers) {
+            let nodes = cluster_spec.nodes(env_octet, (index + 1) as u8);
+            let workload = server.client().await?;
+            fixtures::create_workload_objects(&workload, &nodes).await?;
+            let tokens = fixtures::create_management_objects(
+                &mgmt,
+                &spec.capi_version,
+                cluster_spec,
+                &nodes,
+                &server.kubeconfig_yaml,
+            )
+            .await?;
+            let mut sim_nodes = Vec::new();
+            for node in &nodes {
+                let file_name = format!("kubelet-{}", node.node);
+                let common_name = format!("system:node:{}", node.node);
+                let kubelet = pki.ca.issue(
+                    &dir,
+                    Leaf {
+                        file_name: &file_name,
+                        common_name: &common_name,
+                        organization: Some("system:nodes"),
+                        ips: &[IpAddr::V4(node.address)],
+                        dns: &[&node.node],
+                        usage: Usage::Server,
+                    },
+                )?;
+                sim_nodes.push(sim::NodeConfig::new(node, &kubelet));
+            }
+            sim_clusters.push(sim::ClusterConfig {
+                name: cluster_spec.name.clone(),
+                namespace: cluster_spec.namespace.clone(),
+                kubeconfig: server.kubeconfig.clone(),
+                honour_csr_expiration: false,
+                nodes: sim_nodes,
+            });
+            clusters.push(WorkloadCluster {
+                spec: cluster_spec.clone(),
+                nodes,
+                tokens,
+                kubeconfig_yaml: server.kubeconfig_yaml.clone(),
+                kubeconfig: server.kubeconfig.clone(),
+            });
+        }
+
+        let control = std::net::SocketAddr::from((Ipv4Addr::LOCALHOST, controlplane::free_port()?));
+        let config_path = dir.join("nodesim.json");
+        sim::write_config(
+            &config_path,
+            &sim::Config {
+                control,
+                kubelet_client_ca: pki.ca.files.cert.clone(),
+                management_kubeconfig: management.kubeconfig.clone(),
+                restart_seconds: spec.restart_seconds,
+                clusters: sim_clusters,
+            },
+        )?;
+        let mut command = std::process::Command::new(&bins.nodesim);
+        command.arg("--config").arg(&config_path);
+        let mut nodesim = Process::spawn("nodesim", command, &dir)?;
+        sim::wait_ready(&mut nodesim, Duration::from_secs(30)).await?;
+
+        let management_kubeconfig_yaml = management.kubeconfig_yaml.clone();
+        let management_kubeconfig = management.kubeconfig.clone();
+        processes.push(management.process);
+        processes.extend(servers.into_iter().map(|s| s.process));
+        processes.push(nodesim);
+
+        let measurements = Measurements {
+            start: started.elapsed(),
+            control_planes_ready,
+            rss_kib: processes
+                .iter()
+                .filter_map(|p| Some((p.name.clone(), p.rss_kib()?)))
+                .collect(),
+        };
+        Ok(Self {
+            spec,
+            dir,
+            management_kubeconfig_yaml,
+            management_kubeconfig,
+            clusters,
+            sim: SimControl::new(control),
+            measurements,
+            processes: Mutex::new(processes),
+        })
+    }
+
+    /// A fresh admin client of the management cluster (clients are per test: each test has its
+    /// own tokio runtime).
+    pub async fn management(&self) -> Result<Client, Error> {
+        controlplane::client_from_kubeconfig(&self.management_kubeconfig_yaml).await
+    }
+
+    pub fn cluster(&self, name: &str) -> &WorkloadCluster {
+        self.clusters
+            .iter()
+            .find(|c| c.spec.name == name)
+            .unwrap_or_else(|| panic!("no workload cluster {name}"))
+    }
+
+    /// Current RSS of every process, in KiB.
+    pub fn rss_kib(&self) -> BTreeMap<String, u64> {
+        self.processes
+            .lock()
+            .map(|ps| {
+                ps.iter()
+                    .filter_map(|p| Some((p.name.clone(), p.rss_kib()?)))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Kills every process and removes the environment's folder.
+    pub fn stop(&self) {
+        if let Ok(mut processes) = self.processes.lock() {
+            processes.clear();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Drop for Environment {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// `target/e2e-env/<pid>-<n>`; folders of processes that no longer exist are removed first (a
+/// killed test run cannot clean up after itself).
+fn make_dir() -> Result<PathBuf, Error> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/e2e-env");
+    std::fs::create_dir_all(&root).map_err(|e| Error::io(&root, e))?;
+    if let Ok(entries) = std::fs::read_dir(&root) {
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let pid = name.split('-').next().and_then(|p| p.parse::<u32>().ok());
+            if pid.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists()) {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+    for n in 0.. {
+        let dir = root.join(format!("{}-{n}", std::process::id()));
+        if std::fs::create_dir(&dir).is_ok() {
+            return Ok(dir);
+        }
+    }
+    unreachable!("an unbounded range always yields a free name")
+}
+
+/// Picks the second octet of the nodes' addresses `127.E.C.N` so that environments running at
+/// the same time (several test binaries, `make run`) do not collide: E is random and every
+/// node's kubelet and k8sd port must be free on it.
+fn pick_env_octet(spec: &EnvSpec) -> Result<u8, Error> {
+    use rand::Rng;
+    for _ in 0..50 {
+        let octet: u8 = rand::rng().random_range(10..=250);
+        let free = spec.clusters.iter().enumerate().all(|(c, cluster)| {
+            cluster.nodes(octet, (c + 1) as u8).iter().all(|node| {
+                [fixtures::KUBELET_PORT, node.microcluster_port]
+                    .iter()
+                    .all(|port| TcpListener::bind((node.address, *port)).is_ok())
+            })
+        });
+        if free {
+            return Ok(octet);
+        }
+    }
+    Err(Error::Setup(
+        "no free 127.E.0.0/16 block for the simulated nodes".into(),
+    ))
+}
+
+static SHARED: OnceLock<Result<Arc<Environment>, String>> = OnceLock::new();
+
+extern "C" fn stop_shared() {
+    if let Some(Ok(env)) = SHARED.get() {
+        env.stop();
+    }
+}
+
+/// The environment shared by every test of this test binary, started on first use.
+///
+/// It runs on a dedicated thread with its own runtime, which lives until the process exits:
+/// tests each have their own tokio runtime, and the children's parent-death signal is tied to
+/// the spawning thread. When the test process exits, that thread dies and the kernel kills
+/// every child.
+pub async fn shared() -> Arc<Environment> {
+    let result = tokio::task::spawn_blocking(|| {
+        SHARED
+            .get_or_init(|| {
+                let _ = rustls::crypto::ring::default_provider().install_default();
+                let (tx, rx) = std::sync::mpsc::channel();
+                std::thread::Builder::new()
+                    .name("e2e-environment".into())
+                    .spawn(move || {
+                        let runtime = match tokio::runtime::Builder::new_current_thread()
+                            .enable_all()
+                            .build()
+                        {
+                            Ok(runtime) => runtime,
+                            Err(e) => {
+                                let _ = tx.send(Err(e.to_string()));
+                                return;
+                            }
+                        };
+                        let env = runtime.block_on(Environment::start(EnvSpec::standard()));
+                        // Statics are never dropped: stop the environment when the test
+                        // binary exits normally (a killed one relies on the parent-death
+                        // signal, and its folder is removed by the next start).
+                        // SAFETY: registering a plain extern "C" function.
+                        unsafe {
+                            libc::atexit(stop_shared);
+                        }
+                        let _ = tx.send(env.map(Arc::new).map_err(|e| e.to_string()));
+                        // Keep this thread (and so the children) alive for the whole test run.
+                        runtime.block_on(std::future::pending::<()>());
+                    })
+                    .map_err(|e| e.to_string())?;
+                rx.recv().map_err(|e| e.to_string())?
+            })
+            .clone()
+    })
+    .await;
+    match result {
+        Ok(Ok(env)) => env,
+        Ok(Err(message)) => panic!("the test environment did not start: {message}"),
+        Err(join) => panic!("the test environment did not start: {join}"),
+    }
+}

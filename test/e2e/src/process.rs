@@ -1,0 +1,152 @@
+//! Child processes of the environment (etcd, kube-apiservers, the node simulator).
+//!
+//! Nothing may outlive the environment, even when a test panics or the run is interrupted:
+//! - each child leads its own process group, and `Drop` SIGKILLs the whole group (a
+//!   kube-apiserver ignores SIGTERM for more than 10 s, and tests should not wait for it);
+//! - each child gets `PR_SET_PDEATHSIG = SIGKILL`, so the kernel kills it when the thread that
+//!   spawned it dies — including when the test process is killed. The harness therefore spawns
+//!   children only from a thread that lives as long as the environment (see `crate::shared`).
+
+use std::fs::File;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use crate::Error;
+
+pub struct Process {
+    pub name: String,
+    pub log: PathBuf,
+    child: Child,
+}
+
+impl Process {
+    /// Starts `command` with stdout and stderr appended to `<log_dir>/<name>.log`.
+    pub fn spawn(name: &str, mut command: Command, log_dir: &Path) -> Result<Self, Error> {
+        let log = log_dir.join(format!("{name}.log"));
+        let out = File::create(&log).map_err(|e| Error::io(&log, e))?;
+        let err = out.try_clone().map_err(|e| Error::io(&log, e))?;
+        supervise(&mut command);
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| Error::Spawn {
+                name: name.to_owned(),
+                source: e,
+            })?;
+        Ok(Self {
+            name: name.to_owned(),
+            log,
+            child,
+        })
+    }
+
+    /// Starts `command` with the terminal's stdout and stderr (for `make run`).
+    pub fn spawn_foreground(name: &str, mut command: Command) -> Result<Self, Error> {
+        supervise(&mut command);
+        let child = command
+            .stdin(Stdio::null())
+            .spawn()
+            .map_err(|e| Error::Spawn {
+                name: name.to_owned(),
+                source: e,
+            })?;
+        Ok(Self {
+            name: name.to_owned(),
+            log: PathBuf::from("/dev/stdout"),
+            child,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether the process is still running; a dead one is an environment failure worth a
+    /// clear message (its log tells why).
+    pub fn check_running(&mut self) -> Result<(), Error> {
+        match self.child.try_wait() {
+            Ok(None) => Ok(()),
+            Ok(Some(status)) => Err(Error::Exited {
+                name: self.name.clone(),
+                status: status.to_string(),
+                log: self.log.clone(),
+            }),
+            Err(e) => Err(Error::io(&self.log, e)),
+        }
+    }
+
+    /// Resident set size in KiB (from /proc), for measurements.
+    pub fn rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        status.lines().find_map(|line| {
+            line.strip_prefix("VmRSS:")?
+                .trim()
+                .strip_suffix("kB")?
+                .trim()
+                .parse()
+                .ok()
+        })
+    }
+
+    /// The last lines of the log, for error messages.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// Sends SIGTERM and waits up to `timeout` for the exit; `None` if it did not exit.
+    pub fn terminate(&mut self, timeout: std::time::Duration) -> Option<std::process::ExitStatus> {
+        // SAFETY: plain syscall on our own child.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let deadline = std::time::Instant::now() + timeout;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        None
+    }
+
+    pub fn kill(&mut self) {
+        let pgid = self.child.id() as libc::pid_t;
+        // SAFETY: plain syscall; a negative pid addresses the child's process group.
+        unsafe {
+            libc::kill(-pgid, libc::SIGKILL);
+        }
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Makes the child lead its own process group and die with the spawning thread.
+fn supervise(command: &mut Command) {
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: only async-signal-safe libc calls between fork and exec.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::setpgid(0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent may have died before prctl took effect.
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+}

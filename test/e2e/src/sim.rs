@@ -1,0 +1,345 @@
+//! The node simulator (`test/nodesim`, Go): its configuration, and a client for its control API
+//! (fault injection, call records, node state).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::Error;
+use crate::fixtures::{KUBELET_PORT, NodeInfo, Role};
+use crate::pki::CertFiles;
+use crate::process::Process;
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Config {
+    pub control: SocketAddr,
+    #[serde(rename = "kubeletClientCA")]
+    pub kubelet_client_ca: PathBuf,
+    pub management_kubeconfig: PathBuf,
+    pub restart_seconds: u64,
+    pub clusters: Vec<ClusterConfig>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterConfig {
+    pub name: String,
+    pub namespace: String,
+    pub kubeconfig: PathBuf,
+    #[serde(rename = "honourCSRExpiration")]
+    pub honour_csr_expiration: bool,
+    pub nodes: Vec<NodeConfig>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeConfig {
+    pub name: String,
+    pub machine: String,
+    pub role: Role,
+    pub address: String,
+    pub kubelet_port: u16,
+    pub microcluster_port: u16,
+    pub proxy_pod: String,
+    pub kubelet_cert: PathBuf,
+    pub kubelet_key: PathBuf,
+    pub initial_cert_lifetime_seconds: u64,
+    pub approve_mode: String,
+    pub run_answers_duration: bool,
+}
+
+impl NodeConfig {
+    pub fn new(node: &NodeInfo, kubelet: &CertFiles) -> Self {
+        Self {
+            name: node.node.clone(),
+            machine: node.machine.clone(),
+            role: node.role,
+            address: node.address.to_string(),
+            kubelet_port: KUBELET_PORT,
+            microcluster_port: node.microcluster_port,
+            proxy_pod: node.proxy_pod.clone(),
+            kubelet_cert: kubelet.cert.clone(),
+            kubelet_key: kubelet.key.clone(),
+            initial_cert_lifetime_seconds: 365 * 24 * 3600,
+            approve_mode: "watch".into(),
+            run_answers_duration: false,
+        }
+    }
+}
+
+/// Waits until the simulator printed `READY` (all listeners bound).
+pub async fn wait_ready(process: &mut Process, deadline: Duration) -> Result<(), Error> {
+    let start = Instant::now();
+    loop {
+        process.check_running()?;
+        let log = std::fs::read_to_string(&process.log).unwrap_or_default();
+        if log.lines().any(|l| l.trim() == "READY") {
+            return Ok(());
+        }
+        if start.elapsed() > deadline {
+            return Err(Error::Timeout {
+                what: "the node simulator to listen".into(),
+                log: process.log_tail(30),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub fn write_config(path: &Path, config: &Config) -> Result<(), Error> {
+    let text = serde_json::to_string_pretty(config).map_err(|e| Error::Setup(e.to_string()))?;
+    std::fs::write(path, text).map_err(|e| Error::io(path, e))
+}
+
+/// Which k8sd endpoint a fault or record concerns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Endpoint {
+    Root,
+    Expiry,
+    Plan,
+    Run,
+    Approve,
+}
+
+/// A fault to inject; build with the constructors, scope with `cluster`/`node`/`endpoint`.
+#[derive(Clone, Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Fault {
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub cluster: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub node: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<Endpoint>,
+    pub kind: String,
+    pub delay_ms: u64,
+    pub status: u16,
+    pub message: String,
+    pub count: u32,
+}
+
+impl Fault {
+    fn kind(kind: &str) -> Self {
+        Self {
+            kind: kind.into(),
+            ..Self::default()
+        }
+    }
+    pub fn latency(delay: Duration) -> Self {
+        Self {
+            delay_ms: delay.as_millis() as u64,
+            ..Self::kind("latency")
+        }
+    }
+    pub fn error(status: u16, message: &str) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            ..Self::kind("error")
+        }
+    }
+    pub fn hang() -> Self {
+        Self::kind("hang")
+    }
+    pub fn drop_connection() -> Self {
+        Self::kind("drop")
+    }
+    pub fn malformed() -> Self {
+        Self::kind("malformed")
+    }
+    pub fn unavailable() -> Self {
+        Self::kind("unavailable")
+    }
+    pub fn refuse() -> Self {
+        Self::kind("refuse")
+    }
+    pub fn csr_deny() -> Self {
+        Self::kind("csr-deny")
+    }
+    pub fn on(mut self, node: &NodeInfo) -> Self {
+        self.cluster = node.cluster.clone();
+        self.node = node.node.clone();
+        self
+    }
+    pub fn on_cluster(mut self, cluster: &str) -> Self {
+        self.cluster = cluster.into();
+        self
+    }
+    pub fn at(mut self, endpoint: Endpoint) -> Self {
+        self.endpoint = Some(endpoint);
+        self
+    }
+    pub fn times(mut self, count: u32) -> Self {
+        self.count = count;
+        self
+    }
+}
+
+/// One k8sd request as the simulator saw it. Header *names* only: values are never recorded.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CallRecord {
+    pub cluster: String,
+    pub node: String,
+    pub endpoint: String,
+    pub method: String,
+    pub path: String,
+    pub headers: Vec<String>,
+    pub body: String,
+    pub status: u16,
+    #[serde(default)]
+    pub fault: String,
+    pub started_at: String,
+    pub duration_ms: f64,
+}
+
+/// A simulated node's state.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeState {
+    pub cluster: String,
+    pub node: String,
+    pub machine: String,
+    pub role: Role,
+    pub address: String,
+    pub microcluster_port: u16,
+    pub cert_not_after: String,
+    pub cert_not_before: String,
+    #[serde(rename = "certSANs")]
+    pub cert_sans: Vec<String>,
+    pub database_expiry: String,
+    #[serde(rename = "k8sdFingerprintSHA256")]
+    pub k8sd_fingerprint_sha256: String,
+    #[serde(default)]
+    pub seeds_run: Option<Vec<i64>>,
+}
+
+/// Client of the simulator's control API.
+#[derive(Clone)]
+pub struct SimControl {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl SimControl {
+    pub fn new(address: SocketAddr) -> Self {
+        // No pooling: each test has its own runtime, and a pooled connection would die with the
+        // runtime of the test that opened it.
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .build()
+            .unwrap_or_default();
+        Self {
+            base: format!("http://{address}"),
+            http,
+        }
+    }
+
+    async fn send(&self, request: reqwest::RequestBuilder) -> Result<reqwest::Response, Error> {
+        let response = request
+            .send()
+            .await
+            .map_err(|e| Error::Sim(e.to_string()))?;
+        if !response.status().is_success() {
+            let status = response.status();
+            let text = response.text().await.unwrap_or_default();
+            return Err(Error::Sim(format!("{status}: {text}")));
+        }
+        Ok(response)
+    }
+
+    /// Injects a fault; returns its id.
+    pub async fn inject(&self, fault: &Fault) -> Result<String, Error> {
+        let response = self
+            .send(self.http.post(format!("{}/faults", self.base)).json(fault))
+            .await?;
+        let body: serde_json::Value = response
+            .json()
+            .await
+            .map_err(|e| Error::Sim(e.to_string()))?;
+        body["id"]
+            .as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| Error::Sim(format!("no id in {body}")))
+    }
+
+    pub async fn clear_fault(&self, id: &str) -> Result<(), Error> {
+        self.send(self.http.delete(format!("{}/faults/{id}", self.base)))
+            .await
+            .map(drop)
+    }
+
+    pub async fn clear_faults(&self, cluster: &str) -> Result<(), Error> {
+        self.send(
+            self.http
+                .delete(format!("{}/faults", self.base))
+                .query(&[("cluster", cluster)]),
+        )
+        .await
+        .map(drop)
+    }
+
+    /// Calls recorded on `node` of `cluster` (empty strings match all).
+    pub async fn calls(&self, cluster: &str, node: &str) -> Result<Vec<CallRecord>, Error> {
+        let response = self
+            .send(
+                self.http
+                    .get(format!("{}/calls", self.base))
+                    .query(&[("cluster", cluster), ("node", node)]),
+            )
+            .await?;
+        response.json().await.map_err(|e| Error::Sim(e.to_string()))
+    }
+
+    pub async fn clear_calls(&self, cluster: &str, node: &str) -> Result<(), Error> {
+        self.send(
+            self.http
+                .delete(format!("{}/calls", self.base))
+                .query(&[("cluster", cluster), ("node", node)]),
+        )
+        .await
+        .map(drop)
+    }
+
+    pub async fn nodes(&self) -> Result<Vec<NodeState>, Error> {
+        let response = self
+            .send(self.http.get(format!("{}/nodes", self.base)))
+            .await?;
+        response.json().await.map_err(|e| Error::Sim(e.to_string()))
+    }
+
+    pub async fn node(&self, node: &NodeInfo) -> Result<NodeState, Error> {
+        self.nodes()
+            .await?
+            .into_iter()
+            .find(|n| n.cluster == node.cluster && n.node == node.node)
+            .ok_or_else(|| Error::Sim(format!("no node {} in cluster {}", node.node, node.cluster)))
+    }
+
+    /// Simulates a node reinstall: new k8sd certificate, new initial certificates.
+    pub async fn reinstall(
+        &self,
+        node: &NodeInfo,
+        initial_lifetime: Option<Duration>,
+    ) -> Result<(), Error> {
+        let body = match initial_lifetime {
+            Some(lifetime) => json!({ "initialCertLifetimeSeconds": lifetime.as_secs() }),
+            None => json!({}),
+        };
+        self.send(
+            self.http
+                .post(format!(
+                    "{}/nodes/{}/{}/reinstall",
+                    self.base, node.cluster, node.node
+                ))
+                .json(&body),
+        )
+        .await
+        .map(drop)
+    }
+}

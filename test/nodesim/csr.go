@@ -1,0 +1,234 @@
+package main
+
+import (
+	"context"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"fmt"
+	"net"
+
+	certv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	certclient "k8s.io/client-go/kubernetes/typed/certificates/v1"
+	"k8s.io/client-go/util/retry"
+)
+
+const (
+	reasonApproved = "ApprovedByCK8sCAPI"
+	reasonDenied   = "DeniedBySimulator"
+)
+
+// workerCSR is one of the three CSRs a worker's run creates.
+type workerCSR struct {
+	name    string
+	signer  string
+	subject pkix.Name
+	dns     []string
+	ips     []net.IP
+	usages  []certv1.KeyUsage
+}
+
+// workerCSRs lists the CSRs of a worker refresh, kubelet serving first (its certificate
+// is the one run reports).
+func workerCSRs(n NodeConfig, seed int) []workerCSR {
+	names := workerCSRNames(seed)
+	nodeSubject := pkix.Name{CommonName: "system:node:" + n.Name, Organization: []string{"system:nodes"}}
+	return []workerCSR{
+		{
+			name: names[0], signer: "k8sd.io/kubelet-serving", subject: nodeSubject,
+			dns: []string{n.Name}, ips: []net.IP{net.ParseIP(n.Address)},
+			usages: []certv1.KeyUsage{certv1.UsageDigitalSignature, certv1.UsageKeyEncipherment, certv1.UsageServerAuth},
+		},
+		{
+			name: names[1], signer: "k8sd.io/kubelet-client", subject: nodeSubject,
+			usages: []certv1.KeyUsage{certv1.UsageDigitalSignature, certv1.UsageKeyEncipherment, certv1.UsageClientAuth},
+		},
+		{
+			name: names[2], signer: "k8sd.io/kube-proxy-client", subject: pkix.Name{CommonName: "system:kube-proxy"},
+			usages: []certv1.KeyUsage{certv1.UsageDigitalSignature, certv1.UsageKeyEncipherment, certv1.UsageClientAuth},
+		},
+	}
+}
+
+func conditionTrue(csr *certv1.CertificateSigningRequest, t certv1.RequestConditionType) bool {
+	for _, c := range csr.Status.Conditions {
+		if c.Type == t && c.Status == corev1.ConditionTrue {
+			return true
+		}
+	}
+	return false
+}
+
+// refreshWorker creates (or reuses, for a retried seed) the worker's CSRs and blocks
+// until all are approved and signed. It returns the kubelet serving certificate.
+func (s *Simulator) refreshWorker(ctx context.Context, n *node, seed int, expirationSeconds int32) (*x509.Certificate, error) {
+	client := n.cluster.client.CertificatesV1().CertificateSigningRequests()
+	csrs := workerCSRs(n.cfg, seed)
+	for _, c := range csrs {
+		if err := ensureCSR(ctx, client, c, expirationSeconds); err != nil {
+			return nil, err
+		}
+	}
+	for {
+		var serving []byte
+		pending := false
+		for i, c := range csrs {
+			csr, err := client.Get(ctx, c.name, metav1.GetOptions{})
+			switch {
+			case ctx.Err() != nil:
+				return nil, ctx.Err()
+			case apierrors.IsNotFound(err):
+				return nil, fmt.Errorf("CSR %s was deleted", c.name)
+			case err != nil:
+				// The API server may be restarting: keep waiting.
+				s.log.Printf("k8sd %s/%s: get CSR %s: %v", n.cluster.cfg.Name, n.cfg.Name, c.name, err)
+				pending = true
+				continue
+			}
+			if conditionTrue(csr, certv1.CertificateDenied) {
+				return nil, fmt.Errorf("CSR %s was denied", c.name)
+			}
+			if conditionTrue(csr, certv1.CertificateFailed) {
+				return nil, fmt.Errorf("CSR %s failed", c.name)
+			}
+			if !conditionTrue(csr, certv1.CertificateApproved) || len(csr.Status.Certificate) == 0 {
+				pending = true
+				continue
+			}
+			if i == 0 {
+				serving = csr.Status.Certificate
+			}
+		}
+		if !pending {
+			cert, err := parseCertPEM(serving)
+			if err != nil {
+				return nil, fmt.Errorf("CSR %s: %w", csrs[0].name, err)
+			}
+			return cert, nil
+		}
+		if !waitTick(ctx, s.pollInterval) {
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// ensureCSR creates the CSR unless one of that name exists already.
+func ensureCSR(ctx context.Context, client certclient.CertificateSigningRequestInterface, c workerCSR, expirationSeconds int32) error {
+	if _, err := client.Get(ctx, c.name, metav1.GetOptions{}); err == nil {
+		return nil
+	} else if !apierrors.IsNotFound(err) {
+		return fmt.Errorf("failed to get CSR %s: %w", c.name, err)
+	}
+	request, err := newCSRPEM(c.subject, c.dns, c.ips)
+	if err != nil {
+		return fmt.Errorf("failed to generate CSR %s: %w", c.name, err)
+	}
+	exp := expirationSeconds
+	_, err = client.Create(ctx, &certv1.CertificateSigningRequest{
+		ObjectMeta: metav1.ObjectMeta{Name: c.name},
+		Spec: certv1.CertificateSigningRequestSpec{
+			Request:           request,
+			SignerName:        c.signer,
+			Usages:            c.usages,
+			ExpirationSeconds: &exp,
+		},
+	}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("failed to create CSR %s: %w", c.name, err)
+	}
+	return nil
+}
+
+// approveWatch is the newer k8sd: wait until the seed's three CSRs exist, then approve
+// those not yet decided.
+func (s *Simulator) approveWatch(ctx context.Context, cl *cluster, seed int, deny bool) error {
+	client := cl.client.CertificatesV1().CertificateSigningRequests()
+	names := workerCSRNames(seed)
+	var csrs []*certv1.CertificateSigningRequest
+	for {
+		csrs = csrs[:0]
+		for _, name := range names {
+			csr, err := client.Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				if !apierrors.IsNotFound(err) {
+					s.log.Printf("approve %s: get CSR %s: %v", cl.cfg.Name, name, err)
+				}
+				break
+			}
+			csrs = append(csrs, csr)
+		}
+		if len(csrs) == len(names) {
+			break
+		}
+		if !waitTick(ctx, s.pollInterval) {
+			return ctx.Err()
+		}
+	}
+	for _, csr := range csrs {
+		if conditionTrue(csr, certv1.CertificateApproved) || conditionTrue(csr, certv1.CertificateDenied) {
+			continue
+		}
+		if err := setApproval(ctx, client, csr.Name, deny); err != nil {
+			return fmt.Errorf("failed to approve CSR %s: %w", csr.Name, err)
+		}
+	}
+	return nil
+}
+
+// approveGetOnce is the older k8sd: one GET per CSR, each handled independently (so a
+// partial approval is possible), an error for a missing or already approved CSR.
+func (s *Simulator) approveGetOnce(ctx context.Context, cl *cluster, seed int, deny bool) error {
+	client := cl.client.CertificatesV1().CertificateSigningRequests()
+	var errs []error
+	for _, name := range workerCSRNames(seed) {
+		csr, err := client.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("failed to get CSR %s: %w", name, err))
+			continue
+		}
+		if conditionTrue(csr, certv1.CertificateApproved) {
+			errs = append(errs, fmt.Errorf("CSR %s is already approved", name))
+			continue
+		}
+		if err := setApproval(ctx, client, name, deny); err != nil {
+			errs = append(errs, fmt.Errorf("failed to approve CSR %s: %w", name, err))
+		}
+	}
+	if len(errs) > 0 {
+		// Report the first failure, as k8sd's errgroup does.
+		return errs[0]
+	}
+	return nil
+}
+
+// setApproval adds the Approved (or, for a csr-deny fault, Denied) condition through
+// the approval subresource, retrying on update conflicts.
+func setApproval(ctx context.Context, client certclient.CertificateSigningRequestInterface, name string, deny bool) error {
+	condType, reason, msg := certv1.CertificateApproved, reasonApproved, "This CSR was approved by Canonical Kubernetes CAPI Provider"
+	if deny {
+		condType, reason, msg = certv1.CertificateDenied, reasonDenied, "This CSR was denied by the node simulator (csr-deny fault)"
+	}
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		csr, err := client.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if conditionTrue(csr, condType) {
+			return nil
+		}
+		csr.Status.Conditions = append(csr.Status.Conditions, certv1.CertificateSigningRequestCondition{
+			Type:           condType,
+			Status:         corev1.ConditionTrue,
+			Reason:         reason,
+			Message:        msg,
+			LastUpdateTime: metav1.Now(),
+		})
+		_, err = client.UpdateApproval(ctx, name, csr, metav1.UpdateOptions{})
+		return err
+	})
+}

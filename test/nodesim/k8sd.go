@@ -1,0 +1,558 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/subtle"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"math"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	apiv1 "github.com/canonical/k8s-snap-api/api/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// k8sdRoutes maps the exact paths k8sd serves (no trailing slash) to endpoint names.
+var k8sdRoutes = map[string]string{
+	"/": epRoot,
+	"/1.0/" + apiv1.ClusterAPICertificatesExpiryRPC: epExpiry,
+	"/1.0/" + apiv1.ClusterAPICertificatesPlanRPC:   epPlan,
+	"/1.0/" + apiv1.ClusterAPICertificatesRunRPC:    epRun,
+	"/1.0/" + apiv1.ClusterAPIApproveWorkerCSRRPC:   epApprove,
+}
+
+const (
+	headerNodeToken    = "node-token"
+	headerCAPIToken    = "capi-auth-token"
+	maxRequestBodySize = 1 << 20
+	// The latest NotAfter x509 can encode (9999-12-31T23:59:59Z).
+	maxNotAfterUnix = 253402300799
+)
+
+// envelope is the LXD/microcluster response body, field order as k8sd sends it.
+type envelope struct {
+	Type       string `json:"type"`
+	Status     string `json:"status"`
+	StatusCode int    `json:"status_code"`
+	Operation  string `json:"operation"`
+	ErrorCode  int    `json:"error_code"`
+	Error      string `json:"error"`
+	Metadata   any    `json:"metadata"`
+}
+
+// writeEnvelope sends a complete response with Content-Length and flushes it, so
+// that the bytes are on the wire before a simulated restart closes the connection.
+func writeEnvelope(w http.ResponseWriter, code int, env envelope) {
+	var buf bytes.Buffer
+	// json.Encoder like LXD's util.WriteJSON (HTML escaping, trailing newline).
+	if err := json.NewEncoder(&buf).Encode(env); err != nil {
+		code = http.StatusInternalServerError
+		buf.Reset()
+		json.NewEncoder(&buf).Encode(envelope{Type: "error", ErrorCode: code, Error: "failed to encode response: " + err.Error()})
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
+	w.WriteHeader(code)
+	w.Write(buf.Bytes())
+	if f, ok := w.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func writeSync(w http.ResponseWriter, metadata any) {
+	writeEnvelope(w, http.StatusOK, envelope{Type: "sync", Status: "Success", StatusCode: http.StatusOK, Metadata: metadata})
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	writeEnvelope(w, code, envelope{Type: "error", ErrorCode: code, Error: msg})
+}
+
+// statusWriter remembers the status answered. onStatus runs before the status goes
+// out, so the call record is complete by the time the client has the answer.
+type statusWriter struct {
+	http.ResponseWriter
+	status   int
+	onStatus func(code int)
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+		if w.onStatus != nil {
+			w.onStatus(code)
+		}
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Unwrap lets http.ResponseController reach Hijack (drop fault).
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// k8sdHandler serves one node's k8sd API.
+func (s *Simulator) k8sdHandler(n *node) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.serveK8sd(n, w, r) })
+}
+
+func (s *Simulator) serveK8sd(n *node, rw http.ResponseWriter, r *http.Request) {
+	started := time.Now()
+	body, readErr := io.ReadAll(io.LimitReader(r.Body, maxRequestBodySize+1))
+	ep := k8sdRoutes[r.URL.Path]
+	call := s.calls.begin(n, ep, r, body, started)
+	w := &statusWriter{ResponseWriter: rw, onStatus: func(code int) {
+		s.calls.answered(call, code, time.Since(started))
+	}}
+	faultKind := ""
+	defer func() {
+		elapsed := time.Since(started)
+		s.calls.finish(call, elapsed)
+		label := ep
+		if label == "" {
+			label = r.URL.Path
+		}
+		s.log.Printf("k8sd cluster=%s node=%s endpoint=%s method=%s status=%d fault=%s duration=%s",
+			n.cluster.cfg.Name, n.cfg.Name, label, r.Method, w.status, faultKind, elapsed.Round(time.Microsecond))
+	}()
+
+	if f, ok := s.faults.take(n.cluster.cfg.Name, n.cfg.Name, ep, requestFaultKinds); ok {
+		faultKind = f.Kind
+		s.calls.setFault(call, f.Kind)
+		if done := s.applyFault(w, r, f); done {
+			return
+		}
+	}
+
+	if ep == "" {
+		writeError(w, http.StatusNotFound, "not found")
+		return
+	}
+	wantMethod := http.MethodPost
+	if ep == epRoot {
+		wantMethod = http.MethodGet
+	}
+	if r.Method != wantMethod {
+		writeError(w, http.StatusNotImplemented, fmt.Sprintf("method %s not implemented", r.Method))
+		return
+	}
+	if ep == epRoot {
+		writeSync(w, []string{"/1.0"})
+		return
+	}
+
+	// Authentication comes before decoding, as in k8sd's access handlers.
+	header, key := headerNodeToken, "node-token-"+n.cfg.Machine
+	if ep == epApprove {
+		header, key = headerCAPIToken, "value"
+	}
+	if code, msg := s.authenticate(r.Context(), n, r.Header.Get(header), header, key); code != 0 {
+		writeError(w, code, msg)
+		return
+	}
+	if readErr != nil {
+		writeError(w, http.StatusBadRequest, "failed to parse request: "+readErr.Error())
+		return
+	}
+	if len(body) > maxRequestBodySize {
+		writeError(w, http.StatusBadRequest, "failed to parse request: request body too large")
+		return
+	}
+
+	switch ep {
+	case epExpiry:
+		var req apiv1.CertificatesExpiryRequest
+		if decodeOrReject(w, body, &req) {
+			writeSync(w, apiv1.CertificatesExpiryResponse{ExpiryDate: n.databaseExpiry().Format(time.RFC3339)})
+		}
+	case epPlan:
+		var req apiv1.ClusterAPICertificatesPlanRequest
+		if decodeOrReject(w, body, &req) {
+			s.handlePlan(w, n)
+		}
+	case epRun:
+		var req apiv1.ClusterAPICertificatesRunRequest
+		if decodeOrReject(w, body, &req) {
+			if n.cfg.Role == roleControlPlane {
+				s.handleRunControlPlane(w, n, req)
+			} else {
+				s.handleRunWorker(w, r, n, req)
+			}
+		}
+	case epApprove:
+		var req apiv1.ClusterAPIApproveWorkerCSRRequest
+		if decodeOrReject(w, body, &req) {
+			s.handleApprove(w, r, n, req)
+		}
+	}
+}
+
+// applyFault acts out a request fault; it returns true when the request is finished.
+func (s *Simulator) applyFault(w http.ResponseWriter, r *http.Request, f Fault) bool {
+	switch f.Kind {
+	case faultLatency:
+		t := time.NewTimer(time.Duration(f.DelayMs) * time.Millisecond)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			return false
+		case <-r.Context().Done():
+		case <-s.ctx.Done():
+		}
+		return true
+	case faultError:
+		writeError(w, f.Status, f.Message)
+	case faultUnavailable:
+		writeError(w, http.StatusServiceUnavailable, "Database is not yet initialized")
+	case faultMalformed:
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		io.WriteString(w, `{"type":"sync","status":`)
+	case faultHang:
+		select {
+		case <-r.Context().Done():
+		case <-s.ctx.Done():
+		}
+	case faultDrop:
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			// Not hijackable (HTTP/2): aborting the handler resets the stream instead.
+			panic(http.ErrAbortHandler)
+		}
+		conn.Close()
+	}
+	return true
+}
+
+// authenticate checks a token header against the management cluster's Secret
+// <cluster>-token, read at request time. It returns 0 when the token is valid.
+func (s *Simulator) authenticate(ctx context.Context, n *node, got, header, key string) (int, string) {
+	if got == "" {
+		return http.StatusUnauthorized, fmt.Sprintf("missing header %q", header)
+	}
+	name := n.cluster.cfg.Name + "-token"
+	secret, err := s.mgmt.CoreV1().Secrets(n.cluster.cfg.Namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return http.StatusInternalServerError, fmt.Sprintf("failed to check token: failed to read Secret %s/%s: %v", n.cluster.cfg.Namespace, name, err)
+	}
+	want, ok := secret.Data[key]
+	if !ok {
+		if sd, found := secret.StringData[key]; found {
+			want, ok = []byte(sd), true
+		}
+	}
+	if !ok || len(want) == 0 || subtle.ConstantTimeCompare(want, []byte(got)) != 1 {
+		return http.StatusUnauthorized, "invalid token"
+	}
+	return 0, ""
+}
+
+// decodeOrReject decodes like k8sd's strict decoder (unknown fields rejected) and
+// also rejects data after the object; it answers 400 and returns false on failure.
+func decodeOrReject(w http.ResponseWriter, body []byte, v any) bool {
+	if err := decodeStrict(body, v); err != nil {
+		writeError(w, http.StatusBadRequest, "failed to parse request: "+err.Error())
+		return false
+	}
+	return true
+}
+
+func decodeStrict(body []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return errors.New("unexpected data after the JSON object")
+	}
+	return nil
+}
+
+func workerCSRNames(seed int) []string {
+	return []string{
+		fmt.Sprintf("k8sd-%d-worker-kubelet-serving", seed),
+		fmt.Sprintf("k8sd-%d-worker-kubelet-client", seed),
+		fmt.Sprintf("k8sd-%d-worker-kube-proxy-client", seed),
+	}
+}
+
+func (s *Simulator) handlePlan(w http.ResponseWriter, n *node) {
+	seed := int(rand.Int64N(math.MaxInt64))
+	resp := apiv1.ClusterAPICertificatesPlanResponse{Seed: seed}
+	if n.cfg.Role == roleWorker {
+		resp.CertificateSigningRequests = workerCSRNames(seed)
+	}
+	writeSync(w, resp)
+}
+
+func (s *Simulator) handleRunControlPlane(w http.ResponseWriter, n *node, req apiv1.ClusterAPICertificatesRunRequest) {
+	now := time.Now()
+	if req.ExpirationSeconds <= 0 {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid expiration-seconds %d: must be greater than zero", req.ExpirationSeconds))
+		return
+	}
+	if int64(req.ExpirationSeconds) > maxNotAfterUnix-now.Unix() {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid expiration-seconds %d: too large", req.ExpirationSeconds))
+		return
+	}
+	notAfter := time.Unix(now.Unix()+int64(req.ExpirationSeconds), 0)
+	cert, err := n.cluster.ca.issueNodeCert(n.cfg, now, notAfter, req.ExtraSANs)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "failed to generate new control plane certificates: "+err.Error())
+		return
+	}
+	n.mu.Lock()
+	n.current = cert
+	n.seedsRun = append(n.seedsRun, int64(req.Seed))
+	n.mu.Unlock()
+	s.answerRunAndRestart(w, n, cert.NotAfter.Unix())
+}
+
+// answerRunAndRestart sends the run answer, then takes the node's k8sd down for
+// restartSeconds, like the service restart that follows a real refresh.
+func (s *Simulator) answerRunAndRestart(w http.ResponseWriter, n *node, expirationSeconds int64) {
+	// The connection dies with the restart: tell the client not to reuse it.
+	w.Header().Set("Connection", "close")
+	respond := func() {
+		writeSync(w, apiv1.ClusterAPICertificatesRunResponse{ExpirationSeconds: int(expirationSeconds)})
+	}
+	if n.k8sd == nil {
+		respond()
+		return
+	}
+	n.k8sd.restart(s.restartDelay, respond)
+}
+
+func (s *Simulator) handleRunWorker(w http.ResponseWriter, r *http.Request, n *node, req apiv1.ClusterAPICertificatesRunRequest) {
+	if req.ExpirationSeconds <= 0 || req.ExpirationSeconds > math.MaxInt32 {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid expiration-seconds %d: must be between 1 and %d", req.ExpirationSeconds, math.MaxInt32))
+		return
+	}
+	ctx := r.Context()
+	cert, err := s.refreshWorker(ctx, n, req.Seed, int32(req.ExpirationSeconds))
+	if ctx.Err() != nil {
+		// The client went away: there is nobody to answer.
+		return
+	}
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "failed to refresh worker certificates: "+err.Error())
+		return
+	}
+	n.mu.Lock()
+	n.current = cert
+	n.seedsRun = append(n.seedsRun, int64(req.Seed))
+	n.mu.Unlock()
+	answer := cert.NotAfter.Unix()
+	if n.cfg.RunAnswersDuration {
+		answer = int64(cert.NotAfter.Sub(cert.NotBefore) / time.Second)
+	}
+	s.answerRunAndRestart(w, n, answer)
+}
+
+func (s *Simulator) handleApprove(w http.ResponseWriter, r *http.Request, n *node, req apiv1.ClusterAPIApproveWorkerCSRRequest) {
+	if n.cfg.Role != roleControlPlane {
+		writeError(w, http.StatusInternalServerError, "approve is only served by control-plane nodes")
+		return
+	}
+	_, deny := s.faults.take(n.cluster.cfg.Name, n.cfg.Name, epApprove, map[string]bool{faultCSRDeny: true})
+	ctx := r.Context()
+	var err error
+	if n.cfg.ApproveMode == approveGetOnce {
+		err = s.approveGetOnce(ctx, n.cluster, req.Seed, deny)
+	} else {
+		err = s.approveWatch(ctx, n.cluster, req.Seed, deny)
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "failed to approve worker node CSR: "+err.Error())
+		return
+	}
+	writeSync(w, apiv1.ClusterAPIApproveWorkerCSRResponse{})
+}
+
+// k8sdListener owns one node's k8sd listening socket. It is up unless stopped, inside
+// a simulated restart, or covered by a refuse fault; "down" means connection refused.
+type k8sdListener struct {
+	addr     string
+	handler  http.Handler
+	tlsConf  *tls.Config
+	refused  func() bool
+	log      func(format string, args ...any)
+	errorLog *log.Logger
+
+	mu        sync.Mutex
+	srv       *http.Server
+	ln        net.Listener // closed on its own first by restart
+	downUntil time.Time
+	stopped   bool
+	retrying  bool
+}
+
+func (s *Simulator) newK8sdListener(n *node) *k8sdListener {
+	name := n.cluster.cfg.Name + "/" + n.cfg.Name
+	return &k8sdListener{
+		addr:    net.JoinHostPort(n.cfg.Address, strconv.Itoa(n.cfg.MicroclusterPort)),
+		handler: s.k8sdHandler(n),
+		tlsConf: &tls.Config{
+			// Read at handshake time so that a reinstall changes the certificate.
+			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+				n.mu.Lock()
+				defer n.mu.Unlock()
+				return n.serving, nil
+			},
+			NextProtos: []string{"http/1.1"},
+			MinVersion: tls.VersionTLS12,
+		},
+		refused:  func() bool { return s.faults.refused(n.cluster.cfg.Name, n.cfg.Name) },
+		log:      func(f string, a ...any) { s.log.Printf("k8sd %s: "+f, append([]any{name}, a...)...) },
+		errorLog: s.log,
+	}
+}
+
+// start binds the listener for the first time; failure is fatal for the simulator.
+func (l *k8sdListener) start() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.refused() {
+		return nil
+	}
+	if err := l.listenLocked(); err != nil {
+		return fmt.Errorf("k8sd listener: %w", err)
+	}
+	return nil
+}
+
+func (l *k8sdListener) listenLocked() error {
+	ln, err := net.Listen("tcp", l.addr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{
+		Handler:           l.handler,
+		ErrorLog:          l.errorLog,
+		ReadHeaderTimeout: 30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		// HTTP/1.1 only: the drop fault hijacks connections.
+		TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){},
+	}
+	l.srv, l.ln = srv, ln
+	go func() {
+		err := srv.Serve(tls.NewListener(ln, l.tlsConf))
+		if err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
+			l.log("serve: %v", err)
+		}
+	}()
+	return nil
+}
+
+// reconcile opens or closes the listener to match the wanted state.
+func (l *k8sdListener) reconcile() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	want := !l.stopped && !time.Now().Before(l.downUntil) && !l.refused()
+	switch {
+	case want && l.srv == nil:
+		if err := l.listenLocked(); err != nil {
+			// The port can be briefly busy; keep trying until it binds.
+			l.log("reopen failed, retrying: %v", err)
+			if !l.retrying {
+				l.retrying = true
+				time.AfterFunc(200*time.Millisecond, func() {
+					l.mu.Lock()
+					l.retrying = false
+					l.mu.Unlock()
+					l.reconcile()
+				})
+			}
+			return
+		}
+		l.log("listening on %s", l.addr)
+	case !want && l.srv != nil:
+		// Close drops the listener and every connection: clients see refused/reset.
+		l.srv.Close()
+		l.srv, l.ln = nil, nil
+		l.log("down (connections refused)")
+	}
+}
+
+// restart simulates the service restart after run: the listener closes before the
+// answer is sent (so nobody connects in between), every connection closes after it,
+// and the listener comes back after d.
+func (l *k8sdListener) restart(d time.Duration, respond func()) {
+	l.mu.Lock()
+	if until := time.Now().Add(d); until.After(l.downUntil) {
+		l.downUntil = until
+	}
+	srv, ln := l.srv, l.ln
+	l.srv, l.ln = nil, nil
+	l.mu.Unlock()
+	if ln != nil {
+		ln.Close()
+	}
+	respond()
+	if srv != nil {
+		srv.Close()
+		l.log("restarting: down for %s", d)
+	}
+	if d <= 0 {
+		l.reconcile()
+		return
+	}
+	time.AfterFunc(d, l.reconcile)
+}
+
+// bounce drops every connection and listens again at once (after a reinstall).
+func (l *k8sdListener) bounce() {
+	l.mu.Lock()
+	if l.srv != nil {
+		l.srv.Close()
+		l.srv, l.ln = nil, nil
+	}
+	l.mu.Unlock()
+	l.reconcile()
+}
+
+func (l *k8sdListener) stop() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.stopped = true
+	if l.srv != nil {
+		l.srv.Close()
+		l.srv, l.ln = nil, nil
+	}
+}
+
+// waitTick sleeps for one poll interval; false when ctx ended.
+func waitTick(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
