@@ -39,7 +39,8 @@ ifdef KUBECONFIG
 	$(CARGO) run --bin ck8s-certs -- --kubeconfig "$(KUBECONFIG)"
 else
 	$(MAKE) env
-	$(CARGO) build --bin ck8s-certs --bin testenv
+	$(CARGO) build --bin ck8s-certs
+	$(CARGO) build -p ck8s-certs-e2e --bin testenv
 	target/debug/testenv --controller target/debug/ck8s-certs
 endif
 

@@ -464,6 +464,7 @@ impl Drop for Environment {
 fn make_dir() -> Result<PathBuf, Error> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/e2e-env");
     std::fs::create_dir_all(&root).map_err(|e| Error::io(&root, e))?;
+    let root = std::fs::canonicalize(&root).map_err(|e| Error::io(&root, e))?;
     if let Ok(entries) = std::fs::read_dir(&root) {
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
