@@ -8,6 +8,7 @@ pub mod capi;
 pub mod cli;
 pub mod health;
 pub mod k8sd;
+pub mod policy;
 pub mod telemetry;
 
 use kube::Client;
