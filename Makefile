@@ -16,7 +16,11 @@ export GOTOOLCHAIN := local
 export GOFLAGS := -mod=mod
 NODESIM := target/bin/nodesim
 
-.PHONY: all build control-plane nodesim env run unit e2e test lint fmt clean-env
+## CRD YAML generated from the api crate's types (a unit test fails when it is stale).
+manifests:
+	$(CARGO) run -q -p ck8s-certs-api --bin crdgen config/crd/bases
+
+.PHONY: manifests all build control-plane nodesim env run unit e2e test lint fmt clean-env
 
 all: build
 

@@ -6,10 +6,13 @@
 
 pub mod capi;
 pub mod cli;
+pub mod controllers;
 pub mod health;
 pub mod k8sd;
 pub mod policy;
+pub mod refresh;
 pub mod telemetry;
+pub mod workload;
 
 use kube::Client;
 use tokio::signal::unix::{SignalKind, signal};
@@ -54,10 +57,11 @@ pub async fn run(args: cli::Args) -> Result<(), Error> {
             address: args.health_bind_address,
             source,
         })?;
-    health.set_ready(true);
 
+    let controller = controllers::run(client, machines, &args, health.clone());
     let mut terminate = signal(SignalKind::terminate()).map_err(Error::Signal)?;
     tokio::select! {
+        () = controller => tracing::info!("Controller stopped"),
         _ = terminate.recv() => tracing::info!("Stopping on SIGTERM"),
         _ = tokio::signal::ctrl_c() => tracing::info!("Stopping on SIGINT"),
     }

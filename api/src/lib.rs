@@ -1,10 +1,14 @@
-//! The vocabulary of ck8s-certs, shared by the controller and its tests.
+//! The vocabulary and API types of ck8s-certs, shared by the controller and its tests.
 //!
-//! This crate owns names, not behaviour: the Machine annotations that form the compatibility
-//! surface with existing Canonical Kubernetes (CK8s) tooling, the Cluster API labels we read,
-//! the names of the management-cluster Secrets a CK8s cluster has, and the k8sd constants.
-//! Custom resource types live here too as they are added.
+//! This crate owns names and shapes, not behaviour: the Machine annotations that form the
+//! compatibility surface with existing Canonical Kubernetes (CK8s) tooling, the Cluster API
+//! labels and narrow object views we read, the management-cluster Secret names of a CK8s
+//! cluster, k8sd constants, Event reasons and condition types, and the custom resources.
 
 pub mod annotations;
 pub mod capi;
+pub mod crds;
 pub mod k8sd;
+pub mod machine;
+pub mod machine_certificates;
+pub mod reasons;

@@ -22,3 +22,10 @@ pub use error::K8sdError;
 pub use tls::Fingerprint;
 pub use transport::Route;
 pub use wire::Token;
+
+/// NotAfter of a PEM certificate (the first one in `pem`), e.g. a signed CSR's.
+pub fn certificate_not_after(pem: &[u8]) -> Option<jiff::Timestamp> {
+    let (_, block) = x509_parser::pem::parse_x509_pem(pem).ok()?;
+    let certificate = block.parse_x509().ok()?;
+    jiff::Timestamp::from_second(certificate.validity().not_after.timestamp()).ok()
+}

@@ -1,1 +1,43 @@
-//! Renewal policy: when may a renewal run. Pure: no I/O, time is an argument.
+//! Renewal policy: when may an automatic renewal run. Pure: no I/O, time is an argument.
+//!
+//! This module owns the rules of design.md §4 and nothing else: it never reads the clock, the
+//! API server or a node. Controllers reduce their objects to an [`Input`] and execute the
+//! [`Decision`]; the `policy preview` subcommand calls the same function offline.
+//!
+//! ```text
+//! policy spec ──► Input { expiry, mode, renewBefore, ttl, windows, failSafeMargin,
+//! status      ──►         strict, failures, backoff }
+//!                   │ validate: windows (zones, times), Scheduled has windows, renewBefore < ttl
+//!                   ▼
+//!            decide(input, now) ──► Decision ──► requeue_at(&decision)
+//!                                    │           (the instant the answer can change)
+//!                                    ├ NoExpiry            nothing to do yet
+//!                                    ├ RenewNow(Due | FailSafeBypass)
+//!                                    ├ Defer { until, NotDue | Backoff | OutsideWindow }
+//!                                    ├ Disabled { inside_fail_safe }
+//!                                    └ Invalid { errors with field paths }
+//! ```
+//!
+//! - [`duration`]: the TTL/duration grammar shared with the manual trigger (`1y6mo`, `1h30m`).
+//! - [`window`]: maintenance windows in IANA zones, DST gaps and folds, several windows OR'ed.
+//! - [`backoff`]: exponential backoff from the persisted failure history.
+//! - [`decision`]: the decision itself and its condition messages.
+//!
+//! A manual request (`v1beta2.k8sd.io/refresh-certificates`) bypasses windows, `Disabled` and
+//! backoff; only its TTL goes through this module ([`Ttl`]).
+
+pub mod backoff;
+pub mod decision;
+pub mod duration;
+pub mod window;
+
+#[cfg(test)]
+mod testing;
+
+pub use backoff::{Backoff, BackoffError, Failures};
+pub use decision::{
+    Decision, DeferReason, Deferral, Input, Mode, PolicyError, RenewReason, Renewal, Resume,
+    decide, requeue_at,
+};
+pub use duration::{DurationError, FailSafeMargin, PolicyDuration, Ttl, WorkerTtlError};
+pub use window::{DayOfWeek, ValidWindow, WallTime, Window, WindowError, WindowStart};

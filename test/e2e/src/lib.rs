@@ -13,6 +13,7 @@
 //! be overridden with `CK8S_E2E_KUBE_APISERVER`, `CK8S_E2E_ETCD`, `CK8S_E2E_NODESIM`, and the CAPI
 //! release with `CK8S_E2E_CAPI_VERSION`.
 
+pub mod controller;
 pub mod controlplane;
 pub mod crds;
 pub mod fixtures;
@@ -243,6 +244,8 @@ pub struct Environment {
     pub dir: PathBuf,
     pub management_kubeconfig_yaml: String,
     pub management_kubeconfig: PathBuf,
+    /// Kubeconfig with the controller's ServiceAccount token (the rights of `config/rbac`).
+    pub controller_kubeconfig: PathBuf,
     pub clusters: Vec<WorkloadCluster>,
     pub sim: SimControl,
     pub measurements: Measurements,
@@ -326,7 +329,14 @@ impl Environment {
         crds.extend(crds::read_dir(
             &Path::new(env!("CARGO_MANIFEST_DIR")).join("crds"),
         )?);
+        // The product's own CRDs, as `config/` installs them.
+        crds.extend(crds::read_dir(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/crd/bases"),
+        )?);
         crds::install(&mgmt, crds).await?;
+        let (controller_kubeconfig, _) =
+            controller::service_account_kubeconfig(&mgmt, management.port, &pki.ca.pem, &dir)
+                .await?;
 
         let env_octet = pick_env_octet(&spec)?;
         let mut clusters = Vec::new();
@@ -412,6 +422,7 @@ impl Environment {
             dir,
             management_kubeconfig_yaml,
             management_kubeconfig,
+            controller_kubeconfig,
             clusters,
             sim: SimControl::new(control),
             measurements,

@@ -1,0 +1,138 @@
+//! `MachineCertificates`: one per CK8s Machine (same name and namespace, owned by it). It is the
+//! controller's memory for that Machine's node certificates: what expires when, which k8sd
+//! certificate is trusted, and the refresh operation in flight or last finished.
+//!
+//! The operation record is written *before* the controller acts on the node (the seed before
+//! `run`), so after a crash the controller knows exactly which k8sd flow may be in flight and
+//! never starts a second one by accident.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub const GROUP: &str = "certificates.ck8s.io";
+pub const VERSION: &str = "v1alpha1";
+
+#[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[kube(
+    group = "certificates.ck8s.io",
+    version = "v1alpha1",
+    kind = "MachineCertificates",
+    plural = "machinecertificates",
+    singular = "machinecertificates",
+    shortname = "mcerts",
+    category = "cluster-api",
+    namespaced,
+    status = "MachineCertificatesStatus",
+    printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.clusterName"}"#,
+    printcolumn = r#"{"name":"Role","type":"string","jsonPath":".status.role"}"#,
+    printcolumn = r#"{"name":"Expiry","type":"string","jsonPath":".status.expiry"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.operation.phase"}"#,
+    printcolumn = r#"{"name":"Result","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineCertificatesSpec {
+    /// The Cluster the Machine belongs to (`Machine.spec.clusterName`).
+    pub cluster_name: String,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineCertificatesStatus {
+    /// ControlPlane or Worker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<Role>,
+
+    /// The workload-cluster Node of the Machine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+
+    /// When the node's certificates expire: the NotAfter reported by the last refresh, or
+    /// k8sd's `certificates-expiry` before any refresh.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expiry: Option<Time>,
+
+    /// SHA-256 fingerprint of the node's k8sd serving certificate, pinned on first use. After a
+    /// node reinstall, remove it (see the troubleshooting docs) to trust the new certificate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub k8sd_fingerprint: Option<String>,
+
+    /// The refresh in flight, or the last one finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation: Option<Operation>,
+
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+pub enum Role {
+    ControlPlane,
+    Worker,
+}
+
+/// Who asked for a refresh.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+pub enum Origin {
+    /// The `v1beta2.k8sd.io/refresh-certificates` annotation.
+    Manual,
+    /// A CertificateRenewalPolicy.
+    Policy,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+pub enum Phase {
+    /// Accepted; `plan` not yet answered (nothing has changed on the node).
+    Pending,
+    /// `run` may have been sent with `seed`; its outcome is not yet recorded.
+    Running,
+    Succeeded,
+    Failed,
+}
+
+/// One refresh of one node.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Operation {
+    pub origin: Origin,
+    /// The field manager that set the trigger annotation (e.g. `kubectl-annotate`), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_by: Option<String>,
+    /// The trigger annotation value this operation acts on. The trigger is removed only while it
+    /// still holds this value, so a re-annotation with another TTL is not lost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trigger: Option<String>,
+    /// Requested lifetime as written (e.g. `1y`).
+    pub ttl: String,
+    /// Requested lifetime in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<i64>,
+    /// The seed k8sd's `plan` returned (an int64: never store it as a float).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<i64>,
+    pub phase: Phase,
+    /// How many times `run` was sent for this seed.
+    #[serde(default)]
+    pub run_attempts: u32,
+    pub started_at: Time,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Time>,
+    /// The certificates' new NotAfter, as `run` reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_expiry: Option<Time>,
+    /// What went wrong and what to do, for a failed operation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Anything else worth knowing about the outcome (e.g. the node signed a longer lifetime
+    /// than asked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+impl Operation {
+    pub fn is_finished(&self) -> bool {
+        matches!(self.phase, Phase::Succeeded | Phase::Failed)
+    }
+}

@@ -1,0 +1,303 @@
+//! What the Machine reconciler should do next: a pure function of the Machine, its Cluster and
+//! its `MachineCertificates` status. The reconciler only executes the answer.
+//!
+//! Order matters: an operation already in flight is finished before anything new starts, so a
+//! crash or restart never leaves the status `in-progress` and never starts a second flow.
+
+use ck8s_certs_api::annotations::{
+    CERTIFICATES_EXPIRY, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS, RefreshStatus,
+};
+use ck8s_certs_api::machine::{ClusterView, MachineView};
+use ck8s_certs_api::machine_certificates::{MachineCertificatesStatus, Operation, Phase};
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Step {
+    /// Not a CK8s Machine, or being deleted: nothing of ours to do.
+    Ignore,
+    /// The Machine's Cluster is not there (yet).
+    ClusterMissing,
+    /// The Cluster is paused: hands off.
+    Paused,
+    /// No node yet: nothing to talk to.
+    WaitForNode,
+    /// An operation was interrupted after `plan` (seed recorded): continue it.
+    Resume(Operation),
+    /// An operation finished but the Machine does not show it yet (crash before the patch).
+    Record(Operation),
+    /// The Machine says in-progress, but there is neither a trigger nor an operation: the request
+    /// was withdrawn before anything happened on the node.
+    Withdrawn,
+    /// A refresh was requested.
+    Start { trigger: String },
+    /// The Machine's expiry annotation differs from what we know.
+    SyncExpiry,
+    /// The expiry is not known yet: ask k8sd.
+    ReadExpiry,
+    /// Everything is up to date.
+    Idle,
+}
+
+pub fn decide(
+    machine: &MachineView,
+    cluster: Option<&ClusterView>,
+    status: Option<&MachineCertificatesStatus>,
+) -> Step {
+    if !machine.is_ck8s() || machine.deleting {
+        return Step::Ignore;
+    }
+    let Some(cluster) = cluster else {
+        return Step::ClusterMissing;
+    };
+    if cluster.paused {
+        return Step::Paused;
+    }
+    let operation = status.and_then(|s| s.operation.as_ref());
+    if let Some(op) = operation
+        && !op.is_finished()
+    {
+        return match op.phase {
+            // Pending ops are never persisted (plan has no side effects), but an object
+            // written by a newer version might carry one: start over like a fresh request.
+            Phase::Pending => Step::Start {
+                trigger: op.trigger.clone().unwrap_or_else(|| op.ttl.clone()),
+            },
+            _ => Step::Resume(op.clone()),
+        };
+    }
+    if machine.node_name.is_none() {
+        return Step::WaitForNode;
+    }
+    let trigger = machine.annotation(REFRESH_CERTIFICATES);
+    let in_progress =
+        machine.annotation(REFRESH_CERTIFICATES_STATUS) == Some(RefreshStatus::InProgress.as_str());
+    if let Some(trigger) = trigger {
+        // The trigger we already acted on, still there while the Machine says in-progress: the
+        // final patch did not land. Anything else (a new value, or the same value re-added after
+        // we removed it) is a new request.
+        if let Some(op) = operation
+            && op.is_finished()
+            && in_progress
+            && op.trigger.as_deref() == Some(trigger)
+        {
+            return Step::Record(op.clone());
+        }
+        return Step::Start {
+            trigger: trigger.to_owned(),
+        };
+    }
+    if in_progress {
+        // in-progress without a trigger: either our final patch half-landed or the user removed
+        // the trigger mid-way; the last operation (if any) has the answer.
+        return match operation {
+            Some(op) => Step::Record(op.clone()),
+            None => Step::Withdrawn,
+        };
+    }
+    let known = status.and_then(|s| s.expiry.as_ref());
+    match (known, machine.annotation(CERTIFICATES_EXPIRY)) {
+        (None, _) => Step::ReadExpiry,
+        (Some(expiry), annotated)
+            if annotated != Some(crate::controllers::patches::rfc3339(expiry).as_str()) =>
+        {
+            Step::SyncExpiry
+        }
+        _ => Step::Idle,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use ck8s_certs_api::machine_certificates::Origin;
+    use jiff::Timestamp;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    use super::*;
+
+    fn machine(annotations: &[(&str, &str)]) -> MachineView {
+        MachineView {
+            namespace: "ns".into(),
+            name: "m".into(),
+            uid: Some("uid".into()),
+            cluster: Some("c".into()),
+            control_plane: true,
+            bootstrap_kind: Some("CK8sConfig".into()),
+            bootstrap_group: Some("bootstrap.cluster.x-k8s.io".into()),
+            bootstrap_name: Some("m".into()),
+            node_name: Some("n".into()),
+            annotations: annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<BTreeMap<_, _>>(),
+            labels: BTreeMap::new(),
+            deleting: false,
+        }
+    }
+
+    fn op(phase: Phase, trigger: &str) -> Operation {
+        Operation {
+            origin: Origin::Manual,
+            requested_by: None,
+            trigger: Some(trigger.into()),
+            ttl: trigger.into(),
+            ttl_seconds: Some(3600),
+            seed: Some(42),
+            phase,
+            run_attempts: 1,
+            started_at: Time(Timestamp::UNIX_EPOCH),
+            finished_at: None,
+            new_expiry: None,
+            error: None,
+            note: None,
+        }
+    }
+
+    fn status(operation: Option<Operation>, expiry: Option<i64>) -> MachineCertificatesStatus {
+        MachineCertificatesStatus {
+            operation,
+            expiry: expiry.map(|s| Time(Timestamp::from_second(s).unwrap())),
+            ..Default::default()
+        }
+    }
+
+    const LIVE: ClusterView = ClusterView {
+        paused: false,
+        endpoint_host: None,
+    };
+    const EXPIRY: i64 = 1_900_000_000;
+    const EXPIRY_TEXT: &str = "2030-03-17T17:46:40Z";
+
+    #[test]
+    fn foreign_deleting_paused_and_nodeless_machines_are_left_alone() {
+        let mut foreign = machine(&[(REFRESH_CERTIFICATES, "1y")]);
+        foreign.bootstrap_kind = Some("KubeadmConfig".into());
+        assert_eq!(decide(&foreign, Some(&LIVE), None), Step::Ignore);
+
+        let mut deleting = machine(&[(REFRESH_CERTIFICATES, "1y")]);
+        deleting.deleting = true;
+        assert_eq!(decide(&deleting, Some(&LIVE), None), Step::Ignore);
+
+        let paused = ClusterView {
+            paused: true,
+            endpoint_host: None,
+        };
+        assert_eq!(
+            decide(
+                &machine(&[(REFRESH_CERTIFICATES, "1y")]),
+                Some(&paused),
+                None
+            ),
+            Step::Paused
+        );
+        assert_eq!(decide(&machine(&[]), None, None), Step::ClusterMissing);
+
+        let mut nodeless = machine(&[(REFRESH_CERTIFICATES, "1y")]);
+        nodeless.node_name = None;
+        assert_eq!(decide(&nodeless, Some(&LIVE), None), Step::WaitForNode);
+    }
+
+    #[test]
+    fn an_interrupted_run_is_resumed_before_anything_else() {
+        let running = op(Phase::Running, "1y");
+        let m = machine(&[
+            (REFRESH_CERTIFICATES, "90d"),
+            (REFRESH_CERTIFICATES_STATUS, "in-progress"),
+        ]);
+        assert_eq!(
+            decide(&m, Some(&LIVE), Some(&status(Some(running.clone()), None))),
+            Step::Resume(running)
+        );
+    }
+
+    #[test]
+    fn a_finished_operation_whose_patch_did_not_land_is_recorded_not_repeated() {
+        let done = op(Phase::Succeeded, "1y");
+        let m = machine(&[
+            (REFRESH_CERTIFICATES, "1y"),
+            (REFRESH_CERTIFICATES_STATUS, "in-progress"),
+        ]);
+        assert_eq!(
+            decide(
+                &m,
+                Some(&LIVE),
+                Some(&status(Some(done.clone()), Some(EXPIRY)))
+            ),
+            Step::Record(done)
+        );
+    }
+
+    #[test]
+    fn a_new_or_re_added_trigger_starts_a_refresh() {
+        let done = op(Phase::Succeeded, "1y");
+        let st = status(Some(done), Some(EXPIRY));
+        // Another value while the last one was being handled.
+        let changed = machine(&[
+            (REFRESH_CERTIFICATES, "90d"),
+            (REFRESH_CERTIFICATES_STATUS, "in-progress"),
+        ]);
+        assert_eq!(
+            decide(&changed, Some(&LIVE), Some(&st)),
+            Step::Start {
+                trigger: "90d".into()
+            }
+        );
+        // The same value added again after the last refresh finished.
+        let again = machine(&[
+            (REFRESH_CERTIFICATES, "1y"),
+            (REFRESH_CERTIFICATES_STATUS, "done"),
+        ]);
+        assert_eq!(
+            decide(&again, Some(&LIVE), Some(&st)),
+            Step::Start {
+                trigger: "1y".into()
+            }
+        );
+        // First request ever.
+        assert_eq!(
+            decide(&machine(&[(REFRESH_CERTIFICATES, "1y")]), Some(&LIVE), None),
+            Step::Start {
+                trigger: "1y".into()
+            }
+        );
+    }
+
+    #[test]
+    fn in_progress_without_a_trigger_is_settled() {
+        let m = machine(&[(REFRESH_CERTIFICATES_STATUS, "in-progress")]);
+        assert_eq!(decide(&m, Some(&LIVE), None), Step::Withdrawn);
+        let done = op_with(Phase::Succeeded);
+        assert_eq!(
+            decide(
+                &m,
+                Some(&LIVE),
+                Some(&status(Some(done.clone()), Some(EXPIRY)))
+            ),
+            Step::Record(done)
+        );
+    }
+
+    fn op_with(phase: Phase) -> Operation {
+        op(phase, "1y")
+    }
+
+    #[test]
+    fn the_expiry_is_read_then_kept_in_sync() {
+        assert_eq!(decide(&machine(&[]), Some(&LIVE), None), Step::ReadExpiry);
+        assert_eq!(
+            decide(
+                &machine(&[]),
+                Some(&LIVE),
+                Some(&status(None, Some(EXPIRY)))
+            ),
+            Step::SyncExpiry
+        );
+        let synced = machine(&[(CERTIFICATES_EXPIRY, EXPIRY_TEXT)]);
+        assert_eq!(
+            decide(&synced, Some(&LIVE), Some(&status(None, Some(EXPIRY)))),
+            Step::Idle
+        );
+        let finished = status(Some(op_with(Phase::Failed)), Some(EXPIRY));
+        assert_eq!(decide(&synced, Some(&LIVE), Some(&finished)), Step::Idle);
+    }
+}

@@ -1,0 +1,1256 @@
+//! The Machine reconciler: keeps each CK8s Machine's certificate expiry known and carries out
+//! refresh requests (`v1beta2.k8sd.io/refresh-certificates`).
+//!
+//! Flow of a refresh (writes marked W):
+//! ```text
+//! trigger ─► TTL valid? ──no──► W status failed, trigger removed, Event (no k8sd call)
+//!              │yes
+//!              ▼
+//!   W Machine in-progress + Event ─► lock (CP: one per cluster; workers: bounded)
+//!   ─► plan ─► W operation {Running, seed} ─► run (∥ approve for workers)
+//!   ─► W operation {Succeeded|Failed, expiry} ─► W Machine done|failed + expiry, trigger removed
+//! ```
+//! After a crash the persisted operation decides: a finished one is only recorded on the
+//! Machine; a Running one is resumed with the same seed — for a worker, CSRs of that seed that
+//! are already signed prove `run` completed, so it is not sent again; otherwise `run` is sent
+//! again with the same seed, at most [`MAX_RUN_SENDS`] times per operation in total.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ck8s_certs_api::annotations::{REFRESH_CERTIFICATES, RefreshStatus};
+use ck8s_certs_api::capi::{
+    CK8S_CONFIG_GROUP, CK8S_CONFIG_KIND, CK8S_CONFIG_VERSION, CLUSTER_NAME_LABEL,
+    WATCH_FILTER_LABEL,
+};
+use ck8s_certs_api::k8sd::DEFAULT_MICROCLUSTER_PORT;
+use ck8s_certs_api::machine::{ClusterView, MachineView};
+use ck8s_certs_api::machine_certificates::{
+    MachineCertificates, MachineCertificatesSpec, MachineCertificatesStatus, Operation, Origin,
+    Phase, Role,
+};
+use ck8s_certs_api::reasons::{condition_reasons as why, conditions, events};
+use jiff::Timestamp;
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::GroupVersionKind;
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::Store;
+use kube::{Api, Client, Resource};
+use serde_json::json;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tracing::{Instrument, info, warn};
+
+use super::decide::{Step, decide};
+use super::patches::{MachineChanges, machine_patch, set_condition};
+use crate::k8sd::wire::{CertificatesExpiryResponse, RunRequest, path};
+use crate::k8sd::{Fingerprint, K8sdError};
+use crate::policy::Ttl;
+use crate::refresh::flow::{self, Retry};
+use crate::refresh::session::{Session, Timeouts};
+use crate::workload::endpoint::{self, Transport};
+use crate::workload::{self, WorkloadError};
+
+/// `run` is sent at most this many times per operation (across retries and restarts). A second
+/// send only happens when the first one's outcome is unknown; k8sd handles a repeated seed.
+pub const MAX_RUN_SENDS: u32 = 3;
+
+/// Field manager of our writes.
+const MANAGER: &str = "ck8s-certs";
+
+/// Settings of the reconciler, from the command line.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub transport: Transport,
+    pub timeouts: Timeouts,
+    pub retry: Retry,
+    pub max_worker_refreshes_per_cluster: usize,
+    pub max_worker_refreshes: usize,
+    /// After a control-plane `run`, how long to wait for the node's k8sd to answer again before
+    /// another control plane of that cluster may start (k8sd restarts its services).
+    pub settle_timeout: Duration,
+    /// Re-check period of idle Machines.
+    pub resync: Duration,
+}
+
+/// In-memory concurrency limits (one controller replica acts at a time: leader election).
+#[derive(Default)]
+pub struct Locks {
+    clusters: Mutex<HashMap<(String, String), Arc<ClusterLocks>>>,
+    workers: Option<Arc<Semaphore>>,
+}
+
+struct ClusterLocks {
+    control_plane: Arc<tokio::sync::Mutex<()>>,
+    workers: Arc<Semaphore>,
+}
+
+/// Held while a node is being refreshed.
+pub enum Guard {
+    ControlPlane(#[allow(dead_code)] tokio::sync::OwnedMutexGuard<()>),
+    Worker(
+        #[allow(dead_code)] OwnedSemaphorePermit,
+        #[allow(dead_code)] OwnedSemaphorePermit,
+    ),
+}
+
+impl Locks {
+    pub fn new(max_workers: usize) -> Self {
+        Self {
+            clusters: Mutex::new(HashMap::new()),
+            workers: Some(Arc::new(Semaphore::new(max_workers.max(1)))),
+        }
+    }
+
+    async fn acquire(
+        &self,
+        namespace: &str,
+        cluster: &str,
+        role: Role,
+        per_cluster: usize,
+    ) -> Guard {
+        let locks = {
+            let mut map = match self.clusters.lock() {
+                Ok(map) => map,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            map.entry((namespace.to_owned(), cluster.to_owned()))
+                .or_insert_with(|| {
+                    Arc::new(ClusterLocks {
+                        control_plane: Arc::new(tokio::sync::Mutex::new(())),
+                        workers: Arc::new(Semaphore::new(per_cluster.max(1))),
+                    })
+                })
+                .clone()
+        };
+        match role {
+            Role::ControlPlane => {
+                Guard::ControlPlane(locks.control_plane.clone().lock_owned().await)
+            }
+            Role::Worker => {
+                // Semaphores are never closed, so acquiring cannot fail; the fallback keeps the
+                // type total without a panic.
+                let cluster = locks.workers.clone().acquire_owned().await;
+                let global = match &self.workers {
+                    Some(workers) => workers.clone().acquire_owned().await,
+                    None => Arc::new(Semaphore::new(1)).acquire_owned().await,
+                };
+                match (cluster, global) {
+                    (Ok(a), Ok(b)) => Guard::Worker(a, b),
+                    _ => Guard::ControlPlane(
+                        Arc::new(tokio::sync::Mutex::new(())).lock_owned().await,
+                    ),
+                }
+            }
+        }
+    }
+}
+
+/// Everything the reconciler touches.
+pub struct Context {
+    pub client: Client,
+    pub machine_resource: ApiResource,
+    pub cluster_resource: ApiResource,
+    /// Machines as the controller sees them (to find control planes for `approve`).
+    pub machines: Store<DynamicObject>,
+    pub workload: workload::Clients,
+    pub recorder: Recorder,
+    pub config: Config,
+    pub locks: Locks,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API call failed: {0}")]
+    Kube(#[from] kube::Error),
+    #[error(transparent)]
+    Workload(#[from] WorkloadError),
+    #[error("reading node certificate expiry failed: {0}")]
+    Expiry(#[source] K8sdError),
+}
+
+impl Error {
+    pub fn category(&self) -> &'static str {
+        match self {
+            Self::Kube(_) => "kube",
+            Self::Workload(_) => "workload",
+            Self::Expiry(e) => e.category(),
+        }
+    }
+}
+
+/// Requeue on errors: short for API hiccups (nothing is lost: state is in the objects).
+pub fn error_policy(_machine: Arc<DynamicObject>, error: &Error, _ctx: Arc<Context>) -> Action {
+    warn!(error = %error, category = error.category(), "Reconcile failed");
+    Action::requeue(Duration::from_secs(15))
+}
+
+pub async fn reconcile(machine: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let view = MachineView::from_dynamic(&machine);
+    if !view.is_ck8s() {
+        return Ok(Action::await_change());
+    }
+    let span = tracing::info_span!(
+        "reconcile",
+        Machine = %format!("{}/{}", view.namespace, view.name),
+        Cluster = %format!("{}/{}", view.namespace, view.cluster.as_deref().unwrap_or("")),
+        seed = tracing::field::Empty,
+        step = tracing::field::Empty,
+    );
+    Reconciler {
+        ctx: &ctx,
+        machine: &machine,
+        view,
+    }
+    .run()
+    .instrument(span)
+    .await
+}
+
+struct Reconciler<'a> {
+    ctx: &'a Context,
+    machine: &'a DynamicObject,
+    view: MachineView,
+}
+
+/// What `prepare` found out about the node.
+struct Node {
+    session: Session,
+    cluster: String,
+    sans: Vec<String>,
+    workload: Client,
+}
+
+impl Reconciler<'_> {
+    fn now() -> Timestamp {
+        Timestamp::now()
+    }
+
+    fn certificates(&self) -> Api<MachineCertificates> {
+        Api::namespaced(self.ctx.client.clone(), &self.view.namespace)
+    }
+
+    fn machines(&self) -> Api<DynamicObject> {
+        Api::namespaced_with(
+            self.ctx.client.clone(),
+            &self.view.namespace,
+            &self.ctx.machine_resource,
+        )
+    }
+
+    async fn run(self) -> Result<Action, Error> {
+        let cluster = self.cluster().await?;
+        let mc = self.machine_certificates().await?;
+        let status = mc.as_ref().and_then(|m| m.status.clone());
+        let step = decide(&self.view, cluster.as_ref(), status.as_ref());
+        tracing::Span::current().record("step", tracing::field::debug(&step));
+        let mut status = status.unwrap_or_default();
+        let now = Self::now();
+        match step {
+            Step::Ignore => Ok(Action::await_change()),
+            Step::ClusterMissing => {
+                let message = format!(
+                    "Cluster {} not found in namespace {}",
+                    self.view.cluster.as_deref().unwrap_or("<unset>"),
+                    self.view.namespace
+                );
+                self.set_ready(&mut status, false, why::EXPIRY_UNKNOWN, message, now)
+                    .await?;
+                Ok(Action::requeue(self.ctx.config.resync))
+            }
+            Step::Paused => {
+                self.set_ready(
+                    &mut status,
+                    false,
+                    why::PAUSED,
+                    "The Cluster is paused: no certificate work until it is resumed".into(),
+                    now,
+                )
+                .await?;
+                Ok(Action::await_change())
+            }
+            Step::WaitForNode => {
+                self.set_ready(
+                    &mut status,
+                    false,
+                    why::NO_NODE,
+                    "Waiting for the Machine's node (status.nodeRef)".into(),
+                    now,
+                )
+                .await?;
+                Ok(Action::await_change())
+            }
+            Step::Withdrawn => {
+                self.patch_machine(&MachineChanges {
+                    status: Some(RefreshStatus::Failed),
+                    ..Default::default()
+                })
+                .await?;
+                self.event(
+                    EventType::Warning,
+                    events::REFRESH_FAILED,
+                    "The refresh request was withdrawn before it started".into(),
+                )
+                .await;
+                Ok(Action::await_change())
+            }
+            Step::Record(op) => self.record(&op).await,
+            Step::Start { trigger } => {
+                self.start(status, trigger, cluster.unwrap_or_default())
+                    .await
+            }
+            Step::Resume(op) => self.resume(status, op, cluster.unwrap_or_default()).await,
+            Step::SyncExpiry => {
+                let expiry = status.expiry.clone();
+                self.patch_machine(&MachineChanges {
+                    expiry: expiry.as_ref(),
+                    ..Default::default()
+                })
+                .await?;
+                Ok(Action::requeue(self.ctx.config.resync))
+            }
+            Step::ReadExpiry => self.read_expiry(status).await,
+            Step::Idle => Ok(Action::requeue(self.ctx.config.resync)),
+        }
+    }
+
+    async fn cluster(&self) -> Result<Option<ClusterView>, Error> {
+        let Some(name) = self.view.cluster.as_deref() else {
+            return Ok(None);
+        };
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            self.ctx.client.clone(),
+            &self.view.namespace,
+            &self.ctx.cluster_resource,
+        );
+        Ok(api
+            .get_opt(name)
+            .await?
+            .map(|c| ClusterView::from_dynamic(&c)))
+    }
+
+    /// The Machine's MachineCertificates, created (owned by the Machine) when missing.
+    async fn machine_certificates(&self) -> Result<Option<MachineCertificates>, Error> {
+        let api = self.certificates();
+        if let Some(existing) = api.get_opt(&self.view.name).await? {
+            return Ok(Some(existing));
+        }
+        if self.view.deleting {
+            return Ok(None);
+        }
+        let mut mc = MachineCertificates::new(
+            &self.view.name,
+            MachineCertificatesSpec {
+                cluster_name: self.view.cluster.clone().unwrap_or_default(),
+            },
+        );
+        mc.metadata.namespace = Some(self.view.namespace.clone());
+        // The cluster label for selection, the watch-filter label so a filtered controller sees it.
+        let labels = [CLUSTER_NAME_LABEL, WATCH_FILTER_LABEL]
+            .into_iter()
+            .filter_map(|key| {
+                self.view
+                    .labels
+                    .get(key)
+                    .map(|v| (key.to_owned(), v.clone()))
+            });
+        mc.metadata.labels = Some(labels.collect());
+        mc.metadata.owner_references = Some(vec![OwnerReference {
+            api_version: self.ctx.machine_resource.api_version.clone(),
+            kind: "Machine".into(),
+            name: self.view.name.clone(),
+            uid: self.view.uid.clone().unwrap_or_default(),
+            controller: Some(true),
+            // true would need update permission on machines/finalizers.
+            block_owner_deletion: None,
+        }]);
+        match api
+            .create(
+                &PostParams {
+                    field_manager: Some(MANAGER.into()),
+                    ..Default::default()
+                },
+                &mc,
+            )
+            .await
+        {
+            Ok(created) => Ok(Some(created)),
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                Ok(api.get_opt(&self.view.name).await?)
+            }
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    async fn write_status(&self, status: &MachineCertificatesStatus) -> Result<(), Error> {
+        self.certificates()
+            .patch_status(
+                &self.view.name,
+                &PatchParams {
+                    field_manager: Some(MANAGER.into()),
+                    ..Default::default()
+                },
+                &Patch::Merge(json!({ "status": status })),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn set_ready(
+        &self,
+        status: &mut MachineCertificatesStatus,
+        ready: bool,
+        reason: &str,
+        message: String,
+        now: Timestamp,
+    ) -> Result<(), Error> {
+        let before = status.clone();
+        set_condition(status, conditions::READY, ready, reason, message, now);
+        if *status != before {
+            self.write_status(status).await?;
+        }
+        Ok(())
+    }
+
+    async fn patch_machine(&self, changes: &MachineChanges<'_>) -> Result<(), Error> {
+        let patch = machine_patch(&self.view, changes);
+        let params = PatchParams {
+            field_manager: Some(MANAGER.into()),
+            ..Default::default()
+        };
+        let patch: json_patch::Patch =
+            serde_json::from_value(patch).map_err(|e| Error::Kube(kube::Error::SerdeError(e)))?;
+        match self
+            .machines()
+            .patch(&self.view.name, &params, &Patch::<()>::Json(patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            // A failed `test`: the trigger changed (a new request) or the Machine was replaced.
+            // Apply the rest; the new trigger is handled by the next reconcile.
+            Err(kube::Error::Api(status))
+                if status.code == 422 && changes.remove_trigger.is_some() =>
+            {
+                let without = MachineChanges {
+                    remove_trigger: None,
+                    ..changes.clone()
+                };
+                let patch: json_patch::Patch =
+                    serde_json::from_value(machine_patch(&self.view, &without))
+                        .map_err(|e| Error::Kube(kube::Error::SerdeError(e)))?;
+                self.machines()
+                    .patch(&self.view.name, &params, &Patch::<()>::Json(patch))
+                    .await?;
+                Ok(())
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    async fn event(&self, type_: EventType, reason: &str, note: String) {
+        let reference = self.machine.object_ref(&self.ctx.machine_resource);
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(truncate(note, 1000)),
+            action: "RefreshCertificates".into(),
+            secondary: None,
+        };
+        if let Err(err) = self.ctx.recorder.publish(&event, &reference).await {
+            warn!(error = %err, reason, "Publishing an Event failed");
+        }
+    }
+
+    /// Fails a request before anything happened on the node (bad input).
+    async fn reject(
+        &self,
+        mut status: MachineCertificatesStatus,
+        trigger: &str,
+        error: String,
+    ) -> Result<Action, Error> {
+        let now = Self::now();
+        status.operation = Some(Operation {
+            origin: Origin::Manual,
+            requested_by: self.requested_by(),
+            trigger: Some(trigger.to_owned()),
+            ttl: trigger.to_owned(),
+            ttl_seconds: None,
+            seed: None,
+            phase: Phase::Failed,
+            run_attempts: 0,
+            started_at: Time(now),
+            finished_at: Some(Time(now)),
+            new_expiry: None,
+            error: Some(error.clone()),
+            note: None,
+        });
+        set_condition(
+            &mut status,
+            conditions::READY,
+            false,
+            why::REFRESH_FAILED,
+            error.clone(),
+            now,
+        );
+        self.write_status(&status).await?;
+        self.patch_machine(&MachineChanges {
+            status: Some(RefreshStatus::Failed),
+            expiry: None,
+            remove_trigger: Some(trigger),
+        })
+        .await?;
+        self.event(EventType::Warning, events::REFRESH_FAILED, error)
+            .await;
+        Ok(Action::await_change())
+    }
+
+    /// The field manager that last set the trigger annotation, e.g. `kubectl-annotate`.
+    fn requested_by(&self) -> Option<String> {
+        self.machine
+            .metadata
+            .managed_fields
+            .as_ref()?
+            .iter()
+            .find_map(|entry| {
+                let fields = entry.fields_v1.as_ref()?;
+                let key = format!("f:{REFRESH_CERTIFICATES}");
+                fields.0.pointer("/f:metadata/f:annotations")?.get(&key)?;
+                entry.manager.clone()
+            })
+    }
+
+    async fn start(
+        self,
+        status: MachineCertificatesStatus,
+        trigger: String,
+        cluster: ClusterView,
+    ) -> Result<Action, Error> {
+        let ttl: Ttl = match trigger.parse() {
+            Ok(ttl) => ttl,
+            Err(err) => {
+                return self
+                    .reject(
+                        status,
+                        &trigger,
+                        format!("Refusing to refresh: {err}; annotate again with a valid TTL"),
+                    )
+                    .await;
+            }
+        };
+        let role = if self.view.control_plane {
+            Role::ControlPlane
+        } else {
+            Role::Worker
+        };
+        if role == Role::Worker
+            && let Err(err) = ttl.check_worker()
+        {
+            return self
+                .reject(
+                    status,
+                    &trigger,
+                    format!(
+                        "Refusing to refresh: {err}; annotate again with a TTL from 10m to 68y"
+                    ),
+                )
+                .await;
+        }
+        self.patch_machine(&MachineChanges {
+            status: Some(RefreshStatus::InProgress),
+            ..Default::default()
+        })
+        .await?;
+        let node = self.view.node_name.clone().unwrap_or_default();
+        self.event(
+            EventType::Normal,
+            events::REFRESH_IN_PROGRESS,
+            format!("Refreshing the certificates of node {node} for {trigger}"),
+        )
+        .await;
+        let op = Operation {
+            origin: Origin::Manual,
+            requested_by: self.requested_by(),
+            trigger: Some(trigger.clone()),
+            ttl: trigger,
+            ttl_seconds: Some(ttl.as_seconds()),
+            seed: None,
+            phase: Phase::Pending,
+            run_attempts: 0,
+            started_at: Time(Self::now()),
+            finished_at: None,
+            new_expiry: None,
+            error: None,
+            note: None,
+        };
+        self.execute(status, op, role, cluster).await
+    }
+
+    async fn resume(
+        self,
+        status: MachineCertificatesStatus,
+        op: Operation,
+        cluster: ClusterView,
+    ) -> Result<Action, Error> {
+        let role = status.role.unwrap_or(if self.view.control_plane {
+            Role::ControlPlane
+        } else {
+            Role::Worker
+        });
+        info!(seed = ?op.seed, attempts = op.run_attempts, "Resuming an interrupted refresh");
+        self.execute(status, op, role, cluster).await
+    }
+
+    /// Runs (or continues) `op` under the cluster's lock and records the outcome.
+    async fn execute(
+        &self,
+        mut status: MachineCertificatesStatus,
+        mut op: Operation,
+        role: Role,
+        cluster: ClusterView,
+    ) -> Result<Action, Error> {
+        let cluster_name = self.view.cluster.clone().unwrap_or_default();
+        let config = &self.ctx.config;
+        let _guard = self
+            .ctx
+            .locks
+            .acquire(
+                &self.view.namespace,
+                &cluster_name,
+                role,
+                config.max_worker_refreshes_per_cluster,
+            )
+            .await;
+        status.role = Some(role);
+        status.node_name = self.view.node_name.clone();
+        let result = self.refresh(&mut status, &mut op, role, &cluster).await;
+        let mut node = match result {
+            Ok(node) => node,
+            Err(failure) => return self.finish(status, op, Err(failure)).await,
+        };
+        let action = self.finish(status, op.clone(), Ok(())).await?;
+        if role == Role::ControlPlane && op.phase == Phase::Succeeded {
+            // k8sd restarts the control-plane services after answering: keep other control
+            // planes of this cluster waiting until this one answers again.
+            let settle = tokio::time::timeout(config.settle_timeout, async {
+                loop {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    if node.session.probe().await.is_ok() {
+                        break;
+                    }
+                }
+            });
+            if settle.await.is_err() {
+                warn!(node = %node.session.target().node, "k8sd did not answer again within the settle timeout after a refresh");
+            }
+        }
+        drop(node.workload);
+        Ok(action)
+    }
+
+    /// Everything up to the outcome of `run`. Progress is written to `status` as it happens.
+    async fn refresh(
+        &self,
+        status: &mut MachineCertificatesStatus,
+        op: &mut Operation,
+        role: Role,
+        cluster: &ClusterView,
+    ) -> Result<Node, Failure> {
+        let mut node = self.prepare(status, role, cluster).await?;
+        let retry = self.ctx.config.retry.clone();
+        let seed = match op.seed {
+            Some(seed) => seed,
+            None => {
+                let plan = flow::plan(&mut node.session, &retry)
+                    .await
+                    .map_err(|e| Failure::k8sd("plan", e))?;
+                op.seed = Some(plan.seed);
+                op.phase = Phase::Running;
+                // Record the seed (and the pinned certificate) before anything changes on the node.
+                status.operation = Some(op.clone());
+                status.k8sd_fingerprint = node.session.fingerprint().map(|f| f.to_string());
+                set_condition(
+                    status,
+                    conditions::REFRESHING,
+                    true,
+                    why::REFRESH_IN_PROGRESS,
+                    format!("Refreshing with seed {}", plan.seed),
+                    Self::now(),
+                );
+                self.write_status(status).await.map_err(Failure::Api)?;
+                plan.seed
+            }
+        };
+        tracing::Span::current().record("seed", seed);
+
+        if role == Role::Worker && op.run_attempts > 0 {
+            // Resumed after an unknown outcome: signed CSRs of this seed prove run completed.
+            if let Some(not_after) = signed_worker_certificate(&node.workload, seed).await {
+                op.note = Some(
+                    "Recovered after an interruption: run had completed (its CSRs were signed)"
+                        .into(),
+                );
+                return self
+                    .succeed(
+                        op,
+                        flow::RunOutcome {
+                            not_after,
+                            answered_duration: false,
+                        },
+                    )
+                    .map(|()| node);
+            }
+        }
+
+        let request = RunRequest {
+            certificates: None,
+            seed,
+            expiration_seconds: op.ttl_seconds.unwrap_or_default(),
+            extra_sans: (role == Role::ControlPlane).then(|| node.sans.clone()),
+        };
+        let sends = std::sync::atomic::AtomicU32::new(op.run_attempts);
+        let op_snapshot = op.clone();
+        let before_send = || {
+            let n = sends.load(std::sync::atomic::Ordering::SeqCst) + 1;
+            let mut record = op_snapshot.clone();
+            record.run_attempts = n;
+            let mut st = status.clone();
+            st.operation = Some(record);
+            let sends = &sends;
+            async move {
+                if n > MAX_RUN_SENDS {
+                    return Err(K8sdError::Connect {
+                        node: String::new(),
+                        route: String::new(),
+                        reason: format!(
+                            "run was already sent {MAX_RUN_SENDS} times for seed {seed} without a known outcome"
+                        ),
+                    });
+                }
+                self.write_status(&st)
+                    .await
+                    .map_err(|e| K8sdError::Connect {
+                        node: String::new(),
+                        route: "status".into(),
+                        reason: e.to_string(),
+                    })?;
+                sends.store(n, std::sync::atomic::Ordering::SeqCst);
+                Ok(())
+            }
+        };
+        let answered = match role {
+            Role::ControlPlane => flow::run(&mut node.session, &request, &retry, before_send).await,
+            Role::Worker => {
+                let mut approver = self.approver(&node.cluster).await?;
+                flow::run_worker(
+                    &mut node.session,
+                    &mut approver,
+                    &request,
+                    &retry,
+                    before_send,
+                )
+                .await
+            }
+        };
+        op.run_attempts = sends.load(std::sync::atomic::Ordering::SeqCst);
+        let response = answered.map_err(|e| Failure::k8sd("run", e))?;
+        let outcome =
+            flow::interpret_run(&response, Self::now()).map_err(|e| Failure::k8sd("run", e))?;
+        self.succeed(op, outcome).map(|()| node)
+    }
+
+    fn succeed(&self, op: &mut Operation, outcome: flow::RunOutcome) -> Result<(), Failure> {
+        op.phase = Phase::Succeeded;
+        op.new_expiry = Some(Time(outcome.not_after));
+        let mut notes = Vec::new();
+        if let Some(note) = op.note.take() {
+            notes.push(note);
+        }
+        if outcome.answered_duration {
+            notes.push("k8sd answered the certificate lifetime instead of its expiry (an older k8sd); the expiry was computed from the time of the answer".into());
+        }
+        if let Some(seconds) = op.ttl_seconds
+            && let Some(note) = flow::lifetime_mismatch(
+                Duration::from_secs(seconds.unsigned_abs()),
+                op.started_at.0,
+                outcome.not_after,
+            )
+        {
+            notes.push(note);
+        }
+        op.note = (!notes.is_empty()).then(|| notes.join("; "));
+        Ok(())
+    }
+
+    /// Resolves the node, its tokens and SANs, and opens a session (nothing sent yet).
+    async fn prepare(
+        &self,
+        status: &MachineCertificatesStatus,
+        role: Role,
+        cluster: &ClusterView,
+    ) -> Result<Node, Failure> {
+        let ns = &self.view.namespace;
+        let cluster_name = self.view.cluster.clone().unwrap_or_default();
+        let node_name = self.view.node_name.clone().unwrap_or_default();
+        let client = self
+            .ctx
+            .workload
+            .get(ns, &cluster_name)
+            .await
+            .map_err(Failure::Workload)?;
+        let config = self
+            .ck8s_config()
+            .await
+            .map_err(|e| Failure::Api(e.into()))?;
+        let port = config
+            .as_ref()
+            .and_then(|c| c.data.pointer("/spec/controlPlane/microclusterPort"))
+            .and_then(serde_json::Value::as_u64)
+            .and_then(|p| u16::try_from(p).ok())
+            .unwrap_or(DEFAULT_MICROCLUSTER_PORT);
+        let mut sans: Vec<String> = config
+            .as_ref()
+            .and_then(|c| c.data.pointer("/spec/controlPlane/extraSANs"))
+            .and_then(serde_json::Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str())
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default();
+        if role == Role::ControlPlane {
+            // The CK8s provider adds the CK8sConfig's name when the node joins: keep it.
+            if let Some(name) = &self.view.bootstrap_name {
+                sans.push(name.clone());
+            }
+            if let Some(host) = &cluster.endpoint_host {
+                sans.push(host.clone());
+            }
+            sans.dedup();
+        }
+        let endpoint = endpoint::resolve(
+            &client,
+            &cluster_name,
+            &node_name,
+            port,
+            self.ctx.config.transport,
+        )
+        .await
+        .map_err(Failure::Workload)?;
+        let tokens = workload::tokens(&self.ctx.client, ns, &cluster_name, &self.view.name)
+            .await
+            .map_err(Failure::Workload)?;
+        let pin = status
+            .k8sd_fingerprint
+            .as_deref()
+            .and_then(|f| f.parse::<Fingerprint>().ok());
+        let session = Session::node(
+            endpoint.target,
+            endpoint.route,
+            pin,
+            tokens.node,
+            self.ctx.config.timeouts,
+        );
+        Ok(Node {
+            session,
+            cluster: cluster_name,
+            sans,
+            workload: client,
+        })
+    }
+
+    async fn ck8s_config(&self) -> Result<Option<DynamicObject>, kube::Error> {
+        let Some(name) = &self.view.bootstrap_name else {
+            return Ok(None);
+        };
+        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+            CK8S_CONFIG_GROUP,
+            CK8S_CONFIG_VERSION,
+            CK8S_CONFIG_KIND,
+        ));
+        Api::<DynamicObject>::namespaced_with(
+            self.ctx.client.clone(),
+            &self.view.namespace,
+            &resource,
+        )
+        .get_opt(name)
+        .await
+    }
+
+    /// A session to a Ready control-plane node of the same cluster that answers a probe.
+    async fn approver(&self, cluster: &str) -> Result<Session, Failure> {
+        let ns = &self.view.namespace;
+        let client = self
+            .ctx
+            .workload
+            .get(ns, cluster)
+            .await
+            .map_err(Failure::Workload)?;
+        let tokens = workload::tokens(&self.ctx.client, ns, cluster, &self.view.name)
+            .await
+            .map_err(Failure::Workload)?;
+        let mut candidates: Vec<MachineView> = self
+            .ctx
+            .machines
+            .state()
+            .iter()
+            .map(|m| MachineView::from_dynamic(m))
+            .filter(|m| {
+                m.namespace == *ns
+                    && m.cluster.as_deref() == Some(cluster)
+                    && m.control_plane
+                    && m.node_name.is_some()
+                    && !m.deleting
+            })
+            .collect();
+        candidates.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut tried = Vec::new();
+        for machine in candidates {
+            let node = machine.node_name.clone().unwrap_or_default();
+            let config = Api::<MachineCertificates>::namespaced(self.ctx.client.clone(), ns)
+                .get_opt(&machine.name)
+                .await
+                .ok()
+                .flatten();
+            let pin = config
+                .and_then(|c| c.status)
+                .and_then(|s| s.k8sd_fingerprint)
+                .and_then(|f| f.parse::<Fingerprint>().ok());
+            let port = DEFAULT_MICROCLUSTER_PORT.max(self.microcluster_port_of(&machine).await);
+            let Ok(endpoint) =
+                endpoint::resolve(&client, cluster, &node, port, self.ctx.config.transport).await
+            else {
+                tried.push(format!("{node} (no endpoint)"));
+                continue;
+            };
+            if !endpoint.ready {
+                tried.push(format!("{node} (not Ready)"));
+                continue;
+            }
+            let mut session = Session::approver(
+                endpoint.target,
+                endpoint.route,
+                pin,
+                tokens.capi_auth.clone(),
+                self.ctx.config.timeouts,
+            );
+            match session.probe().await {
+                Ok(()) => return Ok(session),
+                Err(err) => tried.push(format!("{node} ({err})")),
+            }
+        }
+        Err(Failure::Message(format!(
+            "No Ready control-plane node of cluster {cluster} answered, so the worker's CSRs cannot be approved (tried: {}); check the control-plane nodes and their k8sd-proxy pods",
+            if tried.is_empty() {
+                "none found".to_owned()
+            } else {
+                tried.join(", ")
+            }
+        )))
+    }
+
+    async fn microcluster_port_of(&self, machine: &MachineView) -> u16 {
+        let Some(name) = &machine.bootstrap_name else {
+            return DEFAULT_MICROCLUSTER_PORT;
+        };
+        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+            CK8S_CONFIG_GROUP,
+            CK8S_CONFIG_VERSION,
+            CK8S_CONFIG_KIND,
+        ));
+        Api::<DynamicObject>::namespaced_with(
+            self.ctx.client.clone(),
+            &machine.namespace,
+            &resource,
+        )
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|c| {
+            c.data
+                .pointer("/spec/controlPlane/microclusterPort")
+                .and_then(serde_json::Value::as_u64)
+        })
+        .and_then(|p| u16::try_from(p).ok())
+        .unwrap_or(DEFAULT_MICROCLUSTER_PORT)
+    }
+
+    /// Records the outcome: operation and conditions first, then the Machine, then Events.
+    async fn finish(
+        &self,
+        mut status: MachineCertificatesStatus,
+        mut op: Operation,
+        result: Result<(), Failure>,
+    ) -> Result<Action, Error> {
+        let now = Self::now();
+        op.finished_at = Some(Time(now));
+        match result {
+            Ok(()) => {
+                status.expiry = op.new_expiry.clone();
+                set_condition(
+                    &mut status,
+                    conditions::READY,
+                    true,
+                    why::REFRESHED,
+                    format!(
+                        "Certificates refreshed; they expire at {}",
+                        op.new_expiry
+                            .as_ref()
+                            .map(super::patches::rfc3339)
+                            .unwrap_or_default()
+                    ),
+                    now,
+                );
+            }
+            Err(Failure::Api(err)) => {
+                // Our own write failed: the operation stays as last persisted and is resumed.
+                return Err(err);
+            }
+            Err(failure) => {
+                op.phase = Phase::Failed;
+                let message = failure.message(&self.view);
+                op.error = Some(message.clone());
+                set_condition(
+                    &mut status,
+                    conditions::READY,
+                    false,
+                    why::REFRESH_FAILED,
+                    message,
+                    now,
+                );
+            }
+        }
+        set_condition(
+            &mut status,
+            conditions::REFRESHING,
+            false,
+            why::IDLE,
+            "No refresh in progress".into(),
+            now,
+        );
+        status.operation = Some(op.clone());
+        self.write_status(&status).await?;
+        self.record(&op).await
+    }
+
+    /// Shows a finished operation on the Machine (idempotent: also used after a crash).
+    async fn record(&self, op: &Operation) -> Result<Action, Error> {
+        let succeeded = op.phase == Phase::Succeeded;
+        let current_trigger = self.view.annotation(REFRESH_CERTIFICATES);
+        let remove = op
+            .trigger
+            .as_deref()
+            .filter(|t| Some(*t) == current_trigger);
+        self.patch_machine(&MachineChanges {
+            status: Some(if succeeded {
+                RefreshStatus::Done
+            } else {
+                RefreshStatus::Failed
+            }),
+            expiry: if succeeded {
+                op.new_expiry.as_ref()
+            } else {
+                None
+            },
+            remove_trigger: remove,
+        })
+        .await?;
+        if succeeded {
+            let expiry = op
+                .new_expiry
+                .as_ref()
+                .map(super::patches::rfc3339)
+                .unwrap_or_default();
+            self.event(
+                EventType::Normal,
+                events::REFRESH_DONE,
+                format!("Certificates refreshed; they now expire at {expiry}"),
+            )
+            .await;
+            if let Some(note) = &op.note {
+                self.event(EventType::Warning, events::LIFETIME_MISMATCH, note.clone())
+                    .await;
+            }
+            info!(expiry, "Certificates refreshed");
+        } else {
+            let error = op.error.clone().unwrap_or_default();
+            self.event(EventType::Warning, events::REFRESH_FAILED, error.clone())
+                .await;
+            warn!(error, "Certificate refresh failed");
+        }
+        Ok(Action::requeue(self.ctx.config.resync))
+    }
+
+    /// Reads the node's expiry through `certificates-expiry`; quiet while the node is starting.
+    async fn read_expiry(&self, mut status: MachineCertificatesStatus) -> Result<Action, Error> {
+        let now = Self::now();
+        let cluster = self.cluster().await?.unwrap_or_default();
+        let role = if self.view.control_plane {
+            Role::ControlPlane
+        } else {
+            Role::Worker
+        };
+        let mut node = match self.prepare(&status, role, &cluster).await {
+            Ok(node) => node,
+            Err(Failure::Workload(err)) if err.is_retryable() => {
+                return Ok(Action::requeue(Duration::from_secs(15)));
+            }
+            Err(failure) => {
+                let message = failure.message(&self.view);
+                self.set_ready(&mut status, false, why::EXPIRY_UNKNOWN, message, now)
+                    .await?;
+                return Ok(Action::requeue(Duration::from_secs(300)));
+            }
+        };
+        let timeout = self.ctx.config.timeouts.call;
+        match node
+            .session
+            .call::<_, CertificatesExpiryResponse>(
+                path::CERTIFICATES_EXPIRY,
+                &crate::k8sd::wire::CertificatesExpiryRequest {},
+                timeout,
+            )
+            .await
+        {
+            Ok(answer) => {
+                let Ok(expiry) = answer.expiry_date.parse::<Timestamp>() else {
+                    let message = format!(
+                        "k8sd on node {} answered an unreadable expiry date {:?}",
+                        node.session.target().node,
+                        answer.expiry_date
+                    );
+                    self.set_ready(
+                        &mut status,
+                        false,
+                        why::EXPIRY_UNKNOWN,
+                        message.clone(),
+                        now,
+                    )
+                    .await?;
+                    self.event(EventType::Warning, events::EXPIRY_UNKNOWN, message)
+                        .await;
+                    return Ok(Action::requeue(Duration::from_secs(300)));
+                };
+                status.expiry = Some(Time(expiry));
+                status.role = Some(role);
+                status.node_name = self.view.node_name.clone();
+                status.k8sd_fingerprint = node.session.fingerprint().map(|f| f.to_string());
+                set_condition(
+                    &mut status,
+                    conditions::READY,
+                    true,
+                    why::EXPIRY_KNOWN,
+                    format!(
+                        "Certificates expire at {}",
+                        super::patches::rfc3339(&Time(expiry))
+                    ),
+                    now,
+                );
+                self.write_status(&status).await?;
+                self.patch_machine(&MachineChanges {
+                    expiry: status.expiry.as_ref(),
+                    ..Default::default()
+                })
+                .await?;
+                Ok(Action::requeue(self.ctx.config.resync))
+            }
+            // The node is still starting (503) or unreachable for now: try again soon, quietly.
+            Err(err) if err.is_retryable() => Ok(Action::requeue(Duration::from_secs(15))),
+            Err(err) => {
+                let message = Failure::k8sd("certificates-expiry", err).message(&self.view);
+                if status.conditions.iter().all(|c| c.message != message) {
+                    self.event(EventType::Warning, events::EXPIRY_UNKNOWN, message.clone())
+                        .await;
+                }
+                self.set_ready(&mut status, false, why::EXPIRY_UNKNOWN, message, now)
+                    .await?;
+                Ok(Action::requeue(Duration::from_secs(300)))
+            }
+        }
+    }
+}
+
+/// Why an operation failed, before it becomes a user-facing message.
+enum Failure {
+    K8sd {
+        step: &'static str,
+        error: K8sdError,
+    },
+    Workload(WorkloadError),
+    Api(Error),
+    Message(String),
+}
+
+impl Failure {
+    fn k8sd(step: &'static str, error: K8sdError) -> Self {
+        Self::K8sd { step, error }
+    }
+
+    /// What failed and what to do about it. Never contains a token.
+    fn message(&self, machine: &MachineView) -> String {
+        let retry = "then annotate the Machine again to retry";
+        let cluster = machine.cluster.as_deref().unwrap_or("");
+        match self {
+            Self::K8sd { step, error } => {
+                let hint = match error {
+                    K8sdError::Api { status: 401, .. } => format!(
+                        "check that Secret {}/{} holds this node's token ({}), ",
+                        machine.namespace,
+                        ck8s_certs_api::k8sd::token_secret_name(cluster),
+                        ck8s_certs_api::k8sd::node_token_key(&machine.name)
+                    ),
+                    K8sdError::Api { status: 400 | 404 | 501, .. } => "this k8sd may not support certificate refreshes through Cluster API; upgrade the node's k8s snap, ".into(),
+                    K8sdError::PinMismatch { .. } => String::new(),
+                    e if e.is_retryable() => "check that the node is up and its k8sd-proxy pod is Running, ".into(),
+                    _ => String::new(),
+                };
+                format!("Refreshing failed at {step}: {error}; {hint}{retry}")
+            }
+            Self::Workload(err) => {
+                format!("Refreshing failed before contacting the node: {err}; {retry}")
+            }
+            Self::Api(err) => format!("Refreshing failed: {err}"),
+            Self::Message(text) => format!("{text}; {retry}"),
+        }
+    }
+}
+
+/// NotAfter of the signed kubelet-serving certificate of `seed`, if all three CSRs of that seed
+/// are signed.
+async fn signed_worker_certificate(client: &Client, seed: i64) -> Option<Timestamp> {
+    let csrs: Api<CertificateSigningRequest> = Api::all(client.clone());
+    let mut serving = None;
+    for suffix in [
+        "worker-kubelet-serving",
+        "worker-kubelet-client",
+        "worker-kube-proxy-client",
+    ] {
+        let csr = csrs
+            .get_opt(&format!("k8sd-{seed}-{suffix}"))
+            .await
+            .ok()??;
+        let certificate = csr.status?.certificate?;
+        if suffix == "worker-kubelet-serving" {
+            serving = Some(certificate.0);
+        }
+    }
+    crate::k8sd::certificate_not_after(&serving?)
+}
+
+fn truncate(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max.saturating_sub(1);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
+    text
+}

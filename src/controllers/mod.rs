@@ -1,0 +1,112 @@
+//! Controllers. `machine` reconciles CK8s Machines: it keeps their certificate expiry known and
+//! carries out refresh requests, recording everything in the Machine's `MachineCertificates`.
+
+pub mod decide;
+pub mod machine;
+pub mod patches;
+
+use std::sync::Arc;
+
+use ck8s_certs_api::capi::{CLUSTER_NAME_LABEL, GROUP, WATCH_FILTER_LABEL};
+use ck8s_certs_api::machine_certificates::MachineCertificates;
+use futures::StreamExt;
+use kube::api::{ApiResource, DynamicObject};
+use kube::core::GroupVersionKind;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{Controller, watcher};
+use kube::{Api, Client, ResourceExt};
+
+use crate::cli::Args;
+use crate::health::Health;
+use crate::refresh::flow::Retry;
+use crate::refresh::session::Timeouts;
+
+/// Runs the Machine controller until its stream ends.
+pub async fn run(client: Client, machine_resource: ApiResource, args: &Args, health: Health) {
+    let cluster_resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        GROUP,
+        &machine_resource.version,
+        "Cluster",
+    ));
+    let (machines, clusters, owned): (
+        Api<DynamicObject>,
+        Api<DynamicObject>,
+        Api<MachineCertificates>,
+    ) = match &args.namespace {
+        Some(ns) => (
+            Api::namespaced_with(client.clone(), ns, &machine_resource),
+            Api::namespaced_with(client.clone(), ns, &cluster_resource),
+            Api::namespaced(client.clone(), ns),
+        ),
+        None => (
+            Api::all_with(client.clone(), &machine_resource),
+            Api::all_with(client.clone(), &cluster_resource),
+            Api::all(client.clone()),
+        ),
+    };
+    let mut filtered = watcher::Config::default();
+    if let Some(filter) = &args.watch_filter {
+        filtered = filtered.labels(&format!("{WATCH_FILTER_LABEL}={filter}"));
+    }
+    let controller = Controller::new_with(machines, filtered.clone(), machine_resource.clone());
+    let store = controller.store();
+    let ctx = Arc::new(machine::Context {
+        client: client.clone(),
+        machine_resource: machine_resource.clone(),
+        cluster_resource: cluster_resource.clone(),
+        machines: store.clone(),
+        workload: crate::workload::Clients::new(client.clone()),
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "ck8s-certs".into(),
+                instance: std::env::var("POD_NAME").ok(),
+            },
+        ),
+        config: machine::Config {
+            transport: args.k8sd_transport,
+            timeouts: Timeouts {
+                call: args.k8sd_timeout,
+                run: args.k8sd_run_timeout,
+            },
+            retry: Retry {
+                attempts: args.k8sd_attempts.max(1),
+                ..Retry::default()
+            },
+            max_worker_refreshes_per_cluster: args.max_worker_refreshes_per_cluster,
+            max_worker_refreshes: args.max_worker_refreshes,
+            settle_timeout: args.settle_timeout,
+            resync: args.resync_period,
+        },
+        locks: machine::Locks::new(args.max_worker_refreshes),
+    });
+    // A Cluster change (paused, endpoint) re-checks its Machines.
+    let machines_of_cluster = move |cluster: DynamicObject| {
+        let (namespace, name) = (cluster.namespace(), cluster.name_any());
+        store
+            .state()
+            .into_iter()
+            .filter(|m| {
+                m.namespace() == namespace && m.labels().get(CLUSTER_NAME_LABEL) == Some(&name)
+            })
+            .map(|m| ObjectRef::from_obj_with(m.as_ref(), machine_resource.clone()))
+            .collect::<Vec<_>>()
+    };
+    health.set_ready(true);
+    controller
+        .owns(owned, filtered)
+        .watches_with(
+            clusters,
+            cluster_resource,
+            watcher::Config::default(),
+            machines_of_cluster,
+        )
+        .run(machine::reconcile, machine::error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(err) = result {
+                tracing::debug!(error = %err, "Reconcile error");
+            }
+        })
+        .await;
+}

@@ -1,0 +1,168 @@
+//! Writes. On Machines we only ever touch the annotation keys we own, with JSON Patches guarded by
+//! the Machine's uid (never a replaced or recreated Machine) and, for the trigger, by a `test` on
+//! the value we acted on (a re-annotation with another TTL is not lost).
+
+use std::collections::BTreeMap;
+
+use ck8s_certs_api::annotations::{
+    CERTIFICATES_EXPIRY, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS, RefreshStatus,
+};
+use ck8s_certs_api::machine::MachineView;
+use ck8s_certs_api::machine_certificates::MachineCertificatesStatus;
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use serde_json::{Value, json};
+
+/// RFC 3339 in UTC with second precision, as the CK8s provider writes the expiry annotation.
+pub fn rfc3339(time: &Time) -> String {
+    time.0.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+/// `~` and `/` escaped for a JSON Pointer (annotation keys contain `/`).
+fn pointer(key: &str) -> String {
+    format!(
+        "/metadata/annotations/{}",
+        key.replace('~', "~0").replace('/', "~1")
+    )
+}
+
+/// What to change on the Machine.
+#[derive(Clone, Debug, Default)]
+pub struct MachineChanges<'a> {
+    pub status: Option<RefreshStatus>,
+    pub expiry: Option<&'a Time>,
+    /// Remove the trigger if it still has exactly this value.
+    pub remove_trigger: Option<&'a str>,
+}
+
+/// A JSON Patch applying `changes` to `machine` as we last saw it.
+pub fn machine_patch(machine: &MachineView, changes: &MachineChanges<'_>) -> Value {
+    let mut ops = vec![json!({ "op": "test", "path": "/metadata/uid", "value": machine.uid })];
+    let mut set = BTreeMap::new();
+    if let Some(status) = changes.status {
+        set.insert(REFRESH_CERTIFICATES_STATUS, status.as_str().to_owned());
+    }
+    if let Some(expiry) = changes.expiry {
+        set.insert(CERTIFICATES_EXPIRY, rfc3339(expiry));
+    }
+    if machine.annotations.is_empty() {
+        // `add` of a key needs the map to exist.
+        ops.push(json!({ "op": "add", "path": "/metadata/annotations", "value": set }));
+    } else {
+        for (key, value) in &set {
+            ops.push(json!({ "op": "add", "path": pointer(key), "value": value }));
+        }
+    }
+    if let Some(trigger) = changes.remove_trigger {
+        ops.push(json!({ "op": "test", "path": pointer(REFRESH_CERTIFICATES), "value": trigger }));
+        ops.push(json!({ "op": "remove", "path": pointer(REFRESH_CERTIFICATES) }));
+    }
+    Value::Array(ops)
+}
+
+/// Sets a condition, keeping `lastTransitionTime` when the status did not change.
+pub fn set_condition(
+    status: &mut MachineCertificatesStatus,
+    type_: &str,
+    value: bool,
+    reason: &str,
+    message: String,
+    now: Timestamp,
+) {
+    let value = if value { "True" } else { "False" }.to_owned();
+    let existing = status.conditions.iter().position(|c| c.type_ == type_);
+    let transition = match existing.map(|i| &status.conditions[i]) {
+        Some(old) if old.status == value => old.last_transition_time.clone(),
+        _ => Time(now),
+    };
+    let condition = Condition {
+        type_: type_.to_owned(),
+        status: value,
+        reason: reason.to_owned(),
+        message,
+        last_transition_time: transition,
+        observed_generation: None,
+    };
+    match existing {
+        Some(i) => status.conditions[i] = condition,
+        None => status.conditions.push(condition),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(annotations: &[(&str, &str)]) -> MachineView {
+        MachineView {
+            namespace: "ns".into(),
+            name: "m".into(),
+            uid: Some("u-1".into()),
+            cluster: Some("c".into()),
+            control_plane: false,
+            bootstrap_kind: None,
+            bootstrap_group: None,
+            bootstrap_name: None,
+            node_name: None,
+            annotations: annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            labels: Default::default(),
+            deleting: false,
+        }
+    }
+
+    #[test]
+    fn the_final_patch_is_guarded_by_uid_and_trigger_value() {
+        let expiry = Time(Timestamp::from_second(1_900_000_000).unwrap());
+        let patch = machine_patch(
+            &view(&[(REFRESH_CERTIFICATES, "1y")]),
+            &MachineChanges {
+                status: Some(RefreshStatus::Done),
+                expiry: Some(&expiry),
+                remove_trigger: Some("1y"),
+            },
+        );
+        assert_eq!(
+            patch,
+            json!([
+                { "op": "test", "path": "/metadata/uid", "value": "u-1" },
+                { "op": "add", "path": "/metadata/annotations/machine.cluster.x-k8s.io~1certificates-expiry", "value": "2030-03-17T17:46:40Z" },
+                { "op": "add", "path": "/metadata/annotations/v1beta2.k8sd.io~1refresh-certificates-status", "value": "done" },
+                { "op": "test", "path": "/metadata/annotations/v1beta2.k8sd.io~1refresh-certificates", "value": "1y" },
+                { "op": "remove", "path": "/metadata/annotations/v1beta2.k8sd.io~1refresh-certificates" }
+            ])
+        );
+    }
+
+    #[test]
+    fn a_machine_without_annotations_gets_the_map() {
+        let expiry = Time(Timestamp::from_second(0).unwrap());
+        let patch = machine_patch(
+            &view(&[]),
+            &MachineChanges {
+                expiry: Some(&expiry),
+                ..Default::default()
+            },
+        );
+        assert_eq!(
+            patch[1],
+            json!({ "op": "add", "path": "/metadata/annotations", "value": { CERTIFICATES_EXPIRY: "1970-01-01T00:00:00Z" } })
+        );
+    }
+
+    #[test]
+    fn conditions_keep_their_transition_time_while_unchanged() {
+        let mut status = MachineCertificatesStatus::default();
+        let t0 = Timestamp::from_second(100).unwrap();
+        let t1 = Timestamp::from_second(200).unwrap();
+        set_condition(&mut status, "Ready", true, "A", "a".into(), t0);
+        set_condition(&mut status, "Ready", true, "B", "b".into(), t1);
+        assert_eq!(status.conditions[0].last_transition_time, Time(t0));
+        assert_eq!(status.conditions[0].reason, "B");
+        set_condition(&mut status, "Ready", false, "C", "c".into(), t1);
+        assert_eq!(status.conditions[0].last_transition_time, Time(t1));
+        assert_eq!(status.conditions.len(), 1);
+    }
+}

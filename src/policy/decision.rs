@@ -1,0 +1,554 @@
+//! The renewal decision: given a machine's expiry, its policy, its failure history and `now`,
+//! renew now, defer until an instant (and why), stay disabled, or report the policy invalid.
+//!
+//! # Rules (design.md §4 and its settled details)
+//! - Validation first: an invalid window (or another invalid field) makes the policy
+//!   [`Decision::Invalid`] whatever its mode. So does `Scheduled` without windows, and a
+//!   `renewBefore` not shorter than the policy's `ttl` (every renewal would be due again at
+//!   once, restarting the node's services in a loop).
+//! - `Disabled`: never renews automatically; [`Decision::Disabled`] says whether expiry is
+//!   within the fail-safe margin, for a Warning.
+//! - No known expiry: [`Decision::NoExpiry`], nothing to do and no requeue. The expiry is
+//!   recorded by another controller; its write brings the object back.
+//! - Due time `D = expiry − renewBefore` (default 30d); fail-safe point
+//!   `F = expiry − failSafeMargin` (default 24h; a zero margin puts `F` at expiry);
+//!   backoff end `B` from [`Backoff::retry_at`](super::backoff::Backoff::retry_at).
+//! - `Automatic` renews from `max(D, B)`, ignoring windows ([`Decision::windows_ignored`] tells
+//!   when the policy has some).
+//! - `Scheduled` renews at the earliest instant `T ≥ now` with `T ≥ D`, `T ≥ B`, and `T` inside a
+//!   window or (unless strict) `T ≥ F`, where the windows are bypassed and the renewal says so
+//!   ([`RenewReason::FailSafeBypass`]). If `renewBefore` is shorter than the margin, not-due
+//!   still wins until `D`.
+//! - A deferral's `until` is that `T`: the earliest instant at which a renewal will actually
+//!   start if nothing changes. Requeue exactly then ([`requeue_at`]). It is never after `F`
+//!   unless the policy is strict, the due time itself is after `F`, or a failure inside the
+//!   margin holds the next attempt for up to an hour. Its `reason` names the first cause:
+//!   not due, then backoff, then outside the windows.
+//!
+//! A manual request (the `refresh-certificates` annotation) bypasses all of this — windows,
+//! `Disabled`, backoff — and is the caller's business: this module is only asked about automatic
+//! renewals.
+//!
+//! Comparisons are inclusive at each boundary: due at `D`, backoff over at `B`, inside the
+//! margin at `F`, inside a window at its start.
+
+use std::fmt;
+
+use jiff::Timestamp;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::backoff::{Backoff, Failures, saturating_sub};
+use super::duration::{FailSafeMargin, PolicyDuration, Ttl};
+use super::window::{
+    ValidWindow, Window, WindowError, WindowStart, first_containing, next_start_after,
+    validate_windows,
+};
+
+/// `renewBefore` when the policy omits it.
+pub const DEFAULT_RENEW_BEFORE: PolicyDuration = PolicyDuration::from_secs_const(30 * 86_400);
+
+/// `failSafeMargin` when the policy omits it.
+pub const DEFAULT_FAIL_SAFE_MARGIN: FailSafeMargin = FailSafeMargin::from_secs_const(86_400);
+
+/// The policy's `policy` field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum Mode {
+    /// Renew when due, at any time.
+    Automatic,
+    /// Never renew automatically (manual requests still work).
+    Disabled,
+    /// Renew when due, inside the maintenance windows (with the fail-safe).
+    Scheduled,
+}
+
+/// Everything the decision depends on, besides `now`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Input {
+    /// The observed certificate expiry, if known.
+    pub expiry: Option<Timestamp>,
+    pub mode: Mode,
+    /// `None`: [`DEFAULT_RENEW_BEFORE`].
+    pub renew_before: Option<PolicyDuration>,
+    /// The policy's `ttl`, only to check it against `renewBefore`.
+    pub ttl: Option<Ttl>,
+    pub windows: Vec<Window>,
+    /// `None`: [`DEFAULT_FAIL_SAFE_MARGIN`].
+    pub fail_safe_margin: Option<FailSafeMargin>,
+    /// `--renewal-window-strict`: never bypass the windows.
+    pub strict: bool,
+    pub failures: Failures,
+    pub backoff: Backoff,
+}
+
+impl Input {
+    /// An input with no windows, default durations, no failures, not strict.
+    pub fn new(mode: Mode, expiry: Option<Timestamp>) -> Self {
+        Self {
+            expiry,
+            mode,
+            renew_before: None,
+            ttl: None,
+            windows: Vec::new(),
+            fail_safe_margin: None,
+            strict: false,
+            failures: Failures::default(),
+            backoff: Backoff::default(),
+        }
+    }
+
+    pub fn renew_before(&self) -> PolicyDuration {
+        self.renew_before.unwrap_or(DEFAULT_RENEW_BEFORE)
+    }
+
+    pub fn fail_safe_margin(&self) -> FailSafeMargin {
+        self.fail_safe_margin.unwrap_or(DEFAULT_FAIL_SAFE_MARGIN)
+    }
+
+    /// Checks the policy; every problem is reported.
+    pub fn validate(&self) -> Result<Vec<ValidWindow>, Vec<PolicyError>> {
+        let mut errors = Vec::new();
+        let windows = validate_windows(&self.windows).unwrap_or_else(|problems| {
+            errors.extend(problems.into_iter().map(PolicyError::Window));
+            Vec::new()
+        });
+        if self.mode == Mode::Scheduled && self.windows.is_empty() {
+            errors.push(PolicyError::NoWindows);
+        }
+        if let Some(ttl) = self.ttl
+            && self.renew_before().as_seconds() >= ttl.as_seconds()
+        {
+            errors.push(PolicyError::RenewBeforeNotShorterThanTtl {
+                renew_before: self.renew_before(),
+                ttl,
+            });
+        }
+        if errors.is_empty() {
+            Ok(windows)
+        } else {
+            Err(errors)
+        }
+    }
+}
+
+/// A reason the policy is invalid, with the field path.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    #[error(transparent)]
+    Window(WindowError),
+    #[error(
+        "windows: policy Scheduled needs at least one window (use Automatic to renew at any time)"
+    )]
+    NoWindows,
+    #[error(
+        "renewBefore: {renew_before} must be shorter than ttl ({ttl}), or every renewal would be due again at once"
+    )]
+    RenewBeforeNotShorterThanTtl {
+        renew_before: PolicyDuration,
+        ttl: Ttl,
+    },
+}
+
+/// Why a renewal starts now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RenewReason {
+    /// Due, past any backoff, and inside a window (or windows do not apply).
+    Due,
+    /// Due and outside every window, but expiry is within the fail-safe margin: the windows are
+    /// bypassed (`RenewalWindowBypassed`).
+    FailSafeBypass,
+}
+
+/// The first cause of a deferral.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeferReason {
+    NotDue,
+    Backoff,
+    OutsideWindow,
+}
+
+/// What lets the renewal start at a deferral's `until`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resume {
+    /// The due time, which is inside a window (or windows do not apply).
+    Due,
+    /// The end of the backoff, which is inside a window (or windows do not apply).
+    BackoffEnds,
+    /// A maintenance window opens.
+    WindowOpens(WindowStart),
+    /// Expiry is within the fail-safe margin and the renewal will bypass the windows.
+    FailSafeBypass,
+    /// Strict windows, and none opens before the end of jiff's calendar (year 9999): only
+    /// reachable at the very end of time, but answered rather than assumed away.
+    Never,
+}
+
+impl RenewReason {
+    /// For condition reasons and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Due => "Due",
+            Self::FailSafeBypass => "FailSafeBypass",
+        }
+    }
+}
+
+impl DeferReason {
+    /// For condition reasons and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NotDue => "NotDue",
+            Self::Backoff => "Backoff",
+            Self::OutsideWindow => "OutsideWindow",
+        }
+    }
+}
+
+/// Start a renewal now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Renewal {
+    pub reason: RenewReason,
+    /// The first window (list order) that contains `now`, under `Scheduled`.
+    pub window: Option<usize>,
+    pub expires_at: Timestamp,
+    pub due_at: Timestamp,
+    pub fail_safe_at: Timestamp,
+    pub windows_ignored: bool,
+}
+
+/// Do not renew before `until`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deferral {
+    /// The earliest instant a renewal will start if nothing changes ([`Timestamp::MAX`] with
+    /// [`Resume::Never`]).
+    pub until: Timestamp,
+    pub reason: DeferReason,
+    pub resume: Resume,
+    pub expires_at: Timestamp,
+    pub due_at: Timestamp,
+    pub fail_safe_at: Timestamp,
+    /// Expiry is within the fail-safe margin now (a Warning: the machine is close to expiry
+    /// and not being renewed).
+    pub inside_fail_safe: bool,
+    /// `failedAttempts`, for the message.
+    pub failed_attempts: Option<i64>,
+    pub windows_ignored: bool,
+}
+
+/// The answer for one machine at one instant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// The expiry is not known yet: nothing to do.
+    NoExpiry {
+        windows_ignored: bool,
+    },
+    RenewNow(Renewal),
+    Defer(Deferral),
+    /// `Disabled`; `inside_fail_safe` asks for a Warning.
+    Disabled {
+        expires_at: Option<Timestamp>,
+        fail_safe_at: Option<Timestamp>,
+        inside_fail_safe: bool,
+    },
+    /// `RenewalConfigInvalid`: no automatic renewal until the policy is fixed.
+    Invalid {
+        errors: Vec<PolicyError>,
+    },
+}
+
+impl Decision {
+    /// `Automatic` with windows set: they do not apply (the `WindowsIgnored` condition).
+    pub fn windows_ignored(&self) -> bool {
+        match self {
+            Self::NoExpiry { windows_ignored } => *windows_ignored,
+            Self::RenewNow(renewal) => renewal.windows_ignored,
+            Self::Defer(deferral) => deferral.windows_ignored,
+            Self::Disabled { .. } | Self::Invalid { .. } => false,
+        }
+    }
+
+    /// Whether the decision deserves a Warning: the policy is invalid, or expiry is within the
+    /// fail-safe margin and no renewal is starting.
+    pub fn is_warning(&self) -> bool {
+        match self {
+            Self::Invalid { .. } => true,
+            Self::Disabled {
+                inside_fail_safe, ..
+            } => *inside_fail_safe,
+            Self::Defer(deferral) => deferral.inside_fail_safe,
+            Self::NoExpiry { .. } | Self::RenewNow(_) => false,
+        }
+    }
+}
+
+/// Decides what to do about one machine at `now`. Pure: same input, same answer.
+pub fn decide(input: &Input, now: Timestamp) -> Decision {
+    let windows = match input.validate() {
+        Ok(windows) => windows,
+        Err(errors) => return Decision::Invalid { errors },
+    };
+    let windows_ignored = input.mode == Mode::Automatic && !windows.is_empty();
+    let Some(expires_at) = input.expiry else {
+        return match input.mode {
+            Mode::Disabled => Decision::Disabled {
+                expires_at: None,
+                fail_safe_at: None,
+                inside_fail_safe: false,
+            },
+            Mode::Automatic | Mode::Scheduled => Decision::NoExpiry { windows_ignored },
+        };
+    };
+    let fail_safe_at = saturating_sub(expires_at, input.fail_safe_margin().as_duration());
+    let inside_fail_safe = now >= fail_safe_at;
+    let scheduled = match input.mode {
+        Mode::Disabled => {
+            return Decision::Disabled {
+                expires_at: Some(expires_at),
+                fail_safe_at: Some(fail_safe_at),
+                inside_fail_safe,
+            };
+        }
+        Mode::Automatic => false,
+        Mode::Scheduled => true,
+    };
+    let due_at = saturating_sub(expires_at, input.renew_before().as_duration());
+    let backoff_until = input.backoff.retry_at(&input.failures, Some(fail_safe_at));
+
+    // The earliest instant that is due and past the backoff, and which of the two it is.
+    let (ready, ready_resume) = match backoff_until {
+        Some(backoff_until) if backoff_until > due_at => (backoff_until, Resume::BackoffEnds),
+        _ => (due_at, Resume::Due),
+    };
+    let ready = ready.max(now);
+    let (start_at, resume) = if !scheduled || first_containing(&windows, ready).is_some() {
+        (ready, ready_resume)
+    } else if !input.strict && ready >= fail_safe_at {
+        (ready, Resume::FailSafeBypass)
+    } else {
+        match next_start_after(&windows, ready) {
+            Some(start) if input.strict || start.timestamp() <= fail_safe_at => {
+                (start.timestamp(), Resume::WindowOpens(start))
+            }
+            _ if !input.strict => (fail_safe_at, Resume::FailSafeBypass),
+            _ => (Timestamp::MAX, Resume::Never),
+        }
+    };
+
+    if start_at <= now {
+        let window = if scheduled {
+            first_containing(&windows, now)
+        } else {
+            None
+        };
+        let reason = match (scheduled, window) {
+            (true, None) => RenewReason::FailSafeBypass,
+            _ => RenewReason::Due,
+        };
+        return Decision::RenewNow(Renewal {
+            reason,
+            window,
+            expires_at,
+            due_at,
+            fail_safe_at,
+            windows_ignored,
+        });
+    }
+    let reason = if now < due_at {
+        DeferReason::NotDue
+    } else if backoff_until.is_some_and(|backoff_until| now < backoff_until) {
+        DeferReason::Backoff
+    } else {
+        DeferReason::OutsideWindow
+    };
+    Decision::Defer(Deferral {
+        until: start_at,
+        reason,
+        resume,
+        expires_at,
+        due_at,
+        fail_safe_at,
+        inside_fail_safe,
+        failed_attempts: input.failures.count,
+        windows_ignored,
+    })
+}
+
+/// The next instant at which the decision can change if nothing else does, or `None` when only
+/// a change to the object can change it (renewing now, invalid, no expiry, disabled inside the
+/// margin). A deferral wakes at `until`, or earlier when the fail-safe margin opens first.
+pub fn requeue_at(decision: &Decision) -> Option<Timestamp> {
+    match decision {
+        Decision::Defer(deferral) => {
+            let until = (deferral.resume != Resume::Never).then_some(deferral.until);
+            let margin_opens = (!deferral.inside_fail_safe).then_some(deferral.fail_safe_at);
+            until.into_iter().chain(margin_opens).min()
+        }
+        Decision::Disabled {
+            fail_safe_at,
+            inside_fail_safe: false,
+            ..
+        } => *fail_safe_at,
+        Decision::NoExpiry { .. }
+        | Decision::RenewNow(_)
+        | Decision::Disabled { .. }
+        | Decision::Invalid { .. } => None,
+    }
+}
+
+/// The message shown when `Automatic` has windows (the `WindowsIgnored` condition).
+pub const WINDOWS_IGNORED_MESSAGE: &str =
+    "Policy Automatic ignores its maintenance windows: use Scheduled to renew only inside them";
+
+fn failed_attempts(count: Option<i64>) -> String {
+    match count {
+        Some(1) | None => "a failed attempt".to_owned(),
+        Some(count) if count < 1 => "a failed attempt".to_owned(),
+        Some(count) => format!("{count} failed attempts"),
+    }
+}
+
+impl fmt::Display for Renewal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.reason {
+            RenewReason::Due => {
+                write!(
+                    f,
+                    "Renewing certificates: due since {}, expiring at {}",
+                    self.due_at, self.expires_at
+                )?;
+                if let Some(index) = self.window {
+                    write!(f, ", inside maintenance window windows[{index}]")?;
+                }
+                Ok(())
+            }
+            RenewReason::FailSafeBypass => write!(
+                f,
+                "Renewing certificates outside the maintenance windows: they expire at {}, within the fail-safe margin since {}",
+                self.expires_at, self.fail_safe_at
+            ),
+        }
+    }
+}
+
+impl fmt::Display for Deferral {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let until = self.until;
+        match (self.reason, &self.resume) {
+            (DeferReason::NotDue, resume) => {
+                write!(
+                    f,
+                    "Renewal is not due until {} (certificates expire at {})",
+                    self.due_at, self.expires_at
+                )?;
+                match resume {
+                    Resume::Due => {}
+                    Resume::BackoffEnds => write!(
+                        f,
+                        "; after {}, it will start when the backoff ends at {until}",
+                        failed_attempts(self.failed_attempts)
+                    )?,
+                    Resume::WindowOpens(start) => write!(
+                        f,
+                        "; it will start when the next maintenance window opens at {start}"
+                    )?,
+                    Resume::FailSafeBypass => write!(
+                        f,
+                        "; it will start at {until} outside the maintenance windows, as expiry will be within the fail-safe margin"
+                    )?,
+                    Resume::Never => {
+                        f.write_str("; no maintenance window opens before the year 10000")?
+                    }
+                }
+            }
+            (DeferReason::Backoff, resume) => {
+                let attempts = failed_attempts(self.failed_attempts);
+                match resume {
+                    Resume::Due | Resume::BackoffEnds => {
+                        write!(f, "Renewal backed off after {attempts} until {until}")?
+                    }
+                    Resume::WindowOpens(start) => write!(
+                        f,
+                        "Renewal backed off after {attempts}; retrying when the next maintenance window opens at {start}"
+                    )?,
+                    Resume::FailSafeBypass => write!(
+                        f,
+                        "Renewal backed off after {attempts} until {until}, then retrying outside the maintenance windows as expiry is within the fail-safe margin"
+                    )?,
+                    Resume::Never => write!(
+                        f,
+                        "Renewal backed off after {attempts}; no maintenance window opens before the year 10000"
+                    )?,
+                }
+            }
+            (DeferReason::OutsideWindow, resume) => match resume {
+                Resume::WindowOpens(start) => write!(
+                    f,
+                    "Renewal deferred until the next maintenance window opens at {start}"
+                )?,
+                Resume::FailSafeBypass => write!(
+                    f,
+                    "Renewal deferred until {until}, when expiry is within the fail-safe margin and the maintenance windows are bypassed"
+                )?,
+                Resume::Due | Resume::BackoffEnds => write!(f, "Renewal deferred until {until}")?,
+                Resume::Never => f.write_str(
+                    "Renewal deferred: no maintenance window opens before the year 10000",
+                )?,
+            },
+        }
+        if self.inside_fail_safe {
+            write!(
+                f,
+                "; certificates expire at {}, within the fail-safe margin",
+                self.expires_at
+            )?;
+            if self.reason == DeferReason::OutsideWindow {
+                f.write_str(", but strict windows forbid a bypass")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Decision {
+    /// A condition message: capitalised, no final period, with the next time.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NoExpiry { .. } => {
+                f.write_str("Certificate expiry is not known yet, so no renewal is scheduled")
+            }
+            Self::RenewNow(renewal) => renewal.fmt(f),
+            Self::Defer(deferral) => deferral.fmt(f),
+            Self::Disabled {
+                expires_at,
+                inside_fail_safe,
+                ..
+            } => {
+                f.write_str("Automatic renewal is disabled by the policy")?;
+                match (expires_at, inside_fail_safe) {
+                    (Some(expires_at), true) => write!(
+                        f,
+                        "; certificates expire at {expires_at}, within the fail-safe margin: renew them manually with the {} annotation",
+                        ck8s_certs_api::annotations::REFRESH_CERTIFICATES
+                    ),
+                    (Some(expires_at), false) => {
+                        write!(f, "; certificates expire at {expires_at}")
+                    }
+                    (None, _) => Ok(()),
+                }
+            }
+            Self::Invalid { errors } => {
+                f.write_str("Renewal policy is invalid: ")?;
+                for (i, error) in errors.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str("; ")?;
+                    }
+                    write!(f, "{error}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

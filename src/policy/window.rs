@@ -1,0 +1,1311 @@
+//! Maintenance windows: when, in wall-clock time, a policy lets automatic renewals start.
+//!
+//! [`Window`] is the form a `CertificateRenewalPolicy` holds (serde camelCase, JSON schema).
+//! Its field types catch what a schema can (`HH:MM`, day names); [`Window::validate`] checks the
+//! rest (`24:00` as a start, `start == end`, the time zone) and yields a [`ValidWindow`], the only
+//! form the other functions take. Errors name the field path, such as `windows[1].start`.
+//!
+//! # Semantics (design.md §4, settled details)
+//! - An occurrence belongs to the day it starts: `daysOfWeek` selects start days (omitted or
+//!   empty: every day). `end < start` rolls over to the next day; `24:00` as an end is the next
+//!   day's midnight. The end is exclusive: an occurrence covers `[start, end)`.
+//! - Wall times are read in the window's IANA zone (default UTC) from jiff's bundled database,
+//!   so answers do not depend on the host's `/usr/share/zoneinfo` (containers often lack it).
+//! - A wall time that falls in a spring-forward gap resolves to the first instant after the gap
+//!   (cron-like), a wall time in a repeated hour to its earlier instant; this applies to ends
+//!   as to starts. So `01:00`–`01:30` on the autumn change covers only the first `01:00`–`01:30`,
+//!   and an occurrence whose start and end both fall in one gap collapses to a single instant:
+//!   it does not exist that day.
+//! - Zones are exact IANA names. jiff looks names up case-insensitively and knows `Etc/Unknown`;
+//!   we reject a case variant (`europe/london`) with a suggestion, `Etc/Unknown`, and `""`.
+//! - Several windows are OR'ed: [`first_containing`] reports the first in list order,
+//!   [`next_start_after`] the earliest start (the first in list order on a tie).
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::LazyLock;
+
+use jiff::Timestamp;
+use jiff::Zoned;
+use jiff::civil::{Date, DateTime, Time, Weekday};
+use jiff::tz::{AmbiguousOffset, TimeZone, TimeZoneDatabase};
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// Schema patterns for the two fields: `24:00` is only an end.
+const START_PATTERN: &str = r"^([01][0-9]|2[0-3]):[0-5][0-9]$";
+const END_PATTERN: &str = r"^(([01][0-9]|2[0-3]):[0-5][0-9]|24:00)$";
+
+/// How many days around an instant's local date may hold an occurrence that contains it. An
+/// occurrence lasts at most a wall-clock day, but a gap can push its end further (Pacific/Apia
+/// skipped all of 2011-12-30) and a fold at midnight can put its start on the previous local
+/// date; a few days either way cover every zone at the cost of a few lookups.
+const DAYS_BACK: usize = 3;
+const DAYS_AHEAD: usize = 1;
+
+/// How far ahead to look for the next start. Any selected weekday recurs within 7 days; an
+/// occurrence collapsed by a gap (a few days a year at most) skips a week; three weeks is ample.
+const SEARCH_DAYS: usize = 22;
+
+/// A day of the week, as the CRD spells it: full English name, capitalised, case-sensitive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum DayOfWeek {
+    Monday,
+    Tuesday,
+    Wednesday,
+    Thursday,
+    Friday,
+    Saturday,
+    Sunday,
+}
+
+impl From<DayOfWeek> for Weekday {
+    fn from(day: DayOfWeek) -> Self {
+        match day {
+            DayOfWeek::Monday => Weekday::Monday,
+            DayOfWeek::Tuesday => Weekday::Tuesday,
+            DayOfWeek::Wednesday => Weekday::Wednesday,
+            DayOfWeek::Thursday => Weekday::Thursday,
+            DayOfWeek::Friday => Weekday::Friday,
+            DayOfWeek::Saturday => Weekday::Saturday,
+            DayOfWeek::Sunday => Weekday::Sunday,
+        }
+    }
+}
+
+/// A wall-clock time of day, exactly `HH:MM` with two digits each, `00:00` to `23:59`, or
+/// `24:00` (only valid as a window's end; [`Window::validate`] checks that).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct WallTime {
+    /// Minutes since midnight, `0..=1440`.
+    minutes: u16,
+}
+
+impl WallTime {
+    /// `24:00`, the end of the day.
+    pub const END_OF_DAY: WallTime = WallTime { minutes: 24 * 60 };
+
+    /// `None` unless `hour:minute` is `00:00`..=`23:59` or `24:00`.
+    pub const fn new(hour: u8, minute: u8) -> Option<Self> {
+        if (hour < 24 && minute < 60) || (hour == 24 && minute == 0) {
+            Some(WallTime {
+                minutes: hour as u16 * 60 + minute as u16,
+            })
+        } else {
+            None
+        }
+    }
+
+    pub const fn hour(self) -> u8 {
+        (self.minutes / 60) as u8
+    }
+
+    pub const fn minute(self) -> u8 {
+        (self.minutes % 60) as u8
+    }
+
+    /// The civil datetime this wall time names on `date`: `24:00` is the next day's midnight.
+    fn on(self, date: Date) -> Option<DateTime> {
+        if self == Self::END_OF_DAY {
+            return Some(date.tomorrow().ok()?.to_datetime(Time::midnight()));
+        }
+        let time = Time::new(self.hour() as i8, self.minute() as i8, 0, 0).ok()?;
+        Some(date.to_datetime(time))
+    }
+}
+
+/// A string that is not a valid [`WallTime`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "invalid time {input:?}: expected HH:MM with two-digit hours and minutes, from 00:00 to 23:59, or 24:00 as an end"
+)]
+pub struct WallTimeError {
+    pub input: String,
+}
+
+impl FromStr for WallTime {
+    type Err = WallTimeError;
+
+    fn from_str(input: &str) -> Result<Self, Self::Err> {
+        let error = || WallTimeError {
+            input: input.chars().take(16).collect(),
+        };
+        let &[h1, h2, b':', m1, m2] = input.as_bytes() else {
+            return Err(error());
+        };
+        let digit = |byte: u8| byte.is_ascii_digit().then(|| byte - b'0');
+        let (Some(h1), Some(h2), Some(m1), Some(m2)) = (digit(h1), digit(h2), digit(m1), digit(m2))
+        else {
+            return Err(error());
+        };
+        WallTime::new(h1 * 10 + h2, m1 * 10 + m2).ok_or_else(error)
+    }
+}
+
+impl fmt::Display for WallTime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:02}:{:02}", self.hour(), self.minute())
+    }
+}
+
+impl Serialize for WallTime {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for WallTime {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = std::borrow::Cow::<str>::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl JsonSchema for WallTime {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "WallTime".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({ "type": "string", "pattern": END_PATTERN })
+    }
+}
+
+/// A maintenance window as a `CertificateRenewalPolicy` holds it. Validate it before use.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Window {
+    /// Days on which the window opens; an occurrence belongs to the day it starts. Omitted or
+    /// empty: every day.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub days_of_week: Vec<DayOfWeek>,
+    /// Opening wall-clock time, `HH:MM` (`00:00` to `23:59`).
+    #[schemars(pattern(START_PATTERN))]
+    pub start: WallTime,
+    /// Closing wall-clock time, exclusive, `HH:MM` or `24:00`. Earlier than `start`: the next
+    /// day. Must differ from `start` (a whole day is `00:00` to `24:00`).
+    #[schemars(pattern(END_PATTERN))]
+    pub end: WallTime,
+    /// IANA time zone name, exactly as in the tz database (such as `Europe/London`). Omitted:
+    /// UTC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timezone: Option<String>,
+}
+
+/// What is wrong with one field of a window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WindowProblem {
+    /// `start: "24:00"`.
+    StartAtEndOfDay,
+    /// `start == end`.
+    Empty(WallTime),
+    /// `timezone: ""`.
+    EmptyTimeZone,
+    /// `timezone: "Etc/Unknown"`.
+    UnknownPlaceholder,
+    /// A name that matches an IANA name only when case is ignored.
+    TimeZoneCase {
+        given: String,
+        expected: &'static str,
+    },
+    UnknownTimeZone(String),
+}
+
+impl fmt::Display for WindowProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::StartAtEndOfDay => f.write_str(
+                "24:00 is only allowed as an end; a window that opens at midnight starts at 00:00",
+            ),
+            Self::Empty(time) => write!(
+                f,
+                "must differ from start ({time}): the window would be empty; a whole day is 00:00 to 24:00"
+            ),
+            Self::EmptyTimeZone => f.write_str(
+                "must not be empty: omit it for UTC, or give an IANA name such as Europe/London",
+            ),
+            Self::UnknownPlaceholder => f.write_str(
+                "\"Etc/Unknown\" stands for an unknown time zone, not a real one: give an IANA name such as Europe/London, or omit it for UTC",
+            ),
+            Self::TimeZoneCase { given, expected } => write!(
+                f,
+                "{given:?} is not an IANA time zone name: names are case-sensitive, did you mean {expected:?}?"
+            ),
+            Self::UnknownTimeZone(given) => write!(
+                f,
+                "{given:?} is not an IANA time zone name (such as UTC, Europe/London or America/New_York)"
+            ),
+        }
+    }
+}
+
+/// One invalid field: its path (such as `windows[1].timezone`) and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{path}: {problem}")]
+pub struct WindowError {
+    pub path: String,
+    pub problem: WindowProblem,
+}
+
+/// A checked window, ready to answer questions about instants.
+#[derive(Debug, Clone)]
+pub struct ValidWindow {
+    /// Selected start days, indexed by `Weekday::to_monday_zero_offset`.
+    days: [bool; 7],
+    start: WallTime,
+    end: WallTime,
+    zone: TimeZone,
+}
+
+/// One occurrence of a window: `[start, end)`, never empty.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Occurrence {
+    pub start: Timestamp,
+    pub end: Timestamp,
+}
+
+impl Occurrence {
+    pub fn contains(&self, t: Timestamp) -> bool {
+        self.start <= t && t < self.end
+    }
+}
+
+/// The next opening of one of several windows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WindowStart {
+    /// The window's position in the policy's list.
+    pub index: usize,
+    /// The instant, in the window's zone (for messages).
+    pub at: Zoned,
+}
+
+impl WindowStart {
+    pub fn timestamp(&self) -> Timestamp {
+        self.at.timestamp()
+    }
+}
+
+impl fmt::Display for WindowStart {
+    /// `2026-11-24 02:00 Europe/London (2026-11-24T02:00:00Z)`: the wall time users wrote the
+    /// window in, and UTC, which also settles the wall time in a repeated hour.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let wall = self.at.datetime();
+        write!(f, "{} {:02}:{:02}", wall.date(), wall.hour(), wall.minute())?;
+        if wall.second() != 0 {
+            write!(f, ":{:02}", wall.second())?;
+        }
+        let zone = self.at.time_zone().iana_name().unwrap_or("UTC");
+        write!(f, " {zone} ({})", self.at.timestamp())
+    }
+}
+
+impl Window {
+    /// Checks the rules the field types cannot; `index` is the window's position in the
+    /// policy's list, for the paths in errors. All problems are reported, not just the first.
+    pub fn validate(&self, index: usize) -> Result<ValidWindow, Vec<WindowError>> {
+        let mut errors = Vec::new();
+        let mut problem = |field: &str, problem| {
+            errors.push(WindowError {
+                path: format!("windows[{index}].{field}"),
+                problem,
+            });
+        };
+        if self.start == WallTime::END_OF_DAY {
+            problem("start", WindowProblem::StartAtEndOfDay);
+        } else if self.start == self.end {
+            problem("end", WindowProblem::Empty(self.start));
+        }
+        let zone = match self.timezone.as_deref() {
+            None => Some(TimeZone::UTC),
+            Some(name) => lookup_zone(name)
+                .map_err(|error| problem("timezone", error))
+                .ok(),
+        };
+        match zone {
+            Some(zone) if errors.is_empty() => {
+                let mut days = [self.days_of_week.is_empty(); 7];
+                for &day in &self.days_of_week {
+                    days[day_index(day.into())] = true;
+                }
+                Ok(ValidWindow {
+                    days,
+                    start: self.start,
+                    end: self.end,
+                    zone,
+                })
+            }
+            _ => Err(errors),
+        }
+    }
+}
+
+/// Validates a policy's windows, reporting every problem of every window.
+pub fn validate_windows(windows: &[Window]) -> Result<Vec<ValidWindow>, Vec<WindowError>> {
+    let mut valid = Vec::with_capacity(windows.len());
+    let mut errors = Vec::new();
+    for (index, window) in windows.iter().enumerate() {
+        match window.validate(index) {
+            Ok(window) => valid.push(window),
+            Err(mut problems) => errors.append(&mut problems),
+        }
+    }
+    if errors.is_empty() {
+        Ok(valid)
+    } else {
+        Err(errors)
+    }
+}
+
+/// Every zone name in the bundled database, sorted, for exact (case-sensitive) lookups.
+static ZONE_NAMES: LazyLock<Vec<String>> = LazyLock::new(|| {
+    let mut names: Vec<String> = TimeZoneDatabase::bundled()
+        .available()
+        .map(|name| name.as_str().to_owned())
+        .collect();
+    names.sort_unstable();
+    names
+});
+
+fn lookup_zone(name: &str) -> Result<TimeZone, WindowProblem> {
+    if name.is_empty() {
+        return Err(WindowProblem::EmptyTimeZone);
+    }
+    // jiff resolves this name to its "unknown zone" placeholder, which behaves like UTC.
+    if name.eq_ignore_ascii_case("Etc/Unknown") {
+        return Err(WindowProblem::UnknownPlaceholder);
+    }
+    if ZONE_NAMES
+        .binary_search_by(|known| known.as_str().cmp(name))
+        .is_ok()
+    {
+        return TimeZoneDatabase::bundled()
+            .get(name)
+            .map_err(|_| WindowProblem::UnknownTimeZone(name.to_owned()));
+    }
+    match ZONE_NAMES
+        .iter()
+        .find(|known| known.eq_ignore_ascii_case(name))
+    {
+        Some(known) => Err(WindowProblem::TimeZoneCase {
+            given: name.to_owned(),
+            expected: known.as_str(),
+        }),
+        None => Err(WindowProblem::UnknownTimeZone(
+            name.chars().take(64).collect(),
+        )),
+    }
+}
+
+fn day_index(day: Weekday) -> usize {
+    day.to_monday_zero_offset().unsigned_abs().into()
+}
+
+/// The instant a wall time names in `zone` (see the module docs for gaps and folds).
+fn resolve(zone: &TimeZone, wall: DateTime) -> Option<Timestamp> {
+    match zone.to_ambiguous_timestamp(wall).offset() {
+        AmbiguousOffset::Unambiguous { offset } => offset.to_timestamp(wall).ok(),
+        // A repeated hour: the offset in force before the clocks went back gives the earlier
+        // instant.
+        AmbiguousOffset::Fold { before, .. } => before.to_timestamp(wall).ok(),
+        // A gap: read with the offset after the change, the wall time lands before the
+        // transition; the transition itself is the first instant after the gap.
+        AmbiguousOffset::Gap { after, .. } => {
+            let before_transition = after.to_timestamp(wall).ok()?;
+            zone.following(before_transition)
+                .next()
+                .map(|transition| transition.timestamp())
+        }
+    }
+}
+
+/// `count` consecutive dates from `first`, stopping at the end of the calendar.
+fn dates(first: Date, count: usize) -> impl Iterator<Item = Date> {
+    std::iter::successors(Some(first), |date| date.tomorrow().ok()).take(count)
+}
+
+fn days_before(date: Date, days: usize) -> Date {
+    (0..days)
+        .try_fold(date, |date, _| date.yesterday())
+        .unwrap_or(Date::MIN)
+}
+
+impl ValidWindow {
+    pub fn time_zone(&self) -> &TimeZone {
+        &self.zone
+    }
+
+    /// The occurrence that starts on `date` (local to the window's zone), if the day is
+    /// selected and the occurrence does not collapse in a gap.
+    pub fn occurrence(&self, date: Date) -> Option<Occurrence> {
+        if !self.days[day_index(date.weekday())] {
+            return None;
+        }
+        let start = resolve(&self.zone, self.start.on(date)?)?;
+        let end_date = if self.end < self.start {
+            date.tomorrow().ok()?
+        } else {
+            date
+        };
+        let end = resolve(&self.zone, self.end.on(end_date)?)?;
+        (start < end).then_some(Occurrence { start, end })
+    }
+
+    /// Whether `t` is inside an occurrence (start inclusive, end exclusive).
+    pub fn contains(&self, t: Timestamp) -> bool {
+        let local = self.zone.to_datetime(t).date();
+        dates(days_before(local, DAYS_BACK), DAYS_BACK + 1 + DAYS_AHEAD)
+            .filter_map(|date| self.occurrence(date))
+            .any(|occurrence| occurrence.contains(t))
+    }
+
+    /// The earliest occurrence start strictly after `t`, so that calling it again with the
+    /// result moves on to the next one. `None` only past the end of jiff's calendar (year 9999).
+    ///
+    /// A `t` that is itself a start is not returned: `contains(t)` answers for it.
+    pub fn next_start_after(&self, t: Timestamp) -> Option<Timestamp> {
+        let local = self.zone.to_datetime(t).date();
+        // Starts never decrease from one date to the next (wall-time resolution is monotonic),
+        // so the first one after `t` in date order is the earliest.
+        dates(days_before(local, DAYS_BACK), DAYS_BACK + SEARCH_DAYS)
+            .filter_map(|date| self.occurrence(date))
+            .map(|occurrence| occurrence.start)
+            .find(|&start| start > t)
+    }
+}
+
+/// The first window, in list order, that contains `t`.
+pub fn first_containing(windows: &[ValidWindow], t: Timestamp) -> Option<usize> {
+    windows.iter().position(|window| window.contains(t))
+}
+
+/// The earliest start strictly after `t` among `windows`; on a tie, the first in list order.
+pub fn next_start_after(windows: &[ValidWindow], t: Timestamp) -> Option<WindowStart> {
+    let (index, start) = windows
+        .iter()
+        .enumerate()
+        .filter_map(|(index, window)| Some((index, window.next_start_after(t)?)))
+        .min_by_key(|&(index, start)| (start, index))?;
+    Some(WindowStart {
+        index,
+        at: start.to_zoned(windows[index].zone.clone()),
+    })
+}
+
+/// The next `count` openings after `t`, for previews.
+pub fn upcoming_starts(windows: &[ValidWindow], t: Timestamp, count: usize) -> Vec<WindowStart> {
+    std::iter::successors(next_start_after(windows, t), |previous| {
+        next_start_after(windows, previous.timestamp())
+    })
+    .take(count)
+    .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DayOfWeek::*;
+    use super::*;
+    use crate::policy::testing::{arbitrary_instant, arbitrary_window, utc, window};
+    use jiff::civil::date;
+    use proptest::prelude::*;
+
+    fn valid(days: &[DayOfWeek], start: &str, end: &str, zone: Option<&str>) -> ValidWindow {
+        window(days, start, end, zone).validate(0).unwrap()
+    }
+
+    /// A wall time in a zone, unambiguous (tests pick such times).
+    fn at(zone: &str, y: i16, mo: i8, d: i8, h: i8, mi: i8) -> Timestamp {
+        date(y, mo, d)
+            .at(h, mi, 0, 0)
+            .to_zoned(TimeZone::get(zone).unwrap())
+            .unwrap()
+            .timestamp()
+    }
+
+    #[test]
+    fn wall_times_are_exactly_hh_mm() {
+        let rows: &[(&str, Option<(u8, u8)>)] = &[
+            ("00:00", Some((0, 0))),
+            ("09:05", Some((9, 5))),
+            ("23:59", Some((23, 59))),
+            ("24:00", Some((24, 0))),
+            ("9:00", None),
+            ("09:0", None),
+            ("24:30", None),
+            ("25:00", None),
+            ("12:60", None),
+            ("12:00:00", None),
+            ("12h00", None),
+            (" 12:00", None),
+            ("", None),
+            ("+1:00", None),
+            ("１２:00", None),
+        ];
+        for (input, expected) in rows {
+            let parsed = input
+                .parse::<WallTime>()
+                .map(|t| (t.hour(), t.minute()))
+                .ok();
+            assert_eq!(parsed, *expected, "input {input:?}");
+        }
+        assert_eq!(
+            "9:00".parse::<WallTime>().unwrap_err().to_string(),
+            "invalid time \"9:00\": expected HH:MM with two-digit hours and minutes, from 00:00 to 23:59, or 24:00 as an end"
+        );
+        assert_eq!("07:30".parse::<WallTime>().unwrap().to_string(), "07:30");
+    }
+
+    #[test]
+    fn the_crd_form_uses_camel_case_and_full_day_names() {
+        let json = r#"{"daysOfWeek":["Monday","Sunday"],"start":"22:00","end":"02:00","timezone":"Europe/London"}"#;
+        let parsed: Window = serde_json::from_str(json).unwrap();
+        assert_eq!(
+            parsed,
+            window(&[Monday, Sunday], "22:00", "02:00", Some("Europe/London"))
+        );
+        assert_eq!(serde_json::to_string(&parsed).unwrap(), json);
+        let minimal: Window = serde_json::from_str(r#"{"start":"00:00","end":"24:00"}"#).unwrap();
+        assert_eq!(minimal, window(&[], "00:00", "24:00", None));
+        assert_eq!(
+            serde_json::to_string(&minimal).unwrap(),
+            r#"{"start":"00:00","end":"24:00"}"#
+        );
+
+        let rejected = [
+            (
+                r#"{"daysOfWeek":["Funday"],"start":"01:00","end":"02:00"}"#,
+                "unknown variant `Funday`, expected one of `Monday`",
+            ),
+            (
+                r#"{"daysOfWeek":["monday"],"start":"01:00","end":"02:00"}"#,
+                "unknown variant `monday`",
+            ),
+            (r#"{"start":"9:00","end":"10:00"}"#, "invalid time \"9:00\""),
+            (
+                r#"{"start":"01:00","end":"24:30"}"#,
+                "invalid time \"24:30\"",
+            ),
+            (
+                r#"{"start":"12:60","end":"13:00"}"#,
+                "invalid time \"12:60\"",
+            ),
+            (r#"{"start":"01:00"}"#, "missing field `end`"),
+        ];
+        for (json, message) in rejected {
+            let error = serde_json::from_str::<Window>(json)
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains(message), "{json}: {error}");
+        }
+    }
+
+    #[test]
+    fn the_schema_restricts_start_and_end_separately() {
+        // kube generates CRD schemas with every subschema inlined (no `$ref`).
+        let generator = schemars::generate::SchemaSettings::openapi3()
+            .with(|settings| settings.inline_subschemas = true)
+            .into_generator();
+        let schema = serde_json::to_value(generator.into_root_schema_for::<Window>()).unwrap();
+        let properties = &schema["properties"];
+        assert_eq!(properties["start"]["pattern"], START_PATTERN);
+        assert_eq!(properties["end"]["pattern"], END_PATTERN);
+        assert_eq!(properties["start"]["type"], "string");
+        let days = serde_json::to_string(&properties["daysOfWeek"]).unwrap();
+        assert!(days.contains("Wednesday"), "{days}");
+        assert_eq!(schema["required"], serde_json::json!(["start", "end"]));
+    }
+
+    #[test]
+    fn validation_names_the_field_and_the_reason() {
+        let rows: &[(Window, &[&str])] = &[
+            (
+                window(&[], "24:00", "01:00", None),
+                &[
+                    "windows[2].start: 24:00 is only allowed as an end; a window that opens at midnight starts at 00:00",
+                ],
+            ),
+            (
+                window(&[], "09:00", "09:00", None),
+                &[
+                    "windows[2].end: must differ from start (09:00): the window would be empty; a whole day is 00:00 to 24:00",
+                ],
+            ),
+            (
+                window(&[], "01:00", "02:00", Some("")),
+                &[
+                    "windows[2].timezone: must not be empty: omit it for UTC, or give an IANA name such as Europe/London",
+                ],
+            ),
+            (
+                window(&[], "01:00", "02:00", Some("europe/london")),
+                &[
+                    "windows[2].timezone: \"europe/london\" is not an IANA time zone name: names are case-sensitive, did you mean \"Europe/London\"?",
+                ],
+            ),
+            (
+                window(&[], "01:00", "02:00", Some("utc")),
+                &[
+                    "windows[2].timezone: \"utc\" is not an IANA time zone name: names are case-sensitive, did you mean \"UTC\"?",
+                ],
+            ),
+            (
+                window(&[], "01:00", "02:00", Some("Etc/Unknown")),
+                &[
+                    "windows[2].timezone: \"Etc/Unknown\" stands for an unknown time zone, not a real one: give an IANA name such as Europe/London, or omit it for UTC",
+                ],
+            ),
+            (
+                window(&[], "01:00", "02:00", Some("Mars/Olympus_Mons")),
+                &[
+                    "windows[2].timezone: \"Mars/Olympus_Mons\" is not an IANA time zone name (such as UTC, Europe/London or America/New_York)",
+                ],
+            ),
+            (
+                window(&[], "01:00", "02:00", Some(" UTC")),
+                &[
+                    "windows[2].timezone: \" UTC\" is not an IANA time zone name (such as UTC, Europe/London or America/New_York)",
+                ],
+            ),
+            (
+                window(&[], "01:00", "02:00", Some("+05:30")),
+                &[
+                    "windows[2].timezone: \"+05:30\" is not an IANA time zone name (such as UTC, Europe/London or America/New_York)",
+                ],
+            ),
+            (
+                window(&[], "24:00", "24:00", Some("")),
+                &[
+                    "windows[2].start: 24:00 is only allowed as an end; a window that opens at midnight starts at 00:00",
+                    "windows[2].timezone: must not be empty: omit it for UTC, or give an IANA name such as Europe/London",
+                ],
+            ),
+        ];
+        for (window, expected) in rows {
+            let errors: Vec<String> = window
+                .validate(2)
+                .unwrap_err()
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+            assert_eq!(&errors, expected);
+        }
+        for zone in [
+            "UTC",
+            "Etc/UTC",
+            "Europe/London",
+            "America/New_York",
+            "Asia/Kolkata",
+            "Australia/Lord_Howe",
+            "US/Eastern",
+            "Asia/Calcutta",
+        ] {
+            assert!(
+                window(&[], "01:00", "02:00", Some(zone))
+                    .validate(0)
+                    .is_ok(),
+                "{zone}"
+            );
+        }
+        let all = validate_windows(&[
+            window(&[], "01:00", "02:00", None),
+            window(&[], "03:00", "03:00", None),
+            window(&[], "01:00", "02:00", Some("Nowhere")),
+        ]);
+        let paths: Vec<String> = all
+            .unwrap_err()
+            .into_iter()
+            .map(|error| error.path)
+            .collect();
+        assert_eq!(paths, ["windows[1].end", "windows[2].timezone"]);
+    }
+
+    /// (window, instant, expected contains, expected next start after the instant).
+    type Row = (ValidWindow, Timestamp, bool, Option<Timestamp>);
+
+    fn check(rows: &[Row]) {
+        for (i, (window, t, inside, next)) in rows.iter().enumerate() {
+            assert_eq!(window.contains(*t), *inside, "row {i}: contains({t})");
+            assert_eq!(
+                window.next_start_after(*t),
+                *next,
+                "row {i}: next_start_after({t})"
+            );
+        }
+    }
+
+    #[test]
+    fn windows_in_utc_across_midnight_and_the_week() {
+        // 2026-11-22 is a Sunday.
+        let sunday_night = valid(&[Sunday], "22:00", "02:00", None);
+        let friday_to_midnight = valid(&[Friday], "22:00", "24:00", None);
+        let saturday_all_day = valid(&[Saturday], "00:00", "24:00", None);
+        let every_day = valid(&[], "09:00", "17:00", None);
+        let sunday = Some(utc("2026-11-22T22:00:00Z"));
+        let next_sunday = Some(utc("2026-11-29T22:00:00Z"));
+        check(&[
+            (
+                sunday_night.clone(),
+                utc("2026-11-22T21:59:59Z"),
+                false,
+                sunday,
+            ),
+            (
+                sunday_night.clone(),
+                utc("2026-11-22T22:00:00Z"),
+                true,
+                next_sunday,
+            ),
+            (
+                sunday_night.clone(),
+                utc("2026-11-22T23:30:00Z"),
+                true,
+                next_sunday,
+            ),
+            // Monday early morning belongs to Sunday's window.
+            (
+                sunday_night.clone(),
+                utc("2026-11-23T01:59:59Z"),
+                true,
+                next_sunday,
+            ),
+            (
+                sunday_night.clone(),
+                utc("2026-11-23T02:00:00Z"),
+                false,
+                next_sunday,
+            ),
+            (
+                sunday_night.clone(),
+                utc("2026-11-23T22:30:00Z"),
+                false,
+                next_sunday,
+            ),
+            // Sunday early morning would belong to Saturday's, which is not selected.
+            (
+                sunday_night.clone(),
+                utc("2026-11-29T00:30:00Z"),
+                false,
+                next_sunday,
+            ),
+            (
+                friday_to_midnight.clone(),
+                utc("2026-11-27T23:59:59Z"),
+                true,
+                Some(utc("2026-12-04T22:00:00Z")),
+            ),
+            (
+                friday_to_midnight.clone(),
+                utc("2026-11-28T00:00:00Z"),
+                false,
+                Some(utc("2026-12-04T22:00:00Z")),
+            ),
+            (
+                saturday_all_day.clone(),
+                utc("2026-11-28T00:00:00Z"),
+                true,
+                Some(utc("2026-12-05T00:00:00Z")),
+            ),
+            (
+                saturday_all_day.clone(),
+                utc("2026-11-28T23:59:59Z"),
+                true,
+                Some(utc("2026-12-05T00:00:00Z")),
+            ),
+            (
+                saturday_all_day.clone(),
+                utc("2026-11-29T00:00:00Z"),
+                false,
+                Some(utc("2026-12-05T00:00:00Z")),
+            ),
+            (
+                saturday_all_day.clone(),
+                utc("2026-11-27T23:59:59Z"),
+                false,
+                Some(utc("2026-11-28T00:00:00Z")),
+            ),
+            // Empty daysOfWeek: every day.
+            (
+                every_day.clone(),
+                utc("2026-11-28T08:00:00Z"),
+                false,
+                Some(utc("2026-11-28T09:00:00Z")),
+            ),
+            (
+                every_day.clone(),
+                utc("2026-11-29T16:59:59Z"),
+                true,
+                Some(utc("2026-11-30T09:00:00Z")),
+            ),
+            (
+                every_day.clone(),
+                utc("2026-11-29T17:00:00Z"),
+                false,
+                Some(utc("2026-11-30T09:00:00Z")),
+            ),
+        ]);
+    }
+
+    #[test]
+    fn new_york_spring_forward_gap() {
+        // 2026-03-08: 02:00 EST becomes 03:00 EDT at 07:00Z; 02:00-03:00 does not exist.
+        let ny = Some("America/New_York");
+        let starts_in_gap = valid(&[], "02:30", "04:00", ny);
+        let inside_gap = valid(&[], "02:00", "02:30", ny);
+        let ends_in_gap = valid(&[Saturday], "22:00", "02:30", ny);
+        check(&[
+            (
+                starts_in_gap.clone(),
+                utc("2026-03-08T06:59:59Z"),
+                false,
+                Some(utc("2026-03-08T07:00:00Z")),
+            ),
+            (
+                starts_in_gap.clone(),
+                utc("2026-03-08T07:00:00Z"),
+                true,
+                Some(utc("2026-03-09T06:30:00Z")),
+            ),
+            (
+                starts_in_gap.clone(),
+                utc("2026-03-08T07:59:59Z"),
+                true,
+                Some(utc("2026-03-09T06:30:00Z")),
+            ),
+            (
+                starts_in_gap.clone(),
+                utc("2026-03-08T08:00:00Z"),
+                false,
+                Some(utc("2026-03-09T06:30:00Z")),
+            ),
+            // The day before: ordinary EST.
+            (
+                starts_in_gap.clone(),
+                utc("2026-03-07T07:30:00Z"),
+                true,
+                Some(utc("2026-03-08T07:00:00Z")),
+            ),
+            // Start and end both in the gap: no occurrence on 03-08.
+            (
+                inside_gap.clone(),
+                utc("2026-03-08T05:00:00Z"),
+                false,
+                Some(utc("2026-03-09T06:00:00Z")),
+            ),
+            (
+                inside_gap.clone(),
+                utc("2026-03-08T07:00:00Z"),
+                false,
+                Some(utc("2026-03-09T06:00:00Z")),
+            ),
+            (
+                inside_gap.clone(),
+                utc("2026-03-07T07:15:00Z"),
+                true,
+                Some(utc("2026-03-09T06:00:00Z")),
+            ),
+            // An end in the gap is the first instant after it: 03:00 EDT.
+            (
+                ends_in_gap.clone(),
+                utc("2026-03-08T03:00:00Z"),
+                true,
+                Some(utc("2026-03-15T02:00:00Z")),
+            ),
+            (
+                ends_in_gap.clone(),
+                utc("2026-03-08T06:59:59Z"),
+                true,
+                Some(utc("2026-03-15T02:00:00Z")),
+            ),
+            (
+                ends_in_gap.clone(),
+                utc("2026-03-08T07:00:00Z"),
+                false,
+                Some(utc("2026-03-15T02:00:00Z")),
+            ),
+        ]);
+    }
+
+    #[test]
+    fn new_york_fall_back_repeated_hour() {
+        // 2026-11-01: 02:00 EDT becomes 01:00 EST at 06:00Z; 01:00-02:00 happens twice
+        // (05:00Z-06:00Z EDT, then 06:00Z-07:00Z EST).
+        let ny = Some("America/New_York");
+        let in_repeated_hour = valid(&[], "01:00", "01:30", ny);
+        let across = valid(&[], "01:30", "03:00", ny);
+        check(&[
+            (
+                in_repeated_hour.clone(),
+                utc("2026-11-01T05:00:00Z"),
+                true,
+                Some(utc("2026-11-02T06:00:00Z")),
+            ),
+            (
+                in_repeated_hour.clone(),
+                utc("2026-11-01T05:29:59Z"),
+                true,
+                Some(utc("2026-11-02T06:00:00Z")),
+            ),
+            // The second 01:00-01:30 (EST) is not in the window: the earlier instant counts.
+            (
+                in_repeated_hour.clone(),
+                utc("2026-11-01T06:15:00Z"),
+                false,
+                Some(utc("2026-11-02T06:00:00Z")),
+            ),
+            (
+                in_repeated_hour.clone(),
+                utc("2026-11-01T04:59:59Z"),
+                false,
+                Some(utc("2026-11-01T05:00:00Z")),
+            ),
+            (
+                across.clone(),
+                utc("2026-11-01T05:30:00Z"),
+                true,
+                Some(utc("2026-11-02T06:30:00Z")),
+            ),
+            (
+                across.clone(),
+                utc("2026-11-01T06:10:00Z"),
+                true,
+                Some(utc("2026-11-02T06:30:00Z")),
+            ),
+            (
+                across.clone(),
+                utc("2026-11-01T07:59:59Z"),
+                true,
+                Some(utc("2026-11-02T06:30:00Z")),
+            ),
+            (
+                across.clone(),
+                utc("2026-11-01T08:00:00Z"),
+                false,
+                Some(utc("2026-11-02T06:30:00Z")),
+            ),
+        ]);
+    }
+
+    #[test]
+    fn london_gap_and_repeated_hour() {
+        // 2026-03-29: 01:00 GMT becomes 02:00 BST at 01:00Z. 2026-10-25: 02:00 BST becomes
+        // 01:00 GMT at 01:00Z, so 01:00-02:00 happens at 00:00Z and again at 01:00Z.
+        let london = Some("Europe/London");
+        let gap = valid(&[Sunday], "01:30", "02:30", london);
+        let fold = valid(&[Sunday], "01:15", "01:45", london);
+        check(&[
+            (
+                gap.clone(),
+                utc("2026-03-29T00:59:59Z"),
+                false,
+                Some(utc("2026-03-29T01:00:00Z")),
+            ),
+            (
+                gap.clone(),
+                utc("2026-03-29T01:00:00Z"),
+                true,
+                Some(utc("2026-04-05T00:30:00Z")),
+            ),
+            (
+                gap.clone(),
+                utc("2026-03-29T01:29:59Z"),
+                true,
+                Some(utc("2026-04-05T00:30:00Z")),
+            ),
+            (
+                gap.clone(),
+                utc("2026-03-29T01:30:00Z"),
+                false,
+                Some(utc("2026-04-05T00:30:00Z")),
+            ),
+            (
+                fold.clone(),
+                utc("2026-10-25T00:15:00Z"),
+                true,
+                Some(utc("2026-11-01T01:15:00Z")),
+            ),
+            (
+                fold.clone(),
+                utc("2026-10-25T00:44:59Z"),
+                true,
+                Some(utc("2026-11-01T01:15:00Z")),
+            ),
+            (
+                fold.clone(),
+                utc("2026-10-25T01:15:00Z"),
+                false,
+                Some(utc("2026-11-01T01:15:00Z")),
+            ),
+            (
+                fold.clone(),
+                utc("2026-10-24T23:00:00Z"),
+                false,
+                Some(utc("2026-10-25T00:15:00Z")),
+            ),
+        ]);
+    }
+
+    #[test]
+    fn lord_howe_half_hour_shift() {
+        // Lord Howe Island moves by 30 minutes: +10:30 standard, +11 in summer.
+        // 2026-10-04 02:00 +10:30 (15:30Z on 10-03) becomes 02:30 +11: a 30-minute gap.
+        // 2026-04-05 02:00 +11 (15:00Z on 04-04) becomes 01:30 +10:30: 01:30-02:00 repeats.
+        let lord_howe = Some("Australia/Lord_Howe");
+        let gap = valid(&[], "02:15", "03:00", lord_howe);
+        let fold = valid(&[], "01:45", "02:15", lord_howe);
+        check(&[
+            (
+                gap.clone(),
+                utc("2026-10-03T15:29:59Z"),
+                false,
+                Some(utc("2026-10-03T15:30:00Z")),
+            ),
+            (
+                gap.clone(),
+                utc("2026-10-03T15:30:00Z"),
+                true,
+                Some(utc("2026-10-04T15:15:00Z")),
+            ),
+            (
+                gap.clone(),
+                utc("2026-10-03T15:59:59Z"),
+                true,
+                Some(utc("2026-10-04T15:15:00Z")),
+            ),
+            (
+                gap.clone(),
+                utc("2026-10-03T16:00:00Z"),
+                false,
+                Some(utc("2026-10-04T15:15:00Z")),
+            ),
+            // Starts at the first 01:45 (+11), ends at 02:15 (+10:30): 75 minutes that day.
+            (
+                fold.clone(),
+                utc("2026-04-04T14:45:00Z"),
+                true,
+                Some(utc("2026-04-05T15:15:00Z")),
+            ),
+            (
+                fold.clone(),
+                utc("2026-04-04T15:44:59Z"),
+                true,
+                Some(utc("2026-04-05T15:15:00Z")),
+            ),
+            (
+                fold.clone(),
+                utc("2026-04-04T15:45:00Z"),
+                false,
+                Some(utc("2026-04-05T15:15:00Z")),
+            ),
+        ]);
+    }
+
+    #[test]
+    fn kolkata_non_hour_offset() {
+        // +05:30 all year: 09:00 IST is 03:30Z. 2026-11-23 is a Monday.
+        let office = valid(
+            &[Monday, Tuesday, Wednesday, Thursday, Friday],
+            "09:00",
+            "17:00",
+            Some("Asia/Kolkata"),
+        );
+        check(&[
+            (
+                office.clone(),
+                utc("2026-11-23T03:29:59Z"),
+                false,
+                Some(utc("2026-11-23T03:30:00Z")),
+            ),
+            (
+                office.clone(),
+                utc("2026-11-23T03:30:00Z"),
+                true,
+                Some(utc("2026-11-24T03:30:00Z")),
+            ),
+            (
+                office.clone(),
+                utc("2026-11-23T11:29:59Z"),
+                true,
+                Some(utc("2026-11-24T03:30:00Z")),
+            ),
+            (
+                office.clone(),
+                utc("2026-11-23T11:30:00Z"),
+                false,
+                Some(utc("2026-11-24T03:30:00Z")),
+            ),
+            (
+                office.clone(),
+                utc("2026-11-27T12:00:00Z"),
+                false,
+                Some(utc("2026-11-30T03:30:00Z")),
+            ),
+        ]);
+        assert_eq!(
+            office.next_start_after(at("Asia/Kolkata", 2026, 11, 28, 10, 0)),
+            Some(at("Asia/Kolkata", 2026, 11, 30, 9, 0))
+        );
+    }
+
+    #[test]
+    fn several_windows_report_the_first_in_list_order() {
+        let windows = [
+            valid(
+                &[Monday, Tuesday, Wednesday, Thursday, Friday],
+                "01:00",
+                "05:00",
+                None,
+            ),
+            valid(&[], "00:00", "03:00", None),
+            valid(&[], "02:00", "04:00", Some("Europe/London")),
+        ];
+        // Tuesday 2026-11-24: all three are open at 02:30Z.
+        assert_eq!(
+            first_containing(&windows, utc("2026-11-24T02:30:00Z")),
+            Some(0)
+        );
+        // Saturday: the weekday window is closed.
+        assert_eq!(
+            first_containing(&windows, utc("2026-11-28T02:30:00Z")),
+            Some(1)
+        );
+        assert_eq!(
+            first_containing(&windows, utc("2026-11-28T03:30:00Z")),
+            Some(2)
+        );
+        assert_eq!(
+            first_containing(&windows, utc("2026-11-28T04:00:00Z")),
+            None
+        );
+        let next = next_start_after(&windows, utc("2026-11-28T04:00:00Z")).unwrap();
+        assert_eq!(
+            (next.index, next.timestamp()),
+            (1, utc("2026-11-29T00:00:00Z"))
+        );
+        // Monday 01:00Z: window 0 opens; the others opened earlier.
+        let next = next_start_after(&windows, utc("2026-11-29T23:30:00Z")).unwrap();
+        assert_eq!(
+            (next.index, next.timestamp()),
+            (1, utc("2026-11-30T00:00:00Z"))
+        );
+        let next = next_start_after(&windows, utc("2026-11-30T00:00:00Z")).unwrap();
+        assert_eq!(
+            (next.index, next.timestamp()),
+            (0, utc("2026-11-30T01:00:00Z"))
+        );
+        // A tie goes to the first in list order.
+        let tie = [
+            valid(&[], "03:00", "04:00", None),
+            valid(&[], "03:00", "05:00", None),
+        ];
+        let next = next_start_after(&tie[..], utc("2026-11-30T00:00:00Z")).unwrap();
+        assert_eq!(next.index, 0);
+        let reversed = [tie[1].clone(), tie[0].clone()];
+        assert_eq!(
+            next_start_after(&reversed, utc("2026-11-30T00:00:00Z"))
+                .unwrap()
+                .index,
+            0
+        );
+        assert_eq!(next_start_after(&[], utc("2026-11-30T00:00:00Z")), None);
+    }
+
+    #[test]
+    fn window_starts_print_in_their_zone_and_in_utc() {
+        let windows = [valid(&[Tuesday], "02:00", "04:00", Some("Europe/London"))];
+        let next = next_start_after(&windows, utc("2026-11-20T00:00:00Z")).unwrap();
+        assert_eq!(
+            next.to_string(),
+            "2026-11-24 02:00 Europe/London (2026-11-24T02:00:00Z)"
+        );
+        let windows = [valid(&[], "09:00", "10:00", Some("Asia/Kolkata"))];
+        let next = next_start_after(&windows, utc("2026-11-20T00:00:00Z")).unwrap();
+        assert_eq!(
+            next.to_string(),
+            "2026-11-20 09:00 Asia/Kolkata (2026-11-20T03:30:00Z)"
+        );
+        let windows = [valid(&[], "09:00", "10:00", None)];
+        let next = upcoming_starts(&windows, utc("2026-11-20T09:00:00Z"), 2);
+        let printed: Vec<String> = next.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            printed,
+            [
+                "2026-11-21 09:00 UTC (2026-11-21T09:00:00Z)",
+                "2026-11-22 09:00 UTC (2026-11-22T09:00:00Z)"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_end_of_the_calendar_is_not_a_panic() {
+        let window = valid(&[], "01:00", "02:00", Some("Europe/London"));
+        assert_eq!(window.next_start_after(Timestamp::MAX), None);
+        assert!(!window.contains(Timestamp::MAX));
+        assert!(!window.contains(Timestamp::MIN));
+        assert!(window.next_start_after(Timestamp::MIN).is_some());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        #[test]
+        fn next_start_is_the_earliest_start_after(w in arbitrary_window(), t in arbitrary_instant()) {
+            let window = w.validate(0).unwrap();
+            let next = window.next_start_after(t).unwrap();
+            prop_assert!(next > t);
+            prop_assert!(window.contains(next));
+            // Brute force over a wide range of dates.
+            let local = window.zone.to_datetime(t).date();
+            let earliest = dates(days_before(local, 10), 40)
+                .filter_map(|date| window.occurrence(date))
+                .map(|occurrence| occurrence.start)
+                .filter(|&start| start > t)
+                .min();
+            prop_assert_eq!(Some(next), earliest);
+        }
+
+        #[test]
+        fn next_start_never_goes_backwards(w in arbitrary_window(), t in arbitrary_instant(), step in 0i64..(9 * 86_400)) {
+            let window = w.validate(0).unwrap();
+            let later = Timestamp::from_second(t.as_second() + step).unwrap();
+            prop_assert!(window.next_start_after(t) <= window.next_start_after(later));
+        }
+
+        /// A wall time names the first instant at which the zone's clock reaches it: itself
+        /// when it exists (the earlier one in a repeated hour), else the end of the gap.
+        #[test]
+        fn wall_times_resolve_to_the_first_instant_the_clock_reaches_them(
+            zone in proptest::sample::select(crate::policy::testing::ZONES),
+            t in arbitrary_instant(),
+            minutes in -150i64..150,
+        ) {
+            // Wall times around the zone's next transition, where gaps and folds are.
+            let zone = TimeZone::get(zone).unwrap();
+            let near = zone.following(t).next().map_or(t, |transition| transition.timestamp());
+            let wall = zone.to_datetime(near) + jiff::SignedDuration::from_mins(minutes);
+            let wall = wall.with().second(0).subsec_nanosecond(0).build().unwrap();
+            let resolved = resolve(&zone, wall).unwrap();
+            let clock = |t: Timestamp| zone.to_datetime(t);
+            prop_assert!(clock(resolved) >= wall);
+            prop_assert!(clock(resolved) == wall || zone.to_ambiguous_timestamp(wall).is_ambiguous());
+            // No earlier instant in the previous three hours shows the wall time or later.
+            for back in 1..=180 {
+                let earlier = resolved - jiff::SignedDuration::from_mins(back);
+                prop_assert!(clock(earlier) < wall, "{} already shows {wall}", earlier);
+            }
+            prop_assert!(clock(resolved - jiff::SignedDuration::from_secs(1)) < wall);
+        }
+
+        #[test]
+        fn contains_agrees_with_the_occurrences(w in arbitrary_window(), t in arbitrary_instant()) {
+            let window = w.validate(0).unwrap();
+            let local = window.zone.to_datetime(t).date();
+            let inside = dates(days_before(local, 10), 20)
+                .filter_map(|date| window.occurrence(date))
+                .any(|occurrence| occurrence.contains(t));
+            prop_assert_eq!(window.contains(t), inside);
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! Running the controller under test against the environment, with exactly the rights of
+//! `config/rbac` (a ServiceAccount token, not the admin), and helpers to drive Machines the way
+//! users do (`kubectl annotate`).
+//!
+//! Tests isolate with Cluster API's own mechanism: each labels its Machines with
+//! `cluster.x-k8s.io/watch-filter=<test>` and runs a controller with `--watch-filter=<test>`, so
+//! several controllers share the environment without touching each other's Machines.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use ck8s_certs_api::capi::WATCH_FILTER_LABEL;
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+
+use crate::fixtures::{NodeInfo, ensure_namespace};
+use crate::process::Process;
+use crate::{Binaries, Environment, Error, controlplane};
+
+pub const NAMESPACE: &str = "ck8s-system";
+pub const SERVICE_ACCOUNT: &str = "ck8s-certs-manager";
+
+/// Creates the controller's ServiceAccount with the ClusterRole of `config/rbac/role.yaml` and
+/// returns a kubeconfig for it.
+pub async fn service_account_kubeconfig(
+    mgmt: &Client,
+    server_port: u16,
+    ca_pem: &str,
+    dir: &Path,
+) -> Result<(PathBuf, String), Error> {
+    let rbac = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/rbac/role.yaml");
+    let text = std::fs::read_to_string(&rbac).map_err(|e| Error::io(&rbac, e))?;
+    let mut role: ClusterRole = serde_yaml::from_str(&text)
+        .map_err(|e| Error::Setup(format!("{}: {e}", rbac.display())))?;
+    role.metadata.name = Some(SERVICE_ACCOUNT.into());
+    ensure_namespace(mgmt, NAMESPACE).await?;
+    let pp = PostParams::default();
+    Api::<ClusterRole>::all(mgmt.clone())
+        .create(&pp, &role)
+        .await
+        .map_err(Error::Kube)?;
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": { "name": SERVICE_ACCOUNT },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": SERVICE_ACCOUNT },
+        "subjects": [{ "kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE }]
+    }))
+    .map_err(|e| Error::Setup(e.to_string()))?;
+    Api::<ClusterRoleBinding>::all(mgmt.clone())
+        .create(&pp, &binding)
+        .await
+        .map_err(Error::Kube)?;
+    let accounts: Api<ServiceAccount> = Api::namespaced(mgmt.clone(), NAMESPACE);
+    let account: ServiceAccount =
+        serde_json::from_value(json!({ "metadata": { "name": SERVICE_ACCOUNT } }))
+            .map_err(|e| Error::Setup(e.to_string()))?;
+    accounts.create(&pp, &account).await.map_err(Error::Kube)?;
+    let request: TokenRequest =
+        serde_json::from_value(json!({ "spec": { "expirationSeconds": 86400, "audiences": [] } }))
+            .map_err(|e| Error::Setup(e.to_string()))?;
+    let token = accounts
+        .create_token_request(SERVICE_ACCOUNT, &pp, &request)
+        .await
+        .map_err(Error::Kube)?
+        .status
+        .map(|s| s.token)
+        .ok_or_else(|| Error::Setup("the TokenRequest returned no token".into()))?;
+    let yaml = controlplane::kubeconfig("management", server_port, ca_pem, &token);
+    let path = dir.join("controller.kubeconfig");
+    std::fs::write(&path, &yaml).map_err(|e| Error::io(&path, e))?;
+    Ok((path, yaml))
+}
+
+/// A running controller process, killed on drop.
+pub struct Controller {
+    pub process: Process,
+    pub health_port: u16,
+}
+
+impl Controller {
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.process.log).unwrap_or_default()
+    }
+
+    /// Stops it abruptly (a crash).
+    pub fn crash(mut self) {
+        self.process.kill();
+    }
+}
+
+impl Drop for Controller {
+    /// A failing test shows what the controller said.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "--- {} log (last 60 lines) ---\n{}",
+                self.process.name,
+                self.process.log_tail(60)
+            );
+        }
+    }
+}
+
+impl Environment {
+    /// Starts the controller with the ServiceAccount's rights, handling only Machines labelled
+    /// with `filter`. Extra flags are appended.
+    pub fn start_controller(&self, filter: &str, extra: &[&str]) -> Controller {
+        let health_port = controlplane::free_port().expect("free port");
+        let mut command =
+            std::process::Command::new(Binaries::controller().expect("controller binary"));
+        command
+            .arg("--kubeconfig")
+            .arg(&self.controller_kubeconfig)
+            .arg("--watch-filter")
+            .arg(filter)
+            .arg("--health-bind-address")
+            .arg(format!("127.0.0.1:{health_port}"))
+            .arg("--k8sd-timeout=5s")
+            .arg("--k8sd-run-timeout=60s")
+            .arg("--settle-timeout=20s")
+            .args(extra)
+            .env("RUST_LOG", "info,ck8s_certs=debug");
+        let name = format!(
+            "controller-{filter}-{}",
+            controlplane::free_port().unwrap_or(0)
+        );
+        let process = Process::spawn(&name, command, &self.dir).expect("controller starts");
+        Controller {
+            process,
+            health_port,
+        }
+    }
+
+    /// Labels `node`'s Machine so that the controller with `filter` handles it.
+    pub async fn isolate(&self, node: &NodeInfo, filter: &str) {
+        self.patch_machine(
+            node,
+            json!({ "metadata": { "labels": { WATCH_FILTER_LABEL: filter } } }),
+        )
+        .await;
+    }
+
+    pub fn machine_api(&self, client: Client, namespace: &str) -> Api<DynamicObject> {
+        let resource = ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
+            ck8s_certs_api::capi::GROUP,
+            self.spec.capi_version.storage_version(),
+            "Machine",
+        ));
+        Api::namespaced_with(client, namespace, &resource)
+    }
+
+    pub async fn patch_machine(&self, node: &NodeInfo, patch: serde_json::Value) {
+        let api = self.machine_api(self.management().await.expect("client"), &node.namespace);
+        api.patch(
+            &node.machine,
+            &PatchParams {
+                field_manager: Some("kubectl-annotate".into()),
+                ..Default::default()
+            },
+            &Patch::Merge(patch),
+        )
+        .await
+        .expect("patch Machine");
+    }
+
+    /// `kubectl annotate machine <m> v1beta2.k8sd.io/refresh-certificates=<ttl>`.
+    pub async fn annotate_refresh(&self, node: &NodeInfo, ttl: &str) {
+        self.patch_machine(
+            node,
+            json!({ "metadata": { "annotations": { ck8s_certs_api::annotations::REFRESH_CERTIFICATES: ttl } } }),
+        )
+        .await;
+    }
+
+    pub async fn machine_annotations(&self, node: &NodeInfo) -> BTreeMap<String, String> {
+        let api = self.machine_api(self.management().await.expect("client"), &node.namespace);
+        api.get(&node.machine)
+            .await
+            .expect("get Machine")
+            .metadata
+            .annotations
+            .unwrap_or_default()
+    }
+
+    /// Waits until the Machine's annotations satisfy `done`; panics with them after `timeout`.
+    pub async fn wait_for_machine(
+        &self,
+        node: &NodeInfo,
+        timeout: Duration,
+        done: impl Fn(&BTreeMap<String, String>) -> bool,
+    ) -> BTreeMap<String, String> {
+        let start = Instant::now();
+        loop {
+            let annotations = self.machine_annotations(node).await;
+            if done(&annotations) {
+                return annotations;
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "timed out waiting on Machine {}: {annotations:#?}",
+                node.machine
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Waits for the refresh status annotation to become `done` or `failed`.
+    pub async fn wait_for_refresh(
+        &self,
+        node: &NodeInfo,
+        timeout: Duration,
+    ) -> BTreeMap<String, String> {
+        self.wait_for_machine(node, timeout, |a| {
+            matches!(
+                a.get(ck8s_certs_api::annotations::REFRESH_CERTIFICATES_STATUS)
+                    .map(String::as_str),
+                Some("done" | "failed")
+            ) && !a.contains_key(ck8s_certs_api::annotations::REFRESH_CERTIFICATES)
+        })
+        .await
+    }
+
+    /// Events about `node`'s Machine, oldest first.
+    pub async fn machine_events(&self, node: &NodeInfo) -> Vec<Event> {
+        let api: Api<Event> =
+            Api::namespaced(self.management().await.expect("client"), &node.namespace);
+        let mut events: Vec<Event> = api
+            .list(&ListParams::default().fields(&format!("regarding.name={}", node.machine)))
+            .await
+            .expect("list events")
+            .items;
+        events.sort_by_key(|e| e.metadata.creation_timestamp.clone().map(|t| t.0));
+        events
+    }
+
+    pub async fn machine_certificates(
+        &self,
+        node: &NodeInfo,
+    ) -> Option<ck8s_certs_api::machine_certificates::MachineCertificates> {
+        let api: Api<ck8s_certs_api::machine_certificates::MachineCertificates> =
+            Api::namespaced(self.management().await.expect("client"), &node.namespace);
+        api.get_opt(&node.machine)
+            .await
+            .expect("get MachineCertificates")
+    }
+}

@@ -1,0 +1,231 @@
+//! Manual certificate refresh end to end: `kubectl annotate machine … refresh-certificates=<ttl>`
+//! against real API servers and simulated nodes, with the controller running under the
+//! least-privilege rights of `config/rbac`.
+
+use std::time::Duration;
+
+use ck8s_certs::k8sd::wire::path;
+use ck8s_certs_api::annotations::{
+    CERTIFICATES_EXPIRY, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS,
+};
+use ck8s_certs_api::machine_certificates::Phase;
+use ck8s_certs_e2e::fixtures::Role;
+use ck8s_certs_e2e::shared;
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use kube::Api;
+
+const REFRESH_TIMEOUT: Duration = Duration::from_secs(90);
+
+fn posts(calls: &[ck8s_certs_e2e::sim::CallRecord]) -> Vec<&str> {
+    calls
+        .iter()
+        .filter(|c| c.method == "POST")
+        .map(|c| c.path.as_str())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_control_plane_refresh_touches_only_that_node_and_records_the_new_expiry() {
+    let env = shared().await;
+    let node = env.cluster("alpha").node("alpha-cp-0").clone();
+    let filter = "cp-refresh";
+    env.isolate(&node, filter).await;
+    env.sim.clear_calls("alpha", &node.node).await.unwrap();
+    let before_calls = env.sim.calls("", "").await.unwrap().len();
+    let _controller = env.start_controller(filter, &[]);
+
+    let started = std::time::Instant::now();
+    env.annotate_refresh(&node, "1y").await;
+    let annotations = env.wait_for_refresh(&node, REFRESH_TIMEOUT).await;
+    println!(
+        "control-plane refresh took {:.2}s",
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(
+        annotations[REFRESH_CERTIFICATES_STATUS], "done",
+        "{annotations:#?}"
+    );
+    assert!(!annotations.contains_key(REFRESH_CERTIFICATES));
+
+    // The expiry is the node's new certificate's NotAfter, RFC 3339 in UTC.
+    let state = env.sim.node(&node).await.unwrap();
+    let not_after: jiff::Timestamp = state.cert_not_after.parse().unwrap();
+    assert_eq!(
+        annotations[CERTIFICATES_EXPIRY],
+        not_after.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+    );
+    let year = jiff::SignedDuration::from_hours(365 * 24);
+    assert!(
+        (not_after.duration_since(jiff::Timestamp::now()) - year).abs()
+            < jiff::SignedDuration::from_mins(5)
+    );
+    // SANs: CK8sConfig extraSANs (none on alpha) + the CK8sConfig name + the Cluster endpoint.
+    assert!(
+        state.cert_sans.contains(&node.config_name),
+        "{:?}",
+        state.cert_sans
+    );
+    assert!(
+        state
+            .cert_sans
+            .contains(&"alpha.k8s.example.internal".to_owned()),
+        "{:?}",
+        state.cert_sans
+    );
+
+    // Exactly plan then run on this node, and no k8sd POST anywhere else.
+    let calls = env.sim.calls("", "").await.unwrap();
+    let here: Vec<_> = calls
+        .iter()
+        .filter(|c| c.node == node.node)
+        .cloned()
+        .collect();
+    assert_eq!(posts(&here), [path::PLAN, path::RUN], "{here:#?}");
+    let elsewhere: Vec<_> = calls[before_calls.min(calls.len())..]
+        .iter()
+        .filter(|c| c.node != node.node && c.method == "POST" && c.body.contains("seed"))
+        .filter(|c| {
+            c.cluster == "beta"
+                || c.body.contains(&format!(
+                    "{}",
+                    state
+                        .seeds_run
+                        .clone()
+                        .unwrap_or_default()
+                        .last()
+                        .copied()
+                        .unwrap_or(-1)
+                ))
+        })
+        .collect();
+    assert!(elsewhere.is_empty(), "{elsewhere:#?}");
+
+    let mc = env
+        .machine_certificates(&node)
+        .await
+        .expect("MachineCertificates");
+    let status = mc.status.unwrap();
+    let op = status.operation.unwrap();
+    assert_eq!(op.phase, Phase::Succeeded);
+    assert_eq!(op.run_attempts, 1);
+    assert_eq!(op.requested_by.as_deref(), Some("kubectl-annotate"));
+    assert_eq!(
+        status.k8sd_fingerprint.as_deref(),
+        Some(state.k8sd_fingerprint_sha256.as_str())
+    );
+    let reasons: Vec<String> = env
+        .machine_events(&node)
+        .await
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect();
+    assert!(
+        reasons.contains(&"CertificatesRefreshInProgress".into())
+            && reasons.contains(&"CertificatesRefreshDone".into()),
+        "{reasons:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_worker_refresh_gets_three_approved_signed_csrs_and_reports_the_lifetime_it_got() {
+    let env = shared().await;
+    let beta = env.cluster("beta");
+    let node = beta.node("beta-md-0-w0").clone();
+    let filter = "worker-refresh";
+    env.isolate(&node, filter).await;
+    // The approver is found among the controller's Machines: make the control planes visible too.
+    for cp in beta.nodes_with_role(Role::ControlPlane) {
+        env.isolate(cp, filter).await;
+    }
+    let _controller = env.start_controller(filter, &[]);
+    env.sim.clear_calls("beta", &node.node).await.unwrap();
+
+    let started = std::time::Instant::now();
+    env.annotate_refresh(&node, "90d").await;
+    let annotations = env.wait_for_refresh(&node, REFRESH_TIMEOUT).await;
+    println!(
+        "worker refresh took {:.2}s",
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(
+        annotations[REFRESH_CERTIFICATES_STATUS], "done",
+        "{annotations:#?}"
+    );
+
+    let mc = env.machine_certificates(&node).await.unwrap();
+    let op = mc.status.unwrap().operation.unwrap();
+    let seed = op.seed.unwrap();
+    let csrs: Api<CertificateSigningRequest> = Api::all(beta.client().await.unwrap());
+    for suffix in [
+        "worker-kubelet-serving",
+        "worker-kubelet-client",
+        "worker-kube-proxy-client",
+    ] {
+        let csr = csrs.get(&format!("k8sd-{seed}-{suffix}")).await.unwrap();
+        let status = csr.status.unwrap();
+        assert!(
+            status
+                .conditions
+                .unwrap()
+                .iter()
+                .any(|c| c.type_ == "Approved")
+        );
+        assert!(status.certificate.is_some());
+    }
+    // Published k8sd signs for ten years whatever was asked: said in the record and an Event.
+    let note = op.note.unwrap_or_default();
+    assert!(note.contains("90 days"), "{note}");
+    let reasons: Vec<String> = env
+        .machine_events(&node)
+        .await
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect();
+    assert!(
+        reasons.contains(&"CertificatesLifetimeMismatch".into()),
+        "{reasons:?}"
+    );
+    let calls = env.sim.calls("beta", &node.node).await.unwrap();
+    assert_eq!(posts(&calls), [path::PLAN, path::RUN]);
+}
+
+#[tokio::test]
+async fn a_bad_ttl_fails_at_once_without_calling_k8sd_and_names_the_accepted_forms() {
+    let env = shared().await;
+    let node = env.cluster("alpha").node("alpha-md-0-w0").clone();
+    let filter = "bad-ttl";
+    env.isolate(&node, filter).await;
+    let _controller = env.start_controller(filter, &[]);
+    // Let the controller read the expiry first, so the only k8sd traffic left is what a bad TTL causes.
+    env.wait_for_machine(&node, Duration::from_secs(30), |a| {
+        a.contains_key(CERTIFICATES_EXPIRY)
+    })
+    .await;
+    for ttl in ["abc", "0", "-1h", "69y"] {
+        env.sim.clear_calls("alpha", &node.node).await.unwrap();
+        env.annotate_refresh(&node, ttl).await;
+        let annotations = env.wait_for_refresh(&node, Duration::from_secs(30)).await;
+        assert_eq!(annotations[REFRESH_CERTIFICATES_STATUS], "failed", "{ttl}");
+        let mc = env.machine_certificates(&node).await.unwrap();
+        let error = mc.status.unwrap().operation.unwrap().error.unwrap();
+        assert!(error.contains(ttl), "{ttl}: {error}");
+        if ttl == "69y" {
+            assert!(error.contains("32-bit"), "{error}");
+        } else {
+            assert!(
+                error.contains("1y") && error.contains("90d"),
+                "{ttl}: {error}"
+            );
+        }
+        assert!(
+            posts(&env.sim.calls("alpha", &node.node).await.unwrap()).is_empty(),
+            "{ttl}: k8sd was called"
+        );
+    }
+    let events = env.machine_events(&node).await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("CertificatesRefreshFailed"))
+    );
+}
