@@ -7,6 +7,7 @@
 pub mod capi;
 pub mod cli;
 pub mod controllers;
+pub mod failpoint;
 pub mod health;
 pub mod k8sd;
 pub mod policy;

@@ -22,7 +22,7 @@ use std::time::Duration;
 use ck8s_certs_api::annotations::{REFRESH_CERTIFICATES, RefreshStatus};
 use ck8s_certs_api::capi::{
     CK8S_CONFIG_GROUP, CK8S_CONFIG_KIND, CK8S_CONFIG_VERSION, CLUSTER_NAME_LABEL,
-    WATCH_FILTER_LABEL,
+    CONTROL_PLANE_LABEL, WATCH_FILTER_LABEL,
 };
 use ck8s_certs_api::k8sd::DEFAULT_MICROCLUSTER_PORT;
 use ck8s_certs_api::machine::{ClusterView, MachineView};
@@ -34,11 +34,10 @@ use ck8s_certs_api::reasons::{condition_reasons as why, conditions, events};
 use jiff::Timestamp;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
-use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource};
 use serde_json::json;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -154,8 +153,6 @@ pub struct Context {
     pub client: Client,
     pub machine_resource: ApiResource,
     pub cluster_resource: ApiResource,
-    /// Machines as the controller sees them (to find control planes for `approve`).
-    pub machines: Store<DynamicObject>,
     pub workload: workload::Clients,
     pub recorder: Recorder,
     pub config: Config,
@@ -681,6 +678,7 @@ impl Reconciler<'_> {
                     Self::now(),
                 );
                 self.write_status(status).await.map_err(Failure::Api)?;
+                crate::failpoint::hit(crate::failpoint::AFTER_SEED_RECORDED);
                 plan.seed
             }
         };
@@ -894,19 +892,19 @@ impl Reconciler<'_> {
         let tokens = workload::tokens(&self.ctx.client, ns, cluster, &self.view.name)
             .await
             .map_err(Failure::Workload)?;
-        let mut candidates: Vec<MachineView> = self
-            .ctx
-            .machines
-            .state()
+        // Listed, not taken from our cache: the control planes need not be in our watch scope
+        // (--watch-filter, --namespace) to approve a worker's CSRs.
+        let selector = format!("{CLUSTER_NAME_LABEL}={cluster},{CONTROL_PLANE_LABEL}");
+        let listed = self
+            .machines()
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .map_err(|e| Failure::Api(e.into()))?;
+        let mut candidates: Vec<MachineView> = listed
+            .items
             .iter()
-            .map(|m| MachineView::from_dynamic(m))
-            .filter(|m| {
-                m.namespace == *ns
-                    && m.cluster.as_deref() == Some(cluster)
-                    && m.control_plane
-                    && m.node_name.is_some()
-                    && !m.deleting
-            })
+            .map(MachineView::from_dynamic)
+            .filter(|m| m.node_name.is_some() && !m.deleting)
             .collect();
         candidates.sort_by(|a, b| a.name.cmp(&b.name));
         let mut tried = Vec::new();
@@ -1036,6 +1034,7 @@ impl Reconciler<'_> {
         );
         status.operation = Some(op.clone());
         self.write_status(&status).await?;
+        crate::failpoint::hit(crate::failpoint::AFTER_OUTCOME_RECORDED);
         self.record(&op).await
     }
 

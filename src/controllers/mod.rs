@@ -55,7 +55,6 @@ pub async fn run(client: Client, machine_resource: ApiResource, args: &Args, hea
         client: client.clone(),
         machine_resource: machine_resource.clone(),
         cluster_resource: cluster_resource.clone(),
-        machines: store.clone(),
         workload: crate::workload::Clients::new(client.clone()),
         recorder: Recorder::new(
             client.clone(),

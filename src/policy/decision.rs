@@ -401,9 +401,9 @@ pub const WINDOWS_IGNORED_MESSAGE: &str =
 
 fn failed_attempts(count: Option<i64>) -> String {
     match count {
-        Some(1) | None => "a failed attempt".to_owned(),
-        Some(count) if count < 1 => "a failed attempt".to_owned(),
-        Some(count) => format!("{count} failed attempts"),
+        Some(count) if count > 1 => format!("{count} failed attempts"),
+        // One, or a count missing or mangled by an older version.
+        _ => "a failed attempt".to_owned(),
     }
 }
 
@@ -453,7 +453,7 @@ impl fmt::Display for Deferral {
                     )?,
                     Resume::FailSafeBypass => write!(
                         f,
-                        "; it will start at {until} outside the maintenance windows, as expiry will be within the fail-safe margin"
+                        "; it will start then outside the maintenance windows, as expiry is within the fail-safe margin"
                     )?,
                     Resume::Never => {
                         f.write_str("; no maintenance window opens before the year 10000")?
@@ -472,7 +472,8 @@ impl fmt::Display for Deferral {
                     )?,
                     Resume::FailSafeBypass => write!(
                         f,
-                        "Renewal backed off after {attempts} until {until}, then retrying outside the maintenance windows as expiry is within the fail-safe margin"
+                        "Renewal backed off after {attempts} until {until}, then retrying outside the maintenance windows as certificates expire at {}, within the fail-safe margin",
+                        self.expires_at
                     )?,
                     Resume::Never => write!(
                         f,
@@ -495,7 +496,11 @@ impl fmt::Display for Deferral {
                 )?,
             },
         }
-        if self.inside_fail_safe {
+        // Unless the message names the expiry already.
+        if self.inside_fail_safe
+            && self.reason != DeferReason::NotDue
+            && self.resume != Resume::FailSafeBypass
+        {
             write!(
                 f,
                 "; certificates expire at {}, within the fail-safe margin",

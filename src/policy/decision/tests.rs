@@ -672,6 +672,47 @@ fn messages_name_the_cause_and_the_next_time() {
     for (input, now, message) in rows {
         assert_eq!(decide(input, utc(now)).to_string(), *message, "at {now}");
     }
+    let retrying = Input {
+        failures: failed(Some(2), "2026-11-24T03:00:00Z"),
+        ..scheduled(vec![tuesday_london()])
+    };
+    let not_due_failing = Input {
+        failures: failed(Some(7), "2026-11-19T12:00:00Z"),
+        ..automatic()
+    };
+    let short = Input {
+        renew_before: Some("12h".parse().unwrap()),
+        ..scheduled(vec![tuesday_london()])
+    };
+    let failing_late = Input {
+        failures: failed(Some(7), "2026-12-19T01:00:00Z"),
+        ..scheduled(vec![tuesday_london()])
+    };
+    let more: &[(&Input, &str, &str)] = &[
+        (
+            &retrying,
+            "2026-11-24T03:00:00Z",
+            "Renewal backed off after 2 failed attempts; retrying when the next maintenance window opens at 2026-12-01 02:00 Europe/London (2026-12-01T02:00:00Z)",
+        ),
+        (
+            &not_due_failing,
+            "2026-11-19T13:00:00Z",
+            "Renewal is not due until 2026-11-20T00:00:00Z (certificates expire at 2026-12-20T00:00:00Z); after 7 failed attempts, it will start when the backoff ends at 2026-11-20T20:00:00Z",
+        ),
+        (
+            &short,
+            "2026-12-19T06:00:00Z",
+            "Renewal is not due until 2026-12-19T12:00:00Z (certificates expire at 2026-12-20T00:00:00Z); it will start then outside the maintenance windows, as expiry is within the fail-safe margin",
+        ),
+        (
+            &failing_late,
+            "2026-12-19T01:00:00Z",
+            "Renewal backed off after 7 failed attempts until 2026-12-19T02:00:00Z, then retrying outside the maintenance windows as certificates expire at 2026-12-20T00:00:00Z, within the fail-safe margin",
+        ),
+    ];
+    for (input, now, message) in more {
+        assert_eq!(decide(input, utc(now)).to_string(), *message, "at {now}");
+    }
     let disabled = Input::new(Mode::Disabled, Some(utc(EXPIRY)));
     assert_eq!(
         decide(&disabled, utc(DUE)).to_string(),

@@ -91,6 +91,19 @@ impl Controller {
     pub fn crash(mut self) {
         self.process.kill();
     }
+
+    /// Waits until the process exited by itself (a failpoint aborted it).
+    pub async fn wait_for_exit(&mut self, timeout: Duration) {
+        let start = Instant::now();
+        while self.process.check_running().is_ok() {
+            assert!(
+                start.elapsed() < timeout,
+                "the controller did not exit:\n{}",
+                self.process.log_tail(30)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
 }
 
 impl Drop for Controller {
@@ -110,6 +123,16 @@ impl Environment {
     /// Starts the controller with the ServiceAccount's rights, handling only Machines labelled
     /// with `filter`. Extra flags are appended.
     pub fn start_controller(&self, filter: &str, extra: &[&str]) -> Controller {
+        self.start_controller_with_env(filter, extra, &[])
+    }
+
+    /// [`Self::start_controller`] with extra environment variables (e.g. failpoints).
+    pub fn start_controller_with_env(
+        &self,
+        filter: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Controller {
         let health_port = controlplane::free_port().expect("free port");
         let mut command =
             std::process::Command::new(Binaries::controller().expect("controller binary"));
@@ -120,11 +143,22 @@ impl Environment {
             .arg(filter)
             .arg("--health-bind-address")
             .arg(format!("127.0.0.1:{health_port}"))
-            .arg("--k8sd-timeout=5s")
-            .arg("--k8sd-run-timeout=60s")
-            .arg("--settle-timeout=20s")
-            .args(extra)
-            .env("RUST_LOG", "info,ck8s_certs=debug");
+            .args(extra);
+        // Test defaults, unless the test sets the flag itself.
+        for default in [
+            "--k8sd-timeout=5s",
+            "--k8sd-run-timeout=60s",
+            "--settle-timeout=20s",
+        ] {
+            let name = default.split('=').next().unwrap_or(default);
+            if !extra.iter().any(|arg| arg.split('=').next() == Some(name)) {
+                command.arg(default);
+            }
+        }
+        command.env("RUST_LOG", "info,ck8s_certs=debug");
+        for (key, value) in env {
+            command.env(key, value);
+        }
         let name = format!(
             "controller-{filter}-{}",
             controlplane::free_port().unwrap_or(0)
@@ -206,6 +240,29 @@ impl Environment {
                 node.machine
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Waits until the simulator recorded a call on `node` to `path` matching `pred`.
+    pub async fn wait_for_call(
+        &self,
+        node: &NodeInfo,
+        path: &str,
+        timeout: Duration,
+        pred: impl Fn(&crate::sim::CallRecord) -> bool,
+    ) -> crate::sim::CallRecord {
+        let start = Instant::now();
+        loop {
+            let calls = self
+                .sim
+                .calls(&node.cluster, &node.node)
+                .await
+                .expect("calls");
+            if let Some(call) = calls.into_iter().find(|c| c.path == path && pred(c)) {
+                return call;
+            }
+            assert!(start.elapsed() < timeout, "no {path} call on {}", node.node);
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 

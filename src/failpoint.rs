@@ -1,0 +1,33 @@
+//! Crash points for the end-to-end suite: with `CK8S_CERTS_FAILPOINTS=<name>[,<name>…]` in its
+//! environment the process aborts when it reaches a named point, so tests can prove that a crash
+//! at exactly that step loses nothing. Unset in production, where `hit` is one lookup in an
+//! empty list.
+
+use std::sync::OnceLock;
+
+/// After the operation record (seed) is written, before `run` is sent.
+pub const AFTER_SEED_RECORDED: &str = "after-seed-recorded";
+/// After the outcome is written to MachineCertificates, before the Machine is patched.
+pub const AFTER_OUTCOME_RECORDED: &str = "after-outcome-recorded";
+
+fn enabled() -> &'static [String] {
+    static POINTS: OnceLock<Vec<String>> = OnceLock::new();
+    POINTS.get_or_init(|| {
+        std::env::var("CK8S_CERTS_FAILPOINTS")
+            .map(|v| {
+                v.split(',')
+                    .map(|p| p.trim().to_owned())
+                    .filter(|p| !p.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default()
+    })
+}
+
+/// Aborts the process if `name` is enabled.
+pub fn hit(name: &str) {
+    if enabled().iter().any(|p| p == name) {
+        eprintln!("failpoint {name} reached: aborting");
+        std::process::abort();
+    }
+}

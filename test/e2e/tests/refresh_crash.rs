@@ -1,0 +1,195 @@
+//! Kill the controller at any step and start it again: the refresh finishes, the Machine never
+//! stays in-progress, and `run` is not repeated once it is known to have completed. When a crash
+//! leaves `run`'s outcome unknown, a control plane gets `run` again with the same seed; a worker
+//! whose CSRs of that seed are signed is recorded without another `run`.
+
+use std::time::Duration;
+
+use ck8s_certs::k8sd::wire::path;
+use ck8s_certs_api::annotations::REFRESH_CERTIFICATES_STATUS;
+use ck8s_certs_api::machine_certificates::Phase;
+use ck8s_certs_e2e::fixtures::NodeInfo;
+use ck8s_certs_e2e::shared;
+use ck8s_certs_e2e::sim::{CallRecord, Endpoint, Fault};
+
+const TIMEOUT: Duration = Duration::from_secs(90);
+
+fn runs(calls: &[CallRecord]) -> Vec<&CallRecord> {
+    calls.iter().filter(|c| c.path == path::RUN).collect()
+}
+
+fn seed_of(call: &CallRecord) -> i64 {
+    serde_json::from_str::<serde_json::Value>(&call.body).unwrap()["seed"]
+        .as_i64()
+        .unwrap()
+}
+
+async fn expect_done(env: &ck8s_certs_e2e::Environment, node: &NodeInfo) {
+    let annotations = env.wait_for_refresh(node, TIMEOUT).await;
+    assert_eq!(
+        annotations[REFRESH_CERTIFICATES_STATUS], "done",
+        "{annotations:#?}"
+    );
+}
+
+#[tokio::test]
+async fn killed_during_plan_the_refresh_starts_over_and_runs_once() {
+    let env = shared().await;
+    let node = env.cluster("alpha").node("alpha-cp-0").clone();
+    env.isolate(&node, "crash-plan").await;
+    env.sim
+        .inject(
+            &Fault::latency(Duration::from_secs(3))
+                .on(&node)
+                .at(Endpoint::Plan)
+                .times(1),
+        )
+        .await
+        .unwrap();
+    let first = env.start_controller("crash-plan", &[]);
+    env.annotate_refresh(&node, "1y").await;
+    env.wait_for_call(&node, path::PLAN, TIMEOUT, |c| c.status == 0)
+        .await;
+    first.crash();
+    let _second = env.start_controller("crash-plan", &[]);
+    expect_done(&env, &node).await;
+    assert_eq!(
+        runs(&env.sim.calls("alpha", &node.node).await.unwrap()).len(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn killed_after_the_seed_is_recorded_the_same_seed_is_run_once() {
+    let env = shared().await;
+    let node = env.cluster("alpha").node("alpha-cp-1").clone();
+    env.isolate(&node, "crash-seed").await;
+    let mut first = env.start_controller_with_env(
+        "crash-seed",
+        &[],
+        &[("CK8S_CERTS_FAILPOINTS", "after-seed-recorded")],
+    );
+    env.annotate_refresh(&node, "1y").await;
+    first.wait_for_exit(TIMEOUT).await;
+    let op = env
+        .machine_certificates(&node)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .operation
+        .unwrap();
+    assert_eq!((op.phase, op.run_attempts), (Phase::Running, 0));
+    assert_eq!(
+        env.machine_annotations(&node).await[REFRESH_CERTIFICATES_STATUS],
+        "in-progress"
+    );
+
+    let _second = env.start_controller("crash-seed", &[]);
+    expect_done(&env, &node).await;
+    let calls = env.sim.calls("alpha", &node.node).await.unwrap();
+    let runs = runs(&calls);
+    assert_eq!(runs.len(), 1, "{runs:#?}");
+    assert_eq!(Some(seed_of(runs[0])), op.seed);
+    assert_eq!(
+        calls.iter().filter(|c| c.path == path::PLAN).count(),
+        1,
+        "no second plan"
+    );
+}
+
+#[tokio::test]
+async fn killed_after_run_before_the_machine_patch_nothing_is_run_again() {
+    let env = shared().await;
+    let node = env.cluster("beta").node("beta-cp-0").clone();
+    env.isolate(&node, "crash-outcome").await;
+    let mut first = env.start_controller_with_env(
+        "crash-outcome",
+        &[],
+        &[("CK8S_CERTS_FAILPOINTS", "after-outcome-recorded")],
+    );
+    env.annotate_refresh(&node, "1y").await;
+    first.wait_for_exit(TIMEOUT).await;
+    assert_eq!(
+        env.machine_annotations(&node).await[REFRESH_CERTIFICATES_STATUS],
+        "in-progress"
+    );
+
+    let _second = env.start_controller("crash-outcome", &[]);
+    expect_done(&env, &node).await;
+    assert_eq!(
+        runs(&env.sim.calls("beta", &node.node).await.unwrap()).len(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn killed_during_a_control_plane_run_it_is_sent_again_with_the_same_seed() {
+    let env = shared().await;
+    let node = env.cluster("beta").node("beta-cp-1").clone();
+    env.isolate(&node, "crash-run-cp").await;
+    env.sim
+        .inject(
+            &Fault::latency(Duration::from_secs(3))
+                .on(&node)
+                .at(Endpoint::Run)
+                .times(1),
+        )
+        .await
+        .unwrap();
+    let first = env.start_controller("crash-run-cp", &[]);
+    env.annotate_refresh(&node, "1y").await;
+    env.wait_for_call(&node, path::RUN, TIMEOUT, |c| c.status == 0)
+        .await;
+    first.crash();
+    let _second = env.start_controller("crash-run-cp", &[]);
+    expect_done(&env, &node).await;
+    let calls = env.sim.calls("beta", &node.node).await.unwrap();
+    let runs = runs(&calls);
+    assert_eq!(
+        runs.len(),
+        2,
+        "outcome unknown: one more run, same seed: {runs:#?}"
+    );
+    assert_eq!(seed_of(runs[0]), seed_of(runs[1]));
+    let op = env
+        .machine_certificates(&node)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .operation
+        .unwrap();
+    assert_eq!(op.run_attempts, 2);
+}
+
+#[tokio::test]
+async fn killed_during_a_worker_run_it_finishes_with_the_same_csrs() {
+    let env = shared().await;
+    let alpha = env.cluster("alpha");
+    let node = alpha.node("alpha-md-0-w0").clone();
+    env.isolate(&node, "crash-run-worker").await;
+    // The approve is held back, so the worker's run is pending when the controller dies.
+    let held = env
+        .sim
+        .inject(
+            &Fault::latency(Duration::from_secs(4))
+                .on_cluster("alpha")
+                .at(Endpoint::Approve)
+                .times(1),
+        )
+        .await
+        .unwrap();
+    let first = env.start_controller("crash-run-worker", &[]);
+    env.annotate_refresh(&node, "1y").await;
+    env.wait_for_call(&node, path::RUN, TIMEOUT, |c| c.status == 0)
+        .await;
+    first.crash();
+    env.sim.clear_fault(&held).await.ok();
+    let _second = env.start_controller("crash-run-worker", &[]);
+    expect_done(&env, &node).await;
+    let calls = env.sim.calls("alpha", &node.node).await.unwrap();
+    let runs = runs(&calls);
+    assert!(runs.len() <= 2, "{runs:#?}");
+    assert!(runs.iter().all(|r| seed_of(r) == seed_of(runs[0])));
+}
