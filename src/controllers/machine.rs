@@ -44,7 +44,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{Instrument, info, warn};
 
 use super::decide::{Step, decide};
-use super::patches::{MachineChanges, machine_patch, set_condition};
+use super::patches::{MachineChanges, MachinePatch, machine_patch, set_condition};
 use crate::k8sd::wire::{CertificatesExpiryResponse, RunRequest, path};
 use crate::k8sd::{Fingerprint, K8sdError};
 use crate::policy::Ttl;
@@ -413,19 +413,8 @@ impl Reconciler<'_> {
     }
 
     async fn patch_machine(&self, changes: &MachineChanges<'_>) -> Result<(), Error> {
-        let patch = machine_patch(&self.view, changes);
-        let params = PatchParams {
-            field_manager: Some(MANAGER.into()),
-            ..Default::default()
-        };
-        let patch: json_patch::Patch =
-            serde_json::from_value(patch).map_err(|e| Error::Kube(kube::Error::SerdeError(e)))?;
-        match self
-            .machines()
-            .patch(&self.view.name, &params, &Patch::<()>::Json(patch))
-            .await
-        {
-            Ok(_) => Ok(()),
+        match self.apply_machine_patch(changes).await {
+            Ok(()) => Ok(()),
             // A failed `test`: the trigger changed (a new request) or the Machine was replaced.
             // Apply the rest; the new trigger is handled by the next reconcile.
             Err(kube::Error::Api(status))
@@ -435,17 +424,34 @@ impl Reconciler<'_> {
                     remove_trigger: None,
                     ..changes.clone()
                 };
-                let patch: json_patch::Patch =
-                    serde_json::from_value(machine_patch(&self.view, &without))
-                        .map_err(|e| Error::Kube(kube::Error::SerdeError(e)))?;
-                self.machines()
-                    .patch(&self.view.name, &params, &Patch::<()>::Json(patch))
-                    .await?;
-                Ok(())
+                Ok(self.apply_machine_patch(&without).await?)
             }
             Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
             Err(err) => Err(err.into()),
         }
+    }
+
+    async fn apply_machine_patch(&self, changes: &MachineChanges<'_>) -> Result<(), kube::Error> {
+        let params = PatchParams {
+            field_manager: Some(MANAGER.into()),
+            ..Default::default()
+        };
+        let machines = self.machines();
+        match machine_patch(&self.view, changes) {
+            MachinePatch::Json(ops) => {
+                let ops: json_patch::Patch =
+                    serde_json::from_value(ops).map_err(kube::Error::SerdeError)?;
+                machines
+                    .patch(&self.view.name, &params, &Patch::<()>::Json(ops))
+                    .await?;
+            }
+            MachinePatch::Merge(body) => {
+                machines
+                    .patch(&self.view.name, &params, &Patch::Merge(body))
+                    .await?;
+            }
+        }
+        Ok(())
     }
 
     async fn event(&self, type_: EventType, reason: &str, note: String) {

@@ -35,9 +35,19 @@ pub struct MachineChanges<'a> {
     pub remove_trigger: Option<&'a str>,
 }
 
-/// A JSON Patch applying `changes` to `machine` as we last saw it.
-pub fn machine_patch(machine: &MachineView, changes: &MachineChanges<'_>) -> Value {
-    let mut ops = vec![json!({ "op": "test", "path": "/metadata/uid", "value": machine.uid })];
+/// How to apply [`MachineChanges`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum MachinePatch {
+    /// A JSON Patch: per-key changes, guarded by `test`s.
+    Json(Value),
+    /// A merge patch, for a Machine we saw without annotations: a JSON Patch would have to add
+    /// the whole map and could wipe a key added meanwhile (the user's trigger), a merge patch
+    /// merges keys. The uid in it is a precondition.
+    Merge(Value),
+}
+
+/// The patch applying `changes` to `machine` as we last saw it.
+pub fn machine_patch(machine: &MachineView, changes: &MachineChanges<'_>) -> MachinePatch {
     let mut set = BTreeMap::new();
     if let Some(status) = changes.status {
         set.insert(REFRESH_CERTIFICATES_STATUS, status.as_str().to_owned());
@@ -45,19 +55,20 @@ pub fn machine_patch(machine: &MachineView, changes: &MachineChanges<'_>) -> Val
     if let Some(expiry) = changes.expiry {
         set.insert(CERTIFICATES_EXPIRY, rfc3339(expiry));
     }
-    if machine.annotations.is_empty() {
-        // `add` of a key needs the map to exist.
-        ops.push(json!({ "op": "add", "path": "/metadata/annotations", "value": set }));
-    } else {
-        for (key, value) in &set {
-            ops.push(json!({ "op": "add", "path": pointer(key), "value": value }));
-        }
+    if machine.annotations.is_empty() && changes.remove_trigger.is_none() {
+        return MachinePatch::Merge(
+            json!({ "metadata": { "uid": machine.uid, "annotations": set } }),
+        );
+    }
+    let mut ops = vec![json!({ "op": "test", "path": "/metadata/uid", "value": machine.uid })];
+    for (key, value) in &set {
+        ops.push(json!({ "op": "add", "path": pointer(key), "value": value }));
     }
     if let Some(trigger) = changes.remove_trigger {
         ops.push(json!({ "op": "test", "path": pointer(REFRESH_CERTIFICATES), "value": trigger }));
         ops.push(json!({ "op": "remove", "path": pointer(REFRESH_CERTIFICATES) }));
     }
-    Value::Array(ops)
+    MachinePatch::Json(Value::Array(ops))
 }
 
 /// Sets a condition, keeping `lastTransitionTime` when the status did not change.
@@ -126,18 +137,18 @@ mod tests {
         );
         assert_eq!(
             patch,
-            json!([
+            MachinePatch::Json(json!([
                 { "op": "test", "path": "/metadata/uid", "value": "u-1" },
                 { "op": "add", "path": "/metadata/annotations/machine.cluster.x-k8s.io~1certificates-expiry", "value": "2030-03-17T17:46:40Z" },
                 { "op": "add", "path": "/metadata/annotations/v1beta2.k8sd.io~1refresh-certificates-status", "value": "done" },
                 { "op": "test", "path": "/metadata/annotations/v1beta2.k8sd.io~1refresh-certificates", "value": "1y" },
                 { "op": "remove", "path": "/metadata/annotations/v1beta2.k8sd.io~1refresh-certificates" }
-            ])
+            ]))
         );
     }
 
     #[test]
-    fn a_machine_without_annotations_gets_the_map() {
+    fn a_machine_seen_without_annotations_is_merge_patched_so_a_new_trigger_survives() {
         let expiry = Time(Timestamp::from_second(0).unwrap());
         let patch = machine_patch(
             &view(&[]),
@@ -147,8 +158,10 @@ mod tests {
             },
         );
         assert_eq!(
-            patch[1],
-            json!({ "op": "add", "path": "/metadata/annotations", "value": { CERTIFICATES_EXPIRY: "1970-01-01T00:00:00Z" } })
+            patch,
+            MachinePatch::Merge(
+                json!({ "metadata": { "uid": "u-1", "annotations": { CERTIFICATES_EXPIRY: "1970-01-01T00:00:00Z" } } })
+            )
         );
     }
 

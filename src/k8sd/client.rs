@@ -110,10 +110,20 @@ impl Connection {
                     pinned,
                     presented,
                 },
-                _ => K8sdError::Tls {
-                    node: target.node.clone(),
-                    source,
-                },
+                // The peer went away mid-handshake: through a port-forward this is how a k8sd
+                // that is restarting (or a relay that cannot reach it) looks. Not a TLS problem.
+                _ if matches!(
+                    source.kind(),
+                    std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+                ) =>
+                {
+                    K8sdError::Connect {
+                        node: target.node.clone(),
+                        route: route.to_string(),
+                        reason: format!("the connection closed during the TLS handshake ({source}); k8sd may be restarting"),
+                    }
+                }
+                _ => K8sdError::Tls { node: target.node.clone(), source },
             })?;
         let fingerprint = verifier.seen().ok_or_else(|| K8sdError::Tls {
             node: target.node.clone(),
