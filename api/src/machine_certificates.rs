@@ -113,7 +113,7 @@ pub struct Operation {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<i64>,
     pub phase: Phase,
-    /// How many times `run` was sent for this seed.
+    /// How many times `run` was (or, after a crash, may have been) sent for this seed.
     #[serde(default)]
     pub run_attempts: u32,
     pub started_at: Time,

@@ -664,6 +664,7 @@ impl Reconciler<'_> {
     ) -> Result<Node, Failure> {
         let mut node = self.prepare(status, role, cluster).await?;
         let retry = self.ctx.config.retry.clone();
+        let prepaid = std::sync::atomic::AtomicBool::new(false);
         let seed = match op.seed {
             Some(seed) => seed,
             None => {
@@ -672,6 +673,10 @@ impl Reconciler<'_> {
                     .map_err(|e| Failure::k8sd("plan", e))?;
                 op.seed = Some(plan.seed);
                 op.phase = Phase::Running;
+                // This record also covers the first `run` (it may be sent from now on), which
+                // saves a status write per refresh.
+                op.run_attempts = 1;
+                prepaid.store(true, std::sync::atomic::Ordering::SeqCst);
                 // Record the seed (and the pinned certificate) before anything changes on the node.
                 status.operation = Some(op.clone());
                 status.k8sd_fingerprint = node.session.fingerprint().map(|f| f.to_string());
@@ -718,14 +723,15 @@ impl Reconciler<'_> {
         let sends = std::sync::atomic::AtomicU32::new(op.run_attempts);
         let op_snapshot = op.clone();
         let before_send = || {
-            let n = sends.load(std::sync::atomic::Ordering::SeqCst) + 1;
+            let covered = prepaid.swap(false, std::sync::atomic::Ordering::SeqCst);
+            let n = sends.load(std::sync::atomic::Ordering::SeqCst) + u32::from(!covered);
             let mut record = op_snapshot.clone();
             record.run_attempts = n;
             let mut st = status.clone();
             st.operation = Some(record);
             let sends = &sends;
             async move {
-                if n > MAX_RUN_SENDS {
+                if !covered && n > MAX_RUN_SENDS {
                     return Err(K8sdError::Connect {
                         node: String::new(),
                         route: String::new(),
@@ -733,6 +739,9 @@ impl Reconciler<'_> {
                             "run was already sent {MAX_RUN_SENDS} times for seed {seed} without a known outcome"
                         ),
                     });
+                }
+                if covered {
+                    return Ok(());
                 }
                 self.write_status(&st)
                     .await

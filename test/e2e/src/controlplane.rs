@@ -148,6 +148,15 @@ impl ApiServer {
             // Several API servers share one etcd: don't let them fight over the kubernetes endpoint.
             .arg("--endpoint-reconciler-type=none")
             .arg("--profiling=false")
+            // Writes are audited so tests can count what the controller writes.
+            .arg(format!(
+                "--audit-policy-file={}",
+                audit_policy(dir)?.display()
+            ))
+            .arg(format!(
+                "--audit-log-path={}",
+                dir.join(format!("audit-{name}.log")).display()
+            ))
             .arg("--v=1");
         let process = Process::spawn(&format!("kube-apiserver-{name}"), command, dir)?;
         let kubeconfig_yaml = kubeconfig(name, port, &pki.ca.pem, &pki.admin_token);
@@ -189,6 +198,50 @@ impl ApiServer {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
+}
+
+/// Metadata-level audit of every write, nothing else.
+fn audit_policy(dir: &Path) -> Result<PathBuf, Error> {
+    let path = dir.join("audit-policy.yaml");
+    let policy = "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n  verbs: [create, update, patch, delete]\n- level: None\n";
+    std::fs::write(&path, policy).map_err(|e| Error::io(&path, e))?;
+    Ok(path)
+}
+
+/// One audited write.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditEvent {
+    pub verb: String,
+    pub user: AuditUser,
+    #[serde(default)]
+    pub object_ref: Option<AuditObject>,
+    pub stage: String,
+}
+
+#[derive(Clone, Debug, serde::Deserialize)]
+pub struct AuditUser {
+    pub username: String,
+}
+
+#[derive(Clone, Debug, serde::Deserialize)]
+pub struct AuditObject {
+    #[serde(default)]
+    pub resource: String,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub subresource: String,
+}
+
+/// The writes audited so far by the API server `name` (e.g. "management").
+pub fn audited_writes(dir: &Path, name: &str) -> Vec<AuditEvent> {
+    std::fs::read_to_string(dir.join(format!("audit-{name}.log")))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| serde_json::from_str::<AuditEvent>(line).ok())
+        .filter(|e| e.stage == "ResponseComplete")
+        .collect()
 }
 
 /// A self-contained kubeconfig (CA data inline) for the admin token.

@@ -224,3 +224,80 @@ async fn a_bad_ttl_fails_at_once_without_calling_k8sd_and_names_the_accepted_for
             .any(|e| e.reason.as_deref() == Some("CertificatesRefreshFailed"))
     );
 }
+
+/// Numbers for the notes: k8sd calls and API writes per refresh, wall time, controller memory.
+#[tokio::test]
+async fn refresh_costs() {
+    let env = shared().await;
+    let beta = env.cluster("beta");
+    let cp = beta.node("beta-cp-1").clone();
+    let worker = beta.node("beta-md-0-w1").clone();
+    let filter = "costs";
+    for node in [&cp, &worker] {
+        env.isolate(node, filter).await;
+        env.sim.clear_calls("beta", &node.node).await.unwrap();
+    }
+    let controller = env.start_controller(filter, &[]);
+    // Let the controller settle (MachineCertificates created, expiry read) before measuring.
+    for node in [&cp, &worker] {
+        env.wait_for_machine(node, REFRESH_TIMEOUT, |a| {
+            a.contains_key(CERTIFICATES_EXPIRY)
+        })
+        .await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let user = "system:serviceaccount:ck8s-system:ck8s-certs-manager";
+    for (node, ttl, k8sd_posts) in [(&cp, "1y", 2), (&worker, "30d", 3)] {
+        let calls_before = env.sim.calls("beta", "").await.unwrap().len();
+        let writes_before =
+            ck8s_certs_e2e::controlplane::audited_writes(&env.dir, "management").len();
+        let started = std::time::Instant::now();
+        env.annotate_refresh(node, ttl).await;
+        let annotations = env.wait_for_refresh(node, REFRESH_TIMEOUT).await;
+        let elapsed = started.elapsed();
+        assert_eq!(annotations[REFRESH_CERTIFICATES_STATUS], "done");
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let calls = env.sim.calls("beta", "").await.unwrap();
+        let posts: Vec<_> = calls[calls_before..]
+            .iter()
+            .filter(|c| c.method == "POST")
+            .map(|c| c.endpoint.clone())
+            .collect();
+        let writes: Vec<String> =
+            ck8s_certs_e2e::controlplane::audited_writes(&env.dir, "management")[writes_before..]
+                .iter()
+                .filter(|w| w.user.username == user)
+                .filter_map(|w| {
+                    w.object_ref.as_ref().map(|o| {
+                        format!(
+                            "{} {}{}",
+                            w.verb,
+                            o.resource,
+                            if o.subresource.is_empty() {
+                                String::new()
+                            } else {
+                                format!("/{}", o.subresource)
+                            }
+                        )
+                    })
+                })
+                .collect();
+        let object_writes = writes.iter().filter(|w| !w.contains("events")).count();
+        println!(
+            "{:?} refresh: {:.2}s, k8sd POSTs {posts:?}, API writes {} ({object_writes} Machine/status + {} events): {writes:?}",
+            node.role,
+            elapsed.as_secs_f64(),
+            writes.len(),
+            writes.len() - object_writes
+        );
+        assert_eq!(posts.len(), k8sd_posts, "{posts:?}");
+        assert_eq!(
+            object_writes, 4,
+            "2 Machine patches + 2 status writes: {writes:?}"
+        );
+    }
+    println!(
+        "controller RSS: {} KiB",
+        controller.process.rss_kib().unwrap_or_default()
+    );
+}
