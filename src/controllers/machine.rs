@@ -1220,7 +1220,10 @@ impl Failure {
                         ck8s_certs_api::k8sd::node_token_key(&machine.name)
                     ),
                     K8sdError::Api { status: 400 | 404 | 501, .. } => "this k8sd may not support certificate refreshes through Cluster API; upgrade the node's k8s snap, ".into(),
-                    K8sdError::PinMismatch { .. } => String::new(),
+                    K8sdError::PinMismatch { .. } => format!(
+                        "to trust the node's new certificate run `kubectl patch machinecertificates -n {} {} --subresource=status --type=json -p '[{{\"op\":\"remove\",\"path\":\"/status/k8sdFingerprint\"}}]'`, ",
+                        machine.namespace, machine.name
+                    ),
                     e if e.is_retryable() => "check that the node is up and its k8sd-proxy pod is Running, ".into(),
                     _ => String::new(),
                 };

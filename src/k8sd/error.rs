@@ -24,8 +24,8 @@ pub enum K8sdError {
 
     /// The node presented a different certificate than the one pinned on first use.
     #[error(
-        "k8sd on node {node} presented a certificate with SHA-256 fingerprint {presented}, but {pinned} is pinned; \
-         if the node was reinstalled, clear the pinned fingerprint to trust the new certificate"
+        "k8sd on node {node} presented a certificate with SHA-256 fingerprint {presented}, but {pinned} is pinned \
+         (the node was reinstalled, or something else answers in its place)"
     )]
     PinMismatch {
         node: String,
