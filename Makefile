@@ -49,7 +49,7 @@ else
 endif
 
 unit:
-	$(CARGO) test --workspace --lib --bins
+	$(CARGO) test --workspace --exclude ck8s-certs-e2e
 	cd test/nodesim && $(GO) test ./...
 
 ## One environment per test binary; tests isolate by cluster and node. Run once per pinned

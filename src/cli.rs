@@ -1,11 +1,17 @@
-//! Command-line flags. Every flag can also be set through the environment variable named in its
-//! help, so a Deployment can be configured either way.
+//! Command-line flags. Every controller flag can also be set through the environment variable
+//! named in its help, so a Deployment can be configured either way.
+//!
+//! Without a subcommand the binary runs the controller; `policy preview` evaluates a policy file
+//! offline ([`crate::preview`]).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{Parser, Subcommand, ValueEnum};
+use jiff::Timestamp;
+
+use crate::policy::PolicyDuration;
 
 use crate::telemetry::LogArgs;
 use crate::workload::endpoint::Transport;
@@ -80,4 +86,164 @@ pub struct Args {
 
     #[command(flatten)]
     pub log: LogArgs,
+
+    /// A tool to run instead of the controller.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Work with CertificateRenewalPolicy files, offline.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Show what a CertificateRenewalPolicy would do for a Machine whose certificates expire at
+    /// --expiry: renew now, defer until when and why, disabled, or invalid (exit code 2, with the
+    /// messages the controller would report). Lists the next window openings in each window's
+    /// zone and in UTC. Exit code 1: bad arguments or an unreadable file.
+    Preview(PreviewArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct PreviewArgs {
+    /// The CertificateRenewalPolicy as YAML or JSON (the whole object, as for kubectl apply);
+    /// `-` reads standard input.
+    #[arg(short = 'f', long = "filename", value_name = "FILE")]
+    pub file: PathBuf,
+
+    /// When the Machine's certificates expire (RFC 3339, such as 2026-12-20T00:00:00Z).
+    #[arg(long, value_name = "RFC3339")]
+    pub expiry: Timestamp,
+
+    /// The instant to decide at (RFC 3339). Default: the current time.
+    #[arg(long, value_name = "RFC3339")]
+    pub now: Option<Timestamp>,
+
+    /// Failed automatic renewals since the last success (MachineCertificates
+    /// status.failedAttempts). Needs --last-failure.
+    #[arg(
+        long,
+        value_name = "N",
+        requires = "last_failure",
+        allow_negative_numbers = true
+    )]
+    pub failures: Option<i64>,
+
+    /// When the last automatic renewal failed (status.lastFailureTime, RFC 3339). Alone, it
+    /// counts as one failure, as for objects written by older versions.
+    #[arg(long, value_name = "RFC3339")]
+    pub last_failure: Option<Timestamp>,
+
+    /// Never bypass the windows, even within the fail-safe margin (the controller's strict
+    /// windows setting).
+    #[arg(long)]
+    pub strict: bool,
+
+    /// Delay after the first failed automatic renewal (the controller's backoff minimum).
+    #[arg(long, value_name = "DURATION", default_value = "1h")]
+    pub backoff_min: PolicyDuration,
+
+    /// Longest delay between failed automatic renewals (the controller's backoff maximum).
+    #[arg(long, value_name = "DURATION", default_value = "32h")]
+    pub backoff_max: PolicyDuration,
+
+    /// How many upcoming window openings to list.
+    #[arg(long, value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u8).range(0..=50))]
+    pub window_starts: u8,
+
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::backoff::{DEFAULT_MAX, DEFAULT_MIN};
+
+    fn preview(args: &[&str]) -> Result<PreviewArgs, clap::Error> {
+        let args = Args::try_parse_from(
+            ["ck8s-certs", "policy", "preview"]
+                .iter()
+                .chain(args)
+                .copied(),
+        )?;
+        match args.command {
+            Some(Command::Policy(PolicyCommand::Preview(preview))) => Ok(preview),
+            None => panic!("no subcommand parsed"),
+        }
+    }
+
+    #[test]
+    fn no_subcommand_runs_the_controller() {
+        let args = Args::try_parse_from(["ck8s-certs", "--k8sd-attempts", "3"]).unwrap();
+        assert!(args.command.is_none());
+        assert_eq!(args.k8sd_attempts, 3);
+    }
+
+    #[test]
+    fn preview_defaults_are_the_controllers() {
+        let args = preview(&["-f", "p.yaml", "--expiry", "2026-12-20T00:00:00Z"]).unwrap();
+        assert_eq!(args.backoff_min, DEFAULT_MIN);
+        assert_eq!(args.backoff_max, DEFAULT_MAX);
+        assert_eq!(args.output, OutputFormat::Text);
+        assert_eq!(args.now, None);
+        assert!(!args.strict);
+    }
+
+    #[test]
+    fn preview_flags() {
+        let args = preview(&[
+            "--filename=-",
+            "--expiry=2026-12-20T00:00:00+01:00",
+            "--now=2026-11-20T12:00:00Z",
+            "--failures=-1",
+            "--last-failure=2026-11-20T11:00:00Z",
+            "--strict",
+            "-o",
+            "json",
+        ])
+        .unwrap();
+        assert_eq!(args.file, PathBuf::from("-"));
+        assert_eq!(args.expiry.to_string(), "2026-12-19T23:00:00Z");
+        assert_eq!(args.failures, Some(-1));
+        assert!(args.strict);
+        assert_eq!(args.output, OutputFormat::Json);
+        let error = preview(&[
+            "-f",
+            "p.yaml",
+            "--expiry",
+            "2026-12-20T00:00:00Z",
+            "--failures",
+            "2",
+        ])
+        .unwrap_err();
+        assert_eq!(
+            error.kind(),
+            clap::error::ErrorKind::MissingRequiredArgument
+        );
+        assert!(preview(&["-f", "p.yaml", "--expiry", "tomorrow"]).is_err());
+        assert!(
+            preview(&[
+                "-f",
+                "p.yaml",
+                "--expiry",
+                "2026-12-20T00:00:00Z",
+                "--backoff-min",
+                "0s"
+            ])
+            .is_err()
+        );
+    }
 }

@@ -3,6 +3,7 @@
 //!
 //! `run` connects to the management cluster, finds which Cluster API version it serves, and
 //! serves the health endpoints until it is asked to stop. The refresh controllers plug in here.
+//! `preview::run` is the offline `policy preview` subcommand; `main` picks one of the two.
 
 pub mod capi;
 pub mod cli;
@@ -11,6 +12,7 @@ pub mod failpoint;
 pub mod health;
 pub mod k8sd;
 pub mod policy;
+pub mod preview;
 pub mod refresh;
 pub mod telemetry;
 pub mod workload;

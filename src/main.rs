@@ -1,15 +1,48 @@
+use std::process::ExitCode;
+
 use clap::Parser;
 
-use ck8s_certs::cli::Args;
+use ck8s_certs::cli::{Args, Command, PolicyCommand};
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+/// Exit code of bad arguments and of a controller that stopped on an error.
+const EXIT_ERROR: u8 = 1;
+
+fn main() -> ExitCode {
+    let mut args = match Args::try_parse() {
+        Ok(args) => args,
+        Err(error) => {
+            // --help and --version print to stdout and succeed; usage errors exit 1, so that
+            // `policy preview` keeps exit code 2 for an invalid policy.
+            let _ = error.print();
+            return match error.use_stderr() {
+                true => ExitCode::from(EXIT_ERROR),
+                false => ExitCode::SUCCESS,
+            };
+        }
+    };
+    match args.command.take() {
+        Some(Command::Policy(PolicyCommand::Preview(preview))) => {
+            ck8s_certs::preview::run(&preview)
+        }
+        None => match controller(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("Error: {error:?}");
+                ExitCode::from(EXIT_ERROR)
+            }
+        },
+    }
+}
+
+fn controller(args: Args) -> anyhow::Result<()> {
     // kube's rustls TLS and the k8sd client need a process-wide crypto provider before any TLS.
     rustls::crypto::ring::default_provider()
         .install_default()
         .map_err(|_| anyhow::anyhow!("a rustls crypto provider was already installed"))?;
-    let args = Args::parse();
     ck8s_certs::telemetry::init(&args.log)?;
-    ck8s_certs::run(args).await?;
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(ck8s_certs::run(args))?;
     Ok(())
 }

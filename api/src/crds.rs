@@ -4,12 +4,17 @@
 use kube::CustomResourceExt;
 
 use crate::machine_certificates::MachineCertificates;
+use crate::renewal_policy::CertificateRenewalPolicy;
 
 /// `(file name, YAML)` of every CRD.
 pub fn all() -> Result<Vec<(String, String)>, serde_yaml::Error> {
-    let crd = MachineCertificates::crd();
-    let name = format!("{}.yaml", crd.metadata.name.clone().unwrap_or_default());
-    Ok(vec![(name, serde_yaml::to_string(&crd)?)])
+    [MachineCertificates::crd(), CertificateRenewalPolicy::crd()]
+        .into_iter()
+        .map(|crd| {
+            let name = format!("{}.yaml", crd.metadata.name.clone().unwrap_or_default());
+            Ok((name, serde_yaml::to_string(&crd)?))
+        })
+        .collect()
 }
 
 #[cfg(test)]

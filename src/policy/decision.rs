@@ -5,7 +5,8 @@
 //! - Validation first: an invalid window (or another invalid field) makes the policy
 //!   [`Decision::Invalid`] whatever its mode. So does `Scheduled` without windows, and a
 //!   `renewBefore` not shorter than the policy's `ttl` (every renewal would be due again at
-//!   once, restarting the node's services in a loop).
+//!   once, restarting the node's services in a loop). The checks only a whole spec allows
+//!   (selectors, the number of windows) are [`validate`](super::spec::validate)'s.
 //! - `Disabled`: never renews automatically; [`Decision::Disabled`] says whether expiry is
 //!   within the fail-safe margin, for a Warning.
 //! - No known expiry: [`Decision::NoExpiry`], nothing to do and no requeue. The expiry is
@@ -35,32 +36,17 @@
 use std::fmt;
 
 use jiff::Timestamp;
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
 
 use super::backoff::{Backoff, Failures, saturating_sub};
 use super::duration::{FailSafeMargin, PolicyDuration, Ttl};
+use super::spec::SelectorError;
 use super::window::{
     ValidWindow, Window, WindowError, WindowStart, first_containing, next_start_after,
     validate_windows,
 };
 
-/// `renewBefore` when the policy omits it.
-pub const DEFAULT_RENEW_BEFORE: PolicyDuration = PolicyDuration::from_secs_const(30 * 86_400);
-
-/// `failSafeMargin` when the policy omits it.
-pub const DEFAULT_FAIL_SAFE_MARGIN: FailSafeMargin = FailSafeMargin::from_secs_const(86_400);
-
-/// The policy's `policy` field.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
-pub enum Mode {
-    /// Renew when due, at any time.
-    Automatic,
-    /// Never renew automatically (manual requests still work).
-    Disabled,
-    /// Renew when due, inside the maintenance windows (with the fail-safe).
-    Scheduled,
-}
+/// The policy's `policy` field and the defaults of omitted durations, from the CRD.
+pub use ck8s_certs_api::renewal_policy::{DEFAULT_FAIL_SAFE_MARGIN, DEFAULT_RENEW_BEFORE, Mode};
 
 /// Everything the decision depends on, besides `now`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,6 +120,16 @@ impl Input {
 /// A reason the policy is invalid, with the field path.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PolicyError {
+    /// Neither selector is set (also a CEL rule of the CRD).
+    #[error(
+        "clusterSelector, machineSelector: at least one must be set; an empty selector ({{}}) selects every Cluster or Machine of the namespace"
+    )]
+    NoSelector,
+    #[error(transparent)]
+    Selector(#[from] SelectorError),
+    /// More windows than the CRD allows (`maxItems`).
+    #[error("windows: {count} windows, at most {max} are allowed")]
+    TooManyWindows { count: usize, max: usize },
     #[error(transparent)]
     Window(WindowError),
     #[error(
@@ -147,6 +143,41 @@ pub enum PolicyError {
         renew_before: PolicyDuration,
         ttl: Ttl,
     },
+}
+
+/// Every problem of an invalid policy. Its message is the one users see wherever the policy is
+/// reported invalid: the policy's `Valid` condition, a Machine's `RenewalConfigInvalid`
+/// condition ([`Decision::Invalid`] prints the same) and `policy preview`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct InvalidPolicy {
+    /// At least one, in field order.
+    pub errors: Vec<PolicyError>,
+}
+
+impl fmt::Display for InvalidPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write_invalid(f, &self.errors)
+    }
+}
+
+impl From<InvalidPolicy> for Decision {
+    fn from(invalid: InvalidPolicy) -> Self {
+        Decision::Invalid {
+            errors: invalid.errors,
+        }
+    }
+}
+
+/// `Renewal policy is invalid: <error>; <error>`.
+fn write_invalid(f: &mut fmt::Formatter<'_>, errors: &[PolicyError]) -> fmt::Result {
+    f.write_str("Renewal policy is invalid: ")?;
+    for (i, error) in errors.iter().enumerate() {
+        if i > 0 {
+            f.write_str("; ")?;
+        }
+        write!(f, "{error}")?;
+    }
+    Ok(())
 }
 
 /// Why a renewal starts now.
@@ -541,16 +572,7 @@ impl fmt::Display for Decision {
                     (None, _) => Ok(()),
                 }
             }
-            Self::Invalid { errors } => {
-                f.write_str("Renewal policy is invalid: ")?;
-                for (i, error) in errors.iter().enumerate() {
-                    if i > 0 {
-                        f.write_str("; ")?;
-                    }
-                    write!(f, "{error}")?;
-                }
-                Ok(())
-            }
+            Self::Invalid { errors } => write_invalid(f, errors),
         }
     }
 }

@@ -2,11 +2,15 @@
 //!
 //! This module owns the rules of design.md §4 and nothing else: it never reads the clock, the
 //! API server or a node. Controllers reduce their objects to an [`Input`] and execute the
-//! [`Decision`]; the `policy preview` subcommand calls the same function offline.
+//! [`Decision`]; the `policy preview` subcommand calls the same functions offline.
 //!
 //! ```text
-//! policy spec ──► Input { expiry, mode, renewBefore, ttl, windows, failSafeMargin,
-//! status      ──►         strict, failures, backoff }
+//! CertificateRenewalPolicy.spec ──spec::validate──► ValidPolicy ──┐      (or InvalidPolicy:
+//!                                (selectors, windows, durations)  │       the Valid condition)
+//! MachineCertificates.status ──► expiry, failures ────────────────┤
+//! flags ──► Settings { strict, backoff } ─────────────────────────┤ ValidPolicy::input
+//!                                                                 ▼
+//!            Input { expiry, mode, renewBefore, ttl, windows, failSafeMargin, strict, … }
 //!                   │ validate: windows (zones, times), Scheduled has windows, renewBefore < ttl
 //!                   ▼
 //!            decide(input, now) ──► Decision ──► requeue_at(&decision)
@@ -18,7 +22,10 @@
 //!                                    └ Invalid { errors with field paths }
 //! ```
 //!
-//! - [`duration`]: the TTL/duration grammar shared with the manual trigger (`1y6mo`, `1h30m`).
+//! - [`spec`]: a `CertificateRenewalPolicy` spec checked and turned into the policy half of an
+//!   [`Input`], and which Machines it selects.
+//! - [`duration`]: the TTL/duration grammar shared with the manual trigger (`1y6mo`, `1h30m`);
+//!   it lives in the API crate with the CRD whose fields use it, and is re-exported here.
 //! - [`window`]: maintenance windows in IANA zones, DST gaps and folds, several windows OR'ed.
 //! - [`backoff`]: exponential backoff from the persisted failure history.
 //! - [`decision`]: the decision itself and its condition messages.
@@ -28,16 +35,23 @@
 
 pub mod backoff;
 pub mod decision;
-pub mod duration;
+pub mod spec;
 pub mod window;
 
+/// The duration grammar lives with the CRD types in the API crate.
+pub use ck8s_certs_api::duration;
+
 #[cfg(test)]
-mod testing;
+pub(crate) mod testing;
 
 pub use backoff::{Backoff, BackoffError, Failures};
 pub use decision::{
-    Decision, DeferReason, Deferral, Input, Mode, PolicyError, RenewReason, Renewal, Resume,
-    decide, requeue_at,
+    Decision, DeferReason, Deferral, Input, InvalidPolicy, Mode, PolicyError, RenewReason, Renewal,
+    Resume, decide, requeue_at,
 };
 pub use duration::{DurationError, FailSafeMargin, PolicyDuration, Ttl, WorkerTtlError};
-pub use window::{DayOfWeek, ValidWindow, WallTime, Window, WindowError, WindowStart};
+pub use spec::{MachineSelector, SelectorError, Settings, ValidPolicy, validate};
+pub use window::{
+    DayOfWeek, ValidWindow, ValidateWindow, WallTime, Window, WindowError, WindowStart,
+    upcoming_starts,
+};

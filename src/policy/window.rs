@@ -1,9 +1,10 @@
 //! Maintenance windows: when, in wall-clock time, a policy lets automatic renewals start.
 //!
-//! [`Window`] is the form a `CertificateRenewalPolicy` holds (serde camelCase, JSON schema).
-//! Its field types catch what a schema can (`HH:MM`, day names); [`Window::validate`] checks the
-//! rest (`24:00` as a start, `start == end`, the time zone) and yields a [`ValidWindow`], the only
-//! form the other functions take. Errors name the field path, such as `windows[1].start`.
+//! [`Window`] is the form a `CertificateRenewalPolicy` holds; it and its field types live in the
+//! API crate (`ck8s_certs_api::renewal_policy`) and are re-exported here. The field types catch
+//! what a schema can (`HH:MM`, day names); [`ValidateWindow::validate`] checks the rest (`24:00`
+//! as a start, `start == end`, the time zone) and yields a [`ValidWindow`], the only form the
+//! other functions take. Errors name the field path, such as `windows[1].start`.
 //!
 //! # Semantics (design.md §4, settled details)
 //! - An occurrence belongs to the day it starts: `daysOfWeek` selects start days (omitted or
@@ -22,19 +23,14 @@
 //!   [`next_start_after`] the earliest start (the first in list order on a tie).
 
 use std::fmt;
-use std::str::FromStr;
 use std::sync::LazyLock;
 
 use jiff::Timestamp;
 use jiff::Zoned;
 use jiff::civil::{Date, DateTime, Time, Weekday};
 use jiff::tz::{AmbiguousOffset, TimeZone, TimeZoneDatabase};
-use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// Schema patterns for the two fields: `24:00` is only an end.
-const START_PATTERN: &str = r"^([01][0-9]|2[0-3]):[0-5][0-9]$";
-const END_PATTERN: &str = r"^(([01][0-9]|2[0-3]):[0-5][0-9]|24:00)$";
+pub use ck8s_certs_api::renewal_policy::{DayOfWeek, WallTime, WallTimeError, Window};
 
 /// How many days around an instant's local date may hold an occurrence that contains it. An
 /// occurrence lasts at most a wall-clock day, but a gap can push its end further (Pacific/Apia
@@ -47,153 +43,13 @@ const DAYS_AHEAD: usize = 1;
 /// occurrence collapsed by a gap (a few days a year at most) skips a week; three weeks is ample.
 const SEARCH_DAYS: usize = 22;
 
-/// A day of the week, as the CRD spells it: full English name, capitalised, case-sensitive.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
-pub enum DayOfWeek {
-    Monday,
-    Tuesday,
-    Wednesday,
-    Thursday,
-    Friday,
-    Saturday,
-    Sunday,
-}
-
-impl From<DayOfWeek> for Weekday {
-    fn from(day: DayOfWeek) -> Self {
-        match day {
-            DayOfWeek::Monday => Weekday::Monday,
-            DayOfWeek::Tuesday => Weekday::Tuesday,
-            DayOfWeek::Wednesday => Weekday::Wednesday,
-            DayOfWeek::Thursday => Weekday::Thursday,
-            DayOfWeek::Friday => Weekday::Friday,
-            DayOfWeek::Saturday => Weekday::Saturday,
-            DayOfWeek::Sunday => Weekday::Sunday,
-        }
+/// The civil datetime `time` names on `date`: `24:00` is the next day's midnight.
+fn wall_time_on(time: WallTime, date: Date) -> Option<DateTime> {
+    if time == WallTime::END_OF_DAY {
+        return Some(date.tomorrow().ok()?.to_datetime(Time::midnight()));
     }
-}
-
-/// A wall-clock time of day, exactly `HH:MM` with two digits each, `00:00` to `23:59`, or
-/// `24:00` (only valid as a window's end; [`Window::validate`] checks that).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct WallTime {
-    /// Minutes since midnight, `0..=1440`.
-    minutes: u16,
-}
-
-impl WallTime {
-    /// `24:00`, the end of the day.
-    pub const END_OF_DAY: WallTime = WallTime { minutes: 24 * 60 };
-
-    /// `None` unless `hour:minute` is `00:00`..=`23:59` or `24:00`.
-    pub const fn new(hour: u8, minute: u8) -> Option<Self> {
-        if (hour < 24 && minute < 60) || (hour == 24 && minute == 0) {
-            Some(WallTime {
-                minutes: hour as u16 * 60 + minute as u16,
-            })
-        } else {
-            None
-        }
-    }
-
-    pub const fn hour(self) -> u8 {
-        (self.minutes / 60) as u8
-    }
-
-    pub const fn minute(self) -> u8 {
-        (self.minutes % 60) as u8
-    }
-
-    /// The civil datetime this wall time names on `date`: `24:00` is the next day's midnight.
-    fn on(self, date: Date) -> Option<DateTime> {
-        if self == Self::END_OF_DAY {
-            return Some(date.tomorrow().ok()?.to_datetime(Time::midnight()));
-        }
-        let time = Time::new(self.hour() as i8, self.minute() as i8, 0, 0).ok()?;
-        Some(date.to_datetime(time))
-    }
-}
-
-/// A string that is not a valid [`WallTime`].
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "invalid time {input:?}: expected HH:MM with two-digit hours and minutes, from 00:00 to 23:59, or 24:00 as an end"
-)]
-pub struct WallTimeError {
-    pub input: String,
-}
-
-impl FromStr for WallTime {
-    type Err = WallTimeError;
-
-    fn from_str(input: &str) -> Result<Self, Self::Err> {
-        let error = || WallTimeError {
-            input: input.chars().take(16).collect(),
-        };
-        let &[h1, h2, b':', m1, m2] = input.as_bytes() else {
-            return Err(error());
-        };
-        let digit = |byte: u8| byte.is_ascii_digit().then(|| byte - b'0');
-        let (Some(h1), Some(h2), Some(m1), Some(m2)) = (digit(h1), digit(h2), digit(m1), digit(m2))
-        else {
-            return Err(error());
-        };
-        WallTime::new(h1 * 10 + h2, m1 * 10 + m2).ok_or_else(error)
-    }
-}
-
-impl fmt::Display for WallTime {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:02}:{:02}", self.hour(), self.minute())
-    }
-}
-
-impl Serialize for WallTime {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for WallTime {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = std::borrow::Cow::<str>::deserialize(deserializer)?;
-        text.parse().map_err(serde::de::Error::custom)
-    }
-}
-
-impl JsonSchema for WallTime {
-    fn schema_name() -> std::borrow::Cow<'static, str> {
-        "WallTime".into()
-    }
-
-    fn inline_schema() -> bool {
-        true
-    }
-
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({ "type": "string", "pattern": END_PATTERN })
-    }
-}
-
-/// A maintenance window as a `CertificateRenewalPolicy` holds it. Validate it before use.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct Window {
-    /// Days on which the window opens; an occurrence belongs to the day it starts. Omitted or
-    /// empty: every day.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub days_of_week: Vec<DayOfWeek>,
-    /// Opening wall-clock time, `HH:MM` (`00:00` to `23:59`).
-    #[schemars(pattern(START_PATTERN))]
-    pub start: WallTime,
-    /// Closing wall-clock time, exclusive, `HH:MM` or `24:00`. Earlier than `start`: the next
-    /// day. Must differ from `start` (a whole day is `00:00` to `24:00`).
-    #[schemars(pattern(END_PATTERN))]
-    pub end: WallTime,
-    /// IANA time zone name, exactly as in the tz database (such as `Europe/London`). Omitted:
-    /// UTC.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timezone: Option<String>,
+    let time = Time::new(time.hour() as i8, time.minute() as i8, 0, 0).ok()?;
+    Some(date.to_datetime(time))
 }
 
 /// What is wrong with one field of a window.
@@ -303,10 +159,15 @@ impl fmt::Display for WindowStart {
     }
 }
 
-impl Window {
+/// Validation of a [`Window`] (a trait because the type lives in the API crate).
+pub trait ValidateWindow {
     /// Checks the rules the field types cannot; `index` is the window's position in the
     /// policy's list, for the paths in errors. All problems are reported, not just the first.
-    pub fn validate(&self, index: usize) -> Result<ValidWindow, Vec<WindowError>> {
+    fn validate(&self, index: usize) -> Result<ValidWindow, Vec<WindowError>>;
+}
+
+impl ValidateWindow for Window {
+    fn validate(&self, index: usize) -> Result<ValidWindow, Vec<WindowError>> {
         let mut errors = Vec::new();
         let mut problem = |field: &str, problem| {
             errors.push(WindowError {
@@ -444,13 +305,13 @@ impl ValidWindow {
         if !self.days[day_index(date.weekday())] {
             return None;
         }
-        let start = resolve(&self.zone, self.start.on(date)?)?;
+        let start = resolve(&self.zone, wall_time_on(self.start, date)?)?;
         let end_date = if self.end < self.start {
             date.tomorrow().ok()?
         } else {
             date
         };
-        let end = resolve(&self.zone, self.end.on(end_date)?)?;
+        let end = resolve(&self.zone, wall_time_on(self.end, end_date)?)?;
         (start < end).then_some(Occurrence { start, end })
     }
 
@@ -525,98 +386,8 @@ mod tests {
             .timestamp()
     }
 
-    #[test]
-    fn wall_times_are_exactly_hh_mm() {
-        let rows: &[(&str, Option<(u8, u8)>)] = &[
-            ("00:00", Some((0, 0))),
-            ("09:05", Some((9, 5))),
-            ("23:59", Some((23, 59))),
-            ("24:00", Some((24, 0))),
-            ("9:00", None),
-            ("09:0", None),
-            ("24:30", None),
-            ("25:00", None),
-            ("12:60", None),
-            ("12:00:00", None),
-            ("12h00", None),
-            (" 12:00", None),
-            ("", None),
-            ("+1:00", None),
-            ("１２:00", None),
-        ];
-        for (input, expected) in rows {
-            let parsed = input
-                .parse::<WallTime>()
-                .map(|t| (t.hour(), t.minute()))
-                .ok();
-            assert_eq!(parsed, *expected, "input {input:?}");
-        }
-        assert_eq!(
-            "9:00".parse::<WallTime>().unwrap_err().to_string(),
-            "invalid time \"9:00\": expected HH:MM with two-digit hours and minutes, from 00:00 to 23:59, or 24:00 as an end"
-        );
-        assert_eq!("07:30".parse::<WallTime>().unwrap().to_string(), "07:30");
-    }
-
-    #[test]
-    fn the_crd_form_uses_camel_case_and_full_day_names() {
-        let json = r#"{"daysOfWeek":["Monday","Sunday"],"start":"22:00","end":"02:00","timezone":"Europe/London"}"#;
-        let parsed: Window = serde_json::from_str(json).unwrap();
-        assert_eq!(
-            parsed,
-            window(&[Monday, Sunday], "22:00", "02:00", Some("Europe/London"))
-        );
-        assert_eq!(serde_json::to_string(&parsed).unwrap(), json);
-        let minimal: Window = serde_json::from_str(r#"{"start":"00:00","end":"24:00"}"#).unwrap();
-        assert_eq!(minimal, window(&[], "00:00", "24:00", None));
-        assert_eq!(
-            serde_json::to_string(&minimal).unwrap(),
-            r#"{"start":"00:00","end":"24:00"}"#
-        );
-
-        let rejected = [
-            (
-                r#"{"daysOfWeek":["Funday"],"start":"01:00","end":"02:00"}"#,
-                "unknown variant `Funday`, expected one of `Monday`",
-            ),
-            (
-                r#"{"daysOfWeek":["monday"],"start":"01:00","end":"02:00"}"#,
-                "unknown variant `monday`",
-            ),
-            (r#"{"start":"9:00","end":"10:00"}"#, "invalid time \"9:00\""),
-            (
-                r#"{"start":"01:00","end":"24:30"}"#,
-                "invalid time \"24:30\"",
-            ),
-            (
-                r#"{"start":"12:60","end":"13:00"}"#,
-                "invalid time \"12:60\"",
-            ),
-            (r#"{"start":"01:00"}"#, "missing field `end`"),
-        ];
-        for (json, message) in rejected {
-            let error = serde_json::from_str::<Window>(json)
-                .unwrap_err()
-                .to_string();
-            assert!(error.contains(message), "{json}: {error}");
-        }
-    }
-
-    #[test]
-    fn the_schema_restricts_start_and_end_separately() {
-        // kube generates CRD schemas with every subschema inlined (no `$ref`).
-        let generator = schemars::generate::SchemaSettings::openapi3()
-            .with(|settings| settings.inline_subschemas = true)
-            .into_generator();
-        let schema = serde_json::to_value(generator.into_root_schema_for::<Window>()).unwrap();
-        let properties = &schema["properties"];
-        assert_eq!(properties["start"]["pattern"], START_PATTERN);
-        assert_eq!(properties["end"]["pattern"], END_PATTERN);
-        assert_eq!(properties["start"]["type"], "string");
-        let days = serde_json::to_string(&properties["daysOfWeek"]).unwrap();
-        assert!(days.contains("Wednesday"), "{days}");
-        assert_eq!(schema["required"], serde_json::json!(["start", "end"]));
-    }
+    // The wall-time grammar, the CRD form (camelCase, day names) and the schema are tested with
+    // the types in `ck8s_certs_api::renewal_policy`.
 
     #[test]
     fn validation_names_the_field_and_the_reason() {

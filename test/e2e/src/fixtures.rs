@@ -36,6 +36,9 @@ pub enum Role {
 pub struct ClusterSpec {
     pub name: String,
     pub namespace: String,
+    /// Machines are named `<prefix>-cp-N` / `<prefix>-md-0-wN`; usually the cluster name, but two
+    /// clusters in different namespaces may share it so that their Machines have equal names.
+    pub machine_prefix: String,
     pub control_planes: usize,
     pub workers: usize,
     /// CK8sConfig `spec.controlPlane.microclusterPort`; `None` leaves it unset (k8sd on 2380).
@@ -71,8 +74,8 @@ impl ClusterSpec {
             .map(|(i, role)| {
                 let index = &mut counters[usize::from(role == Role::Worker)];
                 let machine = match role {
-                    Role::ControlPlane => format!("{}-cp-{index}", self.name),
-                    Role::Worker => format!("{}-md-0-w{index}", self.name),
+                    Role::ControlPlane => format!("{}-cp-{index}", self.machine_prefix),
+                    Role::Worker => format!("{}-md-0-w{index}", self.machine_prefix),
                 };
                 *index += 1;
                 let address = Ipv4Addr::new(127, env_octet, cluster_octet, (i + 1) as u8);

@@ -172,8 +172,9 @@ pub struct EnvSpec {
 }
 
 impl EnvSpec {
-    /// Two workload clusters in one namespace, two control planes and two workers each; `beta`
-    /// has a non-default microcluster port and extra SANs.
+    /// Three workload clusters, two control planes and two workers each: `alpha` and `beta` in
+    /// namespace `fleet` (`beta` with a non-default microcluster port and extra SANs), and
+    /// `gamma` in namespace `edge` whose Machines are named exactly like `alpha`'s.
     pub fn standard() -> Self {
         let capi_version = CapiVersion(
             std::env::var("CK8S_E2E_CAPI_VERSION")
@@ -185,20 +186,32 @@ impl EnvSpec {
                 })
                 .unwrap_or_else(|| "v1.14.2".into()),
         );
-        let cluster = |name: &str, port: Option<u16>, sans: &[&str]| ClusterSpec {
-            name: name.into(),
-            namespace: "fleet".into(),
-            control_planes: 2,
-            workers: 2,
-            microcluster_port: port,
-            extra_sans: sans.iter().map(|s| s.to_string()).collect(),
-            endpoint_host: format!("{name}.k8s.example.internal"),
-        };
+        let cluster =
+            |name: &str, namespace: &str, prefix: &str, port: Option<u16>, sans: &[&str]| {
+                ClusterSpec {
+                    name: name.into(),
+                    namespace: namespace.into(),
+                    machine_prefix: prefix.into(),
+                    control_planes: 2,
+                    workers: 2,
+                    microcluster_port: port,
+                    extra_sans: sans.iter().map(|s| s.to_string()).collect(),
+                    endpoint_host: format!("{name}.k8s.example.internal"),
+                }
+            };
         Self {
             capi_version,
             clusters: vec![
-                cluster("alpha", None, &[]),
-                cluster("beta", Some(6543), &["beta-api.example.com", "10.20.30.40"]),
+                cluster("alpha", "fleet", "alpha", None, &[]),
+                cluster(
+                    "beta",
+                    "fleet",
+                    "beta",
+                    Some(6543),
+                    &["beta-api.example.com", "10.20.30.40"],
+                ),
+                // Another namespace, Machines named exactly like alpha's: mix-ups fail tests.
+                cluster("gamma", "edge", "alpha", None, &[]),
             ],
             restart_seconds: 2,
         }

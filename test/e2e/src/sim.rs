@@ -64,7 +64,8 @@ impl NodeConfig {
             proxy_pod: node.proxy_pod.clone(),
             kubelet_cert: kubelet.cert.clone(),
             kubelet_key: kubelet.key.clone(),
-            initial_cert_lifetime_seconds: 365 * 24 * 3600,
+            // Initial certificates as if the cluster were 9 months into a 1-year lifetime.
+            initial_cert_lifetime_seconds: 90 * 24 * 3600,
             approve_mode: "watch".into(),
             run_answers_duration: false,
         }

@@ -25,8 +25,9 @@ async fn management_fixtures_match_a_ck8s_fleet_in_the_served_machine_version() 
     );
     let v1beta2 = served.version == "v1beta2";
 
-    let machines: Api<DynamicObject> = Api::namespaced_with(mgmt.clone(), "fleet", &served);
     for cluster in &env.clusters {
+        let ns = cluster.spec.namespace.as_str();
+        let machines: Api<DynamicObject> = Api::namespaced_with(mgmt.clone(), ns, &served);
         let list = machines
             .list(&ListParams::default().labels(&format!(
                 "{}={}",
@@ -68,7 +69,7 @@ async fn management_fixtures_match_a_ck8s_fleet_in_the_served_machine_version() 
 
         let configs: Api<DynamicObject> = Api::namespaced_with(
             mgmt.clone(),
-            "fleet",
+            ns,
             &ApiResource::from_gvk(&GroupVersionKind::gvk(
                 capi::CK8S_CONFIG_GROUP,
                 capi::CK8S_CONFIG_VERSION,
@@ -93,7 +94,7 @@ async fn management_fixtures_match_a_ck8s_fleet_in_the_served_machine_version() 
             assert_eq!(config.owner_references()[0].name, node.machine);
         }
 
-        let secrets: Api<Secret> = Api::namespaced(mgmt.clone(), "fleet");
+        let secrets: Api<Secret> = Api::namespaced(mgmt.clone(), ns);
         let tokens = secrets
             .get(&k8sd::token_secret_name(&cluster.spec.name))
             .await

@@ -301,3 +301,40 @@ async fn refresh_costs() {
         controller.process.rss_kib().unwrap_or_default()
     );
 }
+
+#[tokio::test]
+async fn machines_with_the_same_name_in_two_namespaces_never_mix() {
+    let env = shared().await;
+    let fleet = env.cluster("alpha").node("alpha-cp-1").clone();
+    let edge = env.cluster("gamma").node("alpha-cp-1").clone();
+    assert_eq!(fleet.machine, edge.machine);
+    assert_ne!(
+        (&fleet.namespace, &fleet.node),
+        (&edge.namespace, &edge.node)
+    );
+    for node in [&fleet, &edge] {
+        env.isolate(node, "twins").await;
+    }
+    let _controller = env.start_controller("twins", &[]);
+    env.annotate_refresh(&fleet, "1y").await;
+    env.annotate_refresh(&edge, "2y").await;
+    for (node, ttl_seconds) in [(&fleet, 365 * 86_400), (&edge, 2 * 365 * 86_400)] {
+        let annotations = env.wait_for_refresh(node, REFRESH_TIMEOUT).await;
+        assert_eq!(
+            annotations[REFRESH_CERTIFICATES_STATUS], "done",
+            "{}/{}",
+            node.namespace, node.machine
+        );
+        let calls = env.sim.calls(&node.cluster, &node.node).await.unwrap();
+        let runs: Vec<_> = calls.iter().filter(|c| c.path == path::RUN).collect();
+        assert_eq!(runs.len(), 1, "{}: {runs:#?}", node.cluster);
+        let body: serde_json::Value = serde_json::from_str(&runs[0].body).unwrap();
+        assert_eq!(body["expiration-seconds"], ttl_seconds, "{}", node.cluster);
+        let state = env.sim.node(node).await.unwrap();
+        let not_after: jiff::Timestamp = state.cert_not_after.parse().unwrap();
+        assert_eq!(
+            annotations[CERTIFICATES_EXPIRY],
+            not_after.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+        );
+    }
+}

@@ -190,24 +190,64 @@ async fn a_reinstalled_node_fails_the_pin_until_the_operator_re_pins_it() {
     let node = env.cluster("beta").node("beta-md-0-w0").clone();
     env.isolate(&node, "repin").await;
     let _controller = env.start_controller("repin", &[]);
-    env.wait_for_machine(&node, TIMEOUT, |a| a.contains_key(ck8s_certs_api::annotations::CERTIFICATES_EXPIRY)).await;
-    let pinned = env.machine_certificates(&node).await.unwrap().status.unwrap().k8sd_fingerprint.unwrap();
+    env.wait_for_machine(&node, TIMEOUT, |a| {
+        a.contains_key(ck8s_certs_api::annotations::CERTIFICATES_EXPIRY)
+    })
+    .await;
+    let pinned = env
+        .machine_certificates(&node)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .k8sd_fingerprint
+        .unwrap();
     env.sim.reinstall(&node, None).await.unwrap();
 
     env.annotate_refresh(&node, "1y").await;
     let error = failure_of(&env, &node).await;
-    assert!(error.contains(&pinned) && error.contains("kubectl patch machinecertificates"), "{error}");
-    assert!(env.sim.calls("beta", &node.node).await.unwrap().iter().all(|c| c.path != path::PLAN), "nothing sent to an unverified peer");
+    assert!(
+        error.contains(&pinned) && error.contains("kubectl patch machinecertificates"),
+        "{error}"
+    );
+    assert!(
+        env.sim
+            .calls("beta", &node.node)
+            .await
+            .unwrap()
+            .iter()
+            .all(|c| c.path != path::PLAN),
+        "nothing sent to an unverified peer"
+    );
 
     // The documented fix, as kubectl sends it.
     let api: kube::Api<ck8s_certs_api::machine_certificates::MachineCertificates> =
         kube::Api::namespaced(env.management().await.unwrap(), &node.namespace);
-    let remove: json_patch::Patch = serde_json::from_value(serde_json::json!([{ "op": "remove", "path": "/status/k8sdFingerprint" }])).unwrap();
-    api.patch_status(&node.machine, &kube::api::PatchParams::default(), &kube::api::Patch::<()>::Json(remove)).await.unwrap();
+    let remove: json_patch::Patch = serde_json::from_value(
+        serde_json::json!([{ "op": "remove", "path": "/status/k8sdFingerprint" }]),
+    )
+    .unwrap();
+    api.patch_status(
+        &node.machine,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::<()>::Json(remove),
+    )
+    .await
+    .unwrap();
     env.annotate_refresh(&node, "1y").await;
     let annotations = env.wait_for_refresh(&node, TIMEOUT).await;
     assert_eq!(annotations[REFRESH_CERTIFICATES_STATUS], "done");
-    let repinned = env.machine_certificates(&node).await.unwrap().status.unwrap().k8sd_fingerprint.unwrap();
-    assert_eq!(repinned, env.sim.node(&node).await.unwrap().k8sd_fingerprint_sha256);
+    let repinned = env
+        .machine_certificates(&node)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .k8sd_fingerprint
+        .unwrap();
+    assert_eq!(
+        repinned,
+        env.sim.node(&node).await.unwrap().k8sd_fingerprint_sha256
+    );
     assert_ne!(repinned, pinned);
 }

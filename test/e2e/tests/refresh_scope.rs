@@ -263,3 +263,26 @@ async fn the_expiry_of_a_new_node_is_read_quietly_while_it_starts() {
             .all(|e| e.type_.as_deref() != Some("Warning"))
     );
 }
+
+#[tokio::test]
+async fn a_controller_limited_to_a_namespace_leaves_the_others_alone() {
+    let env = shared().await;
+    let inside = env.cluster("gamma").node("alpha-md-0-w1").clone();
+    let outside = env.cluster("beta").node("beta-md-0-w0").clone();
+    for node in [&inside, &outside] {
+        env.isolate(node, "namespaced").await;
+    }
+    let _controller = env.start_controller("namespaced", &["--namespace=edge"]);
+    env.annotate_refresh(&inside, "1y").await;
+    env.annotate_refresh(&outside, "1y").await;
+    let annotations = env.wait_for_refresh(&inside, TIMEOUT).await;
+    assert_eq!(annotations[REFRESH_CERTIFICATES_STATUS], "done");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let untouched = env.machine_annotations(&outside).await;
+    assert_eq!(
+        untouched.get(REFRESH_CERTIFICATES).map(String::as_str),
+        Some("1y")
+    );
+    assert!(!untouched.contains_key(REFRESH_CERTIFICATES_STATUS));
+    assert!(env.machine_certificates(&outside).await.is_none());
+}

@@ -1,6 +1,9 @@
 //! The duration grammar shared by the manual trigger (`refresh-certificates: <ttl>`) and the
 //! renewal policy (`ttl`, `renewBefore`, `failSafeMargin`, backoff flags).
 //!
+//! It lives in the API crate because the `CertificateRenewalPolicy` fields are these types (their
+//! schema carries the grammar's pattern); the controller re-exports it as `policy::duration`.
+//!
 //! One grammar, three types that differ only in what they allow:
 //! - [`Ttl`]: the lifetime asked of k8sd; positive. Workers have a narrower range, see
 //!   [`Ttl::check_worker`].
@@ -75,11 +78,24 @@ pub const WORKER_TTL_MAX_SECONDS: i64 = i32::MAX as i64;
 
 const UNITS_HELP: &str = "units: y=365d, mo=30d, w, d, h, m, s";
 
-/// The CRD schema pattern: the grammar's syntax (largest unit first, each at most once). Zero,
-/// emptiness and the upper bound are left to the parser, which the controller runs anyway; RE2
-/// (the API server's regex engine) has no look-ahead to express them.
+/// The CRD schema pattern: the grammar's syntax (largest unit first, each at most once). RE2 (the
+/// API server's regex engine) has no look-ahead to exclude zero and the empty string as well;
+/// [`POSITIVE_RULE`] and [`NON_EMPTY_RULE`] do. Only the upper bound (10000y) is left to the
+/// parser, so a value the API server accepts can fail to deserialise only when it is absurdly
+/// long, and the controller must read these objects through `DeserializeGuard`.
 const POSITIVE_PATTERN: &str = r"^\s*([0-9]+[yY])?([0-9]+[mM][oO])?([0-9]+[wW])?([0-9]+[dD])?([0-9]+[hH])?([0-9]+m)?([0-9]+[sS])?\s*$";
 const MARGIN_PATTERN: &str = r"^\s*(0|([0-9]+[yY])?([0-9]+[mM][oO])?([0-9]+[wW])?([0-9]+[dD])?([0-9]+[hH])?([0-9]+m)?([0-9]+[sS])?)\s*$";
+
+/// CEL rules completing the patterns. Once the pattern holds, a value is zero exactly when it
+/// has no non-zero digit, and empty (or blank) exactly when it has no digit at all.
+const POSITIVE_RULE: &str = "self.matches('[1-9]')";
+const POSITIVE_MESSAGE: &str = "must be longer than zero, such as 30d, 12h or 1y";
+const NON_EMPTY_RULE: &str = "self.matches('[0-9]')";
+const NON_EMPTY_MESSAGE: &str = "must not be empty: write 0 to turn the fail-safe off";
+
+/// The schema's `maxLength`: far above any valid value (`10000y11mo4w6d23h59m59s` has 23
+/// characters), and it bounds the API server's CEL cost estimate.
+const MAX_LENGTH: usize = 64;
 
 /// Why a duration string was rejected.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -339,9 +355,15 @@ macro_rules! duration_type {
             }
 
             fn json_schema(_: &mut SchemaGenerator) -> Schema {
+                let (rule, message) = match $allow_zero {
+                    true => (NON_EMPTY_RULE, NON_EMPTY_MESSAGE),
+                    false => (POSITIVE_RULE, POSITIVE_MESSAGE),
+                };
                 json_schema!({
                     "type": "string",
                     "pattern": $pattern,
+                    "maxLength": MAX_LENGTH,
+                    "x-kubernetes-validations": [{"rule": rule, "message": message}],
                     "description": $description,
                 })
             }
@@ -363,6 +385,15 @@ duration_type!(
 );
 
 impl Ttl {
+    /// For constants such as defaults.
+    ///
+    /// # Panics
+    /// Unless `seconds` is in `1..=MAX_SECONDS`; in a `const`, that is a compile error.
+    pub const fn from_secs_const(seconds: i64) -> Self {
+        assert!(seconds > 0 && seconds <= MAX_SECONDS);
+        Self(seconds)
+    }
+
     /// Whether a worker can be given this lifetime: workers obtain certificates through
     /// CertificateSigningRequests, whose `spec.expirationSeconds` is an int32 of at least 600.
     pub fn fits_worker_csr(self) -> bool {
@@ -407,9 +438,11 @@ duration_type!(
 );
 
 impl PolicyDuration {
-    /// For constants; `seconds` must be in `1..=MAX_SECONDS` (checked at compile time when
-    /// used in a `const`).
-    pub(crate) const fn from_secs_const(seconds: i64) -> Self {
+    /// For constants such as defaults.
+    ///
+    /// # Panics
+    /// Unless `seconds` is in `1..=MAX_SECONDS`; in a `const`, that is a compile error.
+    pub const fn from_secs_const(seconds: i64) -> Self {
         assert!(seconds > 0 && seconds <= MAX_SECONDS);
         Self(seconds)
     }
@@ -429,8 +462,11 @@ duration_type!(
 );
 
 impl FailSafeMargin {
-    /// For constants; `seconds` must be in `0..=MAX_SECONDS`.
-    pub(crate) const fn from_secs_const(seconds: i64) -> Self {
+    /// For constants such as defaults.
+    ///
+    /// # Panics
+    /// Unless `seconds` is in `0..=MAX_SECONDS`; in a `const`, that is a compile error.
+    pub const fn from_secs_const(seconds: i64) -> Self {
         assert!(seconds >= 0 && seconds <= MAX_SECONDS);
         Self(seconds)
     }
@@ -718,8 +754,68 @@ mod tests {
         let schema = serde_json::to_value(schemars::schema_for!(Ttl)).unwrap();
         assert_eq!(schema["type"], "string");
         assert_eq!(schema["pattern"], POSITIVE_PATTERN);
+        assert_eq!(schema["x-kubernetes-validations"][0]["rule"], POSITIVE_RULE);
         let schema = serde_json::to_value(schemars::schema_for!(FailSafeMargin)).unwrap();
         assert_eq!(schema["pattern"], MARGIN_PATTERN);
+        assert_eq!(
+            schema["x-kubernetes-validations"][0]["rule"],
+            NON_EMPTY_RULE
+        );
+    }
+
+    /// What the API server lets through (the pattern, then the CEL rule, which is a regular
+    /// expression too) is what the parser accepts, except above the upper bound.
+    #[test]
+    fn the_schema_accepts_what_the_parser_accepts() {
+        // RE2's `\s` is ASCII whitespace: so is regex's without Unicode.
+        let regex = |pattern: &str| regex::Regex::new(&format!("(?-u){pattern}")).unwrap();
+        let positive = (regex(POSITIVE_PATTERN), regex("[1-9]"));
+        let margin = (regex(MARGIN_PATTERN), regex("[0-9]"));
+        let rows = [
+            "1y",
+            "30d",
+            " 1h30m ",
+            "\t90d\n",
+            "0",
+            "0s",
+            "00h0m",
+            "",
+            "   ",
+            "1.5h",
+            "-1h",
+            "+1h",
+            "30 d",
+            "1h1h",
+            "30m1h",
+            "6M",
+            "1Y6MO",
+            "01s",
+            "1w2d",
+            "10000y",
+            "10001y",
+            "99999999999999999999y",
+        ];
+        for input in rows {
+            let accepts = |(pattern, rule): &(regex::Regex, regex::Regex)| {
+                pattern.is_match(input) && rule.is_match(input)
+            };
+            let too_long = matches!(input, "10001y" | "99999999999999999999y");
+            assert_eq!(
+                accepts(&positive),
+                input.parse::<Ttl>().is_ok() || too_long,
+                "ttl {input:?}"
+            );
+            assert_eq!(
+                accepts(&positive),
+                input.parse::<PolicyDuration>().is_ok() || too_long,
+                "duration {input:?}"
+            );
+            assert_eq!(
+                accepts(&margin),
+                input.parse::<FailSafeMargin>().is_ok() || too_long,
+                "margin {input:?}"
+            );
+        }
     }
 
     proptest! {

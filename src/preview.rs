@@ -1,0 +1,707 @@
+//! `ck8s-certs policy preview`: what a `CertificateRenewalPolicy` file would do, offline.
+//!
+//! ```text
+//! file ──load──► Loaded { name, spec, problems } ──preview(loaded, scenario)──► Report ──► text | JSON
+//!   │              problems: fields the CRD lacks,       │ policy::spec::validate
+//!   │              values of the wrong form (serde)      │ policy::decide, requeue_at
+//!   ▼                                                    │ upcoming window starts
+//! not one policy, unreadable: PreviewError (exit 1)      ▼
+//!                                                   invalid: exit 2, else 0
+//! ```
+//!
+//! The decision and its messages come from [`crate::policy`], exactly as the controller computes
+//! them; an invalid policy gets the message of the controller's `Valid` / `RenewalConfigInvalid`
+//! conditions. The file is also checked for what the API server would refuse before the
+//! controller ever saw it: fields the CRD does not know (kubectl's strict field validation) and
+//! values of the wrong form, with their paths relative to `spec`, as in the controller's messages.
+//!
+//! [`run`] is the only part that touches the outside world (the file, the clock, stdout); the
+//! rest is pure and tested with a fixed `now`.
+
+use std::fmt::Write as _;
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use ck8s_certs_api::renewal_policy::{
+    CertificateRenewalPolicy, CertificateRenewalPolicySpec, conditions,
+};
+use jiff::{Timestamp, Zoned};
+use kube::{CustomResourceExt, Resource};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::cli::{OutputFormat, PreviewArgs};
+use crate::policy::decision::WINDOWS_IGNORED_MESSAGE;
+use crate::policy::spec::{Settings, ValidPolicy, validate};
+use crate::policy::{
+    Backoff, BackoffError, DayOfWeek, Decision, FailSafeMargin, Failures, InvalidPolicy, Mode,
+    PolicyDuration, PolicyError, Resume, Ttl, WallTime, WindowStart, decide, requeue_at,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+/// Exit code of a policy the controller would report invalid.
+pub const EXIT_INVALID_POLICY: u8 = 2;
+
+/// Exit code of bad arguments or a file that cannot be read as a policy.
+pub const EXIT_ERROR: u8 = 1;
+
+/// Why there is nothing to preview (exit code [`EXIT_ERROR`]).
+#[derive(Debug, thiserror::Error)]
+pub enum PreviewError {
+    #[error("reading {path} failed: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path} is not valid YAML: {source}")]
+    Yaml {
+        path: PathBuf,
+        #[source]
+        source: serde_yaml::Error,
+    },
+    #[error("{path} holds {count} {KIND} objects, preview needs exactly one (found: {found})")]
+    PolicyCount {
+        path: PathBuf,
+        count: usize,
+        found: String,
+    },
+    #[error("{0}")]
+    Backoff(#[from] BackoffError),
+}
+
+const KIND: &str = "certificates.ck8s.io/v1alpha1 CertificateRenewalPolicy";
+
+/// The policy as read from the file: its name, and its spec or why it could not be read.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub name: Option<String>,
+    pub namespace: Option<String>,
+    /// Problems found before validation: unknown fields, values of the wrong form.
+    pub problems: Vec<String>,
+    /// `None` when the spec could not be read at all (then `problems` says why).
+    pub spec: Option<CertificateRenewalPolicySpec>,
+}
+
+/// Reads the one `CertificateRenewalPolicy` of a YAML (or JSON) text. Other objects and empty
+/// documents are skipped, so a file holding a Namespace and the policy works too.
+pub fn load(path: &Path, text: &str) -> Result<Loaded, PreviewError> {
+    let yaml_error = |source| PreviewError::Yaml {
+        path: path.to_owned(),
+        source,
+    };
+    let documents = serde_yaml::Deserializer::from_str(text)
+        .map(serde_yaml::Value::deserialize)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(yaml_error)?;
+    let field = |value: &serde_yaml::Value, field: &str| {
+        value
+            .get(field)
+            .and_then(serde_yaml::Value::as_str)
+            .map(str::to_owned)
+    };
+    let is_policy = |value: &serde_yaml::Value| {
+        field(value, "apiVersion").as_deref()
+            == Some(CertificateRenewalPolicy::api_version(&()).as_ref())
+            && field(value, "kind").as_deref() == Some(CertificateRenewalPolicy::kind(&()).as_ref())
+    };
+    let policies: Vec<usize> = (0..documents.len())
+        .filter(|&index| is_policy(&documents[index]))
+        .collect();
+    let (&[index], Some(document)) = (
+        policies.as_slice(),
+        policies.first().and_then(|&index| documents.get(index)),
+    ) else {
+        let found: Vec<String> = documents
+            .iter()
+            .filter(|value| !value.is_null())
+            .map(|value| {
+                let api_version = field(value, "apiVersion");
+                let kind = field(value, "kind");
+                format!(
+                    "{} {}",
+                    api_version.as_deref().unwrap_or("<no apiVersion>"),
+                    kind.as_deref().unwrap_or("<no kind>")
+                )
+            })
+            .collect();
+        return Err(PreviewError::PolicyCount {
+            path: path.to_owned(),
+            count: policies.len(),
+            found: match found.is_empty() {
+                true => "nothing".to_owned(),
+                false => found.join(", "),
+            },
+        });
+    };
+    let metadata = document.get("metadata");
+    let mut loaded = Loaded {
+        name: metadata.and_then(|metadata| field(metadata, "name")),
+        namespace: metadata.and_then(|metadata| field(metadata, "namespace")),
+        problems: document.get("spec").map(unknown_fields).unwrap_or_default(),
+        spec: None,
+    };
+    // Once more, typed this time, straight from the text so that serde's errors carry the path
+    // and the line.
+    let typed = serde_yaml::Deserializer::from_str(text)
+        .nth(index)
+        .map(CertificateRenewalPolicy::deserialize);
+    match typed {
+        Some(Ok(policy)) => loaded.spec = Some(policy.spec),
+        Some(Err(error)) => {
+            // serde stops at the first error and, for values it does not parse itself
+            // (durations, times), names the enclosing object; check the fields one by one.
+            let fields = document.get("spec").map(field_problems).unwrap_or_default();
+            match fields.is_empty() {
+                true => loaded.problems.push(spec_relative(&error.to_string())),
+                false => loaded.problems.extend(fields),
+            }
+        }
+        None => loaded
+            .problems
+            .push("the policy could not be read again".to_owned()),
+    }
+    Ok(loaded)
+}
+
+/// Every spec field whose value does not parse as its type, with its path. Covers every field
+/// of the spec (a test checks this against the CRD schema) and those of each window.
+fn field_problems(spec: &serde_yaml::Value) -> Vec<String> {
+    fn problem<T: serde::de::DeserializeOwned>(
+        value: Option<&serde_yaml::Value>,
+        path: &str,
+    ) -> Option<String> {
+        let error = serde_yaml::from_value::<T>(value?.clone()).err()?;
+        Some(format!("{path}: {error}"))
+    }
+    let mut problems = Vec::new();
+    problems.extend(problem::<LabelSelector>(
+        spec.get("clusterSelector"),
+        "clusterSelector",
+    ));
+    problems.extend(problem::<LabelSelector>(
+        spec.get("machineSelector"),
+        "machineSelector",
+    ));
+    problems.extend(problem::<Mode>(spec.get("policy"), "policy"));
+    problems.extend(problem::<PolicyDuration>(
+        spec.get("renewBefore"),
+        "renewBefore",
+    ));
+    problems.extend(problem::<Ttl>(spec.get("ttl"), "ttl"));
+    let windows = spec.get("windows");
+    problems.extend(problem::<Vec<serde_yaml::Mapping>>(windows, "windows"));
+    let windows = windows.and_then(serde_yaml::Value::as_sequence);
+    for (index, window) in windows.into_iter().flatten().enumerate() {
+        let path = |field: &str| format!("windows[{index}].{field}");
+        let days = window.get("daysOfWeek");
+        problems.extend(problem::<Vec<serde_yaml::Value>>(days, &path("daysOfWeek")));
+        let days = days.and_then(serde_yaml::Value::as_sequence);
+        for (day, value) in days.into_iter().flatten().enumerate() {
+            let path = format!("{}[{day}]", path("daysOfWeek"));
+            problems.extend(problem::<DayOfWeek>(Some(value), &path));
+        }
+        problems.extend(problem::<WallTime>(window.get("start"), &path("start")));
+        problems.extend(problem::<WallTime>(window.get("end"), &path("end")));
+        problems.extend(problem::<Option<String>>(
+            window.get("timezone"),
+            &path("timezone"),
+        ));
+    }
+    problems.extend(problem::<FailSafeMargin>(
+        spec.get("failSafeMargin"),
+        "failSafeMargin",
+    ));
+    problems
+}
+
+/// `spec.windows[0].start: …` as `windows[0].start: …`, the controller's paths.
+fn spec_relative(message: &str) -> String {
+    message
+        .strip_prefix("spec.")
+        .or_else(|| message.strip_prefix("spec: "))
+        .unwrap_or(message)
+        .to_owned()
+}
+
+/// Fields of `spec` the CRD schema does not declare: the API server would refuse them
+/// (kubectl's default strict field validation) or drop them, and a misspelt `renewbefore`
+/// silently falling back to the default is exactly what a preview must catch.
+fn unknown_fields(spec: &serde_yaml::Value) -> Vec<String> {
+    let crd = serde_json::to_value(CertificateRenewalPolicy::crd()).unwrap_or_default();
+    let schema = crd
+        .pointer("/spec/versions/0/schema/openAPIV3Schema/properties/spec")
+        .cloned()
+        .unwrap_or_default();
+    // Keys that are not strings fail typed deserialisation, which reports them.
+    let Ok(spec) = serde_json::to_value(spec) else {
+        return Vec::new();
+    };
+    let mut unknown = Vec::new();
+    walk_unknown(&spec, &schema, "", &mut unknown);
+    unknown
+}
+
+fn walk_unknown(value: &Value, schema: &Value, path: &str, unknown: &mut Vec<String>) {
+    match value {
+        Value::Object(fields) => {
+            let properties = schema.get("properties").and_then(Value::as_object);
+            let additional = schema.get("additionalProperties");
+            for (key, field) in fields {
+                let path = match path {
+                    "" => key.clone(),
+                    _ => format!("{path}.{key}"),
+                };
+                match (properties.and_then(|p| p.get(key)), additional) {
+                    (Some(schema), _) => walk_unknown(field, schema, &path, unknown),
+                    (None, Some(schema)) if schema.is_object() => {
+                        walk_unknown(field, schema, &path, unknown)
+                    }
+                    (None, _) if properties.is_some() => {
+                        unknown.push(format!("{path}: unknown field"));
+                    }
+                    // No declared properties: a free-form object, or a type error that typed
+                    // deserialisation reports.
+                    (None, _) => {}
+                }
+            }
+        }
+        Value::Array(items) => {
+            if let Some(schema) = schema.get("items") {
+                for (index, item) in items.iter().enumerate() {
+                    walk_unknown(item, schema, &format!("{path}[{index}]"), unknown);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The Machine-side facts and controller settings of a preview.
+#[derive(Debug, Clone, Copy)]
+pub struct Scenario {
+    pub expiry: Timestamp,
+    pub now: Timestamp,
+    pub failures: Failures,
+    pub settings: Settings,
+    pub window_starts: usize,
+}
+
+/// Everything the preview prints, in text or as JSON (this is the JSON shape).
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    pub policy: PolicySummary,
+    pub now: Timestamp,
+    pub expiry: Timestamp,
+    pub strict: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failures: Option<FailureSummary>,
+    pub decision: DecisionSummary,
+    /// The next window openings after `now`, whatever the decision (empty without windows).
+    pub window_starts: Vec<StartSummary>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicySummary {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The rest is absent when the policy is invalid.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub selects: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub renew_before: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fail_safe_margin: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub windows: Option<usize>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FailureSummary {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub count: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_failure_time: Option<Timestamp>,
+}
+
+/// The decision, flattened for scripts.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DecisionSummary {
+    /// `RenewNow`, `Defer`, `Disabled`, `NoExpiry` or `Invalid`.
+    pub action: &'static str,
+    /// `RenewNow`: `Due` or `FailSafeBypass`; `Defer`: `NotDue`, `Backoff` or `OutsideWindow`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<&'static str>,
+    /// `Defer`: the earliest instant a renewal will start if nothing changes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub until: Option<Timestamp>,
+    /// `Defer`: what lets it start then: `Due`, `BackoffEnds`, `WindowOpens`,
+    /// `FailSafeBypass` or `Never`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resume: Option<&'static str>,
+    /// The window (index in `spec.windows`) that contains now, or that opens at `until`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub due_at: Option<Timestamp>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fail_safe_at: Option<Timestamp>,
+    /// Expiry is within the fail-safe margin and nothing is renewing: the controller warns.
+    pub warning: bool,
+    /// `Automatic` with windows: they do not apply.
+    pub windows_ignored: bool,
+    /// When the controller would look again if nothing changes (`None`: only a change to the
+    /// objects brings it back).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub requeue_at: Option<Timestamp>,
+    /// The condition message the controller would write.
+    pub message: String,
+    /// `Invalid`: each problem with its field path.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<String>,
+}
+
+/// One window opening.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StartSummary {
+    /// Index in `spec.windows`.
+    pub window: usize,
+    /// The window's zone (`UTC` when it has none).
+    pub timezone: String,
+    /// Wall-clock time in that zone, RFC 9557 (offset and zone).
+    pub local: String,
+    pub utc: Timestamp,
+    #[serde(skip)]
+    pub at: Zoned,
+}
+
+impl Report {
+    pub fn is_invalid(&self) -> bool {
+        self.decision.action == "Invalid"
+    }
+
+    /// The process exit code: [`EXIT_INVALID_POLICY`] for an invalid policy, else 0.
+    pub fn exit_code(&self) -> u8 {
+        match self.is_invalid() {
+            true => EXIT_INVALID_POLICY,
+            false => 0,
+        }
+    }
+}
+
+/// Decides for the loaded policy, as the controller would.
+pub fn preview(loaded: &Loaded, scenario: &Scenario) -> Report {
+    let problems = &loaded.problems;
+    let (decision, policy) = match loaded.spec.as_ref().map(validate) {
+        Some(Ok(policy)) if problems.is_empty() => {
+            let input = policy.input(Some(scenario.expiry), scenario.failures, scenario.settings);
+            (summarize(&decide(&input, scenario.now)), Some(policy))
+        }
+        Some(Ok(_)) | None => (invalid(problems, Vec::new()), None),
+        Some(Err(invalid_policy)) => (invalid(problems, invalid_policy.errors), None),
+    };
+    let failures = &scenario.failures;
+    Report {
+        policy: policy_summary(loaded, policy.as_ref()),
+        now: scenario.now,
+        expiry: scenario.expiry,
+        strict: scenario.settings.strict,
+        failures: (failures.count.is_some() || failures.last_failure.is_some()).then_some(
+            FailureSummary {
+                count: failures.count,
+                last_failure_time: failures.last_failure,
+            },
+        ),
+        decision,
+        window_starts: policy
+            .map(|policy| {
+                policy
+                    .upcoming_starts(scenario.now, scenario.window_starts)
+                    .iter()
+                    .map(start_summary)
+                    .collect()
+            })
+            .unwrap_or_default(),
+    }
+}
+
+/// The invalid decision. Problems found while reading the file come first, then validation's;
+/// without the former, the message is exactly the controller's.
+fn invalid(problems: &[String], errors: Vec<PolicyError>) -> DecisionSummary {
+    let mut all = problems.to_vec();
+    all.extend(errors.iter().map(ToString::to_string));
+    let message = match problems.is_empty() {
+        true => InvalidPolicy { errors }.to_string(),
+        false => format!("Renewal policy is invalid: {}", all.join("; ")),
+    };
+    DecisionSummary {
+        action: "Invalid",
+        reason: None,
+        until: None,
+        resume: None,
+        window: None,
+        due_at: None,
+        fail_safe_at: None,
+        warning: true,
+        windows_ignored: false,
+        requeue_at: None,
+        message,
+        errors: all,
+    }
+}
+
+fn summarize(decision: &Decision) -> DecisionSummary {
+    let mut summary = DecisionSummary {
+        action: "",
+        reason: None,
+        until: None,
+        resume: None,
+        window: None,
+        due_at: None,
+        fail_safe_at: None,
+        warning: decision.is_warning(),
+        windows_ignored: decision.windows_ignored(),
+        requeue_at: requeue_at(decision),
+        message: decision.to_string(),
+        errors: Vec::new(),
+    };
+    match decision {
+        Decision::NoExpiry { .. } => summary.action = "NoExpiry",
+        Decision::RenewNow(renewal) => {
+            summary.action = "RenewNow";
+            summary.reason = Some(renewal.reason.as_str());
+            summary.window = renewal.window;
+            summary.due_at = Some(renewal.due_at);
+            summary.fail_safe_at = Some(renewal.fail_safe_at);
+        }
+        Decision::Defer(deferral) => {
+            summary.action = "Defer";
+            summary.reason = Some(deferral.reason.as_str());
+            summary.resume = Some(match &deferral.resume {
+                Resume::Due => "Due",
+                Resume::BackoffEnds => "BackoffEnds",
+                Resume::WindowOpens(start) => {
+                    summary.window = Some(start.index);
+                    "WindowOpens"
+                }
+                Resume::FailSafeBypass => "FailSafeBypass",
+                Resume::Never => "Never",
+            });
+            summary.until = (deferral.resume != Resume::Never).then_some(deferral.until);
+            summary.due_at = Some(deferral.due_at);
+            summary.fail_safe_at = Some(deferral.fail_safe_at);
+        }
+        Decision::Disabled { fail_safe_at, .. } => {
+            summary.action = "Disabled";
+            summary.fail_safe_at = *fail_safe_at;
+        }
+        Decision::Invalid { errors } => {
+            summary.action = "Invalid";
+            summary.errors = errors.iter().map(ToString::to_string).collect();
+        }
+    }
+    summary
+}
+
+fn policy_summary(loaded: &Loaded, policy: Option<&ValidPolicy>) -> PolicySummary {
+    PolicySummary {
+        namespace: loaded.namespace.clone(),
+        name: loaded.name.clone(),
+        selects: policy.map(|policy| policy.selector.to_string()),
+        mode: policy.map(|policy| policy.mode.to_string()),
+        renew_before: policy.map(|policy| policy.renew_before.to_string()),
+        ttl: policy.map(|policy| policy.ttl.to_string()),
+        fail_safe_margin: policy.map(|policy| policy.fail_safe_margin.to_string()),
+        windows: policy.map(|policy| policy.windows.len()),
+    }
+}
+
+fn start_summary(start: &WindowStart) -> StartSummary {
+    StartSummary {
+        window: start.index,
+        timezone: start.at.time_zone().iana_name().unwrap_or("UTC").to_owned(),
+        local: start.at.to_string(),
+        utc: start.timestamp(),
+        at: start.at.clone(),
+    }
+}
+
+/// The report for people.
+pub fn render_text(report: &Report) -> String {
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    let _ = write_text(&mut out, report);
+    out
+}
+
+fn write_text(out: &mut String, report: &Report) -> std::fmt::Result {
+    let policy = &report.policy;
+    let name = match (&policy.namespace, &policy.name) {
+        (Some(namespace), Some(name)) => format!("{namespace}/{name}"),
+        (None, Some(name)) => name.clone(),
+        _ => "<unnamed>".to_owned(),
+    };
+    writeln!(out, "Policy:        {name}")?;
+    if let Some(selects) = &policy.selects {
+        writeln!(out, "Selects:       {selects}")?;
+    }
+    if let Some(mode) = &policy.mode {
+        writeln!(out, "Mode:          {mode}")?;
+    }
+    let decision = &report.decision;
+    if let Some(renew_before) = &policy.renew_before {
+        write!(out, "Renew before:  {renew_before}")?;
+        match decision.due_at {
+            Some(due_at) => writeln!(out, " (due at {due_at})")?,
+            None => writeln!(out)?,
+        }
+    }
+    if let Some(ttl) = &policy.ttl {
+        writeln!(out, "TTL:           {ttl}")?;
+    }
+    if let Some(margin) = &policy.fail_safe_margin {
+        write!(out, "Fail-safe:     {margin}")?;
+        match decision.fail_safe_at {
+            Some(at) => writeln!(out, " before expiry (from {at})")?,
+            None => writeln!(out, " before expiry")?,
+        }
+    }
+    writeln!(out, "Expiry:        {}", report.expiry)?;
+    writeln!(out, "Now:           {}", report.now)?;
+    if let Some(failures) = &report.failures {
+        let count = failures
+            .count
+            .map_or_else(|| "unknown".to_owned(), |count| count.to_string());
+        match failures.last_failure_time {
+            Some(last) => writeln!(out, "Failures:      {count}, last at {last}")?,
+            None => writeln!(out, "Failures:      {count}")?,
+        }
+    }
+    if report.strict {
+        writeln!(out, "Strict:        yes (windows are never bypassed)")?;
+    }
+    writeln!(out)?;
+
+    let headline = match (decision.action, decision.reason, decision.until) {
+        ("RenewNow", Some(reason), _) => format!("Renew now ({reason})"),
+        ("Defer", Some(reason), Some(until)) => format!("Defer until {until} ({reason})"),
+        ("Defer", Some(reason), None) => format!("Defer indefinitely ({reason})"),
+        ("Disabled", ..) => "Disabled".to_owned(),
+        ("NoExpiry", ..) => "Nothing to do (expiry unknown)".to_owned(),
+        ("Invalid", ..) => format!(
+            "Invalid: no automatic renewal until the policy is fixed (condition {} is False)",
+            conditions::VALID
+        ),
+        (action, ..) => action.to_owned(),
+    };
+    let warning = match decision.warning && decision.action != "Invalid" {
+        true => " [Warning]",
+        false => "",
+    };
+    writeln!(out, "Decision:      {headline}{warning}")?;
+    match decision.errors.as_slice() {
+        // The message, one problem per line.
+        [_, _, ..] => {
+            writeln!(out, "               Renewal policy is invalid:")?;
+            for error in &decision.errors {
+                writeln!(out, "               - {error}")?;
+            }
+        }
+        _ => writeln!(out, "               {}", decision.message)?,
+    }
+    if decision.windows_ignored {
+        writeln!(out, "               {WINDOWS_IGNORED_MESSAGE}")?;
+    }
+    if let Some(requeue_at) = decision.requeue_at {
+        writeln!(out, "Next check:    {requeue_at}")?;
+    }
+
+    if !report.window_starts.is_empty() {
+        writeln!(out)?;
+        writeln!(out, "Next window starts after {}:", report.now)?;
+        for start in &report.window_starts {
+            let local = start.at.strftime("%a %Y-%m-%d %H:%M %Z").to_string();
+            writeln!(
+                out,
+                "  windows[{}]  {local:<28} {:<20} {}",
+                start.window, start.timezone, start.utc
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// The report for scripts.
+pub fn render_json(report: &Report) -> String {
+    // A struct of strings, numbers and timestamps always serialises.
+    serde_json::to_string_pretty(report).unwrap_or_default() + "\n"
+}
+
+/// Runs the subcommand: reads the file, previews at `--now` (default: the clock), prints.
+pub fn run(args: &PreviewArgs) -> ExitCode {
+    // Whole seconds, like the instants the controller stores.
+    let now = Timestamp::now();
+    let now = now.round(jiff::Unit::Second).unwrap_or(now);
+    match execute(args, now) {
+        Ok((output, code)) => {
+            print!("{output}");
+            ExitCode::from(code)
+        }
+        Err(error) => {
+            eprintln!("Error: {error}");
+            ExitCode::from(EXIT_ERROR)
+        }
+    }
+}
+
+/// Everything [`run`] does but printing: the output and the exit code.
+pub fn execute(args: &PreviewArgs, clock: Timestamp) -> Result<(String, u8), PreviewError> {
+    let read_error = |source| PreviewError::Read {
+        path: args.file.clone(),
+        source,
+    };
+    let text = if args.file.as_os_str() == "-" {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .map_err(read_error)?;
+        text
+    } else {
+        std::fs::read_to_string(&args.file).map_err(read_error)?
+    };
+    let loaded = load(&args.file, &text)?;
+    let scenario = Scenario {
+        expiry: args.expiry,
+        now: args.now.unwrap_or(clock),
+        failures: Failures {
+            count: args.failures,
+            last_failure: args.last_failure,
+        },
+        settings: Settings {
+            strict: args.strict,
+            backoff: Backoff::new(args.backoff_min, args.backoff_max)?,
+        },
+        window_starts: args.window_starts.into(),
+    };
+    let report = preview(&loaded, &scenario);
+    let output = match args.output {
+        OutputFormat::Text => render_text(&report),
+        OutputFormat::Json => render_json(&report),
+    };
+    Ok((output, report.exit_code()))
+}
+
+#[cfg(test)]
+mod tests;
