@@ -203,8 +203,14 @@ impl ApiServer {
 /// Metadata-level audit of every write, nothing else.
 fn audit_policy(dir: &Path) -> Result<PathBuf, Error> {
     let path = dir.join("audit-policy.yaml");
+    if path.exists() {
+        // Shared by the environment's API servers: written once, never while one reads it.
+        return Ok(path);
+    }
     let policy = "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n  verbs: [create, update, patch, delete]\n- level: None\n";
-    std::fs::write(&path, policy).map_err(|e| Error::io(&path, e))?;
+    let partial = dir.join("audit-policy.yaml.partial");
+    std::fs::write(&partial, policy).map_err(|e| Error::io(&partial, e))?;
+    std::fs::rename(&partial, &path).map_err(|e| Error::io(&path, e))?;
     Ok(path)
 }
 

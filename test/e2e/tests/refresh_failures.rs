@@ -171,16 +171,18 @@ async fn a_starting_node_is_retried_until_it_answers() {
 #[tokio::test]
 async fn a_denied_csr_fails_the_worker_refresh() {
     let env = shared().await;
-    let beta = env.cluster("beta");
-    let node = beta.node("beta-md-0-w1").clone();
+    // The deny applies to a whole cluster: gamma, which no other test here uses.
+    let node = env.cluster("gamma").node("alpha-md-0-w1").clone();
     env.isolate(&node, "csr-deny").await;
     let _controller = env.start_controller("csr-deny", &[]);
-    env.sim
-        .inject(&Fault::csr_deny().on_cluster("beta"))
+    let fault = env
+        .sim
+        .inject(&Fault::csr_deny().on_cluster("gamma"))
         .await
         .unwrap();
     env.annotate_refresh(&node, "1y").await;
     let error = failure_of(&env, &node).await;
+    env.sim.clear_fault(&fault).await.unwrap();
     assert!(error.contains("denied"), "{error}");
 }
 

@@ -286,3 +286,25 @@ async fn a_controller_limited_to_a_namespace_leaves_the_others_alone() {
     assert!(!untouched.contains_key(REFRESH_CERTIFICATES_STATUS));
     assert!(env.machine_certificates(&outside).await.is_none());
 }
+
+#[tokio::test]
+async fn the_direct_transport_refreshes_through_the_node_address() {
+    let env = shared().await;
+    let node = env.cluster("gamma").node("alpha-cp-0").clone();
+    env.isolate(&node, "direct").await;
+    // Without k8sd-proxy pods the port-forward route cannot work: only the node address can.
+    let workload = env.cluster("gamma").client().await.unwrap();
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(workload, "kube-system");
+    pods.delete(&node.proxy_pod, &DeleteParams::default())
+        .await
+        .unwrap();
+    let _controller = env.start_controller("direct", &["--k8sd-transport=direct"]);
+    env.annotate_refresh(&node, "1y").await;
+    let annotations = env.wait_for_refresh(&node, TIMEOUT).await;
+    assert_eq!(
+        annotations[REFRESH_CERTIFICATES_STATUS], "done",
+        "{annotations:#?}"
+    );
+    let calls = env.sim.calls("gamma", &node.node).await.unwrap();
+    assert!(calls.iter().any(|c| c.path == path::RUN && c.status == 200));
+}
