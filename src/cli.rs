@@ -84,6 +84,20 @@ pub struct Args {
     #[arg(long, env = "CK8S_CERTS_RESYNC_PERIOD", value_parser = humantime::parse_duration, default_value = "1h")]
     pub resync_period: Duration,
 
+    /// Never renew outside a Scheduled policy's windows, not even when expiry is within the
+    /// fail-safe margin (a Warning Event says so instead).
+    #[arg(long, env = "CK8S_CERTS_RENEWAL_WINDOW_STRICT")]
+    pub renewal_window_strict: bool,
+
+    /// Delay before retrying after the first failed automatic renewal; it doubles with each
+    /// further failure up to --renewal-backoff-max.
+    #[arg(long, env = "CK8S_CERTS_RENEWAL_BACKOFF_MIN", default_value = "1h")]
+    pub renewal_backoff_min: crate::policy::PolicyDuration,
+
+    /// Longest delay between failed automatic renewals.
+    #[arg(long, env = "CK8S_CERTS_RENEWAL_BACKOFF_MAX", default_value = "32h")]
+    pub renewal_backoff_max: crate::policy::PolicyDuration,
+
     #[command(flatten)]
     pub log: LogArgs,
 

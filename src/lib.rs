@@ -37,6 +37,8 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error("invalid renewal backoff flags: {0}")]
+    Backoff(#[from] policy::BackoffError),
     #[error("installing the signal handler failed: {0}")]
     Signal(#[source] std::io::Error),
 }
@@ -61,7 +63,12 @@ pub async fn run(args: cli::Args) -> Result<(), Error> {
             source,
         })?;
 
-    let controller = controllers::run(client, machines, &args, health.clone());
+    let backoff = policy::Backoff::new(args.renewal_backoff_min, args.renewal_backoff_max)?;
+    let renewal = policy::spec::Settings {
+        strict: args.renewal_window_strict,
+        backoff,
+    };
+    let controller = controllers::run(client, machines, &args, renewal, health.clone());
     let mut terminate = signal(SignalKind::terminate()).map_err(Error::Signal)?;
     tokio::select! {
         () = controller => tracing::info!("Controller stopped"),

@@ -81,6 +81,7 @@ impl MachineView {
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ClusterView {
+    pub labels: BTreeMap<String, String>,
     pub paused: bool,
     /// `spec.controlPlaneEndpoint.host`, when set and not empty.
     pub endpoint_host: Option<String>,
@@ -95,6 +96,7 @@ impl ClusterView {
             .as_ref()
             .is_some_and(|a| a.contains_key(PAUSED_ANNOTATION));
         Self {
+            labels: cluster.metadata.labels.clone().unwrap_or_default(),
             paused: annotated || spec.get("paused").and_then(Value::as_bool).unwrap_or(false),
             endpoint_host: spec
                 .pointer("/controlPlaneEndpoint/host")

@@ -30,6 +30,8 @@ pub const VERSION: &str = "v1alpha1";
     printcolumn = r#"{"name":"Expiry","type":"string","jsonPath":".status.expiry"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.operation.phase"}"#,
     printcolumn = r#"{"name":"Result","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name":"Next Renewal","type":"string","jsonPath":".status.renewal.nextRenewalTime"}"#,
+    printcolumn = r#"{"name":"Why","type":"string","jsonPath":".status.renewal.reason"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -59,12 +61,39 @@ pub struct MachineCertificatesStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub k8sd_fingerprint: Option<String>,
 
+    /// The renewal policy governing this Machine and what it decided.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renewal: Option<RenewalStatus>,
+
+    /// Automatic renewals that failed since the last success (drives the backoff; any
+    /// successful refresh resets it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_attempts: Option<i64>,
+
+    /// When the last automatic renewal failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failure_time: Option<Time>,
+
     /// The refresh in flight, or the last one finished.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation: Option<Operation>,
 
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+}
+
+/// A renewal policy's verdict for this Machine.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RenewalStatus {
+    /// The CertificateRenewalPolicy (same namespace), or several names when they conflict.
+    pub policy: String,
+    /// RenewNow, NotDue, Backoff, OutsideWindow, Disabled, ConfigInvalid, NoExpiry.
+    pub reason: String,
+    /// The earliest instant a renewal will start if nothing changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_renewal_time: Option<Time>,
+    pub message: String,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]

@@ -8,6 +8,11 @@ pub mod events {
     pub const REFRESH_FAILED: &str = "CertificatesRefreshFailed";
     /// The node signed a lifetime materially different from the requested one.
     pub const LIFETIME_MISMATCH: &str = "CertificatesLifetimeMismatch";
+    /// A renewal policy decided something new (deferred, disabled, invalid).
+    pub const RENEWAL_DEFERRED: &str = "CertificatesRenewalDeferred";
+    pub const RENEWAL_DISABLED: &str = "CertificatesRenewalDisabled";
+    pub const RENEWAL_CONFIG_INVALID: &str = "CertificatesRenewalConfigInvalid";
+    pub const RENEWAL_WINDOW_BYPASSED: &str = "CertificatesRenewalWindowBypassed";
     /// Reading the node's certificate expiry failed (other than the node still starting).
     pub const EXPIRY_UNKNOWN: &str = "CertificatesExpiryUnknown";
 }
@@ -18,6 +23,16 @@ pub mod conditions {
     pub const READY: &str = "Ready";
     /// A refresh is in flight.
     pub const REFRESHING: &str = "Refreshing";
+    /// A due renewal waits (not due yet, backoff, outside the windows).
+    pub const RENEWAL_DEFERRED: &str = "RenewalDeferred";
+    /// The policy disables automatic renewal.
+    pub const RENEWAL_DISABLED: &str = "RenewalDisabled";
+    /// The policy (or several conflicting ones) cannot be applied.
+    pub const RENEWAL_CONFIG_INVALID: &str = "RenewalConfigInvalid";
+    /// A renewal ran outside the windows because expiry was within the fail-safe margin.
+    pub const RENEWAL_WINDOW_BYPASSED: &str = "RenewalWindowBypassed";
+    /// The policy is Automatic but has windows, which Automatic ignores.
+    pub const WINDOWS_IGNORED: &str = "WindowsIgnored";
 }
 
 /// Condition reasons.

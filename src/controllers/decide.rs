@@ -162,6 +162,7 @@ mod tests {
     }
 
     const LIVE: ClusterView = ClusterView {
+        labels: BTreeMap::new(),
         paused: false,
         endpoint_host: None,
     };
@@ -179,6 +180,7 @@ mod tests {
         assert_eq!(decide(&deleting, Some(&LIVE), None), Step::Ignore);
 
         let paused = ClusterView {
+            labels: BTreeMap::new(),
             paused: true,
             endpoint_host: None,
         };

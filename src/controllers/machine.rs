@@ -28,7 +28,7 @@ use ck8s_certs_api::k8sd::DEFAULT_MICROCLUSTER_PORT;
 use ck8s_certs_api::machine::{ClusterView, MachineView};
 use ck8s_certs_api::machine_certificates::{
     MachineCertificates, MachineCertificatesSpec, MachineCertificatesStatus, Operation, Origin,
-    Phase, Role,
+    Phase, RenewalStatus, Role,
 };
 use ck8s_certs_api::reasons::{condition_reasons as why, conditions, events};
 use jiff::Timestamp;
@@ -73,6 +73,8 @@ pub struct Config {
     pub settle_timeout: Duration,
     /// Re-check period of idle Machines.
     pub resync: Duration,
+    /// Strict windows and backoff of automatic renewals.
+    pub renewal: crate::policy::spec::Settings,
 }
 
 /// In-memory concurrency limits (one controller replica acts at a time: leader election).
@@ -307,10 +309,10 @@ impl Reconciler<'_> {
                     ..Default::default()
                 })
                 .await?;
-                Ok(Action::requeue(self.ctx.config.resync))
+                self.renew(status, cluster.unwrap_or_default()).await
             }
             Step::ReadExpiry => self.read_expiry(status).await,
-            Step::Idle => Ok(Action::requeue(self.ctx.config.resync)),
+            Step::Idle => self.renew(status, cluster.unwrap_or_default()).await,
         }
     }
 
@@ -382,15 +384,20 @@ impl Reconciler<'_> {
         }
     }
 
+    /// Writes the whole status with server-side apply: fields we no longer set (a cleared
+    /// failure history, the previous operation's error) are removed, which a merge patch of a
+    /// struct that skips `None` would silently keep.
     async fn write_status(&self, status: &MachineCertificatesStatus) -> Result<(), Error> {
+        let apply = json!({
+            "apiVersion": MachineCertificates::api_version(&()),
+            "kind": MachineCertificates::kind(&()),
+            "status": status,
+        });
         self.certificates()
             .patch_status(
                 &self.view.name,
-                &PatchParams {
-                    field_manager: Some(MANAGER.into()),
-                    ..Default::default()
-                },
-                &Patch::Merge(json!({ "status": status })),
+                &PatchParams::apply(MANAGER).force(),
+                &Patch::Apply(apply),
             )
             .await?;
         Ok(())
@@ -590,6 +597,304 @@ impl Reconciler<'_> {
             note: None,
         };
         self.execute(status, op, role, cluster).await
+    }
+
+    /// Starts an automatic renewal: the same operation as a manual refresh, origin Policy.
+    async fn start_automatic(
+        &self,
+        status: MachineCertificatesStatus,
+        policy: &str,
+        ttl: Ttl,
+        cluster: ClusterView,
+    ) -> Result<Action, Error> {
+        let role = if self.view.control_plane {
+            Role::ControlPlane
+        } else {
+            Role::Worker
+        };
+        self.patch_machine(&MachineChanges {
+            status: Some(RefreshStatus::InProgress),
+            ..Default::default()
+        })
+        .await?;
+        let node = self.view.node_name.clone().unwrap_or_default();
+        self.event(
+            EventType::Normal,
+            events::REFRESH_IN_PROGRESS,
+            format!("Renewing the certificates of node {node} for {ttl}, as CertificateRenewalPolicy {policy} requires"),
+        )
+        .await;
+        let op = Operation {
+            origin: Origin::Policy,
+            requested_by: Some(format!("CertificateRenewalPolicy/{policy}")),
+            trigger: None,
+            ttl: ttl.to_string(),
+            ttl_seconds: Some(ttl.as_seconds()),
+            seed: None,
+            phase: Phase::Pending,
+            run_attempts: 0,
+            started_at: Time(Self::now()),
+            finished_at: None,
+            new_expiry: None,
+            error: None,
+            note: None,
+        };
+        self.execute(status, op, role, cluster).await
+    }
+
+    /// Applies the governing renewal policy, if any: renew now, or record why not and come back
+    /// exactly when the answer can change.
+    async fn renew(
+        &self,
+        mut status: MachineCertificatesStatus,
+        cluster: ClusterView,
+    ) -> Result<Action, Error> {
+        use crate::policy::{Decision, RenewReason};
+        let now = Self::now();
+        let resync = self.ctx.config.resync;
+        let governing = super::renewal::governing(
+            &self.ctx.client,
+            &self.view.namespace,
+            Some(&cluster.labels),
+            &self.view.labels,
+        )
+        .await?;
+        let (name, policy) = match governing {
+            super::renewal::Governing::None => {
+                if status.renewal.is_some() {
+                    status.renewal = None;
+                    clear_renewal_conditions(&mut status);
+                    self.write_status(&status).await?;
+                }
+                return Ok(Action::requeue(resync));
+            }
+            super::renewal::Governing::Conflict(names) => {
+                let message = format!(
+                    "CertificateRenewalPolicies {} all select this Machine; no automatic renewal until exactly one does (adjust their selectors)",
+                    names.join(", ")
+                );
+                self.report_renewal(
+                    &mut status,
+                    &names.join(","),
+                    "ConfigInvalid",
+                    None,
+                    message,
+                    conditions::RENEWAL_CONFIG_INVALID,
+                    events::RENEWAL_CONFIG_INVALID,
+                    true,
+                    now,
+                )
+                .await?;
+                return Ok(Action::requeue(resync));
+            }
+            super::renewal::Governing::One { name, policy } => (name, policy),
+        };
+        let policy = match policy {
+            Ok(policy) => policy,
+            Err(message) => {
+                self.report_renewal(
+                    &mut status,
+                    &name,
+                    "ConfigInvalid",
+                    None,
+                    message,
+                    conditions::RENEWAL_CONFIG_INVALID,
+                    events::RENEWAL_CONFIG_INVALID,
+                    true,
+                    now,
+                )
+                .await?;
+                return Ok(Action::requeue(resync));
+            }
+        };
+        let role_is_worker = !self.view.control_plane;
+        if role_is_worker && let Err(err) = policy.ttl.check_worker() {
+            let message =
+                format!("CertificateRenewalPolicy {name} cannot renew this worker: {err}");
+            self.report_renewal(
+                &mut status,
+                &name,
+                "ConfigInvalid",
+                None,
+                message,
+                conditions::RENEWAL_CONFIG_INVALID,
+                events::RENEWAL_CONFIG_INVALID,
+                true,
+                now,
+            )
+            .await?;
+            return Ok(Action::requeue(resync));
+        }
+        let failures = crate::policy::Failures {
+            count: status.failed_attempts,
+            last_failure: status.last_failure_time.as_ref().map(|t| t.0),
+        };
+        let input = policy.input(
+            status.expiry.as_ref().map(|t| t.0),
+            failures,
+            self.ctx.config.renewal,
+        );
+        let decision = crate::policy::decide(&input, now);
+        let windows_ignored = decision.windows_ignored();
+        let requeue = crate::policy::requeue_at(&decision)
+            .map(|at| {
+                Duration::try_from(at.duration_since(now))
+                    .unwrap_or_default()
+                    .max(Duration::from_millis(100))
+            })
+            .map_or(resync, |d| d.min(resync));
+        let message = decision.to_string();
+        let action = match &decision {
+            Decision::NoExpiry { .. } => Ok(Action::requeue(resync)),
+            Decision::RenewNow(renewal) => {
+                status.renewal = Some(RenewalStatus {
+                    policy: name.clone(),
+                    reason: "RenewNow".into(),
+                    next_renewal_time: Some(Time(now)),
+                    message: message.clone(),
+                });
+                clear_renewal_conditions(&mut status);
+                if renewal.reason == RenewReason::FailSafeBypass {
+                    set_condition(
+                        &mut status,
+                        conditions::RENEWAL_WINDOW_BYPASSED,
+                        true,
+                        "FailSafeBypass",
+                        message.clone(),
+                        now,
+                    );
+                    self.event(
+                        EventType::Warning,
+                        events::RENEWAL_WINDOW_BYPASSED,
+                        message.clone(),
+                    )
+                    .await;
+                }
+                if windows_ignored {
+                    set_condition(
+                        &mut status,
+                        conditions::WINDOWS_IGNORED,
+                        true,
+                        "Automatic",
+                        crate::policy::decision::WINDOWS_IGNORED_MESSAGE.to_owned(),
+                        now,
+                    );
+                }
+                return self
+                    .start_automatic(status, &name, policy.ttl, cluster)
+                    .await;
+            }
+            Decision::Defer(deferral) => {
+                let warning = decision.is_warning();
+                self.report_renewal(
+                    &mut status,
+                    &name,
+                    deferral.reason.as_str(),
+                    Some(deferral.until),
+                    message,
+                    conditions::RENEWAL_DEFERRED,
+                    events::RENEWAL_DEFERRED,
+                    warning,
+                    now,
+                )
+                .await?;
+                Ok(Action::requeue(requeue))
+            }
+            Decision::Disabled { .. } => {
+                let warning = decision.is_warning();
+                self.report_renewal(
+                    &mut status,
+                    &name,
+                    "Disabled",
+                    None,
+                    message,
+                    conditions::RENEWAL_DISABLED,
+                    events::RENEWAL_DISABLED,
+                    warning,
+                    now,
+                )
+                .await?;
+                Ok(Action::requeue(requeue))
+            }
+            Decision::Invalid { .. } => {
+                self.report_renewal(
+                    &mut status,
+                    &name,
+                    "ConfigInvalid",
+                    None,
+                    message,
+                    conditions::RENEWAL_CONFIG_INVALID,
+                    events::RENEWAL_CONFIG_INVALID,
+                    true,
+                    now,
+                )
+                .await?;
+                Ok(Action::requeue(resync))
+            }
+        };
+        if windows_ignored {
+            let before = status.clone();
+            set_condition(
+                &mut status,
+                conditions::WINDOWS_IGNORED,
+                true,
+                "Automatic",
+                crate::policy::decision::WINDOWS_IGNORED_MESSAGE.to_owned(),
+                now,
+            );
+            if before != status {
+                self.write_status(&status).await?;
+            }
+        }
+        action
+    }
+
+    /// Records a renewal verdict (status, one condition) and emits an Event when it changed.
+    #[allow(clippy::too_many_arguments)]
+    async fn report_renewal(
+        &self,
+        status: &mut MachineCertificatesStatus,
+        policy: &str,
+        reason: &str,
+        next: Option<Timestamp>,
+        message: String,
+        condition: &str,
+        event: &str,
+        warning: bool,
+        now: Timestamp,
+    ) -> Result<(), Error> {
+        let verdict = RenewalStatus {
+            policy: policy.to_owned(),
+            reason: reason.to_owned(),
+            next_renewal_time: next.map(Time),
+            message: message.clone(),
+        };
+        let changed = status.renewal.as_ref() != Some(&verdict);
+        let before = status.clone();
+        status.renewal = Some(verdict);
+        clear_renewal_conditions(status);
+        set_condition(status, condition, true, reason, message.clone(), now);
+        // Keep the transition time of an unchanged condition.
+        if let Some(old) = before
+            .conditions
+            .iter()
+            .find(|c| c.type_ == condition && c.reason == reason)
+            && let Some(new) = status.conditions.iter_mut().find(|c| c.type_ == condition)
+        {
+            new.last_transition_time = old.last_transition_time.clone();
+        }
+        if *status != before {
+            self.write_status(status).await?;
+        }
+        if changed {
+            let type_ = if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            };
+            self.event(type_, event, message).await;
+        }
+        Ok(())
     }
 
     async fn resume(
@@ -1005,6 +1310,9 @@ impl Reconciler<'_> {
         op.finished_at = Some(Time(now));
         match result {
             Ok(()) => {
+                // Any success ends the backoff.
+                status.failed_attempts = None;
+                status.last_failure_time = None;
                 status.expiry = op.new_expiry.clone();
                 set_condition(
                     &mut status,
@@ -1026,6 +1334,12 @@ impl Reconciler<'_> {
                 return Err(err);
             }
             Err(failure) => {
+                if op.origin == Origin::Policy {
+                    // Remembered in the object, so the backoff survives restarts and failovers.
+                    status.failed_attempts =
+                        Some(status.failed_attempts.unwrap_or(0).max(0).saturating_add(1));
+                    status.last_failure_time = Some(Time(now));
+                }
                 op.phase = Phase::Failed;
                 let message = failure.message(&self.view);
                 op.error = Some(message.clone());
@@ -1270,4 +1584,18 @@ fn truncate(mut text: String, max: usize) -> String {
         text.push('…');
     }
     text
+}
+
+/// Removes the renewal conditions (only the current verdict's is shown).
+fn clear_renewal_conditions(status: &mut MachineCertificatesStatus) {
+    status.conditions.retain(|c| {
+        ![
+            conditions::RENEWAL_DEFERRED,
+            conditions::RENEWAL_DISABLED,
+            conditions::RENEWAL_CONFIG_INVALID,
+            conditions::RENEWAL_WINDOW_BYPASSED,
+            conditions::WINDOWS_IGNORED,
+        ]
+        .contains(&c.type_.as_str())
+    });
 }

@@ -4,11 +4,13 @@
 pub mod decide;
 pub mod machine;
 pub mod patches;
+pub mod renewal;
 
 use std::sync::Arc;
 
 use ck8s_certs_api::capi::{CLUSTER_NAME_LABEL, GROUP, WATCH_FILTER_LABEL};
 use ck8s_certs_api::machine_certificates::MachineCertificates;
+use ck8s_certs_api::renewal_policy::CertificateRenewalPolicy;
 use futures::StreamExt;
 use kube::api::{ApiResource, DynamicObject};
 use kube::core::GroupVersionKind;
@@ -23,7 +25,13 @@ use crate::refresh::flow::Retry;
 use crate::refresh::session::Timeouts;
 
 /// Runs the Machine controller until its stream ends.
-pub async fn run(client: Client, machine_resource: ApiResource, args: &Args, health: Health) {
+pub async fn run(
+    client: Client,
+    machine_resource: ApiResource,
+    args: &Args,
+    renewal: crate::policy::spec::Settings,
+    health: Health,
+) {
     let cluster_resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
         GROUP,
         &machine_resource.version,
@@ -77,9 +85,33 @@ pub async fn run(client: Client, machine_resource: ApiResource, args: &Args, hea
             max_worker_refreshes: args.max_worker_refreshes,
             settle_timeout: args.settle_timeout,
             resync: args.resync_period,
+            renewal,
         },
         locks: machine::Locks::new(args.max_worker_refreshes),
     });
+    let policies: Api<DynamicObject> = match &args.namespace {
+        Some(ns) => Api::namespaced_with(
+            client.clone(),
+            ns,
+            &ApiResource::erase::<CertificateRenewalPolicy>(&()),
+        ),
+        None => Api::all_with(
+            client.clone(),
+            &ApiResource::erase::<CertificateRenewalPolicy>(&()),
+        ),
+    };
+    // A policy change re-checks every Machine of its namespace.
+    let policy_store = store.clone();
+    let policy_machine_resource = machine_resource.clone();
+    let machines_of_namespace = move |policy: DynamicObject| {
+        let namespace = policy.namespace();
+        policy_store
+            .state()
+            .into_iter()
+            .filter(|m| m.namespace() == namespace)
+            .map(|m| ObjectRef::from_obj_with(m.as_ref(), policy_machine_resource.clone()))
+            .collect::<Vec<_>>()
+    };
     // A Cluster change (paused, endpoint) re-checks its Machines.
     let machines_of_cluster = move |cluster: DynamicObject| {
         let (namespace, name) = (cluster.namespace(), cluster.name_any());
@@ -100,6 +132,12 @@ pub async fn run(client: Client, machine_resource: ApiResource, args: &Args, hea
             cluster_resource,
             watcher::Config::default(),
             machines_of_cluster,
+        )
+        .watches_with(
+            policies,
+            ApiResource::erase::<CertificateRenewalPolicy>(&()),
+            watcher::Config::default(),
+            machines_of_namespace,
         )
         .run(machine::reconcile, machine::error_policy, ctx)
         .for_each(|result| async move {

@@ -132,6 +132,29 @@ pub fn validate(spec: &CertificateRenewalPolicySpec) -> Result<ValidPolicy, Inva
     }
 }
 
+/// The selectors of a policy alone, so that even an otherwise invalid policy can say which
+/// Machines it was meant for (they then show its configuration error).
+pub fn selector(
+    spec: &CertificateRenewalPolicySpec,
+) -> Result<MachineSelector, Vec<SelectorError>> {
+    let mut errors = Vec::new();
+    let mut compile = |field: &'static str, selector: &Option<LabelSelector>| {
+        let selector = selector.as_ref()?;
+        compile_selector(field, selector)
+            .map_err(|problems| errors.extend(problems))
+            .ok()
+    };
+    let selector = MachineSelector {
+        cluster: compile("clusterSelector", &spec.cluster_selector),
+        machine: compile("machineSelector", &spec.machine_selector),
+    };
+    if errors.is_empty() {
+        Ok(selector)
+    } else {
+        Err(errors)
+    }
+}
+
 /// Which Machines of the policy's namespace a policy governs: those whose Cluster matches
 /// `clusterSelector` (if set) and which match `machineSelector` (if set).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

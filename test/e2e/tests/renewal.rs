@@ -1,0 +1,385 @@
+//! Automatic renewal under CertificateRenewalPolicies, against the real environment. Simulated
+//! nodes start with 90-day certificates, so `renewBefore` / `failSafeMargin` around 100d put a
+//! Machine "due" or "inside the fail-safe margin" right away; backoff uses seconds.
+
+use std::time::{Duration, Instant};
+
+use ck8s_certs::k8sd::wire::path;
+use ck8s_certs_api::annotations::REFRESH_CERTIFICATES_STATUS;
+use ck8s_certs_api::machine_certificates::{MachineCertificatesStatus, Origin, Phase};
+use ck8s_certs_api::renewal_policy::CertificateRenewalPolicy;
+use ck8s_certs_e2e::fixtures::NodeInfo;
+use ck8s_certs_e2e::sim::{Endpoint, Fault};
+use ck8s_certs_e2e::{Environment, shared};
+use kube::Api;
+use kube::api::PostParams;
+use serde_json::json;
+
+const TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Creates a policy selecting Machines labelled `e2e-policy=<selector>`.
+async fn policy(
+    env: &Environment,
+    namespace: &str,
+    name: &str,
+    selector: &str,
+    spec: serde_json::Value,
+) {
+    let mut spec = spec;
+    spec["machineSelector"] = json!({ "matchLabels": { "e2e-policy": selector } });
+    let object: CertificateRenewalPolicy = serde_json::from_value(
+        json!({ "metadata": { "name": name, "namespace": namespace }, "spec": spec }),
+    )
+    .unwrap();
+    let api: Api<CertificateRenewalPolicy> =
+        Api::namespaced(env.management().await.unwrap(), namespace);
+    api.create(&PostParams::default(), &object).await.unwrap();
+}
+
+async fn select(env: &Environment, node: &NodeInfo, selector: &str) {
+    env.isolate(node, selector).await;
+    env.patch_machine(
+        node,
+        json!({ "metadata": { "labels": { "e2e-policy": selector } } }),
+    )
+    .await;
+}
+
+async fn wait_status(
+    env: &Environment,
+    node: &NodeInfo,
+    what: &str,
+    done: impl Fn(&MachineCertificatesStatus) -> bool,
+) -> MachineCertificatesStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = env.machine_certificates(node).await.and_then(|m| m.status)
+            && done(&status)
+        {
+            return status;
+        }
+        assert!(
+            start.elapsed() < TIMEOUT,
+            "timed out waiting for {what} on {}",
+            node.machine
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn condition<'a>(
+    status: &'a MachineCertificatesStatus,
+    type_: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    status.conditions.iter().find(|c| c.type_ == type_)
+}
+
+async fn event_reasons(env: &Environment, node: &NodeInfo) -> Vec<(String, String)> {
+    env.machine_events(node)
+        .await
+        .into_iter()
+        .map(|e| (e.reason.unwrap_or_default(), e.type_.unwrap_or_default()))
+        .collect()
+}
+
+#[tokio::test]
+async fn an_automatic_policy_renews_before_expiry_without_an_annotation() {
+    let env = shared().await;
+    let node = env.cluster("alpha").node("alpha-cp-0").clone();
+    policy(
+        &env,
+        "fleet",
+        "auto",
+        "auto",
+        json!({ "policy": "Automatic", "renewBefore": "100d", "ttl": "1y" }),
+    )
+    .await;
+    select(&env, &node, "auto").await;
+    let _controller = env.start_controller("auto", &[]);
+    let annotations = env
+        .wait_for_machine(&node, TIMEOUT, |a| {
+            a.get(REFRESH_CERTIFICATES_STATUS).map(String::as_str) == Some("done")
+        })
+        .await;
+    assert!(annotations.contains_key(ck8s_certs_api::annotations::CERTIFICATES_EXPIRY));
+    let status = wait_status(&env, &node, "the next renewal", |s| {
+        s.renewal.as_ref().is_some_and(|r| r.reason == "NotDue")
+    })
+    .await;
+    let op = status.operation.clone().unwrap();
+    assert_eq!(
+        (op.origin, op.phase, op.ttl.as_str()),
+        (Origin::Policy, Phase::Succeeded, "1y")
+    );
+    assert_eq!(
+        op.requested_by.as_deref(),
+        Some("CertificateRenewalPolicy/auto")
+    );
+    // Next renewal: new expiry − renewBefore.
+    let expiry = status.expiry.clone().unwrap().0;
+    let next = status.renewal.clone().unwrap().next_renewal_time.unwrap().0;
+    assert_eq!(next, expiry - jiff::SignedDuration::from_hours(100 * 24));
+    assert_eq!(
+        condition(&status, "RenewalDeferred").unwrap().reason,
+        "NotDue"
+    );
+    let runs = env
+        .sim
+        .calls("alpha", &node.node)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.path == path::RUN)
+        .count();
+    assert_eq!(runs, 1);
+}
+
+#[tokio::test]
+async fn a_disabled_policy_warns_inside_the_fail_safe_margin_and_a_manual_request_still_works() {
+    let env = shared().await;
+    let node = env.cluster("alpha").node("alpha-cp-1").clone();
+    policy(
+        &env,
+        "fleet",
+        "off",
+        "off",
+        json!({ "policy": "Disabled", "renewBefore": "100d", "failSafeMargin": "100d" }),
+    )
+    .await;
+    select(&env, &node, "off").await;
+    let _controller = env.start_controller("off", &[]);
+    let status = wait_status(&env, &node, "RenewalDisabled", |s| {
+        condition(s, "RenewalDisabled").is_some()
+    })
+    .await;
+    assert!(
+        condition(&status, "RenewalDisabled")
+            .unwrap()
+            .message
+            .contains("renew them manually"),
+        "{:?}",
+        status.conditions
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        event_reasons(&env, &node)
+            .await
+            .contains(&("CertificatesRenewalDisabled".into(), "Warning".into()))
+    );
+    assert!(
+        env.sim
+            .calls("alpha", &node.node)
+            .await
+            .unwrap()
+            .iter()
+            .all(|c| c.path != path::PLAN)
+    );
+
+    env.annotate_refresh(&node, "1y").await;
+    let annotations = env.wait_for_refresh(&node, TIMEOUT).await;
+    assert_eq!(annotations[REFRESH_CERTIFICATES_STATUS], "done");
+}
+
+/// A window on a day that is neither today nor tomorrow (UTC), so it is not open now.
+fn closed_window() -> serde_json::Value {
+    let days = [
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+    ];
+    let today = jiff::Timestamp::now()
+        .to_zoned(jiff::tz::TimeZone::UTC)
+        .weekday()
+        .to_monday_zero_offset() as usize;
+    json!([{ "daysOfWeek": [days[(today + 3) % 7]], "start": "01:00", "end": "02:00", "timezone": "Europe/London" }])
+}
+
+#[tokio::test]
+async fn a_scheduled_policy_defers_to_the_next_window_and_bypasses_it_only_inside_the_fail_safe_margin()
+ {
+    let env = shared().await;
+    let alpha = env.cluster("alpha");
+    let deferred = alpha.node("alpha-md-0-w0").clone();
+    let bypassed = alpha.node("alpha-md-0-w1").clone();
+    let strict = env.cluster("beta").node("beta-cp-0").clone();
+    policy(&env, "fleet", "night", "night", json!({ "policy": "Scheduled", "renewBefore": "100d", "failSafeMargin": "1d", "windows": closed_window() })).await;
+    policy(&env, "fleet", "night-close", "night-close", json!({ "policy": "Scheduled", "renewBefore": "100d", "failSafeMargin": "100d", "windows": closed_window() })).await;
+    policy(&env, "fleet", "night-strict", "night-strict", json!({ "policy": "Scheduled", "renewBefore": "100d", "failSafeMargin": "100d", "windows": closed_window() })).await;
+    select(&env, &deferred, "night").await;
+    select(&env, &bypassed, "night-close").await;
+    select(&env, &strict, "night-strict").await;
+    let _a = env.start_controller("night", &[]);
+    let _b = env.start_controller("night-close", &[]);
+    let _c = env.start_controller("night-strict", &["--renewal-window-strict"]);
+
+    let status = wait_status(&env, &deferred, "OutsideWindow", |s| {
+        s.renewal
+            .as_ref()
+            .is_some_and(|r| r.reason == "OutsideWindow")
+    })
+    .await;
+    let renewal = status.renewal.unwrap();
+    assert!(
+        renewal.message.contains("Europe/London") && renewal.message.contains("maintenance window"),
+        "{}",
+        renewal.message
+    );
+    let next = renewal
+        .next_renewal_time
+        .unwrap()
+        .0
+        .to_zoned(jiff::tz::TimeZone::get("Europe/London").unwrap());
+    assert_eq!((next.hour(), next.minute()), (1, 0), "{next}");
+
+    env.wait_for_machine(&bypassed, TIMEOUT, |a| {
+        a.get(REFRESH_CERTIFICATES_STATUS).map(String::as_str) == Some("done")
+    })
+    .await;
+    assert!(
+        event_reasons(&env, &bypassed)
+            .await
+            .iter()
+            .any(|(r, _)| r == "CertificatesRenewalWindowBypassed")
+    );
+
+    let status = wait_status(&env, &strict, "strict deferral", |s| {
+        s.renewal
+            .as_ref()
+            .is_some_and(|r| r.reason == "OutsideWindow")
+    })
+    .await;
+    assert!(
+        status.operation.is_none(),
+        "strict: no renewal outside the window"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        event_reasons(&env, &strict)
+            .await
+            .contains(&("CertificatesRenewalDeferred".into(), "Warning".into()))
+    );
+}
+
+#[tokio::test]
+async fn invalid_and_conflicting_policies_are_shown_on_the_machine_and_nothing_runs() {
+    let env = shared().await;
+    let invalid = env.cluster("beta").node("beta-cp-1").clone();
+    let conflicted = env.cluster("beta").node("beta-md-0-w0").clone();
+    policy(
+        &env,
+        "fleet",
+        "mars",
+        "mars",
+        json!({ "policy": "Scheduled", "renewBefore": "100d",
+        "windows": [{ "start": "01:00", "end": "02:00", "timezone": "Mars/Olympus_Mons" }] }),
+    )
+    .await;
+    policy(
+        &env,
+        "fleet",
+        "twin-a",
+        "twins",
+        json!({ "policy": "Automatic", "renewBefore": "100d" }),
+    )
+    .await;
+    policy(
+        &env,
+        "fleet",
+        "twin-b",
+        "twins",
+        json!({ "policy": "Automatic", "renewBefore": "100d" }),
+    )
+    .await;
+    select(&env, &invalid, "mars").await;
+    select(&env, &conflicted, "twins").await;
+    let _a = env.start_controller("mars", &[]);
+    let _b = env.start_controller("twins", &[]);
+    let status = wait_status(&env, &invalid, "RenewalConfigInvalid", |s| {
+        condition(s, "RenewalConfigInvalid").is_some()
+    })
+    .await;
+    let message = &condition(&status, "RenewalConfigInvalid").unwrap().message;
+    assert!(
+        message.contains("windows[0].timezone") && message.contains("Mars/Olympus_Mons"),
+        "{message}"
+    );
+    let status = wait_status(&env, &conflicted, "conflict", |s| {
+        condition(s, "RenewalConfigInvalid").is_some()
+    })
+    .await;
+    let message = &condition(&status, "RenewalConfigInvalid").unwrap().message;
+    assert!(
+        message.contains("twin-a") && message.contains("twin-b"),
+        "{message}"
+    );
+    for node in [&invalid, &conflicted] {
+        assert!(
+            env.sim
+                .calls(&node.cluster, &node.node)
+                .await
+                .unwrap()
+                .iter()
+                .all(|c| c.path != path::PLAN)
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_failing_node_backs_off_exponentially_across_restarts_and_recovers() {
+    let env = shared().await;
+    let node = env.cluster("beta").node("beta-md-0-w1").clone();
+    policy(
+        &env,
+        "fleet",
+        "flaky",
+        "flaky",
+        json!({ "policy": "Automatic", "renewBefore": "100d" }),
+    )
+    .await;
+    select(&env, &node, "flaky").await;
+    let fault = env
+        .sim
+        .inject(&Fault::error(500, "disk full").on(&node).at(Endpoint::Run))
+        .await
+        .unwrap();
+    let flags = [
+        "--renewal-backoff-min=2s",
+        "--renewal-backoff-max=1h",
+        "--k8sd-attempts=1",
+    ];
+    let first = env.start_controller("flaky", &flags);
+    let status = wait_status(&env, &node, "two failures", |s| {
+        s.failed_attempts >= Some(2)
+    })
+    .await;
+    first.crash();
+    let n = status.failed_attempts.unwrap();
+    let renewal = status.renewal.clone().unwrap();
+    assert_eq!(renewal.reason, "Backoff", "{renewal:?}");
+    let last = status.last_failure_time.clone().unwrap().0;
+    let delay = jiff::SignedDuration::from_secs(2 * (1 << (n - 1)));
+    assert_eq!(renewal.next_renewal_time.unwrap().0, last + delay);
+
+    // Restarted, it remembers: the count keeps growing from where it was.
+    let _second = env.start_controller("flaky", &flags);
+    let status = wait_status(&env, &node, "one more failure", |s| {
+        s.failed_attempts > Some(n)
+    })
+    .await;
+    assert_eq!(status.failed_attempts, Some(n + 1));
+    env.sim.clear_fault(&fault).await.unwrap();
+    let status = wait_status(&env, &node, "recovery", |s| {
+        s.operation
+            .as_ref()
+            .is_some_and(|o| o.phase == Phase::Succeeded)
+    })
+    .await;
+    assert_eq!(
+        (status.failed_attempts, status.last_failure_time),
+        (None, None)
+    );
+}
