@@ -45,6 +45,14 @@ pub struct Args {
     )]
     pub health_bind_address: SocketAddr,
 
+    /// Address of the Prometheus /metrics endpoint.
+    #[arg(
+        long,
+        env = "CK8S_CERTS_METRICS_BIND_ADDRESS",
+        default_value = "0.0.0.0:8080"
+    )]
+    pub metrics_bind_address: SocketAddr,
+
     /// How to reach each node's k8sd: `port-forward` through the workload cluster's API server to
     /// the node's k8sd-proxy pod, or `direct` to the node's InternalIP (only when the
     /// management cluster can route to the nodes).

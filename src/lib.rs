@@ -11,6 +11,7 @@ pub mod controllers;
 pub mod failpoint;
 pub mod health;
 pub mod k8sd;
+pub mod metrics;
 pub mod policy;
 pub mod preview;
 pub mod refresh;
@@ -31,7 +32,7 @@ pub enum Error {
     Connect(#[source] kube::Error),
     #[error(transparent)]
     Capi(#[from] capi::DiscoveryError),
-    #[error("serving health endpoints on {address} failed: {source}")]
+    #[error("serving health or metrics endpoints on {address} failed: {source}")]
     Health {
         address: std::net::SocketAddr,
         #[source]
@@ -68,7 +69,14 @@ pub async fn run(args: cli::Args) -> Result<(), Error> {
         strict: args.renewal_window_strict,
         backoff,
     };
-    let controller = controllers::run(client, machines, &args, renewal, health.clone());
+    let metrics = std::sync::Arc::new(metrics::Metrics::default());
+    let metrics_server = metrics::serve(args.metrics_bind_address, metrics.clone())
+        .await
+        .map_err(|source| Error::Health {
+            address: args.metrics_bind_address,
+            source,
+        })?;
+    let controller = controllers::run(client, machines, &args, renewal, metrics, health.clone());
     let mut terminate = signal(SignalKind::terminate()).map_err(Error::Signal)?;
     tokio::select! {
         () = controller => tracing::info!("Controller stopped"),
@@ -77,6 +85,7 @@ pub async fn run(args: cli::Args) -> Result<(), Error> {
     }
     health.set_ready(false);
     server.abort();
+    metrics_server.abort();
     Ok(())
 }
 

@@ -159,6 +159,7 @@ pub struct Context {
     pub recorder: Recorder,
     pub config: Config,
     pub locks: Locks,
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -247,6 +248,7 @@ impl Reconciler<'_> {
         let step = decide(&self.view, cluster.as_ref(), status.as_ref());
         tracing::Span::current().record("step", tracing::field::debug(&step));
         let mut status = status.unwrap_or_default();
+        self.export_expiry(&status);
         let now = Self::now();
         match step {
             Step::Ignore => Ok(Action::await_change()),
@@ -313,6 +315,27 @@ impl Reconciler<'_> {
             }
             Step::ReadExpiry => self.read_expiry(status).await,
             Step::Idle => self.renew(status, cluster.unwrap_or_default()).await,
+        }
+    }
+
+    fn export_expiry(&self, status: &MachineCertificatesStatus) {
+        if let Some(expiry) = &status.expiry {
+            let labels = crate::metrics::MachineLabels {
+                namespace: self.view.namespace.clone(),
+                cluster: self.view.cluster.clone().unwrap_or_default(),
+                machine: self.view.name.clone(),
+                role: if self.view.control_plane {
+                    "control-plane"
+                } else {
+                    "worker"
+                }
+                .to_owned(),
+            };
+            self.ctx
+                .metrics
+                .expiry
+                .get_or_create(&labels)
+                .set(expiry.0.as_millisecond() as f64 / 1000.0);
         }
     }
 
@@ -769,6 +792,7 @@ impl Reconciler<'_> {
                         message.clone(),
                     )
                     .await;
+                    self.ctx.metrics.window_bypass.inc();
                 }
                 if windows_ignored {
                     set_condition(
@@ -887,6 +911,18 @@ impl Reconciler<'_> {
             self.write_status(status).await?;
         }
         if changed {
+            let labels = crate::metrics::ReasonLabels {
+                reason: reason.to_owned(),
+            };
+            if condition == conditions::RENEWAL_DEFERRED {
+                self.ctx
+                    .metrics
+                    .renewals_deferred
+                    .get_or_create(&labels)
+                    .inc();
+            } else if condition == conditions::RENEWAL_CONFIG_INVALID {
+                self.ctx.metrics.policy_invalid.get_or_create(&labels).inc();
+            }
             let type_ = if warning {
                 EventType::Warning
             } else {
@@ -932,6 +968,17 @@ impl Reconciler<'_> {
                 config.max_worker_refreshes_per_cluster,
             )
             .await;
+        let metrics = &self.ctx.metrics;
+        if op.seed.is_none() {
+            metrics
+                .renewals_started
+                .get_or_create(&crate::metrics::origin(op.origin))
+                .inc();
+        }
+        metrics.in_progress.inc();
+        let _in_progress = scopeguard(|| {
+            metrics.in_progress.dec();
+        });
         status.role = Some(role);
         status.node_name = self.view.node_name.clone();
         let result = self.refresh(&mut status, &mut op, role, &cluster).await;
@@ -1308,6 +1355,36 @@ impl Reconciler<'_> {
     ) -> Result<Action, Error> {
         let now = Self::now();
         op.finished_at = Some(Time(now));
+        let outcome = if result.is_ok() {
+            "succeeded"
+        } else {
+            "failed"
+        };
+        if !matches!(result, Err(Failure::Api(_))) {
+            let metrics = &self.ctx.metrics;
+            let origin = crate::metrics::origin(op.origin);
+            if result.is_ok() {
+                &metrics.renewals_succeeded
+            } else {
+                &metrics.renewals_failed
+            }
+            .get_or_create(&origin)
+            .inc();
+            let seconds = now.duration_since(op.started_at.0).as_secs_f64().max(0.0);
+            let role = if self.view.control_plane {
+                "control-plane"
+            } else {
+                "worker"
+            };
+            metrics
+                .refresh_duration
+                .get_or_create(&crate::metrics::RefreshLabels {
+                    origin: origin.origin,
+                    role: role.to_owned(),
+                    result: outcome.to_owned(),
+                })
+                .observe(seconds);
+        }
         match result {
             Ok(()) => {
                 // Any success ends the backoff.
@@ -1598,4 +1675,17 @@ fn clear_renewal_conditions(status: &mut MachineCertificatesStatus) {
         ]
         .contains(&c.type_.as_str())
     });
+}
+
+/// Runs `f` when dropped (on every exit path, including errors).
+fn scopeguard<F: FnOnce()>(f: F) -> impl Drop {
+    struct Guard<F: FnOnce()>(Option<F>);
+    impl<F: FnOnce()> Drop for Guard<F> {
+        fn drop(&mut self) {
+            if let Some(f) = self.0.take() {
+                f();
+            }
+        }
+    }
+    Guard(Some(f))
 }

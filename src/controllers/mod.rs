@@ -30,6 +30,7 @@ pub async fn run(
     machine_resource: ApiResource,
     args: &Args,
     renewal: crate::policy::spec::Settings,
+    metrics: Arc<crate::metrics::Metrics>,
     health: Health,
 ) {
     let cluster_resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
@@ -88,6 +89,7 @@ pub async fn run(
             renewal,
         },
         locks: machine::Locks::new(args.max_worker_refreshes),
+        metrics,
     });
     let policies: Api<DynamicObject> = match &args.namespace {
         Some(ns) => Api::namespaced_with(

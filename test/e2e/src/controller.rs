@@ -80,11 +80,31 @@ pub async fn service_account_kubeconfig(
 pub struct Controller {
     pub process: Process,
     pub health_port: u16,
+    pub metrics_port: u16,
 }
 
 impl Controller {
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.process.log).unwrap_or_default()
+    }
+
+    /// The Prometheus exposition text of `/metrics`.
+    pub async fn metrics(&self) -> String {
+        reqwest::get(format!("http://127.0.0.1:{}/metrics", self.metrics_port))
+            .await
+            .expect("scrape")
+            .text()
+            .await
+            .expect("metrics text")
+    }
+
+    /// The value of the sample whose line starts with `series` (name and labels as exposed).
+    pub async fn metric(&self, series: &str) -> Option<f64> {
+        self.metrics()
+            .await
+            .lines()
+            .find(|line| line.starts_with(series) && line[series.len()..].starts_with(' '))
+            .and_then(|line| line.rsplit(' ').next()?.parse().ok())
     }
 
     /// Stops it abruptly (a crash).
@@ -134,6 +154,7 @@ impl Environment {
         env: &[(&str, &str)],
     ) -> Controller {
         let health_port = controlplane::free_port().expect("free port");
+        let metrics_port = controlplane::free_port().expect("free port");
         let mut command =
             std::process::Command::new(Binaries::controller().expect("controller binary"));
         command
@@ -143,6 +164,8 @@ impl Environment {
             .arg(filter)
             .arg("--health-bind-address")
             .arg(format!("127.0.0.1:{health_port}"))
+            .arg("--metrics-bind-address")
+            .arg(format!("127.0.0.1:{metrics_port}"))
             .args(extra);
         // Test defaults, unless the test sets the flag itself.
         for default in [
@@ -167,6 +190,7 @@ impl Environment {
         Controller {
             process,
             health_port,
+            metrics_port,
         }
     }
 

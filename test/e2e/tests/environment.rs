@@ -175,6 +175,7 @@ async fn the_controller_binary_connects_serves_health_and_stops_on_sigterm() {
         .arg(&env.management_kubeconfig)
         .arg("--health-bind-address")
         .arg(format!("127.0.0.1:{port}"))
+        .arg("--metrics-bind-address=127.0.0.1:0")
         .env("RUST_LOG", "info");
     let mut controller = Process::spawn("controller-health", command, &env.dir).unwrap();
 

@@ -95,7 +95,7 @@ async fn an_automatic_policy_renews_before_expiry_without_an_annotation() {
     )
     .await;
     select(&env, &node, "auto").await;
-    let _controller = env.start_controller("auto", &[]);
+    let controller = env.start_controller("auto", &[]);
     let annotations = env
         .wait_for_machine(&node, TIMEOUT, |a| {
             a.get(REFRESH_CERTIFICATES_STATUS).map(String::as_str) == Some("done")
@@ -132,6 +132,46 @@ async fn an_automatic_policy_renews_before_expiry_without_an_annotation() {
         .filter(|c| c.path == path::RUN)
         .count();
     assert_eq!(runs, 1);
+
+    // What Prometheus sees.
+    let series = format!(
+        "ck8s_certs_certificate_expiry_timestamp_seconds{{namespace=\"fleet\",cluster=\"alpha\",machine=\"{}\",role=\"control-plane\"}}",
+        node.machine
+    );
+    assert_eq!(
+        controller.metric(&series).await,
+        Some(expiry.as_second() as f64),
+        "{}",
+        controller.metrics().await
+    );
+    assert_eq!(
+        controller
+            .metric("ck8s_certs_renewals_started_total{origin=\"policy\"}")
+            .await,
+        Some(1.0)
+    );
+    assert_eq!(
+        controller
+            .metric("ck8s_certs_renewals_succeeded_total{origin=\"policy\"}")
+            .await,
+        Some(1.0)
+    );
+    assert_eq!(
+        controller
+            .metric("ck8s_certs_refresh_duration_seconds_count{origin=\"policy\",role=\"control-plane\",result=\"succeeded\"}")
+            .await,
+        Some(1.0)
+    );
+    assert_eq!(
+        controller
+            .metric("ck8s_certs_renewals_deferred_total{reason=\"NotDue\"}")
+            .await,
+        Some(1.0)
+    );
+    assert_eq!(
+        controller.metric("ck8s_certs_operations_in_progress").await,
+        Some(0.0)
+    );
 }
 
 #[tokio::test]
@@ -213,7 +253,7 @@ async fn a_scheduled_policy_defers_to_the_next_window_and_bypasses_it_only_insid
     select(&env, &bypassed, "night-close").await;
     select(&env, &strict, "night-strict").await;
     let _a = env.start_controller("night", &[]);
-    let _b = env.start_controller("night-close", &[]);
+    let bypassing = env.start_controller("night-close", &[]);
     let _c = env.start_controller("night-strict", &["--renewal-window-strict"]);
 
     let status = wait_status(&env, &deferred, "OutsideWindow", |s| {
@@ -244,6 +284,12 @@ async fn a_scheduled_policy_defers_to_the_next_window_and_bypasses_it_only_insid
             .await
             .iter()
             .any(|(r, _)| r == "CertificatesRenewalWindowBypassed")
+    );
+    assert_eq!(
+        bypassing
+            .metric("ck8s_certs_renewal_window_bypass_total")
+            .await,
+        Some(1.0)
     );
 
     let status = wait_status(&env, &strict, "strict deferral", |s| {
@@ -356,6 +402,12 @@ async fn a_failing_node_backs_off_exponentially_across_restarts_and_recovers() {
         s.failed_attempts >= Some(2)
     })
     .await;
+    assert!(
+        first
+            .metric("ck8s_certs_renewals_failed_total{origin=\"policy\"}")
+            .await
+            >= Some(2.0)
+    );
     first.crash();
     let n = status.failed_attempts.unwrap();
     let renewal = status.renewal.clone().unwrap();

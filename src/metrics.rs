@@ -1,0 +1,189 @@
+//! Prometheus metrics (`--metrics-bind-address`, path `/metrics`). Labels are bounded: origin,
+//! reason, role, endpoint and outcome are small fixed sets; the per-machine expiry gauge is the
+//! one per-object family, because "what expires when" is what the fleet dashboard needs.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MachineLabels {
+    pub namespace: String,
+    pub cluster: String,
+    pub machine: String,
+    pub role: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OriginLabels {
+    /// manual or policy.
+    pub origin: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefreshLabels {
+    pub origin: String,
+    pub role: String,
+    /// succeeded or failed.
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: String,
+}
+
+/// Every metric the controller exports.
+pub struct Metrics {
+    registry: Registry,
+    pub expiry: Family<MachineLabels, Gauge<f64, AtomicU64>>,
+    pub renewals_started: Family<OriginLabels, Counter>,
+    pub renewals_succeeded: Family<OriginLabels, Counter>,
+    pub renewals_failed: Family<OriginLabels, Counter>,
+    pub renewals_deferred: Family<ReasonLabels, Counter>,
+    pub window_bypass: Counter,
+    pub refresh_duration: Family<RefreshLabels, Histogram>,
+    pub in_progress: Gauge,
+    pub policy_invalid: Family<ReasonLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("ck8s_certs");
+        let expiry = Family::<MachineLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "certificate_expiry_timestamp_seconds",
+            "NotAfter of a node's certificates, as a Unix timestamp",
+            expiry.clone(),
+        );
+        let renewals_started = Family::<OriginLabels, Counter>::default();
+        registry.register(
+            "renewals_started",
+            "Certificate refreshes started, by origin",
+            renewals_started.clone(),
+        );
+        let renewals_succeeded = Family::<OriginLabels, Counter>::default();
+        registry.register(
+            "renewals_succeeded",
+            "Certificate refreshes that succeeded, by origin",
+            renewals_succeeded.clone(),
+        );
+        let renewals_failed = Family::<OriginLabels, Counter>::default();
+        registry.register(
+            "renewals_failed",
+            "Certificate refreshes that failed, by origin",
+            renewals_failed.clone(),
+        );
+        let renewals_deferred = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "renewals_deferred",
+            "Renewal verdicts that deferred a renewal, by reason (NotDue, Backoff, OutsideWindow), counted when the verdict changes",
+            renewals_deferred.clone(),
+        );
+        let window_bypass = Counter::default();
+        registry.register(
+            "renewal_window_bypass",
+            "Renewals run outside the maintenance windows because expiry was within the fail-safe margin",
+            window_bypass.clone(),
+        );
+        let refresh_duration = Family::<RefreshLabels, Histogram>::new_with_constructor(|| {
+            // 0.1 s … ~27 min: a control-plane refresh takes about a second, a worker's waits
+            // for CSR approval.
+            Histogram::new(exponential_buckets(0.1, 2.0, 15))
+        });
+        registry.register(
+            "refresh_duration_seconds",
+            "Wall time of certificate refreshes",
+            refresh_duration.clone(),
+        );
+        let in_progress = Gauge::default();
+        registry.register(
+            "operations_in_progress",
+            "Certificate refreshes in flight",
+            in_progress.clone(),
+        );
+        let policy_invalid = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "renewal_config_invalid",
+            "Renewal verdicts that found the governing policy unusable (invalid or conflicting), counted when the verdict changes",
+            policy_invalid.clone(),
+        );
+        Self {
+            registry,
+            expiry,
+            renewals_started,
+            renewals_succeeded,
+            renewals_failed,
+            renewals_deferred,
+            window_bypass,
+            refresh_duration,
+            in_progress,
+            policy_invalid,
+        }
+    }
+}
+
+impl Metrics {
+    /// The text exposition format.
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+/// Labels of an origin, as metric label values.
+pub fn origin(origin: ck8s_certs_api::machine_certificates::Origin) -> OriginLabels {
+    use ck8s_certs_api::machine_certificates::Origin;
+    OriginLabels {
+        origin: match origin {
+            Origin::Manual => "manual",
+            Origin::Policy => "policy",
+        }
+        .to_owned(),
+    }
+}
+
+/// Serves `/metrics` on `address` in the background.
+pub async fn serve(
+    address: std::net::SocketAddr,
+    metrics: Arc<Metrics>,
+) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    use axum::http::StatusCode;
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let metrics = metrics.clone();
+            async move {
+                match metrics.encode() {
+                    Ok(text) => (
+                        StatusCode::OK,
+                        [(
+                            "content-type",
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        text,
+                    ),
+                    Err(_) => (
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        [("content-type", "text/plain")],
+                        String::new(),
+                    ),
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind(address).await?;
+    tracing::info!(address = %listener.local_addr()?, "Serving metrics");
+    Ok(tokio::spawn(async move {
+        if let Err(err) = axum::serve(listener, app).await {
+            tracing::error!(error = %err, "Metrics server stopped");
+        }
+    }))
+}
