@@ -4,6 +4,7 @@
 pub mod decide;
 pub mod machine;
 pub mod patches;
+pub mod policy;
 pub mod renewal;
 
 use std::sync::Arc;
@@ -58,6 +59,12 @@ pub async fn run(
     if let Some(filter) = &args.watch_filter {
         filtered = filtered.labels(&format!("{WATCH_FILTER_LABEL}={filter}"));
     }
+    let policy_controller = policy_controller(
+        &client,
+        machines.clone(),
+        &machine_resource,
+        policies_api(&client, args),
+    );
     let controller = Controller::new_with(machines, filtered.clone(), machine_resource.clone());
     let store = controller.store();
     let ctx = Arc::new(machine::Context {
@@ -127,7 +134,7 @@ pub async fn run(
             .collect::<Vec<_>>()
     };
     health.set_ready(true);
-    controller
+    let machine_controller = controller
         .owns(owned, filtered)
         .watches_with(
             clusters,
@@ -146,6 +153,62 @@ pub async fn run(
             if let Err(err) = result {
                 tracing::debug!(error = %err, "Reconcile error");
             }
+        });
+    tokio::join!(machine_controller, policy_controller);
+}
+
+fn policies_api(client: &Client, args: &Args) -> Api<DynamicObject> {
+    let resource = ApiResource::erase::<CertificateRenewalPolicy>(&());
+    match &args.namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+        None => Api::all_with(client.clone(), &resource),
+    }
+}
+
+/// Reports on every CertificateRenewalPolicy (not limited by --watch-filter: a policy's verdict
+/// depends on all Machines of its namespace). A Machine or policy change re-checks the policies
+/// of that namespace.
+fn policy_controller(
+    client: &Client,
+    machines: Api<DynamicObject>,
+    machine_resource: &ApiResource,
+    policies: Api<DynamicObject>,
+) -> impl std::future::Future<Output = ()> + use<> {
+    let resource = ApiResource::erase::<CertificateRenewalPolicy>(&());
+    let controller = Controller::new_with(
+        policies.clone(),
+        watcher::Config::default(),
+        resource.clone(),
+    );
+    let store = controller.store();
+    let in_namespace = {
+        let resource = resource.clone();
+        move |object: DynamicObject| {
+            let namespace = object.namespace();
+            store
+                .state()
+                .into_iter()
+                .filter(|p| p.namespace() == namespace)
+                .map(|p| ObjectRef::from_obj_with(p.as_ref(), resource.clone()))
+                .collect::<Vec<_>>()
+        }
+    };
+    let ctx = Arc::new(policy::Context {
+        client: client.clone(),
+        machine_resource: machine_resource.clone(),
+    });
+    controller
+        .watches_with(
+            machines,
+            machine_resource.clone(),
+            watcher::Config::default(),
+            in_namespace.clone(),
+        )
+        .watches_with(policies, resource, watcher::Config::default(), in_namespace)
+        .run(policy::reconcile, policy::error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(err) = result {
+                tracing::debug!(error = %err, "Policy reconcile error");
+            }
         })
-        .await;
 }

@@ -36,6 +36,33 @@ async fn policy(
     api.create(&PostParams::default(), &object).await.unwrap();
 }
 
+/// Waits until the policy's status satisfies `done`.
+async fn wait_policy(
+    env: &Environment,
+    namespace: &str,
+    name: &str,
+    done: impl Fn(&ck8s_certs_api::renewal_policy::CertificateRenewalPolicyStatus) -> bool,
+) -> ck8s_certs_api::renewal_policy::CertificateRenewalPolicyStatus {
+    let api: Api<CertificateRenewalPolicy> =
+        Api::namespaced(env.management().await.unwrap(), namespace);
+    let start = Instant::now();
+    loop {
+        let status = api.get(name).await.unwrap().status.unwrap_or_default();
+        if done(&status) {
+            return status;
+        }
+        assert!(start.elapsed() < TIMEOUT, "policy {name}: {status:#?}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn policy_condition<'a>(
+    status: &'a ck8s_certs_api::renewal_policy::CertificateRenewalPolicyStatus,
+    type_: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    status.conditions.iter().find(|c| c.type_ == type_)
+}
+
 async fn select(env: &Environment, node: &NodeInfo, selector: &str) {
     env.isolate(node, selector).await;
     env.patch_machine(
@@ -362,6 +389,34 @@ async fn invalid_and_conflicting_policies_are_shown_on_the_machine_and_nothing_r
         message.contains("twin-a") && message.contains("twin-b"),
         "{message}"
     );
+    // The policies say so too: the invalid one is not Valid, both conflicting ones not Ready.
+    let status = wait_policy(&env, "fleet", "mars", |s| {
+        policy_condition(s, "Valid").is_some()
+    })
+    .await;
+    let valid = policy_condition(&status, "Valid").unwrap();
+    assert_eq!(
+        (valid.status.as_str(), valid.reason.as_str()),
+        ("False", "InvalidSpec")
+    );
+    assert!(
+        valid.message.contains("windows[0].timezone"),
+        "{}",
+        valid.message
+    );
+    for (name, other) in [("twin-a", "twin-b"), ("twin-b", "twin-a")] {
+        let status = wait_policy(&env, "fleet", name, |s| {
+            policy_condition(s, "Ready").is_some_and(|c| c.reason == "ConflictingPolicies")
+        })
+        .await;
+        let ready = policy_condition(&status, "Ready").unwrap();
+        assert!(
+            ready.message.contains(other) && ready.message.contains(&conflicted.machine),
+            "{}",
+            ready.message
+        );
+        assert_eq!(status.matched_machines, Some(1));
+    }
     for node in [&invalid, &conflicted] {
         assert!(
             env.sim

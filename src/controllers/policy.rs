@@ -1,0 +1,226 @@
+//! The CertificateRenewalPolicy reconciler: tells the policy's author whether it is usable and
+//! what it governs. Conditions `Valid` (the spec, with field paths) and `Ready` (valid and not in
+//! conflict with another policy over some Machine), `matchedMachines`, `windowCount`. The Machine
+//! reconciler applies policies; this one only reports on them.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ck8s_certs_api::capi::GROUP;
+use ck8s_certs_api::machine::{ClusterView, MachineView};
+use ck8s_certs_api::renewal_policy::{
+    CertificateRenewalPolicy, CertificateRenewalPolicyStatus, conditions, reasons,
+};
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
+use kube::core::GroupVersionKind;
+use kube::runtime::controller::Action;
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
+
+use crate::policy::spec;
+
+const MANAGER: &str = "ck8s-certs-policy";
+
+pub struct Context {
+    pub client: Client,
+    pub machine_resource: ApiResource,
+}
+
+pub fn error_policy(
+    _policy: Arc<DynamicObject>,
+    error: &kube::Error,
+    _ctx: Arc<Context>,
+) -> Action {
+    tracing::warn!(error = %error, "Policy reconcile failed");
+    Action::requeue(Duration::from_secs(15))
+}
+
+/// A policy's selectors, when readable.
+fn selector_of(object: &DynamicObject) -> Option<spec::MachineSelector> {
+    let policy: CertificateRenewalPolicy = serde_json::to_value(object)
+        .and_then(serde_json::from_value)
+        .ok()?;
+    spec::selector(&policy.spec).ok()
+}
+
+pub async fn reconcile(
+    object: Arc<DynamicObject>,
+    ctx: Arc<Context>,
+) -> Result<Action, kube::Error> {
+    let namespace = object.namespace().unwrap_or_default();
+    let name = object.name_any();
+    let now = Timestamp::now();
+    let generation = object.metadata.generation;
+    let policy: Result<CertificateRenewalPolicy, _> =
+        serde_json::to_value(object.as_ref()).and_then(serde_json::from_value);
+
+    let (valid, valid_message, window_count, selector) = match &policy {
+        Ok(policy) => {
+            let windows = i32::try_from(policy.spec.windows.len()).ok();
+            match spec::validate(&policy.spec) {
+                Ok(valid) => (
+                    true,
+                    "The policy is valid".to_owned(),
+                    windows,
+                    Some(valid.selector.clone()),
+                ),
+                Err(invalid) => (
+                    false,
+                    invalid.to_string(),
+                    windows,
+                    spec::selector(&policy.spec).ok(),
+                ),
+            }
+        }
+        Err(err) => (
+            false,
+            format!("Renewal policy is unreadable: {err}"),
+            None,
+            None,
+        ),
+    };
+
+    // Machines of the namespace this policy selects, and which other policies select them too.
+    let mut matched = Vec::new();
+    let mut conflicts: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    if let Some(selector) = &selector {
+        let machines: Api<DynamicObject> =
+            Api::namespaced_with(ctx.client.clone(), &namespace, &ctx.machine_resource);
+        let cluster_resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+            GROUP,
+            &ctx.machine_resource.version,
+            "Cluster",
+        ));
+        let clusters: Api<DynamicObject> =
+            Api::namespaced_with(ctx.client.clone(), &namespace, &cluster_resource);
+        let cluster_labels: BTreeMap<String, BTreeMap<String, String>> = clusters
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .map(|c| (c.name_any(), ClusterView::from_dynamic(c).labels))
+            .collect();
+        let others: Vec<(String, spec::MachineSelector)> = Api::<DynamicObject>::namespaced_with(
+            ctx.client.clone(),
+            &namespace,
+            &ApiResource::erase::<CertificateRenewalPolicy>(&()),
+        )
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter(|p| p.name_any() != name)
+        .filter_map(|p| Some((p.name_any(), selector_of(p)?)))
+        .collect();
+        for machine in machines
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .map(MachineView::from_dynamic)
+        {
+            if !machine.is_ck8s() {
+                continue;
+            }
+            let labels = machine.cluster.as_ref().and_then(|c| cluster_labels.get(c));
+            if selector.matches(labels, &machine.labels) {
+                for (other, other_selector) in &others {
+                    if other_selector.matches(labels, &machine.labels) {
+                        conflicts
+                            .entry(other.clone())
+                            .or_default()
+                            .push(machine.name.clone());
+                    }
+                }
+                matched.push(machine.name);
+            }
+        }
+    }
+
+    let (ready, ready_reason, ready_message) = if !valid {
+        (false, reasons::INVALID, valid_message.clone())
+    } else if !conflicts.is_empty() {
+        let detail: Vec<String> = conflicts
+            .iter()
+            .map(|(other, machines)| format!("{other} also selects {}", machines.join(", ")))
+            .collect();
+        (
+            false,
+            reasons::CONFLICT,
+            format!(
+                "{}: those Machines renew manually only until exactly one policy selects them",
+                detail.join("; ")
+            ),
+        )
+    } else {
+        (
+            true,
+            reasons::ACTIVE,
+            format!("Governs {} Machine(s)", matched.len()),
+        )
+    };
+
+    let old = policy
+        .as_ref()
+        .ok()
+        .and_then(|p| p.status.clone())
+        .unwrap_or_default();
+    let condition = |type_: &str, status: bool, reason: &str, message: String| {
+        let value = if status { "True" } else { "False" }.to_owned();
+        let transition = old
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_ && c.status == value)
+            .map(|c| c.last_transition_time.clone())
+            .unwrap_or(Time(now));
+        Condition {
+            type_: type_.to_owned(),
+            status: value,
+            reason: reason.to_owned(),
+            message,
+            last_transition_time: transition,
+            observed_generation: generation,
+        }
+    };
+    let status = CertificateRenewalPolicyStatus {
+        observed_generation: generation,
+        matched_machines: i32::try_from(matched.len()).ok(),
+        window_count,
+        conditions: vec![
+            condition(
+                conditions::VALID,
+                valid,
+                if valid {
+                    reasons::VALID
+                } else {
+                    reasons::INVALID
+                },
+                valid_message,
+            ),
+            condition(conditions::READY, ready, ready_reason, ready_message),
+        ],
+    };
+    if status != old {
+        let apply = json!({
+            "apiVersion": CertificateRenewalPolicy::api_version(&()),
+            "kind": CertificateRenewalPolicy::kind(&()),
+            "status": status,
+        });
+        Api::<DynamicObject>::namespaced_with(
+            ctx.client.clone(),
+            &namespace,
+            &ApiResource::erase::<CertificateRenewalPolicy>(&()),
+        )
+        .patch_status(
+            &name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(apply),
+        )
+        .await?;
+    }
+    // Machines and other policies change without touching this one: look again now and then.
+    Ok(Action::requeue(Duration::from_secs(60)))
+}
