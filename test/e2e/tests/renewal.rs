@@ -490,3 +490,63 @@ async fn a_failing_node_backs_off_exponentially_across_restarts_and_recovers() {
         (None, None)
     );
 }
+
+#[tokio::test]
+async fn a_scheduled_renewal_starts_when_the_window_opens() {
+    let env = shared().await;
+    let node = env.cluster("gamma").node("alpha-cp-0").clone();
+    // A window opening at the next whole minute (UTC), at least 5 s away.
+    let now = jiff::Timestamp::now().to_zoned(jiff::tz::TimeZone::UTC);
+    let mut start = now
+        .round(
+            jiff::ZonedRound::new()
+                .smallest(jiff::Unit::Minute)
+                .mode(jiff::RoundMode::Ceil),
+        )
+        .unwrap();
+    if start.duration_since(&now) < jiff::SignedDuration::from_secs(5) {
+        start = start
+            .checked_add(jiff::SignedDuration::from_mins(1))
+            .unwrap();
+    }
+    let end = start
+        .checked_add(jiff::SignedDuration::from_mins(2))
+        .unwrap();
+    let window = json!([{ "start": start.strftime("%H:%M").to_string(), "end": end.strftime("%H:%M").to_string(), "timezone": "UTC" }]);
+    policy(&env, "edge", "next-minute", "next-minute", json!({ "policy": "Scheduled", "renewBefore": "100d", "failSafeMargin": "1d", "windows": window })).await;
+    select(&env, &node, "next-minute").await;
+    let _controller = env.start_controller("next-minute", &[]);
+    let status = wait_status(&env, &node, "OutsideWindow", |s| {
+        s.renewal
+            .as_ref()
+            .is_some_and(|r| r.reason == "OutsideWindow")
+    })
+    .await;
+    assert_eq!(
+        status.renewal.unwrap().next_renewal_time.unwrap().0,
+        start.timestamp()
+    );
+    let annotations = env
+        .wait_for_machine(&node, TIMEOUT, |a| {
+            a.get(REFRESH_CERTIFICATES_STATUS).map(String::as_str) == Some("done")
+        })
+        .await;
+    assert!(annotations.contains_key(ck8s_certs_api::annotations::CERTIFICATES_EXPIRY));
+    let plan = env
+        .sim
+        .calls("gamma", &node.node)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|c| c.path == path::PLAN)
+        .unwrap();
+    let planned: jiff::Timestamp = plan.started_at.parse().unwrap();
+    assert!(
+        planned >= start.timestamp(),
+        "renewed at {planned}, before the window opened at {start}"
+    );
+    assert!(
+        planned < start.timestamp() + jiff::SignedDuration::from_secs(5),
+        "renewed at {planned}, not when the window opened at {start}"
+    );
+}
