@@ -161,6 +161,32 @@ pub struct Operation {
 }
 
 impl Operation {
+    /// A new operation, accepted at `now`, before anything is sent to the node.
+    pub fn pending(
+        origin: Origin,
+        requested_by: Option<String>,
+        trigger: Option<String>,
+        ttl: String,
+        ttl_seconds: i64,
+        now: Time,
+    ) -> Self {
+        Self {
+            origin,
+            requested_by,
+            trigger,
+            ttl,
+            ttl_seconds: Some(ttl_seconds),
+            seed: None,
+            phase: Phase::Pending,
+            run_attempts: 0,
+            started_at: now,
+            finished_at: None,
+            new_expiry: None,
+            error: None,
+            note: None,
+        }
+    }
+
     pub fn is_finished(&self) -> bool {
         matches!(self.phase, Phase::Succeeded | Phase::Failed)
     }

@@ -229,6 +229,14 @@ impl Reconciler<'_> {
         Timestamp::now()
     }
 
+    fn role(&self) -> Role {
+        if self.view.control_plane {
+            Role::ControlPlane
+        } else {
+            Role::Worker
+        }
+    }
+
     fn certificates(&self) -> Api<MachineCertificates> {
         Api::namespaced(self.ctx.client.clone(), &self.view.namespace)
     }
@@ -324,12 +332,7 @@ impl Reconciler<'_> {
                 namespace: self.view.namespace.clone(),
                 cluster: self.view.cluster.clone().unwrap_or_default(),
                 machine: self.view.name.clone(),
-                role: if self.view.control_plane {
-                    "control-plane"
-                } else {
-                    "worker"
-                }
-                .to_owned(),
+                role: role_label(self.role()).to_owned(),
             };
             self.ctx
                 .metrics
@@ -574,11 +577,7 @@ impl Reconciler<'_> {
                     .await;
             }
         };
-        let role = if self.view.control_plane {
-            Role::ControlPlane
-        } else {
-            Role::Worker
-        };
+        let role = self.role();
         if role == Role::Worker
             && let Err(err) = ttl.check_worker()
         {
@@ -592,34 +591,18 @@ impl Reconciler<'_> {
                 )
                 .await;
         }
-        self.patch_machine(&MachineChanges {
-            status: Some(RefreshStatus::InProgress),
-            ..Default::default()
-        })
-        .await?;
         let node = self.view.node_name.clone().unwrap_or_default();
-        self.event(
-            EventType::Normal,
-            events::REFRESH_IN_PROGRESS,
-            format!("Refreshing the certificates of node {node} for {trigger}"),
-        )
-        .await;
-        let op = Operation {
-            origin: Origin::Manual,
-            requested_by: self.requested_by(),
-            trigger: Some(trigger.clone()),
-            ttl: trigger,
-            ttl_seconds: Some(ttl.as_seconds()),
-            seed: None,
-            phase: Phase::Pending,
-            run_attempts: 0,
-            started_at: Time(Self::now()),
-            finished_at: None,
-            new_expiry: None,
-            error: None,
-            note: None,
-        };
-        self.execute(status, op, role, cluster).await
+        let announcement = format!("Refreshing the certificates of node {node} for {trigger}");
+        let op = Operation::pending(
+            Origin::Manual,
+            self.requested_by(),
+            Some(trigger.clone()),
+            trigger,
+            ttl.as_seconds(),
+            Time(Self::now()),
+        );
+        self.announce_and_execute(status, op, announcement, cluster)
+            .await
     }
 
     /// Starts an automatic renewal: the same operation as a manual refresh, origin Policy.
@@ -630,39 +613,39 @@ impl Reconciler<'_> {
         ttl: Ttl,
         cluster: ClusterView,
     ) -> Result<Action, Error> {
-        let role = if self.view.control_plane {
-            Role::ControlPlane
-        } else {
-            Role::Worker
-        };
+        let node = self.view.node_name.clone().unwrap_or_default();
+        let announcement = format!(
+            "Renewing the certificates of node {node} for {ttl}, as CertificateRenewalPolicy {policy} requires"
+        );
+        let requested_by = Some(format!("CertificateRenewalPolicy/{policy}"));
+        let op = Operation::pending(
+            Origin::Policy,
+            requested_by,
+            None,
+            ttl.to_string(),
+            ttl.as_seconds(),
+            Time(Self::now()),
+        );
+        self.announce_and_execute(status, op, announcement, cluster)
+            .await
+    }
+
+    /// Shows the Machine in-progress with an Event, then runs the operation.
+    async fn announce_and_execute(
+        &self,
+        status: MachineCertificatesStatus,
+        op: Operation,
+        announcement: String,
+        cluster: ClusterView,
+    ) -> Result<Action, Error> {
         self.patch_machine(&MachineChanges {
             status: Some(RefreshStatus::InProgress),
             ..Default::default()
         })
         .await?;
-        let node = self.view.node_name.clone().unwrap_or_default();
-        self.event(
-            EventType::Normal,
-            events::REFRESH_IN_PROGRESS,
-            format!("Renewing the certificates of node {node} for {ttl}, as CertificateRenewalPolicy {policy} requires"),
-        )
-        .await;
-        let op = Operation {
-            origin: Origin::Policy,
-            requested_by: Some(format!("CertificateRenewalPolicy/{policy}")),
-            trigger: None,
-            ttl: ttl.to_string(),
-            ttl_seconds: Some(ttl.as_seconds()),
-            seed: None,
-            phase: Phase::Pending,
-            run_attempts: 0,
-            started_at: Time(Self::now()),
-            finished_at: None,
-            new_expiry: None,
-            error: None,
-            note: None,
-        };
-        self.execute(status, op, role, cluster).await
+        self.event(EventType::Normal, events::REFRESH_IN_PROGRESS, announcement)
+            .await;
+        self.execute(status, op, self.role(), cluster).await
     }
 
     /// Applies the governing renewal policy, if any: renew now, or record why not and come back
@@ -939,11 +922,7 @@ impl Reconciler<'_> {
         op: Operation,
         cluster: ClusterView,
     ) -> Result<Action, Error> {
-        let role = status.role.unwrap_or(if self.view.control_plane {
-            Role::ControlPlane
-        } else {
-            Role::Worker
-        });
+        let role = status.role.unwrap_or(self.role());
         info!(seed = ?op.seed, attempts = op.run_attempts, "Resuming an interrupted refresh");
         self.execute(status, op, role, cluster).await
     }
@@ -1371,11 +1350,7 @@ impl Reconciler<'_> {
             .get_or_create(&origin)
             .inc();
             let seconds = now.duration_since(op.started_at.0).as_secs_f64().max(0.0);
-            let role = if self.view.control_plane {
-                "control-plane"
-            } else {
-                "worker"
-            };
+            let role = role_label(self.role());
             metrics
                 .refresh_duration
                 .get_or_create(&crate::metrics::RefreshLabels {
@@ -1496,11 +1471,7 @@ impl Reconciler<'_> {
     async fn read_expiry(&self, mut status: MachineCertificatesStatus) -> Result<Action, Error> {
         let now = Self::now();
         let cluster = self.cluster().await?.unwrap_or_default();
-        let role = if self.view.control_plane {
-            Role::ControlPlane
-        } else {
-            Role::Worker
-        };
+        let role = self.role();
         let mut node = match self.prepare(&status, role, &cluster).await {
             Ok(node) => node,
             Err(Failure::Workload(err)) if err.is_retryable() => {
@@ -1688,4 +1659,12 @@ fn scopeguard<F: FnOnce()>(f: F) -> impl Drop {
         }
     }
     Guard(Some(f))
+}
+
+/// A role as a metric label value.
+fn role_label(role: Role) -> &'static str {
+    match role {
+        Role::ControlPlane => "control-plane",
+        Role::Worker => "worker",
+    }
 }
