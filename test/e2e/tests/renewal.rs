@@ -453,8 +453,9 @@ async fn a_failing_node_backs_off_exponentially_across_restarts_and_recovers() {
         "--k8sd-attempts=1",
     ];
     let first = env.start_controller("flaky", &flags);
-    let status = wait_status(&env, &node, "two failures", |s| {
-        s.failed_attempts >= Some(2)
+    // The verdict after a failure is written by the reconcile that follows it.
+    let status = wait_status(&env, &node, "two failures and the backoff verdict", |s| {
+        s.failed_attempts >= Some(2) && s.renewal.as_ref().is_some_and(|r| r.reason == "Backoff")
     })
     .await;
     assert!(
