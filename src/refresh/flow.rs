@@ -9,25 +9,29 @@ use jiff::{SignedDuration, Timestamp};
 use super::{ApproveApi, NodeApi};
 use crate::k8sd::K8sdError;
 use crate::k8sd::wire::{PlanResponse, RunRequest, RunResponse};
+use crate::policy::{Backoff, PolicyDuration};
 
-/// How often and how patiently transient failures are retried inside one operation.
+/// How often and how patiently transient failures are retried inside one operation. The delays
+/// follow the renewal policy's backoff formula (`min · 2^(n−1)`, capped), on a seconds scale.
 #[derive(Clone, Debug)]
 pub struct Retry {
     /// Attempts per call, the first included.
     pub attempts: u32,
-    /// Delay before the second attempt; doubles each time up to `max_delay`.
-    pub initial_delay: Duration,
-    pub max_delay: Duration,
+    /// Delay before the second attempt (1 s), doubling up to 8 s.
+    pub backoff: Backoff,
 }
 
 impl Default for Retry {
     /// 5 attempts over ~15 s: long enough for a k8sd that is restarting, short enough that a
     /// broken node is reported within a minute.
     fn default() -> Self {
+        let (min, max) = (
+            PolicyDuration::from_secs_const(1),
+            PolicyDuration::from_secs_const(8),
+        );
         Self {
             attempts: 5,
-            initial_delay: Duration::from_secs(1),
-            max_delay: Duration::from_secs(8),
+            backoff: Backoff::new(min, max).unwrap_or_default(),
         }
     }
 }
@@ -35,10 +39,7 @@ impl Default for Retry {
 impl Retry {
     /// Delay before attempt `n + 1` (n ≥ 1).
     pub fn delay(&self, n: u32) -> Duration {
-        let factor = 2u32.saturating_pow(n.saturating_sub(1));
-        self.initial_delay
-            .saturating_mul(factor)
-            .min(self.max_delay)
+        Duration::try_from(self.backoff.delay(Some(i64::from(n)))).unwrap_or_default()
     }
 }
 
@@ -222,11 +223,11 @@ mod tests {
         }
     }
 
+    /// Three attempts; the tests run on paused time, so the backoff's seconds cost nothing.
     fn fast() -> Retry {
         Retry {
             attempts: 3,
-            initial_delay: Duration::from_millis(1),
-            max_delay: Duration::from_millis(2),
+            ..Retry::default()
         }
     }
 
@@ -279,7 +280,7 @@ mod tests {
         || std::future::ready(Ok(()))
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn plan_retries_a_starting_node_then_succeeds() {
         let mut node = FakeNode::default();
         node.plans
@@ -291,7 +292,7 @@ mod tests {
         assert_eq!(plan(&mut node, &fast()).await.unwrap().seed, 7);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn permanent_errors_are_not_retried_and_retries_are_bounded() {
         let mut node = FakeNode::default();
         node.plans.push_back(Err(api(401, "invalid token")));
@@ -313,7 +314,7 @@ mod tests {
         assert_eq!(node.plans.len(), 2, "exactly `attempts` calls");
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn run_calls_before_send_for_every_attempt_and_stops_when_it_refuses() {
         let mut node = FakeNode::default();
         node.runs
@@ -343,7 +344,7 @@ mod tests {
         );
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_worker_run_waits_for_an_approve_that_loses_the_race_on_older_k8sd() {
         let mut worker = FakeNode {
             run_delay: APPROVE_INTERVAL + Duration::from_millis(300),
@@ -372,7 +373,7 @@ mod tests {
         assert_eq!(approver.calls, 2);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_permanently_failing_approve_aborts_the_worker_run() {
         let mut worker = FakeNode {
             run_delay: Duration::from_secs(3600),
@@ -485,6 +486,6 @@ mod tests {
         let retry = Retry::default();
         let delays: Vec<u64> = (1..=6).map(|n| retry.delay(n).as_secs()).collect();
         assert_eq!(delays, [1, 2, 4, 8, 8, 8]);
-        assert_eq!(retry.delay(u32::MAX), retry.max_delay);
+        assert_eq!(retry.delay(u32::MAX), Duration::from_secs(8));
     }
 }

@@ -301,6 +301,12 @@ async fn a_scheduled_policy_defers_to_the_next_window_and_bypasses_it_only_insid
         .0
         .to_zoned(jiff::tz::TimeZone::get("Europe/London").unwrap());
     assert_eq!((next.hour(), next.minute()), (1, 0), "{next}");
+    // A manual request does not wait for the window.
+    env.annotate_refresh(&deferred, "1y").await;
+    assert_eq!(
+        env.wait_for_refresh(&deferred, TIMEOUT).await[REFRESH_CERTIFICATES_STATUS],
+        "done"
+    );
 
     env.wait_for_machine(&bypassed, TIMEOUT, |a| {
         a.get(REFRESH_CERTIFICATES_STATUS).map(String::as_str) == Some("done")
@@ -479,13 +485,25 @@ async fn a_failing_node_backs_off_exponentially_across_restarts_and_recovers() {
     })
     .await;
     assert_eq!(status.failed_attempts, Some(n + 1));
+    // A manual request does not wait for the backoff (the next automatic attempt is 8 s or more
+    // away); its success resets the failure history.
     env.sim.clear_fault(&fault).await.unwrap();
+    let asked = Instant::now();
+    env.annotate_refresh(&node, "1y").await;
+    let annotations = env.wait_for_refresh(&node, TIMEOUT).await;
+    assert_eq!(annotations[REFRESH_CERTIFICATES_STATUS], "done");
+    assert!(
+        asked.elapsed() < Duration::from_secs(6),
+        "waited {:?}",
+        asked.elapsed()
+    );
     let status = wait_status(&env, &node, "recovery", |s| {
         s.operation
             .as_ref()
             .is_some_and(|o| o.phase == Phase::Succeeded)
     })
     .await;
+    assert_eq!(status.operation.unwrap().origin, Origin::Manual);
     assert_eq!(
         (status.failed_attempts, status.last_failure_time),
         (None, None)
