@@ -679,18 +679,8 @@ impl Reconciler<'_> {
                     "CertificateRenewalPolicies {} all select this Machine; no automatic renewal until exactly one does (adjust their selectors)",
                     names.join(", ")
                 );
-                self.report_renewal(
-                    &mut status,
-                    &names.join(","),
-                    "ConfigInvalid",
-                    None,
-                    message,
-                    conditions::RENEWAL_CONFIG_INVALID,
-                    events::RENEWAL_CONFIG_INVALID,
-                    true,
-                    now,
-                )
-                .await?;
+                self.report_invalid(&mut status, &names.join(","), message, now)
+                    .await?;
                 return Ok(Action::requeue(resync));
             }
             super::renewal::Governing::One { name, policy } => (name, policy),
@@ -698,18 +688,8 @@ impl Reconciler<'_> {
         let policy = match policy {
             Ok(policy) => policy,
             Err(message) => {
-                self.report_renewal(
-                    &mut status,
-                    &name,
-                    "ConfigInvalid",
-                    None,
-                    message,
-                    conditions::RENEWAL_CONFIG_INVALID,
-                    events::RENEWAL_CONFIG_INVALID,
-                    true,
-                    now,
-                )
-                .await?;
+                self.report_invalid(&mut status, &name, message, now)
+                    .await?;
                 return Ok(Action::requeue(resync));
             }
         };
@@ -717,18 +697,8 @@ impl Reconciler<'_> {
         if role_is_worker && let Err(err) = policy.ttl.check_worker() {
             let message =
                 format!("CertificateRenewalPolicy {name} cannot renew this worker: {err}");
-            self.report_renewal(
-                &mut status,
-                &name,
-                "ConfigInvalid",
-                None,
-                message,
-                conditions::RENEWAL_CONFIG_INVALID,
-                events::RENEWAL_CONFIG_INVALID,
-                true,
-                now,
-            )
-            .await?;
+            self.report_invalid(&mut status, &name, message, now)
+                .await?;
             return Ok(Action::requeue(resync));
         }
         let failures = crate::policy::Failures {
@@ -824,18 +794,8 @@ impl Reconciler<'_> {
                 Ok(Action::requeue(requeue))
             }
             Decision::Invalid { .. } => {
-                self.report_renewal(
-                    &mut status,
-                    &name,
-                    "ConfigInvalid",
-                    None,
-                    message,
-                    conditions::RENEWAL_CONFIG_INVALID,
-                    events::RENEWAL_CONFIG_INVALID,
-                    true,
-                    now,
-                )
-                .await?;
+                self.report_invalid(&mut status, &name, message, now)
+                    .await?;
                 Ok(Action::requeue(resync))
             }
         };
@@ -854,6 +814,28 @@ impl Reconciler<'_> {
             }
         }
         action
+    }
+
+    /// Records that the governing policy (or policies) cannot be applied to this Machine.
+    async fn report_invalid(
+        &self,
+        status: &mut MachineCertificatesStatus,
+        policy: &str,
+        message: String,
+        now: Timestamp,
+    ) -> Result<(), Error> {
+        self.report_renewal(
+            status,
+            policy,
+            "ConfigInvalid",
+            None,
+            message,
+            conditions::RENEWAL_CONFIG_INVALID,
+            events::RENEWAL_CONFIG_INVALID,
+            true,
+            now,
+        )
+        .await
     }
 
     /// Records a renewal verdict (status, one condition) and emits an Event when it changed.
