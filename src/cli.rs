@@ -106,6 +106,41 @@ pub struct Args {
     #[arg(long, env = "CK8S_CERTS_RENEWAL_BACKOFF_MAX", default_value = "32h")]
     pub renewal_backoff_max: crate::policy::PolicyDuration,
 
+    /// Take part in leader election, so that of several replicas only one acts at a time (the
+    /// others stand by and take over when it stops or fails). Turn off only for a single replica.
+    #[arg(long, env = "CK8S_CERTS_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub leader_elect: bool,
+
+    /// Namespace of the leader election Lease. Default: the controller's own namespace (its
+    /// service account's, or the kubeconfig context's), else `default`.
+    #[arg(long, env = "CK8S_CERTS_LEADER_ELECT_NAMESPACE")]
+    pub leader_elect_namespace: Option<String>,
+
+    /// Name of the leader election Lease. Default: `ck8s-certs`, or `ck8s-certs-<watch filter>`
+    /// with --watch-filter, so that instances for different filters do not exclude each other.
+    #[arg(long, env = "CK8S_CERTS_LEADER_ELECT_LEASE_NAME")]
+    pub leader_elect_lease_name: Option<String>,
+
+    /// How long a standby waits, after the last renewal it saw, before taking the Lease over
+    /// from a leader that stopped renewing (whole seconds).
+    #[arg(long, env = "CK8S_CERTS_LEADER_ELECT_LEASE_DURATION", value_parser = humantime::parse_duration, default_value = "15s")]
+    pub leader_elect_lease_duration: Duration,
+
+    /// How long the leader keeps acting without a successful renewal; it then stops and exits
+    /// (the pod restarts as a standby). Must be shorter than the lease duration.
+    #[arg(long, env = "CK8S_CERTS_LEADER_ELECT_RENEW_DEADLINE", value_parser = humantime::parse_duration, default_value = "10s")]
+    pub leader_elect_renew_deadline: Duration,
+
+    /// Interval between attempts to take or renew the Lease.
+    #[arg(long, env = "CK8S_CERTS_LEADER_ELECT_RETRY_PERIOD", value_parser = humantime::parse_duration, default_value = "2s")]
+    pub leader_elect_retry_period: Duration,
+
+    /// On SIGTERM or SIGINT no new work starts; refreshes already talking to a node get this
+    /// long to finish and record their outcome before the Lease is released and the process
+    /// exits. Keep it below the pod's terminationGracePeriodSeconds. A second signal skips it.
+    #[arg(long, env = "CK8S_CERTS_SHUTDOWN_GRACE_PERIOD", value_parser = humantime::parse_duration, default_value = "60s")]
+    pub shutdown_grace_period: Duration,
+
     #[command(flatten)]
     pub log: LogArgs,
 
@@ -205,6 +240,17 @@ mod tests {
             Some(Command::Policy(PolicyCommand::Preview(preview))) => Ok(preview),
             None => panic!("no subcommand parsed"),
         }
+    }
+
+    #[test]
+    fn leader_election_is_on_unless_turned_off() {
+        let args = Args::try_parse_from(["ck8s-certs"]).unwrap();
+        assert!(args.leader_elect);
+        assert_eq!(args.shutdown_grace_period, Duration::from_secs(60));
+        let args = Args::try_parse_from(["ck8s-certs", "--leader-elect=false"]).unwrap();
+        assert!(!args.leader_elect);
+        let args = Args::try_parse_from(["ck8s-certs", "--leader-elect"]).unwrap();
+        assert!(args.leader_elect);
     }
 
     #[test]

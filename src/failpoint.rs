@@ -7,6 +7,8 @@ use std::sync::OnceLock;
 
 /// After the operation record (seed) is written, before `run` is sent.
 pub const AFTER_SEED_RECORDED: &str = "after-seed-recorded";
+/// After `run` answered, before its outcome is written: the outcome is known only to the node.
+pub const AFTER_RUN_ANSWERED: &str = "after-run-answered";
 /// After the outcome is written to MachineCertificates, before the Machine is patched.
 pub const AFTER_OUTCOME_RECORDED: &str = "after-outcome-recorded";
 

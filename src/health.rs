@@ -1,4 +1,6 @@
-//! `/healthz` (the process is alive and serving) and `/readyz` (ready to do its job).
+//! `/healthz` (the process is alive and serving) and `/readyz` (ready to do its job: a standby
+//! when it takes part in leader election and could take over, the leader once its caches are
+//! synced and its reconcilers run; never while stopping).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -14,11 +16,23 @@ use tokio::task::JoinHandle;
 #[derive(Clone, Default)]
 pub struct Health {
     ready: Arc<AtomicBool>,
+    stopping: Arc<AtomicBool>,
 }
 
 impl Health {
+    /// Sets readiness; ignored once [`Health::stopping`] was called, so a late cache sync cannot
+    /// mark a stopping replica ready again.
     pub fn set_ready(&self, ready: bool) {
-        self.ready.store(ready, Ordering::Release);
+        self.ready.store(
+            ready && !self.stopping.load(Ordering::Acquire),
+            Ordering::Release,
+        );
+    }
+
+    /// Not ready from now on.
+    pub fn stopping(&self) {
+        self.stopping.store(true, Ordering::Release);
+        self.ready.store(false, Ordering::Release);
     }
 
     pub fn is_ready(&self) -> bool {
@@ -46,5 +60,22 @@ async fn readyz(State(health): State<Health>) -> (StatusCode, &'static str) {
         (StatusCode::OK, "ok")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stopping_replica_is_never_ready_again() {
+        let health = Health::default();
+        assert!(!health.is_ready());
+        health.set_ready(true);
+        assert!(health.is_ready());
+        health.stopping();
+        assert!(!health.is_ready());
+        health.set_ready(true);
+        assert!(!health.is_ready());
     }
 }

@@ -1,9 +1,11 @@
 //! ck8s-certs: keeps the certificates of Canonical Kubernetes nodes alive in place, for Cluster
 //! API management clusters.
 //!
-//! `run` connects to the management cluster, finds which Cluster API version it serves, and
-//! serves the health endpoints until it is asked to stop. The refresh controllers plug in here.
-//! `preview::run` is the offline `policy preview` subcommand; `main` picks one of the two.
+//! `run` connects to the management cluster, finds which Cluster API version it serves, serves
+//! the health and metrics endpoints, waits to lead (`leader`), then runs the controllers until
+//! a stop signal (`shutdown`): new work stops, work in flight gets a grace period while the
+//! Lease is still renewed, then the Lease is released. `preview::run` is the offline
+//! `policy preview` subcommand; `main` picks one of the two.
 
 pub mod capi;
 pub mod cli;
@@ -11,15 +13,16 @@ pub mod controllers;
 pub mod failpoint;
 pub mod health;
 pub mod k8sd;
+pub mod leader;
 pub mod metrics;
 pub mod policy;
 pub mod preview;
 pub mod refresh;
+pub mod shutdown;
 pub mod telemetry;
 pub mod workload;
 
 use kube::Client;
-use tokio::signal::unix::{SignalKind, signal};
 
 /// Errors that stop the controller.
 #[derive(Debug, thiserror::Error)]
@@ -40,12 +43,20 @@ pub enum Error {
     },
     #[error("invalid renewal backoff flags: {0}")]
     Backoff(#[from] policy::BackoffError),
+    #[error("invalid leader election flags: {0}")]
+    LeaderElection(#[from] leader::SettingsError),
     #[error("installing the signal handler failed: {0}")]
     Signal(#[source] std::io::Error),
+    #[error("stopped acting because leadership was lost ({0}); restart to stand by again")]
+    LeadershipLost(#[from] leader::Lost),
+    #[error("the controllers stopped unexpectedly")]
+    ControllersStopped,
 }
 
-/// Runs the controller until SIGTERM or SIGINT.
+/// Runs the controller until SIGTERM or SIGINT (or, with leader election, until leadership is
+/// lost, which is an error: the process exits and its restart stands by again).
 pub async fn run(args: cli::Args) -> Result<(), Error> {
+    let shutdown = shutdown::Shutdown::on_signals().map_err(Error::Signal)?;
     let client = client(&args).await?;
     let version = client.apiserver_version().await.map_err(Error::Connect)?;
     let machines = capi::discover(&client).await?;
@@ -76,17 +87,113 @@ pub async fn run(args: cli::Args) -> Result<(), Error> {
             address: args.metrics_bind_address,
             source,
         })?;
-    let controller = controllers::run(client, machines, &args, renewal, metrics, health.clone());
-    let mut terminate = signal(SignalKind::terminate()).map_err(Error::Signal)?;
-    tokio::select! {
-        () = controller => tracing::info!("Controller stopped"),
-        _ = terminate.recv() => tracing::info!("Stopping on SIGTERM"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("Stopping on SIGINT"),
+
+    let mut elector = match args.leader_elect {
+        true => Some(leader::Elector::new(
+            client.clone(),
+            leader_settings(&args, &client),
+        )?),
+        false => None,
+    };
+    if let Some(elector) = &mut elector {
+        // A standby is ready: it is connected and takes over when the leader goes.
+        health.set_ready(true);
+        tokio::select! {
+            () = elector.acquire() => {}
+            () = shutdown.stop.cancelled() => {
+                tracing::info!("Stopped while standing by");
+                return Ok(());
+            }
+        }
+        // Not ready again until the caches are synced.
+        health.set_ready(false);
+        metrics.leader.set(1);
     }
-    health.set_ready(false);
+
+    let outcome = lead(
+        controllers::run(
+            client,
+            machines,
+            &args,
+            renewal,
+            metrics.clone(),
+            health.clone(),
+            shutdown.stop.clone(),
+        ),
+        elector.as_mut(),
+        &shutdown,
+        &health,
+        args.shutdown_grace_period,
+    )
+    .await;
+    metrics.leader.set(0);
+    if outcome.is_ok()
+        && let Some(elector) = &mut elector
+    {
+        match elector.release().await {
+            Ok(()) => tracing::info!(lease = %elector.lease(), "Released the leader Lease"),
+            Err(err) => {
+                tracing::warn!(lease = %elector.lease(), error = %err, "Releasing the leader Lease failed; a standby takes over when it expires")
+            }
+        }
+    }
     server.abort();
     metrics_server.abort();
+    outcome
+}
+
+/// Does the work while leading: until a stop signal, then drains in-flight work within the
+/// grace period while still renewing the Lease (so nobody else starts on the same node).
+async fn lead(
+    work: impl std::future::Future<Output = ()>,
+    mut elector: Option<&mut leader::Elector>,
+    shutdown: &shutdown::Shutdown,
+    health: &health::Health,
+    grace: std::time::Duration,
+) -> Result<(), Error> {
+    let mut work = std::pin::pin!(work);
+    let lost = async {
+        match elector.as_mut() {
+            Some(elector) => elector.hold().await,
+            None => std::future::pending().await,
+        }
+    };
+    let mut lost = std::pin::pin!(lost);
+    tokio::select! {
+        () = &mut work => return Err(Error::ControllersStopped),
+        lost = &mut lost => return Err(lost.into()),
+        () = shutdown.stop.cancelled() => {}
+    }
+    health.stopping();
+    tracing::info!(grace = ?grace, "Stopping: no new work starts; waiting for refreshes in flight");
+    tokio::select! {
+        () = &mut work => tracing::info!("Work in flight finished"),
+        () = tokio::time::sleep(grace) => tracing::warn!("The shutdown grace period is over: abandoning work in flight (it is resumed from its record)"),
+        () = shutdown.force.cancelled() => tracing::warn!("Second stop signal: abandoning work in flight (it is resumed from its record)"),
+        lost = &mut lost => return Err(lost.into()),
+    }
     Ok(())
+}
+
+fn leader_settings(args: &cli::Args, client: &Client) -> leader::Settings {
+    let name = args.leader_elect_lease_name.clone().unwrap_or_else(|| {
+        match &args.watch_filter {
+            // Label values allow `_` and capitals, object names do not.
+            Some(filter) => format!("ck8s-certs-{}", filter.to_lowercase().replace('_', "-")),
+            None => "ck8s-certs".into(),
+        }
+    });
+    leader::Settings {
+        namespace: args
+            .leader_elect_namespace
+            .clone()
+            .unwrap_or_else(|| client.default_namespace().to_owned()),
+        name,
+        identity: leader::identity(),
+        lease_duration: args.leader_elect_lease_duration,
+        renew_deadline: args.leader_elect_renew_deadline,
+        retry_period: args.leader_elect_retry_period,
+    }
 }
 
 async fn client(args: &cli::Args) -> Result<Client, Error> {

@@ -51,6 +51,7 @@ pub struct Metrics {
     pub refresh_duration: Family<RefreshLabels, Histogram>,
     pub in_progress: Gauge,
     pub policy_invalid: Family<ReasonLabels, Counter>,
+    pub leader: Gauge,
 }
 
 impl Default for Metrics {
@@ -114,6 +115,12 @@ impl Default for Metrics {
             "Renewal verdicts that found the governing policy unusable (invalid or conflicting), counted when the verdict changes",
             policy_invalid.clone(),
         );
+        let leader = Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this replica leads (does the work), 0 while it stands by",
+            leader.clone(),
+        );
         Self {
             registry,
             expiry,
@@ -125,6 +132,7 @@ impl Default for Metrics {
             refresh_duration,
             in_progress,
             policy_invalid,
+            leader,
         }
     }
 }

@@ -160,6 +160,9 @@ pub struct Context {
     pub config: Config,
     pub locks: Locks,
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Cancelled when the process is asked to stop: operations not yet started on a node are
+    /// left for the next leader; those already started finish.
+    pub stop: tokio_util::sync::CancellationToken,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -190,7 +193,7 @@ pub fn error_policy(_machine: Arc<DynamicObject>, error: &Error, _ctx: Arc<Conte
 
 pub async fn reconcile(machine: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, Error> {
     let view = MachineView::from_dynamic(&machine);
-    if !view.is_ck8s() {
+    if !view.is_ck8s() || ctx.stop.is_cancelled() {
         return Ok(Action::await_change());
     }
     let span = tracing::info_span!(
@@ -638,6 +641,9 @@ impl Reconciler<'_> {
         announcement: String,
         cluster: ClusterView,
     ) -> Result<Action, Error> {
+        if self.ctx.stop.is_cancelled() {
+            return Ok(Action::await_change());
+        }
         self.patch_machine(&MachineChanges {
             status: Some(RefreshStatus::InProgress),
             ..Default::default()
@@ -919,16 +925,20 @@ impl Reconciler<'_> {
     ) -> Result<Action, Error> {
         let cluster_name = self.view.cluster.clone().unwrap_or_default();
         let config = &self.ctx.config;
-        let _guard = self
-            .ctx
-            .locks
-            .acquire(
-                &self.view.namespace,
-                &cluster_name,
-                role,
-                config.max_worker_refreshes_per_cluster,
-            )
-            .await;
+        let acquire = self.ctx.locks.acquire(
+            &self.view.namespace,
+            &cluster_name,
+            role,
+            config.max_worker_refreshes_per_cluster,
+        );
+        let _guard = tokio::select! {
+            guard = acquire => guard,
+            () = self.ctx.stop.cancelled() => return Ok(Action::await_change()),
+        };
+        if op.seed.is_none() && self.ctx.stop.is_cancelled() {
+            // Stopping: nothing was sent to the node yet, the next leader starts it.
+            return Ok(Action::await_change());
+        }
         let metrics = &self.ctx.metrics;
         if op.seed.is_none() {
             metrics
@@ -1083,6 +1093,7 @@ impl Reconciler<'_> {
         };
         op.run_attempts = sends.load(std::sync::atomic::Ordering::SeqCst);
         let response = answered.map_err(|e| Failure::k8sd("run", e))?;
+        crate::failpoint::hit(crate::failpoint::AFTER_RUN_ANSWERED);
         let outcome =
             flow::interpret_run(&response, Self::now()).map_err(|e| Failure::k8sd("run", e))?;
         self.succeed(op, outcome).map(|()| node)

@@ -20,6 +20,8 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, ResourceExt};
 
+use tokio_util::sync::CancellationToken;
+
 use crate::cli::Args;
 use crate::health::Health;
 use crate::refresh::flow::Retry;
@@ -33,6 +35,7 @@ pub async fn run(
     renewal: crate::policy::spec::Settings,
     metrics: Arc<crate::metrics::Metrics>,
     health: Health,
+    stop: CancellationToken,
 ) {
     let cluster_resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
         GROUP,
@@ -59,14 +62,24 @@ pub async fn run(
     if let Some(filter) = &args.watch_filter {
         filtered = filtered.labels(&format!("{WATCH_FILTER_LABEL}={filter}"));
     }
-    let policy_controller = policy_controller(
+    let (policy_controller, policy_store) = policy_controller(
         &client,
         machines.clone(),
         &machine_resource,
         policies_api(&client, args),
+        stop.clone(),
     );
-    let controller = Controller::new_with(machines, filtered.clone(), machine_resource.clone());
+    let controller = Controller::new_with(machines, filtered.clone(), machine_resource.clone())
+        .graceful_shutdown_on(stop.clone().cancelled_owned());
     let store = controller.store();
+    // Ready once both caches hold a full list: reconcilers then act on complete information.
+    let machine_store = store.clone();
+    let readiness = tokio::spawn(async move {
+        synced(&machine_store).await;
+        synced(&policy_store).await;
+        tracing::info!("Caches synced: reconciling");
+        health.set_ready(true);
+    });
     let ctx = Arc::new(machine::Context {
         client: client.clone(),
         machine_resource: machine_resource.clone(),
@@ -97,6 +110,7 @@ pub async fn run(
         },
         locks: machine::Locks::new(args.max_worker_refreshes),
         metrics,
+        stop,
     });
     let policies: Api<DynamicObject> = match &args.namespace {
         Some(ns) => Api::namespaced_with(
@@ -133,7 +147,6 @@ pub async fn run(
             .map(|m| ObjectRef::from_obj_with(m.as_ref(), machine_resource.clone()))
             .collect::<Vec<_>>()
     };
-    health.set_ready(true);
     let machine_controller = controller
         .owns(owned, filtered)
         .watches_with(
@@ -155,6 +168,25 @@ pub async fn run(
             }
         });
     tokio::join!(machine_controller, policy_controller);
+    readiness.abort();
+}
+
+/// Waits until `store` holds a full list. The Controller itself also waits on the store, and a
+/// store wakes only one waiter (kube-runtime's DelayedInit keeps one waker), so this polls.
+async fn synced(store: &kube::runtime::reflector::Store<DynamicObject>) {
+    loop {
+        let poll = tokio::time::timeout(
+            std::time::Duration::from_millis(200),
+            store.wait_until_ready(),
+        );
+        if let Ok(result) = poll.await {
+            if result.is_err() {
+                // The writer is gone: the controller stopped, readiness no longer matters.
+                std::future::pending::<()>().await;
+            }
+            return;
+        }
+    }
 }
 
 fn policies_api(client: &Client, args: &Args) -> Api<DynamicObject> {
@@ -173,14 +205,20 @@ fn policy_controller(
     machines: Api<DynamicObject>,
     machine_resource: &ApiResource,
     policies: Api<DynamicObject>,
-) -> impl std::future::Future<Output = ()> + use<> {
+    stop: CancellationToken,
+) -> (
+    impl std::future::Future<Output = ()> + use<>,
+    kube::runtime::reflector::Store<DynamicObject>,
+) {
     let resource = ApiResource::erase::<CertificateRenewalPolicy>(&());
     let controller = Controller::new_with(
         policies.clone(),
         watcher::Config::default(),
         resource.clone(),
-    );
+    )
+    .graceful_shutdown_on(stop.cancelled_owned());
     let store = controller.store();
+    let synced = store.clone();
     let in_namespace = {
         let resource = resource.clone();
         move |object: DynamicObject| {
@@ -197,7 +235,7 @@ fn policy_controller(
         client: client.clone(),
         machine_resource: machine_resource.clone(),
     });
-    controller
+    let work = controller
         .watches_with(
             machines,
             machine_resource.clone(),
@@ -210,5 +248,6 @@ fn policy_controller(
             if let Err(err) = result {
                 tracing::debug!(error = %err, "Policy reconcile error");
             }
-        })
+        });
+    (work, synced)
 }

@@ -14,7 +14,7 @@ use ck8s_certs_api::capi::WATCH_FILTER_LABEL;
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
@@ -27,17 +27,16 @@ pub const NAMESPACE: &str = "ck8s-system";
 pub const SERVICE_ACCOUNT: &str = "ck8s-certs-manager";
 
 /// Creates the controller's ServiceAccount with the ClusterRole of `config/rbac/role.yaml` and
-/// returns a kubeconfig for it.
+/// the leader election Role of `config/rbac/leader_election_role.yaml` (in the ServiceAccount's
+/// namespace, as in a cluster), and returns a kubeconfig for it whose context namespace is that
+/// namespace, like an in-cluster configuration.
 pub async fn service_account_kubeconfig(
     mgmt: &Client,
     server_port: u16,
     ca_pem: &str,
     dir: &Path,
 ) -> Result<(PathBuf, String), Error> {
-    let rbac = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/rbac/role.yaml");
-    let text = std::fs::read_to_string(&rbac).map_err(|e| Error::io(&rbac, e))?;
-    let mut role: ClusterRole = serde_yaml::from_str(&text)
-        .map_err(|e| Error::Setup(format!("{}: {e}", rbac.display())))?;
+    let mut role: ClusterRole = rbac_file("role.yaml")?;
     role.metadata.name = Some(SERVICE_ACCOUNT.into());
     ensure_namespace(mgmt, NAMESPACE).await?;
     let pp = PostParams::default();
@@ -52,6 +51,23 @@ pub async fn service_account_kubeconfig(
     }))
     .map_err(|e| Error::Setup(e.to_string()))?;
     Api::<ClusterRoleBinding>::all(mgmt.clone())
+        .create(&pp, &binding)
+        .await
+        .map_err(Error::Kube)?;
+    let mut election: Role = rbac_file("leader_election_role.yaml")?;
+    election.metadata.name = Some(format!("{SERVICE_ACCOUNT}-leader-election"));
+    election.metadata.namespace = Some(NAMESPACE.into());
+    Api::<Role>::namespaced(mgmt.clone(), NAMESPACE)
+        .create(&pp, &election)
+        .await
+        .map_err(Error::Kube)?;
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": { "name": format!("{SERVICE_ACCOUNT}-leader-election") },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": format!("{SERVICE_ACCOUNT}-leader-election") },
+        "subjects": [{ "kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE }]
+    }))
+    .map_err(|e| Error::Setup(e.to_string()))?;
+    Api::<RoleBinding>::namespaced(mgmt.clone(), NAMESPACE)
         .create(&pp, &binding)
         .await
         .map_err(Error::Kube)?;
@@ -70,10 +86,21 @@ pub async fn service_account_kubeconfig(
         .status
         .map(|s| s.token)
         .ok_or_else(|| Error::Setup("the TokenRequest returned no token".into()))?;
-    let yaml = controlplane::kubeconfig("management", server_port, ca_pem, &token);
+    let yaml = controlplane::kubeconfig("management", server_port, ca_pem, &token).replace(
+        "  context:\n",
+        &format!("  context:\n    namespace: {NAMESPACE}\n"),
+    );
     let path = dir.join("controller.kubeconfig");
     std::fs::write(&path, &yaml).map_err(|e| Error::io(&path, e))?;
     Ok((path, yaml))
+}
+
+fn rbac_file<T: serde::de::DeserializeOwned>(name: &str) -> Result<T, Error> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../config/rbac")
+        .join(name);
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    serde_yaml::from_str(&text).map_err(|e| Error::Setup(format!("{}: {e}", path.display())))
 }
 
 /// A running controller process, killed on drop.
@@ -105,6 +132,56 @@ impl Controller {
             .lines()
             .find(|line| line.starts_with(series) && line[series.len()..].starts_with(' '))
             .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+    }
+
+    /// Whether this replica leads (its `ck8s_certs_leader` gauge is 1).
+    pub async fn is_leader(&self) -> bool {
+        let url = format!("http://127.0.0.1:{}/metrics", self.metrics_port);
+        match reqwest::get(url).await {
+            Ok(response) => response
+                .text()
+                .await
+                .is_ok_and(|text| text.lines().any(|l| l == "ck8s_certs_leader 1")),
+            Err(_) => false,
+        }
+    }
+
+    /// Whether `/readyz` answers 200.
+    pub async fn is_ready(&self) -> bool {
+        reqwest::get(format!("http://127.0.0.1:{}/readyz", self.health_port))
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    }
+
+    /// Waits until this replica leads; panics with its log after `timeout`.
+    pub async fn wait_until_leader(&self, timeout: Duration) {
+        self.wait_until(true, timeout).await
+    }
+
+    /// Waits until `/readyz` answers 200; panics with its log after `timeout`.
+    pub async fn wait_until_ready(&self, timeout: Duration) {
+        self.wait_until(false, timeout).await
+    }
+
+    async fn wait_until(&self, leader: bool, timeout: Duration) {
+        let start = Instant::now();
+        loop {
+            let holds = match leader {
+                true => self.is_leader().await,
+                false => self.is_ready().await,
+            };
+            if holds {
+                return;
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "{} did not become {}:\n{}",
+                self.process.name,
+                if leader { "leader" } else { "ready" },
+                self.process.log_tail(30)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Stops it abruptly (a crash).
@@ -167,11 +244,16 @@ impl Environment {
             .arg("--metrics-bind-address")
             .arg(format!("127.0.0.1:{metrics_port}"))
             .args(extra);
-        // Test defaults, unless the test sets the flag itself.
+        // Test defaults, unless the test sets the flag itself. Leader election is on (one Lease
+        // per watch filter) with short timings, so a restart after a crash waits seconds.
         for default in [
             "--k8sd-timeout=5s",
             "--k8sd-run-timeout=60s",
             "--settle-timeout=20s",
+            "--leader-elect-lease-duration=4s",
+            "--leader-elect-renew-deadline=3s",
+            "--leader-elect-retry-period=500ms",
+            "--shutdown-grace-period=20s",
         ] {
             let name = default.split('=').next().unwrap_or(default);
             if !extra.iter().any(|arg| arg.split('=').next() == Some(name)) {

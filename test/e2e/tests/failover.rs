@@ -1,0 +1,281 @@
+//! Two replicas, as the Deployment runs them: one leads, the other stands by. Whatever happens
+//! to the leader in the middle of a refresh — killed outright or asked to stop — the refresh is
+//! finished exactly once: no `run` follows a completed one, and nothing stays in-progress.
+
+use std::time::{Duration, Instant};
+
+use ck8s_certs::k8sd::wire::path;
+use ck8s_certs_api::annotations::REFRESH_CERTIFICATES_STATUS;
+use ck8s_certs_api::machine_certificates::Phase;
+use ck8s_certs_e2e::Environment;
+use ck8s_certs_e2e::controller::Controller;
+use ck8s_certs_e2e::fixtures::NodeInfo;
+use ck8s_certs_e2e::shared;
+use ck8s_certs_e2e::sim::{CallRecord, Endpoint, Fault};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::events::v1::Event;
+use kube::Api;
+
+const TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Starts replica `a` and waits until it leads, then starts standby `b` and waits until it is
+/// ready. Each replica's POD_NAME names it in the Lease and in its Events.
+async fn two_replicas(
+    env: &Environment,
+    filter: &str,
+    a_env: &[(&str, &str)],
+) -> (Controller, Controller) {
+    let a_name = format!("{filter}-a");
+    let b_name = format!("{filter}-b");
+    let mut a_vars = vec![("POD_NAME", a_name.as_str())];
+    a_vars.extend_from_slice(a_env);
+    let a = env.start_controller_with_env(filter, &[], &a_vars);
+    a.wait_until_leader(TIMEOUT).await;
+    a.wait_until_ready(TIMEOUT).await;
+    let b = env.start_controller_with_env(filter, &[], &[("POD_NAME", b_name.as_str())]);
+    b.wait_until_ready(TIMEOUT).await;
+    assert!(!b.is_leader().await, "only one replica leads");
+    assert!(
+        lease_holder(env, filter).await.starts_with(&a_name),
+        "the Lease names the leader"
+    );
+    (a, b)
+}
+
+async fn lease_holder(env: &Environment, filter: &str) -> String {
+    let leases: Api<Lease> = Api::namespaced(
+        env.management().await.unwrap(),
+        ck8s_certs_e2e::controller::NAMESPACE,
+    );
+    leases
+        .get(&format!("ck8s-certs-{filter}"))
+        .await
+        .unwrap()
+        .spec
+        .and_then(|s| s.holder_identity)
+        .unwrap_or_default()
+}
+
+fn runs(calls: &[CallRecord]) -> Vec<&CallRecord> {
+    calls.iter().filter(|c| c.path == path::RUN).collect()
+}
+
+fn seed_of(call: &CallRecord) -> i64 {
+    serde_json::from_str::<serde_json::Value>(&call.body).unwrap()["seed"]
+        .as_i64()
+        .unwrap()
+}
+
+/// The refresh ended `done`, its record is Succeeded and nothing says it is still going.
+async fn expect_finished(
+    env: &Environment,
+    node: &NodeInfo,
+) -> ck8s_certs_api::machine_certificates::Operation {
+    let annotations = env.wait_for_refresh(node, TIMEOUT).await;
+    assert_eq!(
+        annotations[REFRESH_CERTIFICATES_STATUS], "done",
+        "{annotations:#?}"
+    );
+    let status = env
+        .machine_certificates(node)
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    let refreshing = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Refreshing")
+        .map(|c| c.status.as_str());
+    assert_ne!(refreshing, Some("True"), "{status:#?}");
+    let op = status.operation.unwrap();
+    assert_eq!(op.phase, Phase::Succeeded, "{op:#?}");
+    op
+}
+
+/// Every completed `run` (answered 200) of `node`, and that none was sent after one completed.
+async fn completed_runs(env: &Environment, node: &NodeInfo) -> Vec<CallRecord> {
+    let calls = env.sim.calls(&node.cluster, &node.node).await.unwrap();
+    let runs = runs(&calls);
+    if let Some(first) = runs.iter().position(|r| r.status == 200) {
+        assert_eq!(
+            first,
+            runs.len() - 1,
+            "a run was sent after one completed: {runs:#?}"
+        );
+    }
+    runs.into_iter()
+        .filter(|r| r.status == 200)
+        .cloned()
+        .collect()
+}
+
+/// Which replica (POD_NAME) reported the Machine's Events with `reason`.
+async fn reporters(env: &Environment, node: &NodeInfo, reason: &str) -> Vec<String> {
+    env.machine_events(node)
+        .await
+        .into_iter()
+        .filter(|e: &Event| e.reason.as_deref() == Some(reason))
+        .filter_map(|e| e.reporting_instance)
+        .collect()
+}
+
+#[tokio::test]
+async fn leader_killed_after_a_worker_run_the_standby_records_it_without_a_second_run() {
+    let env = shared().await;
+    let node = env.cluster("alpha").node("alpha-md-0-w0").clone();
+    env.isolate(&node, "failover-worker").await;
+    let (mut a, b) = two_replicas(
+        &env,
+        "failover-worker",
+        &[("CK8S_CERTS_FAILPOINTS", "after-run-answered")],
+    )
+    .await;
+    env.annotate_refresh(&node, "1y").await;
+    // The leader dies the instant the node finished: only the node knows the outcome.
+    a.wait_for_exit(TIMEOUT).await;
+    let died = Instant::now();
+    expect_finished_by(&env, &node, &b, died).await;
+    let completed = completed_runs(&env, &node).await;
+    assert_eq!(completed.len(), 1, "{completed:#?}");
+    let op = env
+        .machine_certificates(&node)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .operation
+        .unwrap();
+    assert_eq!(op.seed, Some(seed_of(&completed[0])));
+    assert!(
+        op.note
+            .as_deref()
+            .unwrap_or_default()
+            .contains("CSRs were signed"),
+        "{op:#?}"
+    );
+}
+
+async fn expect_finished_by(
+    env: &Environment,
+    node: &NodeInfo,
+    standby: &Controller,
+    since: Instant,
+) {
+    standby.wait_until_leader(TIMEOUT).await;
+    println!(
+        "standby took over {:.1}s after the leader died",
+        since.elapsed().as_secs_f64()
+    );
+    expect_finished(env, node).await;
+}
+
+#[tokio::test]
+async fn leader_killed_during_a_control_plane_run_the_standby_finishes_it_with_the_same_seed() {
+    let env = shared().await;
+    let node = env.cluster("beta").node("beta-cp-0").clone();
+    env.isolate(&node, "failover-cp-kill").await;
+    let (a, b) = two_replicas(&env, "failover-cp-kill", &[]).await;
+    env.sim
+        .inject(
+            &Fault::latency(Duration::from_secs(3))
+                .on(&node)
+                .at(Endpoint::Run)
+                .times(1),
+        )
+        .await
+        .unwrap();
+    env.annotate_refresh(&node, "1y").await;
+    env.wait_for_call(&node, path::RUN, TIMEOUT, |c| c.status == 0)
+        .await;
+    // Killed while run is held back: the node never acted on it (the client left first).
+    a.crash();
+    let died = Instant::now();
+    expect_finished_by(&env, &node, &b, died).await;
+    let calls = env.sim.calls(&node.cluster, &node.node).await.unwrap();
+    let runs = runs(&calls);
+    assert!(
+        runs.iter().all(|r| seed_of(r) == seed_of(runs[0])),
+        "{runs:#?}"
+    );
+    assert_eq!(completed_runs(&env, &node).await.len(), 1);
+    assert_eq!(
+        calls.iter().filter(|c| c.path == path::PLAN).count(),
+        1,
+        "the standby resumed the recorded operation instead of planning a new one"
+    );
+}
+
+#[tokio::test]
+async fn leader_stopped_during_a_control_plane_run_finishes_it_and_hands_over() {
+    let env = shared().await;
+    let alpha = env.cluster("alpha");
+    let cp = alpha.node("alpha-cp-0").clone();
+    let worker = alpha.node("alpha-md-0-w1").clone();
+    for node in [&cp, &worker] {
+        env.isolate(node, "failover-cp-stop").await;
+    }
+    let (mut a, b) = two_replicas(&env, "failover-cp-stop", &[]).await;
+    env.sim
+        .inject(
+            &Fault::latency(Duration::from_secs(3))
+                .on(&cp)
+                .at(Endpoint::Run)
+                .times(1),
+        )
+        .await
+        .unwrap();
+    env.annotate_refresh(&cp, "1y").await;
+    env.wait_for_call(&cp, path::RUN, TIMEOUT, |c| c.status == 0)
+        .await;
+
+    // SIGTERM as the kubelet sends it: no new work, the run in flight finishes and is recorded,
+    // then the Lease is released.
+    let stopping = Instant::now();
+    let terminate = tokio::task::spawn_blocking(move || {
+        let status = a.process.terminate(Duration::from_secs(60));
+        (a, status)
+    });
+    // Work requested while the leader drains is left for the standby.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    env.annotate_refresh(&worker, "30d").await;
+    let (a, status) = terminate.await.unwrap();
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "a graceful stop exits 0: {status:?}\n{}",
+        a.process.log_tail(30)
+    );
+    println!(
+        "leader drained and exited in {:.1}s",
+        stopping.elapsed().as_secs_f64()
+    );
+    let log = a.log();
+    assert!(log.contains("Released the leader Lease"), "{log}");
+    let op = expect_finished(&env, &cp).await;
+    assert_eq!(op.run_attempts, 1, "{op:#?}");
+    assert_eq!(completed_runs(&env, &cp).await.len(), 1);
+    assert_eq!(
+        runs(&env.sim.calls(&cp.cluster, &cp.node).await.unwrap()).len(),
+        1
+    );
+
+    // The standby takes over at once (the Lease was released, not left to expire) and does
+    // the worker that arrived during the drain.
+    b.wait_until_leader(TIMEOUT).await;
+    expect_finished(&env, &worker).await;
+    assert_eq!(
+        reporters(&env, &worker, "CertificatesRefreshInProgress").await,
+        vec!["failover-cp-stop-b".to_string()],
+        "only the new leader started the worker"
+    );
+    assert_eq!(
+        reporters(&env, &cp, "CertificatesRefreshDone").await,
+        vec!["failover-cp-stop-a".to_string()],
+        "the stopping leader recorded its own refresh"
+    );
+    assert!(
+        lease_holder(&env, "failover-cp-stop")
+            .await
+            .starts_with("failover-cp-stop-b")
+    );
+}
