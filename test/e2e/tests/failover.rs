@@ -279,3 +279,131 @@ async fn leader_stopped_during_a_control_plane_run_finishes_it_and_hands_over() 
             .starts_with("failover-cp-stop-b")
     );
 }
+
+/// The Lease itself, in-process against the real API server: one leader at a time, a released
+/// Lease is taken at once, an abandoned one after its duration, and a leader whose Lease is
+/// taken over stops leading. The records are client-go's, so `kubectl get lease` reads them.
+mod lease {
+    use std::time::{Duration, Instant};
+
+    use ck8s_certs::leader::{Elector, Lost, Settings};
+    use ck8s_certs_e2e::shared;
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::Api;
+    use kube::api::{Patch, PatchParams};
+
+    const NAMESPACE: &str = "default";
+
+    fn settings(lease: &str, identity: &str) -> Settings {
+        Settings {
+            namespace: NAMESPACE.into(),
+            name: lease.into(),
+            identity: identity.into(),
+            lease_duration: Duration::from_secs(3),
+            renew_deadline: Duration::from_secs(2),
+            retry_period: Duration::from_millis(200),
+        }
+    }
+
+    async fn lease(name: &str) -> Lease {
+        let env = shared().await;
+        Api::<Lease>::namespaced(env.management().await.unwrap(), NAMESPACE)
+            .get(name)
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn one_leader_at_a_time_and_a_released_lease_is_taken_at_once() {
+        let env = shared().await;
+        let client = env.management().await.unwrap();
+        let mut first = Elector::new(client.clone(), settings("release", "first")).unwrap();
+        let mut second = Elector::new(client, settings("release", "second")).unwrap();
+        first.acquire().await;
+        let record = lease("release").await.spec.unwrap();
+        assert_eq!(record.holder_identity.as_deref(), Some("first"));
+        assert_eq!(record.lease_duration_seconds, Some(3));
+        assert_eq!(record.lease_transitions, Some(1));
+
+        // The second waits while the first renews, well past the lease duration.
+        let waited = tokio::select! {
+            () = second.acquire() => false,
+            lost = first.hold() => panic!("the leader lost its Lease: {lost}"),
+            () = tokio::time::sleep(Duration::from_secs(5)) => true,
+        };
+        assert!(
+            waited,
+            "the second candidate took a Lease that was being renewed"
+        );
+
+        first.release().await.unwrap();
+        let released = lease("release").await.spec.unwrap();
+        assert_eq!(released.holder_identity, None);
+        let start = Instant::now();
+        second.acquire().await;
+        println!(
+            "a released Lease was taken after {:.2}s",
+            start.elapsed().as_secs_f64()
+        );
+        let record = lease("release").await.spec.unwrap();
+        assert_eq!(record.holder_identity.as_deref(), Some("second"));
+        assert_eq!(record.lease_transitions, Some(2));
+    }
+
+    #[tokio::test]
+    async fn an_abandoned_lease_is_taken_after_its_duration() {
+        let env = shared().await;
+        let client = env.management().await.unwrap();
+        let mut crashed = Elector::new(client.clone(), settings("abandoned", "crashed")).unwrap();
+        crashed.acquire().await;
+        drop(crashed);
+        let mut standby = Elector::new(client, settings("abandoned", "standby")).unwrap();
+        let start = Instant::now();
+        standby.acquire().await;
+        let waited = start.elapsed();
+        println!(
+            "an abandoned 3s Lease was taken after {:.2}s",
+            waited.as_secs_f64()
+        );
+        // Expiry is measured on the standby's own clock from when it first saw the record.
+        assert!(waited >= Duration::from_secs(3), "{waited:?}");
+    }
+
+    #[tokio::test]
+    async fn a_leader_whose_lease_is_taken_over_stops_leading() {
+        let env = shared().await;
+        let client = env.management().await.unwrap();
+        let mut leader = Elector::new(client.clone(), settings("takeover", "leader")).unwrap();
+        leader.acquire().await;
+        // Someone else (an operator, another version) writes the Lease.
+        Api::<Lease>::namespaced(client, NAMESPACE)
+            .patch(
+                "takeover",
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({ "spec": { "holderIdentity": "intruder" } })),
+            )
+            .await
+            .unwrap();
+        let lost = tokio::time::timeout(Duration::from_secs(10), leader.hold())
+            .await
+            .expect("the leader noticed");
+        assert!(
+            matches!(&lost, Lost::TakenOver { holder, .. } if holder == "intruder"),
+            "{lost}"
+        );
+    }
+
+    #[tokio::test]
+    async fn inconsistent_timings_are_refused() {
+        let env = shared().await;
+        let mut bad = settings("never", "me");
+        bad.renew_deadline = Duration::from_secs(3);
+        let error = Elector::new(env.management().await.unwrap(), bad)
+            .err()
+            .expect("refused");
+        assert!(
+            error.to_string().contains("--leader-elect-renew-deadline"),
+            "{error}"
+        );
+    }
+}
