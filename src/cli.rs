@@ -242,6 +242,27 @@ mod tests {
         }
     }
 
+    /// The reference table documents every controller flag with its environment variable.
+    #[test]
+    fn every_flag_has_an_env_var_and_a_reference_row() {
+        use clap::CommandFactory;
+        let reference = include_str!("../docs/reference.md");
+        let command = Args::command();
+        for arg in command.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            if matches!(long, "help" | "version") {
+                continue;
+            }
+            let env = arg
+                .get_env()
+                .unwrap_or_else(|| panic!("--{long} has no environment variable"))
+                .to_string_lossy()
+                .into_owned();
+            let row = format!("| `--{long}` | `{env}` |");
+            assert!(reference.contains(&row), "docs/reference.md lacks {row}");
+        }
+    }
+
     #[test]
     fn leader_election_is_on_unless_turned_off() {
         let args = Args::try_parse_from(["ck8s-certs"]).unwrap();
