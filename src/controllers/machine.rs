@@ -78,10 +78,9 @@ pub struct Config {
 }
 
 /// In-memory concurrency limits (one controller replica acts at a time: leader election).
-#[derive(Default)]
 pub struct Locks {
     clusters: Mutex<HashMap<(String, String), Arc<ClusterLocks>>>,
-    workers: Option<Arc<Semaphore>>,
+    workers: Arc<Semaphore>,
 }
 
 struct ClusterLocks {
@@ -102,7 +101,7 @@ impl Locks {
     pub fn new(max_workers: usize) -> Self {
         Self {
             clusters: Mutex::new(HashMap::new()),
-            workers: Some(Arc::new(Semaphore::new(max_workers.max(1)))),
+            workers: Arc::new(Semaphore::new(max_workers.max(1))),
         }
     }
 
@@ -112,7 +111,7 @@ impl Locks {
         cluster: &str,
         role: Role,
         per_cluster: usize,
-    ) -> Guard {
+    ) -> Option<Guard> {
         let locks = {
             let mut map = match self.clusters.lock() {
                 Ok(map) => map,
@@ -128,24 +127,14 @@ impl Locks {
                 .clone()
         };
         match role {
-            Role::ControlPlane => {
-                Guard::ControlPlane(locks.control_plane.clone().lock_owned().await)
-            }
-            Role::Worker => {
-                // Semaphores are never closed, so acquiring cannot fail; the fallback keeps the
-                // type total without a panic.
-                let cluster = locks.workers.clone().acquire_owned().await;
-                let global = match &self.workers {
-                    Some(workers) => workers.clone().acquire_owned().await,
-                    None => Arc::new(Semaphore::new(1)).acquire_owned().await,
-                };
-                match (cluster, global) {
-                    (Ok(a), Ok(b)) => Guard::Worker(a, b),
-                    _ => Guard::ControlPlane(
-                        Arc::new(tokio::sync::Mutex::new(())).lock_owned().await,
-                    ),
-                }
-            }
+            Role::ControlPlane => Some(Guard::ControlPlane(
+                locks.control_plane.clone().lock_owned().await,
+            )),
+            // Acquiring fails only on a closed semaphore, and these are never closed.
+            Role::Worker => Some(Guard::Worker(
+                locks.workers.clone().acquire_owned().await.ok()?,
+                self.workers.clone().acquire_owned().await.ok()?,
+            )),
         }
     }
 }
@@ -931,9 +920,13 @@ impl Reconciler<'_> {
             role,
             config.max_worker_refreshes_per_cluster,
         );
-        let _guard = tokio::select! {
+        let guard = tokio::select! {
             guard = acquire => guard,
-            () = self.ctx.stop.cancelled() => return Ok(Action::await_change()),
+            () = self.ctx.stop.cancelled() => None,
+        };
+        let Some(_guard) = guard else {
+            // Stopping: the next leader takes this up from the record.
+            return Ok(Action::await_change());
         };
         if op.seed.is_none() && self.ctx.stop.is_cancelled() {
             // Stopping: nothing was sent to the node yet, the next leader starts it.
