@@ -313,7 +313,7 @@ impl Reconciler<'_> {
                 .await?;
                 self.renew(status, cluster.unwrap_or_default()).await
             }
-            Step::ReadExpiry => self.read_expiry(status).await,
+            Step::ReadExpiry => self.read_expiry(status, cluster.unwrap_or_default()).await,
             Step::Idle => self.renew(status, cluster.unwrap_or_default()).await,
         }
     }
@@ -1454,9 +1454,12 @@ impl Reconciler<'_> {
     }
 
     /// Reads the node's expiry through `certificates-expiry`; quiet while the node is starting.
-    async fn read_expiry(&self, mut status: MachineCertificatesStatus) -> Result<Action, Error> {
+    async fn read_expiry(
+        &self,
+        mut status: MachineCertificatesStatus,
+        cluster: ClusterView,
+    ) -> Result<Action, Error> {
         let now = Self::now();
-        let cluster = self.cluster().await?.unwrap_or_default();
         let role = self.role();
         let mut node = match self.prepare(&status, role, &cluster).await {
             Ok(node) => node,
