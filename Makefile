@@ -5,9 +5,21 @@
 #   make test   unit tests, then the e2e suite against the real environment, on every pinned
 #               Cluster API release
 #   make lint   rustfmt, clippy, gofmt, go vet
+#   make release   clusterctl artifacts (addon-components.yaml, metadata.yaml) into _out/release
+#   make docker-build IMG=...   the controller image
 
 include hack/versions.env
 export KUBE_VERSION ETCD_VERSION
+
+# Where hack/lib.sh caches the binaries it builds; the e2e harness computes the same default.
+CK8S_CERTS_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/ck8s-certs
+export CK8S_CERTS_CACHE
+KUBECTL := $(CK8S_CERTS_CACHE)/bin/kubectl-$(KUBE_VERSION)
+CLUSTERCTL := $(CK8S_CERTS_CACHE)/bin/clusterctl-$(CLUSTERCTL_VERSION)
+
+RELEASE_VERSION ?= v$(shell sed -n '/^\[workspace\.package\]/,/^\[/s/^version = "\(.*\)"$$/\1/p' Cargo.toml)
+RELEASE_DIR ?= _out/release
+IMG ?= ghcr.io/ck8s-certs/ck8s-certs:$(RELEASE_VERSION)
 
 SHELL := /bin/bash
 CARGO ?= cargo
@@ -20,7 +32,7 @@ NODESIM := target/bin/nodesim
 manifests:
 	$(CARGO) run -q -p ck8s-certs-api --bin crdgen config/crd/bases
 
-.PHONY: manifests all build control-plane nodesim env run unit e2e test lint fmt clean-env
+.PHONY: manifests all build control-plane nodesim env tools release docker-build run unit e2e test lint fmt clean-env
 
 all: build
 
@@ -38,6 +50,20 @@ nodesim:
 
 env: control-plane nodesim
 
+## Packaging tools, built and cached like the control plane (first build ~2-3 min each):
+## kubectl (KUBE_VERSION; `kubectl kustomize`) and clusterctl (CLUSTERCTL_VERSION).
+tools:
+	@hack/build-tools.sh >/dev/null
+
+## The clusterctl release artifacts of RELEASE_VERSION, with image IMG (see docs/install.md).
+release: tools
+	@RELEASE_VERSION=$(RELEASE_VERSION) RELEASE_DIR=$(RELEASE_DIR) IMG=$(IMG) KUBECTL=$(KUBECTL) \
+	  hack/release.sh
+
+## Needs a Docker engine (not available on every development machine).
+docker-build:
+	docker build -t $(IMG) .
+
 run:
 ifdef KUBECONFIG
 	$(CARGO) run --bin ck8s-certs -- --kubeconfig "$(KUBECONFIG)"
@@ -53,12 +79,14 @@ unit:
 	cd test/nodesim && $(GO) test ./...
 
 ## One environment per test binary; tests isolate by cluster and node. Run once per pinned
-## Cluster API release (oldest and newest supported).
-e2e: env
+## Cluster API release (oldest and newest supported). The release test renders the artifacts
+## with hack/release.sh and installs them with the pinned clusterctl.
+e2e: env tools
 	$(CARGO) build --bin ck8s-certs
 	@set -e; for v in $(CAPI_VERSIONS); do \
 	  echo "== e2e against Cluster API $$v CRDs"; \
-	  CK8S_E2E_CAPI_VERSION=$$v $(CARGO) test -p ck8s-certs-e2e --test '*' -- --nocapture; \
+	  CK8S_E2E_CAPI_VERSION=$$v CK8S_E2E_KUBECTL=$(KUBECTL) CK8S_E2E_CLUSTERCTL=$(CLUSTERCTL) \
+	    $(CARGO) test -p ck8s-certs-e2e --test '*' -- --nocapture; \
 	done
 
 test: unit e2e

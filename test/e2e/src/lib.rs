@@ -18,6 +18,7 @@ pub mod controlplane;
 pub mod crds;
 pub mod fixtures;
 pub mod k8sd;
+pub mod manifests;
 pub mod pki;
 pub mod process;
 pub mod sim;
