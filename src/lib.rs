@@ -159,12 +159,19 @@ async fn lead(
         }
     };
     let mut lost = std::pin::pin!(lost);
-    tokio::select! {
-        () = &mut work => return Err(Error::ControllersStopped),
+    let finished = tokio::select! {
+        // The controllers end by themselves only once told to stop (graceful shutdown).
+        () = &mut work => match shutdown.stop.is_cancelled() {
+            true => true,
+            false => return Err(Error::ControllersStopped),
+        },
         lost = &mut lost => return Err(lost.into()),
-        () = shutdown.stop.cancelled() => {}
-    }
+        () = shutdown.stop.cancelled() => false,
+    };
     health.stopping();
+    if finished {
+        return Ok(());
+    }
     tracing::info!(grace = ?grace, "Stopping: no new work starts; waiting for refreshes in flight");
     tokio::select! {
         () = &mut work => tracing::info!("Work in flight finished"),
@@ -210,4 +217,104 @@ async fn client(args: &cli::Args) -> Result<Client, Error> {
             .map_err(|err| Error::Client(kube::Error::InferConfig(err)))?,
     };
     Client::try_from(config).map_err(Error::Client)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use super::*;
+
+    /// Work that, like the controllers, ends only after the stop signal, taking `drain` to
+    /// finish what is in flight; `done` tells whether it got to the end.
+    fn work(
+        shutdown: &shutdown::Shutdown,
+        drain: Duration,
+        done: Arc<AtomicBool>,
+    ) -> impl std::future::Future<Output = ()> + use<> {
+        let stop = shutdown.stop.clone();
+        async move {
+            stop.cancelled().await;
+            tokio::time::sleep(drain).await;
+            done.store(true, Ordering::SeqCst);
+        }
+    }
+
+    fn stop_after(shutdown: &shutdown::Shutdown, after: Duration) {
+        let stop = shutdown.stop.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            stop.cancel();
+        });
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn work_in_flight_finishes_within_the_grace_period() {
+        let shutdown = shutdown::Shutdown::default();
+        let health = health::Health::default();
+        health.set_ready(true);
+        let done = Arc::new(AtomicBool::new(false));
+        stop_after(&shutdown, Duration::from_secs(1));
+        let work = work(&shutdown, Duration::from_secs(5), done.clone());
+        lead(work, None, &shutdown, &health, Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert!(done.load(Ordering::SeqCst));
+        assert!(!health.is_ready());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn work_that_ends_with_the_stop_signal_is_a_clean_stop() {
+        let shutdown = shutdown::Shutdown::default();
+        let done = Arc::new(AtomicBool::new(false));
+        stop_after(&shutdown, Duration::from_secs(1));
+        let work = work(&shutdown, Duration::ZERO, done.clone());
+        let health = health::Health::default();
+        lead(work, None, &shutdown, &health, Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert!(done.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn work_beyond_the_grace_period_or_a_second_signal_is_abandoned() {
+        for force in [false, true] {
+            let shutdown = shutdown::Shutdown::default();
+            let done = Arc::new(AtomicBool::new(false));
+            stop_after(&shutdown, Duration::from_secs(1));
+            if force {
+                let force = shutdown.force.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    force.cancel();
+                });
+            }
+            let work = work(&shutdown, Duration::from_secs(600), done.clone());
+            let started = tokio::time::Instant::now();
+            let health = health::Health::default();
+            lead(work, None, &shutdown, &health, Duration::from_secs(60))
+                .await
+                .unwrap();
+            assert!(!done.load(Ordering::SeqCst));
+            let expected = if force { 2 } else { 61 };
+            assert_eq!(started.elapsed().as_secs(), expected);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn controllers_that_end_unasked_are_an_error() {
+        let shutdown = shutdown::Shutdown::default();
+        let health = health::Health::default();
+        let result = lead(
+            std::future::ready(()),
+            None,
+            &shutdown,
+            &health,
+            Duration::from_secs(60),
+        )
+        .await;
+        assert!(matches!(result, Err(Error::ControllersStopped)));
+    }
 }

@@ -33,7 +33,7 @@ async fn main() -> anyhow::Result<()> {
         env.dir.display()
     );
 
-    let _controller = match controller {
+    let mut controller = match controller {
         Some(path) => {
             let mut command = std::process::Command::new(&path);
             command
@@ -72,6 +72,10 @@ async fn main() -> anyhow::Result<()> {
         _ = terminate.recv() => {}
     }
     eprintln!("Stopping…");
+    // The controller first, while the API server can still take its Lease release.
+    if let Some(controller) = controller.as_mut() {
+        controller.terminate(std::time::Duration::from_secs(10));
+    }
     env.stop();
     Ok(())
 }
