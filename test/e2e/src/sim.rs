@@ -199,6 +199,24 @@ pub struct CallRecord {
     pub duration_ms: f64,
 }
 
+impl CallRecord {
+    /// The seed a `run` or `approve` carried (panics on another body: a test bug).
+    pub fn seed(&self) -> i64 {
+        serde_json::from_str::<serde_json::Value>(&self.body)
+            .ok()
+            .and_then(|body| body["seed"].as_i64())
+            .unwrap_or_else(|| panic!("no seed in {}", self.body))
+    }
+}
+
+/// The `run` calls among `calls`, in order.
+pub fn runs(calls: &[CallRecord]) -> Vec<&CallRecord> {
+    calls
+        .iter()
+        .filter(|c| c.path == ck8s_certs::k8sd::wire::path::RUN)
+        .collect()
+}
+
 /// A simulated node's state.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -11,7 +11,7 @@ use ck8s_certs_e2e::Environment;
 use ck8s_certs_e2e::controller::Controller;
 use ck8s_certs_e2e::fixtures::NodeInfo;
 use ck8s_certs_e2e::shared;
-use ck8s_certs_e2e::sim::{CallRecord, Endpoint, Fault};
+use ck8s_certs_e2e::sim::{CallRecord, Endpoint, Fault, runs};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::events::v1::Event;
 use kube::Api;
@@ -54,16 +54,6 @@ async fn lease_holder(env: &Environment, filter: &str) -> String {
         .spec
         .and_then(|s| s.holder_identity)
         .unwrap_or_default()
-}
-
-fn runs(calls: &[CallRecord]) -> Vec<&CallRecord> {
-    calls.iter().filter(|c| c.path == path::RUN).collect()
-}
-
-fn seed_of(call: &CallRecord) -> i64 {
-    serde_json::from_str::<serde_json::Value>(&call.body).unwrap()["seed"]
-        .as_i64()
-        .unwrap()
 }
 
 /// The refresh ended `done`, its record is Succeeded and nothing says it is still going.
@@ -146,7 +136,7 @@ async fn leader_killed_after_a_worker_run_the_standby_records_it_without_a_secon
         .unwrap()
         .operation
         .unwrap();
-    assert_eq!(op.seed, Some(seed_of(&completed[0])));
+    assert_eq!(op.seed, Some(completed[0].seed()));
     assert!(
         op.note
             .as_deref()
@@ -194,10 +184,7 @@ async fn leader_killed_during_a_control_plane_run_the_standby_finishes_it_with_t
     expect_finished_by(&env, &node, &b, died).await;
     let calls = env.sim.calls(&node.cluster, &node.node).await.unwrap();
     let runs = runs(&calls);
-    assert!(
-        runs.iter().all(|r| seed_of(r) == seed_of(runs[0])),
-        "{runs:#?}"
-    );
+    assert!(runs.iter().all(|r| r.seed() == runs[0].seed()), "{runs:#?}");
     assert_eq!(completed_runs(&env, &node).await.len(), 1);
     assert_eq!(
         calls.iter().filter(|c| c.path == path::PLAN).count(),

@@ -10,19 +10,9 @@ use ck8s_certs_api::annotations::REFRESH_CERTIFICATES_STATUS;
 use ck8s_certs_api::machine_certificates::Phase;
 use ck8s_certs_e2e::fixtures::NodeInfo;
 use ck8s_certs_e2e::shared;
-use ck8s_certs_e2e::sim::{CallRecord, Endpoint, Fault};
+use ck8s_certs_e2e::sim::{Endpoint, Fault, runs};
 
 const TIMEOUT: Duration = Duration::from_secs(90);
-
-fn runs(calls: &[CallRecord]) -> Vec<&CallRecord> {
-    calls.iter().filter(|c| c.path == path::RUN).collect()
-}
-
-fn seed_of(call: &CallRecord) -> i64 {
-    serde_json::from_str::<serde_json::Value>(&call.body).unwrap()["seed"]
-        .as_i64()
-        .unwrap()
-}
 
 async fn expect_done(env: &ck8s_certs_e2e::Environment, node: &NodeInfo) {
     let annotations = env.wait_for_refresh(node, TIMEOUT).await;
@@ -91,7 +81,7 @@ async fn killed_after_the_seed_is_recorded_the_same_seed_is_run_once() {
     let calls = env.sim.calls("alpha", &node.node).await.unwrap();
     let runs = runs(&calls);
     assert_eq!(runs.len(), 1, "{runs:#?}");
-    assert_eq!(Some(seed_of(runs[0])), op.seed);
+    assert_eq!(Some(runs[0].seed()), op.seed);
     assert_eq!(
         calls.iter().filter(|c| c.path == path::PLAN).count(),
         1,
@@ -152,7 +142,7 @@ async fn killed_during_a_control_plane_run_it_is_sent_again_with_the_same_seed()
         2,
         "outcome unknown: one more run, same seed: {runs:#?}"
     );
-    assert_eq!(seed_of(runs[0]), seed_of(runs[1]));
+    assert_eq!(runs[0].seed(), runs[1].seed());
     let op = env
         .machine_certificates(&node)
         .await
@@ -192,5 +182,5 @@ async fn killed_during_a_worker_run_it_finishes_with_the_same_csrs() {
     let calls = env.sim.calls("alpha", &node.node).await.unwrap();
     let runs = runs(&calls);
     assert!(runs.len() <= 2, "{runs:#?}");
-    assert!(runs.iter().all(|r| seed_of(r) == seed_of(runs[0])));
+    assert!(runs.iter().all(|r| r.seed() == runs[0].seed()));
 }
