@@ -250,8 +250,8 @@ impl Environment {
             "--k8sd-timeout=5s",
             "--k8sd-run-timeout=60s",
             "--settle-timeout=20s",
-            "--leader-elect-lease-duration=4s",
-            "--leader-elect-renew-deadline=3s",
+            "--leader-elect-lease-duration=6s",
+            "--leader-elect-renew-deadline=4s",
             "--leader-elect-retry-period=500ms",
             "--shutdown-grace-period=20s",
         ] {
