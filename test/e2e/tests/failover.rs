@@ -267,6 +267,38 @@ async fn leader_stopped_during_a_control_plane_run_finishes_it_and_hands_over() 
     );
 }
 
+#[tokio::test]
+async fn a_leader_that_loses_its_lease_stops_acting_and_exits() {
+    let env = shared().await;
+    let mut leader =
+        env.start_controller_with_env("failover-lost", &[], &[("POD_NAME", "failover-lost-a")]);
+    leader.wait_until_leader(TIMEOUT).await;
+    // Another holder appears (an operator's edit, a replica with a skewed view): the leader must
+    // not act beside it.
+    let leases: Api<Lease> = Api::namespaced(
+        env.management().await.unwrap(),
+        ck8s_certs_e2e::controller::NAMESPACE,
+    );
+    leases
+        .patch(
+            "ck8s-certs-failover-lost",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                serde_json::json!({ "spec": { "holderIdentity": "intruder" } }),
+            ),
+        )
+        .await
+        .unwrap();
+    leader.wait_for_exit(TIMEOUT).await;
+    let status = leader.process.check_running().unwrap_err().to_string();
+    assert!(status.contains("exit status: 1"), "{status}");
+    let log = leader.log();
+    assert!(
+        log.contains("stopped acting because leadership was lost") && log.contains("intruder"),
+        "{status}\n{log}"
+    );
+}
+
 /// The Lease itself, in-process against the real API server: one leader at a time, a released
 /// Lease is taken at once, an abandoned one after its duration, and a leader whose Lease is
 /// taken over stops leading. The records are client-go's, so `kubectl get lease` reads them.
