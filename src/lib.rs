@@ -57,7 +57,20 @@ pub enum Error {
 /// lost, which is an error: the process exits and its restart stands by again).
 pub async fn run(args: cli::Args) -> Result<(), Error> {
     let shutdown = shutdown::Shutdown::on_signals().map_err(Error::Signal)?;
+    // Bad flags fail before anything is served.
+    let backoff = policy::Backoff::new(args.renewal_backoff_min, args.renewal_backoff_max)?;
+    let renewal = policy::spec::Settings {
+        strict: args.renewal_window_strict,
+        backoff,
+    };
     let client = client(&args).await?;
+    let mut elector = match args.leader_elect {
+        true => Some(leader::Elector::new(
+            client.clone(),
+            leader_settings(&args, &client),
+        )?),
+        false => None,
+    };
     let version = client.apiserver_version().await.map_err(Error::Connect)?;
     let machines = capi::discover(&client).await?;
     tracing::info!(
@@ -75,11 +88,6 @@ pub async fn run(args: cli::Args) -> Result<(), Error> {
             source,
         })?;
 
-    let backoff = policy::Backoff::new(args.renewal_backoff_min, args.renewal_backoff_max)?;
-    let renewal = policy::spec::Settings {
-        strict: args.renewal_window_strict,
-        backoff,
-    };
     let metrics = std::sync::Arc::new(metrics::Metrics::default());
     let metrics_server = metrics::serve(args.metrics_bind_address, metrics.clone())
         .await
@@ -88,13 +96,6 @@ pub async fn run(args: cli::Args) -> Result<(), Error> {
             source,
         })?;
 
-    let mut elector = match args.leader_elect {
-        true => Some(leader::Elector::new(
-            client.clone(),
-            leader_settings(&args, &client),
-        )?),
-        false => None,
-    };
     if let Some(elector) = &mut elector {
         // A standby is ready: it is connected and takes over when the leader goes.
         health.set_ready(true);

@@ -27,7 +27,8 @@ fn main() -> ExitCode {
         None => match controller(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
-                eprintln!("Error: {error:?}");
+                // Every error message already names its cause; no backtrace for users.
+                eprintln!("Error: {error}");
                 ExitCode::from(EXIT_ERROR)
             }
         },
