@@ -112,23 +112,13 @@ pub async fn run(
         metrics,
         stop,
     });
-    let policies: Api<DynamicObject> = match &args.namespace {
-        Some(ns) => Api::namespaced_with(
-            client.clone(),
-            ns,
-            &ApiResource::erase::<CertificateRenewalPolicy>(&()),
-        ),
-        None => Api::all_with(
-            client.clone(),
-            &ApiResource::erase::<CertificateRenewalPolicy>(&()),
-        ),
-    };
+    let policies = policies_api(&client, args);
     // A policy change re-checks every Machine of its namespace.
-    let policy_store = store.clone();
+    let machines_seen = store.clone();
     let policy_machine_resource = machine_resource.clone();
     let machines_of_namespace = move |policy: DynamicObject| {
         let namespace = policy.namespace();
-        policy_store
+        machines_seen
             .state()
             .into_iter()
             .filter(|m| m.namespace() == namespace)
