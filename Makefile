@@ -27,12 +27,13 @@ GO ?= go
 export GOTOOLCHAIN := local
 export GOFLAGS := -mod=mod
 NODESIM := target/bin/nodesim
+BOOTSTRAPDOUBLE := target/bin/bootstrapdouble
 
 ## CRD YAML generated from the api crate's types (a unit test fails when it is stale).
 manifests:
 	$(CARGO) run -q -p ck8s-certs-api --bin crdgen config/crd/bases
 
-.PHONY: manifests all build control-plane nodesim env tools release docker-build run unit e2e test lint fmt clean-env
+.PHONY: manifests all build control-plane nodesim bootstrapdouble env tools release docker-build run unit e2e test lint fmt clean-env
 
 all: build
 
@@ -40,7 +41,8 @@ build:
 	$(CARGO) build --workspace
 
 ## Test environment binaries: kube-apiserver and etcd from pinned Go modules, cached by version
-## under ~/.cache/ck8s-certs/bin (first build ~5 min on 2 cores), and the node simulator.
+## under ~/.cache/ck8s-certs/bin (first build ~5 min on 2 cores), the node simulator, and the
+## test double of the CK8s bootstrap provider's certificates controller (design.md section 8).
 control-plane:
 	hack/build-control-plane.sh >/dev/null
 
@@ -48,7 +50,11 @@ nodesim:
 	@mkdir -p target/bin
 	cd test/nodesim && $(GO) build -o ../../$(NODESIM) .
 
-env: control-plane nodesim
+bootstrapdouble:
+	@mkdir -p target/bin
+	cd test/bootstrapdouble && $(GO) build -o ../../$(BOOTSTRAPDOUBLE) .
+
+env: control-plane nodesim bootstrapdouble
 
 ## Packaging tools, built and cached like the control plane (first build ~2-3 min each):
 ## kubectl (KUBE_VERSION; `kubectl kustomize`) and clusterctl (CLUSTERCTL_VERSION).
@@ -77,6 +83,7 @@ endif
 unit:
 	$(CARGO) test --workspace --exclude ck8s-certs-e2e
 	cd test/nodesim && $(GO) test ./...
+	cd test/bootstrapdouble && $(GO) test ./...
 
 ## One environment per test binary; tests isolate by cluster and node. Run once per pinned
 ## Cluster API release (oldest and newest supported). The release test renders the artifacts
@@ -95,10 +102,12 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	cd test/nodesim && test -z "$$(gofmt -l .)" && $(GO) vet ./...
+	cd test/bootstrapdouble && test -z "$$(gofmt -l .)" && $(GO) vet ./...
 
 fmt:
 	$(CARGO) fmt --all
 	cd test/nodesim && gofmt -w .
+	cd test/bootstrapdouble && gofmt -w .
 
 ## Environments of killed test runs remove themselves on the next start; this removes them now.
 clean-env:

@@ -88,6 +88,12 @@ pub struct Args {
     #[arg(long, env = "CK8S_CERTS_SETTLE_TIMEOUT", value_parser = humantime::parse_duration, default_value = "5m")]
     pub settle_timeout: Duration,
 
+    /// How long a refresh waits for a node, a Ready control plane or the workload cluster's API
+    /// that does not answer (k8sd restarts services after every refresh; a single control plane
+    /// takes the whole workload API with it) before it fails.
+    #[arg(long, env = "CK8S_CERTS_REFRESH_WAIT_TIMEOUT", value_parser = humantime::parse_duration, default_value = "10m")]
+    pub refresh_wait_timeout: Duration,
+
     /// How often idle Machines are re-checked (everything else is event-driven).
     #[arg(long, env = "CK8S_CERTS_RESYNC_PERIOD", value_parser = humantime::parse_duration, default_value = "1h")]
     pub resync_period: Duration,

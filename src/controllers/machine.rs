@@ -11,9 +11,10 @@
 //!   ─► W operation {Succeeded|Failed, expiry} ─► W Machine done|failed + expiry, trigger removed
 //! ```
 //! After a crash the persisted operation decides: a finished one is only recorded on the
-//! Machine; a Running one is resumed with the same seed — for a worker, CSRs of that seed that
-//! are already signed prove `run` completed, so it is not sent again; otherwise `run` is sent
-//! again with the same seed, at most [`MAX_RUN_SENDS`] times per operation in total.
+//! Machine; a Running one had a `run` whose outcome is unknown, so it continues with a new
+//! `plan` and a new seed (released k8sd cannot repeat a worker seed, and after a lost answer it
+//! does not serve what it wrote), at most [`MAX_RUN_SENDS`] `run`s per operation in total. An
+//! expiry is recorded only from a `run` answer.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -32,7 +33,6 @@ use ck8s_certs_api::machine_certificates::{
 };
 use ck8s_certs_api::reasons::{condition_reasons as why, conditions, events};
 use jiff::Timestamp;
-use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
@@ -48,13 +48,14 @@ use super::patches::{MachineChanges, MachinePatch, machine_patch, set_condition}
 use crate::k8sd::wire::{CertificatesExpiryResponse, RunRequest, path};
 use crate::k8sd::{Fingerprint, K8sdError};
 use crate::policy::Ttl;
+use crate::refresh::NodeApi;
 use crate::refresh::flow::{self, Retry};
 use crate::refresh::session::{Session, Timeouts};
 use crate::workload::endpoint::{self, Transport};
 use crate::workload::{self, WorkloadError};
 
-/// `run` is sent at most this many times per operation (across retries and restarts). A second
-/// send only happens when the first one's outcome is unknown; k8sd handles a repeated seed.
+/// `run` is sent at most this many times per operation (across retries and restarts), each time
+/// after a new `plan`. A second send only happens when the first one's outcome is unknown.
 pub const MAX_RUN_SENDS: u32 = 3;
 
 /// Field manager of our writes.
@@ -71,6 +72,9 @@ pub struct Config {
     /// After a control-plane `run`, how long to wait for the node's k8sd to answer again before
     /// another control plane of that cluster may start (k8sd restarts its services).
     pub settle_timeout: Duration,
+    /// How long a refresh waits for a node, a control plane or a workload cluster API that does
+    /// not answer (k8sd restarts services after a refresh) before it fails.
+    pub wait_timeout: Duration,
     /// Re-check period of idle Machines.
     pub resync: Duration,
     /// Strict windows and backoff of automatic renewals.
@@ -84,14 +88,19 @@ pub struct Locks {
 }
 
 struct ClusterLocks {
-    control_plane: Arc<tokio::sync::Mutex<()>>,
+    /// Control planes take it exclusively, workers shared: a control-plane refresh (with its
+    /// settling, while k8sd restarts the control-plane services) never overlaps another refresh
+    /// of its cluster, whose worker approvals and tunnels need that control plane. The lock is
+    /// fair, so a waiting control plane goes before workers that arrive after it.
+    nodes: Arc<tokio::sync::RwLock<()>>,
     workers: Arc<Semaphore>,
 }
 
 /// Held while a node is being refreshed.
 pub enum Guard {
-    ControlPlane(#[allow(dead_code)] tokio::sync::OwnedMutexGuard<()>),
+    ControlPlane(#[allow(dead_code)] tokio::sync::OwnedRwLockWriteGuard<()>),
     Worker(
+        #[allow(dead_code)] tokio::sync::OwnedRwLockReadGuard<()>,
         #[allow(dead_code)] OwnedSemaphorePermit,
         #[allow(dead_code)] OwnedSemaphorePermit,
     ),
@@ -120,18 +129,17 @@ impl Locks {
             map.entry((namespace.to_owned(), cluster.to_owned()))
                 .or_insert_with(|| {
                     Arc::new(ClusterLocks {
-                        control_plane: Arc::new(tokio::sync::Mutex::new(())),
+                        nodes: Arc::new(tokio::sync::RwLock::new(())),
                         workers: Arc::new(Semaphore::new(per_cluster.max(1))),
                     })
                 })
                 .clone()
         };
         match role {
-            Role::ControlPlane => Some(Guard::ControlPlane(
-                locks.control_plane.clone().lock_owned().await,
-            )),
+            Role::ControlPlane => Some(Guard::ControlPlane(locks.nodes.clone().write_owned().await)),
             // Acquiring fails only on a closed semaphore, and these are never closed.
             Role::Worker => Some(Guard::Worker(
+                locks.nodes.clone().read_owned().await,
                 locks.workers.clone().acquire_owned().await.ok()?,
                 self.workers.clone().acquire_owned().await.ok()?,
             )),
@@ -145,6 +153,8 @@ pub struct Context {
     pub machine_resource: ApiResource,
     pub cluster_resource: ApiResource,
     pub workload: workload::Clients,
+    /// The Machines we watch (the controller's cache).
+    pub machines: kube::runtime::reflector::Store<DynamicObject>,
     pub recorder: Recorder,
     pub config: Config,
     pub locks: Locks,
@@ -644,15 +654,26 @@ impl Reconciler<'_> {
     }
 
     /// Applies the governing renewal policy, if any: renew now, or record why not and come back
-    /// exactly when the answer can change.
+    /// exactly when the answer can change. The verdict is written only when it changes.
     async fn renew(
         &self,
-        mut status: MachineCertificatesStatus,
+        status: MachineCertificatesStatus,
         cluster: ClusterView,
     ) -> Result<Action, Error> {
+        use super::renewal::{Governing, Verdict};
         use crate::policy::{Decision, RenewReason};
         let now = Self::now();
         let resync = self.ctx.config.resync;
+        let invalid = |policy: &str, message: String| {
+            Verdict::new(
+                policy,
+                "ConfigInvalid",
+                None,
+                message,
+                conditions::RENEWAL_CONFIG_INVALID,
+            )
+        };
+        let warn_invalid = Some((EventType::Warning, events::RENEWAL_CONFIG_INVALID));
         let governing = super::renewal::governing(
             &self.ctx.client,
             &self.view.namespace,
@@ -661,38 +682,37 @@ impl Reconciler<'_> {
         )
         .await?;
         let (name, policy) = match governing {
-            super::renewal::Governing::None => {
-                if status.renewal.is_some() {
-                    status.renewal = None;
-                    clear_renewal_conditions(&mut status);
-                    self.write_status(&status).await?;
-                }
+            Governing::None => {
+                self.show_verdict(&status, Verdict::none(), None, now)
+                    .await?;
                 return Ok(Action::requeue(resync));
             }
-            super::renewal::Governing::Conflict(names) => {
+            Governing::Conflict(names) => {
                 let message = format!(
                     "CertificateRenewalPolicies {} all select this Machine; no automatic renewal until exactly one does (adjust their selectors)",
                     names.join(", ")
                 );
-                self.report_invalid(&mut status, &names.join(","), message, now)
+                let verdict = invalid(&names.join(","), message);
+                self.show_verdict(&status, verdict, warn_invalid, now)
                     .await?;
                 return Ok(Action::requeue(resync));
             }
-            super::renewal::Governing::One { name, policy } => (name, policy),
+            Governing::One { name, policy } => (name, policy),
         };
         let policy = match policy {
             Ok(policy) => policy,
             Err(message) => {
-                self.report_invalid(&mut status, &name, message, now)
+                self.show_verdict(&status, invalid(&name, message), warn_invalid, now)
                     .await?;
                 return Ok(Action::requeue(resync));
             }
         };
-        let role_is_worker = !self.view.control_plane;
-        if role_is_worker && let Err(err) = policy.ttl.check_worker() {
+        if !self.view.control_plane
+            && let Err(err) = policy.ttl.check_worker()
+        {
             let message =
                 format!("CertificateRenewalPolicy {name} cannot renew this worker: {err}");
-            self.report_invalid(&mut status, &name, message, now)
+            self.show_verdict(&status, invalid(&name, message), warn_invalid, now)
                 .await?;
             return Ok(Action::requeue(resync));
         }
@@ -706,7 +726,6 @@ impl Reconciler<'_> {
             self.ctx.config.renewal,
         );
         let decision = crate::policy::decide(&input, now);
-        let windows_ignored = decision.windows_ignored();
         let requeue = crate::policy::requeue_at(&decision)
             .map(|at| {
                 Duration::try_from(at.duration_since(now))
@@ -715,24 +734,39 @@ impl Reconciler<'_> {
             })
             .map_or(resync, |d| d.min(resync));
         let message = decision.to_string();
-        let action = match &decision {
+        let windows_ignored = |verdict: Verdict| {
+            if decision.windows_ignored() {
+                verdict.with(
+                    conditions::WINDOWS_IGNORED,
+                    "Automatic",
+                    crate::policy::decision::WINDOWS_IGNORED_MESSAGE.to_owned(),
+                )
+            } else {
+                verdict
+            }
+        };
+        let severity = if decision.is_warning() {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        };
+        match &decision {
             Decision::NoExpiry { .. } => Ok(Action::requeue(resync)),
             Decision::RenewNow(renewal) => {
-                status.renewal = Some(RenewalStatus {
-                    policy: name.clone(),
-                    reason: "RenewNow".into(),
-                    next_renewal_time: Some(Time(now)),
-                    message: message.clone(),
-                });
-                clear_renewal_conditions(&mut status);
+                let mut verdict = Verdict {
+                    renewal: Some(RenewalStatus {
+                        policy: name.clone(),
+                        reason: "RenewNow".into(),
+                        next_renewal_time: Some(Time(now)),
+                        message: message.clone(),
+                    }),
+                    conditions: Vec::new(),
+                };
                 if renewal.reason == RenewReason::FailSafeBypass {
-                    set_condition(
-                        &mut status,
+                    verdict = verdict.with(
                         conditions::RENEWAL_WINDOW_BYPASSED,
-                        true,
                         "FailSafeBypass",
                         message.clone(),
-                        now,
                     );
                     self.event(
                         EventType::Warning,
@@ -742,153 +776,89 @@ impl Reconciler<'_> {
                     .await;
                     self.ctx.metrics.window_bypass.inc();
                 }
-                if windows_ignored {
-                    set_condition(
-                        &mut status,
-                        conditions::WINDOWS_IGNORED,
-                        true,
-                        "Automatic",
-                        crate::policy::decision::WINDOWS_IGNORED_MESSAGE.to_owned(),
-                        now,
-                    );
-                }
-                return self
-                    .start_automatic(status, &name, policy.ttl, cluster)
-                    .await;
+                let status = super::renewal::with_verdict(&status, &windows_ignored(verdict), now);
+                self.start_automatic(status, &name, policy.ttl, cluster)
+                    .await
             }
             Decision::Defer(deferral) => {
-                let warning = decision.is_warning();
-                self.report_renewal(
-                    &mut status,
+                let verdict = Verdict::new(
                     &name,
                     deferral.reason.as_str(),
                     Some(deferral.until),
                     message,
                     conditions::RENEWAL_DEFERRED,
-                    events::RENEWAL_DEFERRED,
-                    warning,
+                );
+                self.show_verdict(
+                    &status,
+                    windows_ignored(verdict),
+                    Some((severity, events::RENEWAL_DEFERRED)),
                     now,
                 )
                 .await?;
                 Ok(Action::requeue(requeue))
             }
             Decision::Disabled { .. } => {
-                let warning = decision.is_warning();
-                self.report_renewal(
-                    &mut status,
+                let verdict = Verdict::new(
                     &name,
                     "Disabled",
                     None,
                     message,
                     conditions::RENEWAL_DISABLED,
-                    events::RENEWAL_DISABLED,
-                    warning,
+                );
+                self.show_verdict(
+                    &status,
+                    windows_ignored(verdict),
+                    Some((severity, events::RENEWAL_DISABLED)),
                     now,
                 )
                 .await?;
                 Ok(Action::requeue(requeue))
             }
             Decision::Invalid { .. } => {
-                self.report_invalid(&mut status, &name, message, now)
+                self.show_verdict(&status, invalid(&name, message), warn_invalid, now)
                     .await?;
                 Ok(Action::requeue(resync))
             }
-        };
-        if windows_ignored {
-            let before = status.clone();
-            set_condition(
-                &mut status,
-                conditions::WINDOWS_IGNORED,
-                true,
-                "Automatic",
-                crate::policy::decision::WINDOWS_IGNORED_MESSAGE.to_owned(),
-                now,
-            );
-            if before != status {
-                self.write_status(&status).await?;
-            }
         }
-        action
     }
 
-    /// Records that the governing policy (or policies) cannot be applied to this Machine.
-    async fn report_invalid(
+    /// Shows a renewal verdict: the status is written only when it differs from what is stored
+    /// (at rest nothing is written); a changed verdict is announced with `announce` and counted.
+    async fn show_verdict(
         &self,
-        status: &mut MachineCertificatesStatus,
-        policy: &str,
-        message: String,
+        current: &MachineCertificatesStatus,
+        verdict: super::renewal::Verdict,
+        announce: Option<(EventType, &str)>,
         now: Timestamp,
     ) -> Result<(), Error> {
-        self.report_renewal(
-            status,
-            policy,
-            "ConfigInvalid",
-            None,
-            message,
-            conditions::RENEWAL_CONFIG_INVALID,
-            events::RENEWAL_CONFIG_INVALID,
-            true,
-            now,
-        )
-        .await
-    }
-
-    /// Records a renewal verdict (status, one condition) and emits an Event when it changed.
-    #[allow(clippy::too_many_arguments)]
-    async fn report_renewal(
-        &self,
-        status: &mut MachineCertificatesStatus,
-        policy: &str,
-        reason: &str,
-        next: Option<Timestamp>,
-        message: String,
-        condition: &str,
-        event: &str,
-        warning: bool,
-        now: Timestamp,
-    ) -> Result<(), Error> {
-        let verdict = RenewalStatus {
-            policy: policy.to_owned(),
-            reason: reason.to_owned(),
-            next_renewal_time: next.map(Time),
-            message: message.clone(),
+        let desired = super::renewal::with_verdict(current, &verdict, now);
+        if desired != *current {
+            self.write_status(&desired).await?;
+        }
+        let Some(renewal) = verdict.renewal.as_ref() else {
+            return Ok(());
         };
-        let changed = status.renewal.as_ref() != Some(&verdict);
-        let before = status.clone();
-        status.renewal = Some(verdict);
-        clear_renewal_conditions(status);
-        set_condition(status, condition, true, reason, message.clone(), now);
-        // Keep the transition time of an unchanged condition.
-        if let Some(old) = before
-            .conditions
-            .iter()
-            .find(|c| c.type_ == condition && c.reason == reason)
-            && let Some(new) = status.conditions.iter_mut().find(|c| c.type_ == condition)
-        {
-            new.last_transition_time = old.last_transition_time.clone();
+        if current.renewal.as_ref() == Some(renewal) {
+            return Ok(());
         }
-        if *status != before {
-            self.write_status(status).await?;
-        }
-        if changed {
-            let labels = crate::metrics::ReasonLabels {
-                reason: reason.to_owned(),
-            };
-            if condition == conditions::RENEWAL_DEFERRED {
+        let labels = crate::metrics::ReasonLabels {
+            reason: renewal.reason.clone(),
+        };
+        match verdict.conditions.first().map(|(type_, _, _)| *type_) {
+            Some(conditions::RENEWAL_DEFERRED) => {
                 self.ctx
                     .metrics
                     .renewals_deferred
                     .get_or_create(&labels)
                     .inc();
-            } else if condition == conditions::RENEWAL_CONFIG_INVALID {
+            }
+            Some(conditions::RENEWAL_CONFIG_INVALID) => {
                 self.ctx.metrics.policy_invalid.get_or_create(&labels).inc();
             }
-            let type_ = if warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            };
-            self.event(type_, event, message).await;
+            _ => {}
+        }
+        if let Some((type_, reason)) = announce {
+            self.event(type_, reason, renewal.message.clone()).await;
         }
         Ok(())
     }
@@ -904,6 +874,35 @@ impl Reconciler<'_> {
         self.execute(status, op, role, cluster).await
     }
 
+    /// Control planes first: a worker whose cluster has a control-plane refresh requested or
+    /// running waits for it (up to `--refresh-wait-timeout`), so that a cluster annotated in one
+    /// command refreshes its control planes before its workers, whose approvals need them.
+    async fn control_planes_first(&self) {
+        let pending = || {
+            self.ctx.machines.state().iter().any(|m| {
+                let other = MachineView::from_dynamic(m);
+                other.control_plane
+                    && other.name != self.view.name
+                    && other.namespace == self.view.namespace
+                    && other.cluster == self.view.cluster
+                    && other.node_name.is_some()
+                    && !other.deleting
+                    && (other.annotation(REFRESH_CERTIFICATES).is_some()
+                        || other.annotation(ck8s_certs_api::annotations::REFRESH_CERTIFICATES_STATUS)
+                            == Some(RefreshStatus::InProgress.as_str()))
+            })
+        };
+        let deadline = tokio::time::Instant::now() + self.ctx.config.wait_timeout;
+        let mut logged = false;
+        while pending() && tokio::time::Instant::now() < deadline && !self.ctx.stop.is_cancelled() {
+            if !logged {
+                info!("Waiting for the control planes of the cluster to be refreshed first");
+                logged = true;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
     /// Runs (or continues) `op` under the cluster's lock and records the outcome.
     async fn execute(
         &self,
@@ -914,6 +913,9 @@ impl Reconciler<'_> {
     ) -> Result<Action, Error> {
         let cluster_name = self.view.cluster.clone().unwrap_or_default();
         let config = &self.ctx.config;
+        if role == Role::Worker && op.seed.is_none() {
+            self.control_planes_first().await;
+        }
         let acquire = self.ctx.locks.acquire(
             &self.view.namespace,
             &cluster_name,
@@ -948,6 +950,7 @@ impl Reconciler<'_> {
         let result = self.refresh(&mut status, &mut op, role, &cluster).await;
         let mut node = match result {
             Ok(node) => node,
+            Err(Failure::Stopping) => return Ok(Action::await_change()),
             Err(failure) => return self.finish(status, op, Err(failure)).await,
         };
         let action = self.finish(status, op.clone(), Ok(())).await?;
@@ -971,6 +974,12 @@ impl Reconciler<'_> {
     }
 
     /// Everything up to the outcome of `run`. Progress is written to `status` as it happens.
+    ///
+    /// Every attempt is a fresh `plan` whose seed is recorded before its `run` is sent; an
+    /// attempt whose outcome is unknown (no answer, or a crash while it ran) is followed by a new
+    /// `plan`, never by the same seed again: released k8sd refuses a worker `run` with a seed
+    /// whose CSRs exist, and after a lost answer it skips the restart, so only a new `run` whose
+    /// answer arrives tells what the node serves. At most [`MAX_RUN_SENDS`] attempts.
     async fn refresh(
         &self,
         status: &mut MachineCertificatesStatus,
@@ -978,118 +987,153 @@ impl Reconciler<'_> {
         role: Role,
         cluster: &ClusterView,
     ) -> Result<Node, Failure> {
-        let mut node = self.prepare(status, role, cluster).await?;
-        let retry = self.ctx.config.retry.clone();
-        let prepaid = std::sync::atomic::AtomicBool::new(false);
-        let seed = match op.seed {
-            Some(seed) => seed,
-            None => {
-                let plan = flow::plan(&mut node.session, &retry)
-                    .await
-                    .map_err(|e| Failure::k8sd("plan", e))?;
-                op.seed = Some(plan.seed);
-                op.phase = Phase::Running;
-                // This record also covers the first `run` (it may be sent from now on), which
-                // saves a status write per refresh.
-                op.run_attempts = 1;
-                prepaid.store(true, std::sync::atomic::Ordering::SeqCst);
-                // Record the seed (and the pinned certificate) before anything changes on the node.
-                status.operation = Some(op.clone());
-                status.k8sd_fingerprint = node.session.fingerprint().map(|f| f.to_string());
-                set_condition(
-                    status,
-                    conditions::REFRESHING,
-                    true,
-                    why::REFRESH_IN_PROGRESS,
-                    format!("Refreshing with seed {}", plan.seed),
-                    Self::now(),
-                );
-                self.write_status(status).await.map_err(Failure::Api)?;
-                crate::failpoint::hit(crate::failpoint::AFTER_SEED_RECORDED);
-                plan.seed
+        let mut wait = Wait::new(self.ctx.config.wait_timeout);
+        let mut node = loop {
+            match self.prepare(status, role, cluster).await {
+                Err(failure) if failure.unavailable() => {
+                    self.pause(&mut wait, status, op, "the workload cluster", &failure)
+                        .await?;
+                }
+                result => break result?,
             }
         };
-        tracing::Span::current().record("seed", seed);
+        let mut approver = match role {
+            Role::ControlPlane => None,
+            Role::Worker => Some(loop {
+                match self.approver(&node.cluster).await {
+                    Err(failure) if failure.unavailable() => {
+                        self.pause(&mut wait, status, op, "a Ready control-plane node", &failure)
+                            .await?;
+                    }
+                    result => break result?,
+                }
+            }),
+        };
+        let retry = self.ctx.config.retry.clone();
+        loop {
+            if op.phase == Phase::Running
+                && let Some(seed) = op.seed
+            {
+                // The run of `seed` has no known outcome.
+                if op.run_attempts >= MAX_RUN_SENDS {
+                    return Err(Failure::Message(format!(
+                        "run was sent {} times without an answer (last seed {seed}); the node may hold new certificates that it does not serve yet",
+                        op.run_attempts
+                    )));
+                }
+                info!(seed, attempts = op.run_attempts, "The outcome of run is unknown: refreshing again with a new plan");
+            }
+            let plan = loop {
+                match flow::plan(&mut node.session, &retry).await {
+                    Err(err) if err.is_retryable() => {
+                        let failure = Failure::k8sd("plan", err);
+                        self.pause(&mut wait, status, op, "the node's k8sd", &failure)
+                            .await?;
+                    }
+                    result => break result.map_err(|e| Failure::k8sd("plan", e))?,
+                }
+            };
+            if self.ctx.stop.is_cancelled() && op.seed.is_none() {
+                return Err(Failure::Stopping);
+            }
+            let seed = plan.seed;
+            op.seed = Some(seed);
+            op.phase = Phase::Running;
+            op.run_attempts = op.run_attempts.saturating_add(1);
+            // Record the seed (and the pinned certificate) before anything changes on the node.
+            status.operation = Some(op.clone());
+            status.k8sd_fingerprint = node.session.fingerprint().map(|f| f.to_string());
+            set_condition(
+                status,
+                conditions::REFRESHING,
+                true,
+                why::REFRESH_IN_PROGRESS,
+                format!("Refreshing with seed {seed}"),
+                Self::now(),
+            );
+            self.write_status(status).await.map_err(Failure::Api)?;
+            crate::failpoint::hit(crate::failpoint::AFTER_SEED_RECORDED);
+            tracing::Span::current().record("seed", seed);
 
-        if role == Role::Worker && op.run_attempts > 0 {
-            // Resumed after an unknown outcome: signed CSRs of this seed prove run completed.
-            if let Some(not_after) = signed_worker_certificate(&node.workload, seed).await {
-                op.note = Some(
-                    "Recovered after an interruption: run had completed (its CSRs were signed)"
-                        .into(),
-                );
-                return self
-                    .succeed(
-                        op,
-                        flow::RunOutcome {
-                            not_after,
-                            answered_duration: false,
-                        },
-                    )
-                    .map(|()| node);
+            let request = RunRequest {
+                certificates: None,
+                seed,
+                expiration_seconds: op.ttl_seconds.unwrap_or_default(),
+                extra_sans: (role == Role::ControlPlane).then(|| node.sans.clone()),
+            };
+            let (answered, approve_error) = match approver.as_mut() {
+                None => (node.session.run(&request).await, None),
+                Some(approver) => {
+                    let worker = flow::run_worker(&mut node.session, approver, &request).await;
+                    if worker.approve_abandoned
+                        && let (Err(err), Some(approve)) = (&worker.run, &worker.approve_error)
+                    {
+                        // Nothing approved the CSRs: the cause is known, a new plan would not help.
+                        return Err(Failure::Message(format!(
+                            "Approving the worker's CSRs failed ({approve}), and run then failed: {err}"
+                        )));
+                    }
+                    (worker.run, worker.approve_error)
+                }
+            };
+            match answered {
+                Ok(response) => {
+                    crate::failpoint::hit(crate::failpoint::AFTER_RUN_ANSWERED);
+                    let outcome = flow::interpret_run(&response, Self::now())
+                        .map_err(|e| Failure::k8sd("run", e))?;
+                    if let Some(err) = approve_error {
+                        // Recorded, not reported as a failure: run's answer is the outcome.
+                        op.note = Some(format!("approve answered an error that did not stop the refresh: {err}"));
+                    }
+                    self.succeed(op, outcome)?;
+                    return Ok(node);
+                }
+                Err(err) if flow::outcome_unknown(&err) => {
+                    warn!(seed, error = %err, "run got no answer; its outcome is unknown");
+                }
+                Err(err) => return Err(Failure::k8sd("run", err)),
             }
         }
+    }
 
-        let request = RunRequest {
-            certificates: None,
-            seed,
-            expiration_seconds: op.ttl_seconds.unwrap_or_default(),
-            extra_sans: (role == Role::ControlPlane).then(|| node.sans.clone()),
+    /// Waits while something the refresh needs does not answer (a node or control plane
+    /// restarting after a refresh), up to `--refresh-wait-timeout`; the first wait is shown in
+    /// the operation record and the Refreshing condition.
+    async fn pause(
+        &self,
+        wait: &mut Wait,
+        status: &mut MachineCertificatesStatus,
+        op: &mut Operation,
+        what: &str,
+        failure: &Failure,
+    ) -> Result<(), Failure> {
+        let reason = failure.cause();
+        let Some(delay) = wait.next() else {
+            return Err(Failure::Message(format!(
+                "{what} did not answer within {} ({reason})",
+                humantime::format_duration(self.ctx.config.wait_timeout)
+            )));
         };
-        let sends = std::sync::atomic::AtomicU32::new(op.run_attempts);
-        let op_snapshot = op.clone();
-        let before_send = || {
-            let covered = prepaid.swap(false, std::sync::atomic::Ordering::SeqCst);
-            let n = sends.load(std::sync::atomic::Ordering::SeqCst) + u32::from(!covered);
-            let mut record = op_snapshot.clone();
-            record.run_attempts = n;
-            let mut st = status.clone();
-            st.operation = Some(record);
-            let sends = &sends;
-            async move {
-                if !covered && n > MAX_RUN_SENDS {
-                    return Err(K8sdError::Connect {
-                        node: String::new(),
-                        route: String::new(),
-                        reason: format!(
-                            "run was already sent {MAX_RUN_SENDS} times for seed {seed} without a known outcome"
-                        ),
-                    });
-                }
-                if covered {
-                    return Ok(());
-                }
-                self.write_status(&st)
-                    .await
-                    .map_err(|e| K8sdError::Connect {
-                        node: String::new(),
-                        route: "status".into(),
-                        reason: e.to_string(),
-                    })?;
-                sends.store(n, std::sync::atomic::Ordering::SeqCst);
-                Ok(())
-            }
-        };
-        let answered = match role {
-            Role::ControlPlane => flow::run(&mut node.session, &request, &retry, before_send).await,
-            Role::Worker => {
-                let mut approver = self.approver(&node.cluster).await?;
-                flow::run_worker(
-                    &mut node.session,
-                    &mut approver,
-                    &request,
-                    &retry,
-                    before_send,
-                )
-                .await
-            }
-        };
-        op.run_attempts = sends.load(std::sync::atomic::Ordering::SeqCst);
-        let response = answered.map_err(|e| Failure::k8sd("run", e))?;
-        crate::failpoint::hit(crate::failpoint::AFTER_RUN_ANSWERED);
-        let outcome =
-            flow::interpret_run(&response, Self::now()).map_err(|e| Failure::k8sd("run", e))?;
-        self.succeed(op, outcome).map(|()| node)
+        if !wait.shown {
+            wait.shown = true;
+            let note = format!("Waiting for {what}, which does not answer (restarting?): {reason}");
+            info!(note, "Waiting");
+            op.note = Some(note.clone());
+            status.operation = Some(op.clone());
+            set_condition(
+                status,
+                conditions::REFRESHING,
+                true,
+                why::REFRESH_IN_PROGRESS,
+                note,
+                Self::now(),
+            );
+            self.write_status(status).await.map_err(Failure::Api)?;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(delay) => Ok(()),
+            () = self.ctx.stop.cancelled(), if op.seed.is_none() => Err(Failure::Stopping),
+        }
     }
 
     fn succeed(&self, op: &mut Operation, outcome: flow::RunOutcome) -> Result<(), Failure> {
@@ -1251,7 +1295,7 @@ impl Reconciler<'_> {
                 .and_then(|c| c.status)
                 .and_then(|s| s.k8sd_fingerprint)
                 .and_then(|f| f.parse::<Fingerprint>().ok());
-            let port = DEFAULT_MICROCLUSTER_PORT.max(self.microcluster_port_of(&machine).await);
+            let port = self.microcluster_port_of(&machine).await;
             let Ok(endpoint) =
                 endpoint::resolve(&client, cluster, &node, port, self.ctx.config.transport).await
             else {
@@ -1274,7 +1318,7 @@ impl Reconciler<'_> {
                 Err(err) => tried.push(format!("{node} ({err})")),
             }
         }
-        Err(Failure::Message(format!(
+        Err(Failure::Unavailable(format!(
             "No Ready control-plane node of cluster {cluster} answered, so the worker's CSRs cannot be approved (tried: {}); check the control-plane nodes and their k8sd-proxy pods",
             if tried.is_empty() {
                 "none found".to_owned()
@@ -1550,11 +1594,37 @@ enum Failure {
     Workload(WorkloadError),
     Api(Error),
     Message(String),
+    /// Something the refresh needs does not answer for now (waited for, then a failure).
+    Unavailable(String),
+    /// The process is stopping and nothing was sent to the node for this attempt: the next
+    /// leader takes the request up from its record.
+    Stopping,
 }
 
 impl Failure {
     fn k8sd(step: &'static str, error: K8sdError) -> Self {
         Self::K8sd { step, error }
+    }
+
+    /// Whether waiting may help: the node or its cluster does not answer for now.
+    fn unavailable(&self) -> bool {
+        match self {
+            Self::K8sd { error, .. } => error.is_retryable(),
+            Self::Workload(err) => err.is_retryable(),
+            Self::Unavailable(_) => true,
+            Self::Api(_) | Self::Message(_) | Self::Stopping => false,
+        }
+    }
+
+    /// What went wrong, without advice.
+    fn cause(&self) -> String {
+        match self {
+            Self::K8sd { step, error } => format!("{step}: {error}"),
+            Self::Workload(err) => err.to_string(),
+            Self::Api(err) => err.to_string(),
+            Self::Message(text) | Self::Unavailable(text) => text.clone(),
+            Self::Stopping => "stopping".into(),
+        }
     }
 
     /// What failed and what to do about it. Never contains a token.
@@ -1584,31 +1654,10 @@ impl Failure {
                 format!("Refreshing failed before contacting the node: {err}; {retry}")
             }
             Self::Api(err) => format!("Refreshing failed: {err}"),
-            Self::Message(text) => format!("{text}; {retry}"),
+            Self::Message(text) | Self::Unavailable(text) => format!("{text}; {retry}"),
+            Self::Stopping => "The controller stopped before the refresh started".into(),
         }
     }
-}
-
-/// NotAfter of the signed kubelet-serving certificate of `seed`, if all three CSRs of that seed
-/// are signed.
-async fn signed_worker_certificate(client: &Client, seed: i64) -> Option<Timestamp> {
-    let csrs: Api<CertificateSigningRequest> = Api::all(client.clone());
-    let mut serving = None;
-    for suffix in [
-        "worker-kubelet-serving",
-        "worker-kubelet-client",
-        "worker-kube-proxy-client",
-    ] {
-        let csr = csrs
-            .get_opt(&format!("k8sd-{seed}-{suffix}"))
-            .await
-            .ok()??;
-        let certificate = csr.status?.certificate?;
-        if suffix == "worker-kubelet-serving" {
-            serving = Some(certificate.0);
-        }
-    }
-    crate::k8sd::certificate_not_after(&serving?)
 }
 
 fn truncate(mut text: String, max: usize) -> String {
@@ -1623,18 +1672,35 @@ fn truncate(mut text: String, max: usize) -> String {
     text
 }
 
-/// Removes the renewal conditions (only the current verdict's is shown).
-fn clear_renewal_conditions(status: &mut MachineCertificatesStatus) {
-    status.conditions.retain(|c| {
-        ![
-            conditions::RENEWAL_DEFERRED,
-            conditions::RENEWAL_DISABLED,
-            conditions::RENEWAL_CONFIG_INVALID,
-            conditions::RENEWAL_WINDOW_BYPASSED,
-            conditions::WINDOWS_IGNORED,
-        ]
-        .contains(&c.type_.as_str())
-    });
+/// How long a refresh still waits for what it needs, with a delay growing from 1 s to 8 s.
+struct Wait {
+    deadline: tokio::time::Instant,
+    delay: Duration,
+    /// Whether the wait was shown in the operation record already.
+    shown: bool,
+}
+
+impl Wait {
+    fn new(timeout: Duration) -> Self {
+        Self {
+            deadline: tokio::time::Instant::now() + timeout,
+            delay: Duration::from_secs(1),
+            shown: false,
+        }
+    }
+
+    /// The next pause, or `None` once the deadline has passed.
+    fn next(&mut self) -> Option<Duration> {
+        let left = self
+            .deadline
+            .checked_duration_since(tokio::time::Instant::now())?;
+        if left.is_zero() {
+            return None;
+        }
+        let delay = self.delay.min(left);
+        self.delay = (self.delay * 2).min(Duration::from_secs(8));
+        Some(delay)
+    }
 }
 
 /// Runs `f` when dropped (on every exit path, including errors).

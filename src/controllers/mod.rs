@@ -85,6 +85,7 @@ pub async fn run(
         machine_resource: machine_resource.clone(),
         cluster_resource: cluster_resource.clone(),
         workload: crate::workload::Clients::new(client.clone()),
+        machines: store.clone(),
         recorder: Recorder::new(
             client.clone(),
             Reporter {
@@ -105,6 +106,7 @@ pub async fn run(
             max_worker_refreshes_per_cluster: args.max_worker_refreshes_per_cluster,
             max_worker_refreshes: args.max_worker_refreshes,
             settle_timeout: args.settle_timeout,
+            wait_timeout: args.refresh_wait_timeout,
             resync: args.resync_period,
             renewal,
         },

@@ -1,7 +1,6 @@
 //! Sequencing, bounded retries and result interpretation of a refresh (no persistence, no
 //! Kubernetes objects).
 
-use std::future::Future;
 use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
@@ -130,81 +129,85 @@ pub fn lifetime_mismatch(
     })
 }
 
-/// `run` on a control plane, retried on transient failures; `before_send` runs before every
-/// attempt (the controller persists the attempt count there) and may refuse it.
-pub async fn run<N, B, BFut>(
-    node: &mut N,
-    request: &RunRequest,
-    retry: &Retry,
-    mut before_send: B,
-) -> Result<RunResponse, K8sdError>
-where
-    N: NodeApi,
-    B: FnMut() -> BFut,
-    BFut: Future<Output = Result<(), K8sdError>>,
-{
-    let mut attempt = 1;
-    loop {
-        before_send().await?;
-        match node.run(request).await {
-            Err(err) if again(retry, &mut attempt, &err).await => continue,
-            result => return result,
-        }
-    }
+/// Whether a failed `run` leaves its outcome unknown (no answer: timeout, broken connection, a
+/// node or tunnel going away, a gateway error). Released k8sd writes the certificates before it
+/// answers and restarts its services only once the answer is delivered, so after a lost answer
+/// the node may hold certificates it does not serve: the refresh is done again with a **new**
+/// `plan` (a worker `run` cannot be repeated with a seed: its CSRs exist already). Any other
+/// error is k8sd's answer: the refresh failed.
+pub fn outcome_unknown(err: &K8sdError) -> bool {
+    err.is_retryable()
 }
 
-/// How often `approve` is retried while the worker's `run` is still pending. Older k8sd GETs the
-/// CSRs once and answers 500 when `run` has not created them yet.
-const APPROVE_INTERVAL: Duration = Duration::from_millis(500);
+/// What a worker refresh got: `run`'s answer is the outcome; approve errors are only remembered.
+#[derive(Debug)]
+pub struct WorkerRun {
+    pub run: Result<RunResponse, K8sdError>,
+    /// The last error `approve` answered, if it never succeeded. It does not fail the refresh:
+    /// an approve can fail while `run` succeeds (CSRs approved by k8sd's auto-approver or by an
+    /// earlier approve).
+    pub approve_error: Option<K8sdError>,
+    /// Whether approving was given up on (an error no retry can fix, like a bad token).
+    pub approve_abandoned: bool,
+}
 
-/// `run` on a worker concurrently with `approve` on a control plane. Approve is retried while
-/// `run` is pending (older k8sd loses the race to CSR creation); "already approved" counts as
-/// done. A permanently failing approve aborts `run` (dropping the call closes its connection).
-pub async fn run_worker<N, A, B, BFut>(
-    worker: &mut N,
-    approver: &mut A,
-    request: &RunRequest,
-    retry: &Retry,
-    before_send: B,
-) -> Result<RunResponse, K8sdError>
+/// First delay between approve attempts while `run` is pending; it doubles up to
+/// [`APPROVE_MAX_INTERVAL`]. A pre-release k8sd answered 500 until `run` had created the CSRs.
+const APPROVE_INTERVAL: Duration = Duration::from_millis(500);
+const APPROVE_MAX_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Approve errors that no retry fixes: the request or its credentials are wrong.
+fn approve_hopeless(err: &K8sdError) -> bool {
+    matches!(
+        err,
+        K8sdError::Api {
+            status: 400 | 401 | 403 | 404 | 501,
+            ..
+        } | K8sdError::PinMismatch { .. }
+            | K8sdError::Tls { .. }
+    )
+}
+
+/// `run` on a worker concurrently with `approve` on a control plane (run blocks until its CSRs
+/// are approved and signed, so run-then-approve would deadlock). `run` is sent once: its answer
+/// is the outcome. `approve` is repeated with a growing interval while `run` is pending, whatever
+/// it answers, until it succeeds or fails in a way no retry can fix; it never fails the refresh.
+pub async fn run_worker<N, A>(worker: &mut N, approver: &mut A, request: &RunRequest) -> WorkerRun
 where
     N: NodeApi,
     A: ApproveApi,
-    B: FnMut() -> BFut,
-    BFut: Future<Output = Result<(), K8sdError>>,
 {
     let seed = request.seed;
-    let run = run(worker, request, retry, before_send);
-    let approve = async {
-        let mut failures = 0;
-        loop {
-            match approver.approve(seed).await {
-                Ok(()) => return Ok(()),
-                Err(K8sdError::Api {
-                    status: 500,
-                    message,
-                    ..
-                }) if message.contains("already approved") => return Ok(()),
-                Err(err) => {
-                    let racing = matches!(&err, K8sdError::Api { status: 500, message, .. }
-                        if message.contains("failed to get CSR") || message.contains("not found"));
-                    failures += 1;
-                    if !(racing || err.is_retryable()) || failures >= retry.attempts.max(1) * 8 {
-                        return Err(err);
-                    }
-                    tokio::time::sleep(APPROVE_INTERVAL).await;
-                }
-            }
-        }
-    };
+    let mut last_error = None;
+    let mut abandoned = false;
+    let run = worker.run(request);
     tokio::pin!(run);
-    tokio::pin!(approve);
-    tokio::select! {
-        result = &mut run => result,
-        approved = &mut approve => match approved {
-            Ok(()) => run.await,
-            Err(err) => Err(err),
-        },
+    let mut interval = APPROVE_INTERVAL;
+    loop {
+        tokio::select! {
+            result = &mut run => {
+                return WorkerRun { run: result, approve_error: last_error, approve_abandoned: abandoned };
+            }
+            approved = approver.approve(seed), if !abandoned => match approved {
+                Ok(()) => {
+                    return WorkerRun { run: run.await, approve_error: None, approve_abandoned: false };
+                }
+                Err(err) => {
+                    tracing::debug!(error = %err, seed, "Approve failed; retrying while run is pending");
+                    abandoned = approve_hopeless(&err);
+                    last_error = Some(err);
+                    if !abandoned {
+                        tokio::select! {
+                            result = &mut run => {
+                                return WorkerRun { run: result, approve_error: last_error, approve_abandoned: false };
+                            }
+                            () = tokio::time::sleep(interval) => {}
+                        }
+                        interval = (interval * 2).min(APPROVE_MAX_INTERVAL);
+                    }
+                }
+            },
+        }
     }
 }
 
@@ -276,10 +279,6 @@ mod tests {
         }
     }
 
-    fn noop() -> impl FnMut() -> std::future::Ready<Result<(), K8sdError>> {
-        || std::future::ready(Ok(()))
-    }
-
     #[tokio::test(start_paused = true)]
     async fn plan_retries_a_starting_node_then_succeeds() {
         let mut node = FakeNode::default();
@@ -314,82 +313,80 @@ mod tests {
         assert_eq!(node.plans.len(), 2, "exactly `attempts` calls");
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn run_calls_before_send_for_every_attempt_and_stops_when_it_refuses() {
-        let mut node = FakeNode::default();
-        node.runs
-            .push_back(Err(api(503, "Database is not yet initialized")));
-        node.runs.push_back(Ok(RunResponse {
+    fn worker(run_delay: Duration) -> FakeNode {
+        let mut worker = FakeNode {
+            run_delay,
+            ..FakeNode::default()
+        };
+        worker.runs.push_back(Ok(RunResponse {
             expiration_seconds: 2_000_000_000,
         }));
-        let mut sends = 0;
-        let response = run(&mut node, &request(1), &fast(), || {
-            sends += 1;
-            std::future::ready(Ok(()))
-        })
-        .await
-        .unwrap();
-        assert_eq!((response.expiration_seconds, sends), (2_000_000_000, 2));
-
-        let mut node = FakeNode::default();
-        let err = run(&mut node, &request(1), &fast(), || {
-            std::future::ready(Err(api(409, "refused")))
-        })
-        .await
-        .unwrap_err();
-        assert!(matches!(err, K8sdError::Api { status: 409, .. }));
-        assert!(
-            node.run_calls.lock().unwrap().is_empty(),
-            "run was never sent"
-        );
+        worker
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_worker_run_waits_for_an_approve_that_loses_the_race_on_older_k8sd() {
-        let mut worker = FakeNode {
-            run_delay: APPROVE_INTERVAL + Duration::from_millis(300),
-            ..FakeNode::default()
-        };
-        worker.runs.push_back(Ok(RunResponse {
-            expiration_seconds: 2_000_000_000,
-        }));
+        let mut worker = worker(APPROVE_INTERVAL + Duration::from_millis(300));
         let mut approver = FakeApprover {
-            answers: VecDeque::from([
-                Err(api(
-                    500,
-                    "failed to approve worker node CSR: failed to get CSR k8sd-1-worker-kubelet-serving: not found",
-                )),
-                Err(api(
-                    500,
-                    "failed to approve worker node CSR: CSR k8sd-1-worker-kubelet-serving is already approved",
-                )),
-            ]),
+            answers: VecDeque::from([Err(api(
+                500,
+                "failed to approve worker node CSR: failed to get CSR k8sd-1-worker-kubelet-serving: not found",
+            ))]),
             calls: 0,
         };
-        let response = run_worker(&mut worker, &mut approver, &request(1), &fast(), noop())
-            .await
-            .unwrap();
-        assert_eq!(response.expiration_seconds, 2_000_000_000);
+        let outcome = run_worker(&mut worker, &mut approver, &request(1)).await;
+        assert_eq!(outcome.run.unwrap().expiration_seconds, 2_000_000_000);
+        assert!(outcome.approve_error.is_none(), "the second approve succeeded");
         assert_eq!(approver.calls, 2);
+        assert_eq!(*worker.run_calls.lock().unwrap(), [1], "run is sent once");
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_permanently_failing_approve_aborts_the_worker_run() {
-        let mut worker = FakeNode {
-            run_delay: Duration::from_secs(3600),
-            ..FakeNode::default()
+    async fn an_approve_failing_on_already_approved_csrs_does_not_fail_the_run() {
+        // k8sd's auto-approver approved the CSRs: every approve answers 500, run succeeds.
+        let mut worker = worker(Duration::from_secs(20));
+        let already = || {
+            Err(api(
+                500,
+                "failed to approve worker node CSR: CertificateSigningRequest.certificates.k8s.io \"k8sd-1-worker-kubelet-serving\" is invalid: status.conditions[1].type: Duplicate value: \"Approved\"",
+            ))
         };
-        worker.runs.push_back(Ok(RunResponse {
-            expiration_seconds: 2_000_000_000,
-        }));
+        let mut approver = FakeApprover {
+            answers: (0..100).map(|_| already()).collect(),
+            calls: 0,
+        };
+        let outcome = run_worker(&mut worker, &mut approver, &request(1)).await;
+        assert_eq!(outcome.run.unwrap().expiration_seconds, 2_000_000_000);
+        assert!(outcome.approve_error.is_some());
+        assert!(!outcome.approve_abandoned);
+        // Retried with a growing interval (0.5, 1, 2, 4, 5, 5, … s) over 20 s, not hammered.
+        assert!((5..=10).contains(&approver.calls), "{}", approver.calls);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hopeless_approve_is_given_up_but_run_still_decides() {
+        let mut worker = worker(Duration::from_secs(30));
         let mut approver = FakeApprover {
             answers: VecDeque::from([Err(api(401, "invalid token"))]),
             calls: 0,
         };
-        let err = run_worker(&mut worker, &mut approver, &request(1), &fast(), noop())
-            .await
-            .unwrap_err();
-        assert!(matches!(err, K8sdError::Api { status: 401, .. }));
+        let outcome = run_worker(&mut worker, &mut approver, &request(1)).await;
+        assert!(outcome.run.is_ok());
+        assert!(outcome.approve_abandoned);
+        assert_eq!(approver.calls, 1);
+    }
+
+    #[test]
+    fn only_answers_without_an_outcome_are_unknown() {
+        assert!(outcome_unknown(&K8sdError::Timeout {
+            node: "n".into(),
+            endpoint: "run".into(),
+            timeout: Duration::from_secs(1)
+        }));
+        assert!(outcome_unknown(&api(503, "Database is not yet initialized")));
+        for status in [400, 401, 500] {
+            assert!(!outcome_unknown(&api(status, "x")), "{status}");
+        }
     }
 
     #[test]

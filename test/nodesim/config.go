@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"os"
+	"strings"
 )
 
 // Config is the file the Rust harness writes before starting the simulator.
@@ -16,7 +18,11 @@ type Config struct {
 	KubeletClientCA      string          `json:"kubeletClientCA"`
 	ManagementKubeconfig string          `json:"managementKubeconfig"`
 	RestartSeconds       float64         `json:"restartSeconds"`
-	Clusters             []ClusterConfig `json:"clusters"`
+	// RestartHook is the harness's URL (http://host:port) the simulator POSTs
+	// /clusters/<name>/restart-apiserver to when the only control plane of a cluster
+	// restarted its services. Empty: the API servers are never restarted.
+	RestartHook string          `json:"restartHook"`
+	Clusters    []ClusterConfig `json:"clusters"`
 }
 
 // ClusterConfig describes one workload cluster and the nodes the simulator plays.
@@ -25,7 +31,10 @@ type ClusterConfig struct {
 	Namespace           string       `json:"namespace"`
 	Kubeconfig          string       `json:"kubeconfig"`
 	HonourCSRExpiration bool         `json:"honourCSRExpiration"`
-	Nodes               []NodeConfig `json:"nodes"`
+	// Annotations are the cluster's initial k8sd annotations (k8sd cluster config), e.g.
+	// "k8sd/v1alpha1/csrsigning/auto-approve": "true". Changeable at runtime.
+	Annotations map[string]string `json:"annotations"`
+	Nodes       []NodeConfig      `json:"nodes"`
 }
 
 // NodeConfig describes one node: its kubelet and its k8sd.
@@ -94,6 +103,13 @@ func (c *Config) validate() error {
 	}
 	if c.RestartSeconds < 0 {
 		return errors.New("restartSeconds must not be negative")
+	}
+	if c.RestartHook != "" {
+		u, err := url.Parse(c.RestartHook)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
+			return fmt.Errorf("restartHook %q: want http://host:port", c.RestartHook)
+		}
+		c.RestartHook = strings.TrimSuffix(c.RestartHook, "/")
 	}
 	clusters := map[string]bool{}
 	endpoints := map[string]string{}

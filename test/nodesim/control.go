@@ -150,7 +150,11 @@ type NodeStatus struct {
 	CertSANs              []string `json:"certSANs"`
 	DatabaseExpiry        string   `json:"databaseExpiry"`
 	K8sdFingerprintSHA256 string   `json:"k8sdFingerprintSHA256"`
-	SeedsRun              []int64  `json:"seedsRun"`
+	// DiskCertNotAfter is the certificate the last run wrote; it differs from certNotAfter
+	// (what the node serves) while a run answer was lost and the restart skipped.
+	DiskCertNotAfter string  `json:"diskCertNotAfter"`
+	Restarts         int     `json:"restarts"`
+	SeedsRun         []int64 `json:"seedsRun"`
 }
 
 func (n *node) status() NodeStatus {
@@ -169,7 +173,36 @@ func (n *node) status() NodeStatus {
 		CertSANs:              certSANs(n.current),
 		DatabaseExpiry:        dbExpiry.Format(time.RFC3339),
 		K8sdFingerprintSHA256: fingerprint(n.serving),
+		DiskCertNotAfter:      n.onDisk.NotAfter.UTC().Format(time.RFC3339),
+		Restarts:              n.restarts,
 		SeedsRun:              append([]int64{}, n.seedsRun...),
+	}
+}
+
+// ClusterStatus is the GET /clusters view of one workload cluster.
+type ClusterStatus struct {
+	Name          string            `json:"name"`
+	Namespace     string            `json:"namespace"`
+	ControlPlanes int               `json:"controlPlanes"`
+	Annotations   map[string]string `json:"annotations"`
+	// APIServerRestarts counts the restarts of the only control plane's services, each of
+	// which takes the workload API down (the restart hook is called for each).
+	APIServerRestarts int `json:"apiserverRestarts"`
+}
+
+func (c *cluster) status() ClusterStatus {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	annotations := make(map[string]string, len(c.annotations))
+	for k, v := range c.annotations {
+		annotations[k] = v
+	}
+	return ClusterStatus{
+		Name:              c.cfg.Name,
+		Namespace:         c.cfg.Namespace,
+		ControlPlanes:     c.controlPlanes(),
+		Annotations:       annotations,
+		APIServerRestarts: c.apiserverRestarts,
 	}
 }
 
@@ -218,7 +251,44 @@ func (s *Simulator) controlHandler() http.Handler {
 		writeJSON(w, http.StatusOK, out)
 	})
 	mux.HandleFunc("POST /nodes/{cluster}/{node}/reinstall", s.postReinstall)
+	mux.HandleFunc("GET /clusters", func(w http.ResponseWriter, r *http.Request) {
+		out := []ClusterStatus{}
+		for _, cl := range s.clusters {
+			out = append(out, cl.status())
+		}
+		writeJSON(w, http.StatusOK, out)
+	})
+	mux.HandleFunc("PUT /clusters/{cluster}/annotations", s.putAnnotations)
 	return mux
+}
+
+// putAnnotations replaces a cluster's k8sd annotations (like `k8s set annotations=...`
+// on its nodes); the CSR signer reads them for every CSR it handles.
+func (s *Simulator) putAnnotations(w http.ResponseWriter, r *http.Request) {
+	var cl *cluster
+	for _, c := range s.clusters {
+		if c.cfg.Name == r.PathValue("cluster") {
+			cl = c
+		}
+	}
+	if cl == nil {
+		writeJSONError(w, http.StatusNotFound, "no cluster %q", r.PathValue("cluster"))
+		return
+	}
+	var annotations map[string]string
+	dec := json.NewDecoder(r.Body)
+	if err := dec.Decode(&annotations); err != nil {
+		writeJSONError(w, http.StatusBadRequest, "invalid annotations (want a JSON object of strings): %v", err)
+		return
+	}
+	if annotations == nil {
+		annotations = map[string]string{}
+	}
+	cl.mu.Lock()
+	cl.annotations = annotations
+	cl.mu.Unlock()
+	s.log.Printf("cluster %s: annotations set to %v", cl.cfg.Name, annotations)
+	writeJSON(w, http.StatusOK, cl.status())
 }
 
 func (s *Simulator) postFault(w http.ResponseWriter, r *http.Request) {
@@ -298,9 +368,7 @@ func (s *Simulator) postReinstall(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusInternalServerError, "reinstall: %v", err)
 		return
 	}
-	if n.k8sd != nil {
-		n.k8sd.bounce()
-	}
+	n.k8sd.bounce()
 	st := n.status()
 	s.log.Printf("node %s/%s reinstalled: k8sd fingerprint %s, database expiry %s", st.Cluster, st.Node, st.K8sdFingerprintSHA256, st.DatabaseExpiry)
 	writeJSON(w, http.StatusOK, st)

@@ -6,6 +6,7 @@ import (
 	"crypto/x509/pkix"
 	"fmt"
 	"net"
+	"time"
 
 	certv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -61,19 +62,23 @@ func conditionTrue(csr *certv1.CertificateSigningRequest, t certv1.RequestCondit
 	return false
 }
 
-// refreshWorker creates (or reuses, for a retried seed) the worker's CSRs and blocks
-// until all are approved and signed. It returns the kubelet serving certificate.
+// refreshWorker creates the worker's CSRs with a plain Create, as released k8sd does (a
+// second run with the same seed fails: the CSRs exist, and the private keys of the first
+// attempt lived only in its request), and blocks until all are approved and signed. It
+// returns the kubelet serving certificate.
 func (s *Simulator) refreshWorker(ctx context.Context, n *node, seed int, expirationSeconds int32) (*x509.Certificate, error) {
 	client := n.cluster.client.CertificatesV1().CertificateSigningRequests()
 	csrs := workerCSRs(n.cfg, seed)
 	for _, c := range csrs {
-		if err := ensureCSR(ctx, client, c, expirationSeconds); err != nil {
+		if err := createCSR(ctx, client, c, expirationSeconds); err != nil {
 			return nil, err
 		}
 	}
+	pendingSince := time.Now()
+	var lastKick time.Time
 	for {
 		var serving []byte
-		pending := false
+		var pending []string
 		for i, c := range csrs {
 			csr, err := client.Get(ctx, c.name, metav1.GetOptions{})
 			switch {
@@ -84,7 +89,7 @@ func (s *Simulator) refreshWorker(ctx context.Context, n *node, seed int, expira
 			case err != nil:
 				// The API server may be restarting: keep waiting.
 				s.log.Printf("k8sd %s/%s: get CSR %s: %v", n.cluster.cfg.Name, n.cfg.Name, c.name, err)
-				pending = true
+				pending = append(pending, "")
 				continue
 			}
 			if conditionTrue(csr, certv1.CertificateDenied) {
@@ -94,19 +99,29 @@ func (s *Simulator) refreshWorker(ctx context.Context, n *node, seed int, expira
 				return nil, fmt.Errorf("CSR %s failed", c.name)
 			}
 			if !conditionTrue(csr, certv1.CertificateApproved) || len(csr.Status.Certificate) == 0 {
-				pending = true
+				pending = append(pending, c.name)
 				continue
 			}
 			if i == 0 {
 				serving = csr.Status.Certificate
 			}
 		}
-		if !pending {
+		if len(pending) == 0 {
 			cert, err := parseCertPEM(serving)
 			if err != nil {
 				return nil, fmt.Errorf("CSR %s: %w", csrs[0].name, err)
 			}
 			return cert, nil
+		}
+		// The signer's watch may be backing off after an API server restart: nudge it
+		// for CSRs that wait unusually long (it approves with auto-approve, and signs).
+		if time.Since(pendingSince) > signerNudgeAfter && time.Since(lastKick) > signerNudgeAfter {
+			lastKick = time.Now()
+			for _, name := range pending {
+				if name != "" {
+					s.reconcileCSR(ctx, n.cluster, name)
+				}
+			}
 		}
 		if !waitTick(ctx, s.pollInterval) {
 			return nil, ctx.Err()
@@ -114,13 +129,9 @@ func (s *Simulator) refreshWorker(ctx context.Context, n *node, seed int, expira
 	}
 }
 
-// ensureCSR creates the CSR unless one of that name exists already.
-func ensureCSR(ctx context.Context, client certclient.CertificateSigningRequestInterface, c workerCSR, expirationSeconds int32) error {
-	if _, err := client.Get(ctx, c.name, metav1.GetOptions{}); err == nil {
-		return nil
-	} else if !apierrors.IsNotFound(err) {
-		return fmt.Errorf("failed to get CSR %s: %w", c.name, err)
-	}
+// createCSR generates a key (kept only for this request, like k8sd's in-memory keys) and
+// creates the CSR; an existing CSR of that name is an error.
+func createCSR(ctx context.Context, client certclient.CertificateSigningRequestInterface, c workerCSR, expirationSeconds int32) error {
 	request, err := newCSRPEM(c.subject, c.dns, c.ips)
 	if err != nil {
 		return fmt.Errorf("failed to generate CSR %s: %w", c.name, err)
@@ -135,23 +146,23 @@ func ensureCSR(ctx context.Context, client certclient.CertificateSigningRequestI
 			ExpirationSeconds: &exp,
 		},
 	}, metav1.CreateOptions{})
-	if err != nil && !apierrors.IsAlreadyExists(err) {
+	if err != nil {
 		return fmt.Errorf("failed to create CSR %s: %w", c.name, err)
 	}
 	return nil
 }
 
-// approveWatch is the newer k8sd: wait until the seed's three CSRs exist, then approve
-// those not yet decided.
+// approveWatch is released k8sd: wait (no deadline of its own) until the seed's three
+// CSRs exist, then append the Approved condition to each without looking at it. An
+// already approved CSR makes the API server reject the update (duplicate condition), and
+// approve fails.
 func (s *Simulator) approveWatch(ctx context.Context, cl *cluster, seed int, deny bool) error {
 	client := cl.client.CertificatesV1().CertificateSigningRequests()
 	names := workerCSRNames(seed)
-	var csrs []*certv1.CertificateSigningRequest
 	for {
-		csrs = csrs[:0]
+		found := 0
 		for _, name := range names {
-			csr, err := client.Get(ctx, name, metav1.GetOptions{})
-			if err != nil {
+			if _, err := client.Get(ctx, name, metav1.GetOptions{}); err != nil {
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}
@@ -160,21 +171,18 @@ func (s *Simulator) approveWatch(ctx context.Context, cl *cluster, seed int, den
 				}
 				break
 			}
-			csrs = append(csrs, csr)
+			found++
 		}
-		if len(csrs) == len(names) {
+		if found == len(names) {
 			break
 		}
 		if !waitTick(ctx, s.pollInterval) {
 			return ctx.Err()
 		}
 	}
-	for _, csr := range csrs {
-		if conditionTrue(csr, certv1.CertificateApproved) || conditionTrue(csr, certv1.CertificateDenied) {
-			continue
-		}
-		if err := setApproval(ctx, client, csr.Name, deny); err != nil {
-			return fmt.Errorf("failed to approve CSR %s: %w", csr.Name, err)
+	for _, name := range names {
+		if err := setApproval(ctx, client, name, deny); err != nil {
+			return fmt.Errorf("failed to approve CSR %s: %w", name, err)
 		}
 	}
 	return nil
@@ -206,8 +214,9 @@ func (s *Simulator) approveGetOnce(ctx context.Context, cl *cluster, seed int, d
 	return nil
 }
 
-// setApproval adds the Approved (or, for a csr-deny fault, Denied) condition through
-// the approval subresource, retrying on update conflicts.
+// setApproval appends the Approved (or, for a csr-deny fault, Denied) condition through
+// the approval subresource without looking at the conditions there (the API server
+// rejects a duplicate), retrying on update conflicts.
 func setApproval(ctx context.Context, client certclient.CertificateSigningRequestInterface, name string, deny bool) error {
 	condType, reason, msg := certv1.CertificateApproved, reasonApproved, "This CSR was approved by Canonical Kubernetes CAPI Provider"
 	if deny {
@@ -217,9 +226,6 @@ func setApproval(ctx context.Context, client certclient.CertificateSigningReques
 		csr, err := client.Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err
-		}
-		if conditionTrue(csr, condType) {
-			return nil
 		}
 		csr.Status.Conditions = append(csr.Status.Conditions, certv1.CertificateSigningRequestCondition{
 			Type:           condType,

@@ -16,6 +16,7 @@ const (
 	faultUnavailable = "unavailable"
 	faultRefuse      = "refuse"
 	faultCSRDeny     = "csr-deny"
+	faultDropAnswer  = "drop-answer"
 )
 
 // Endpoint names used by faults and call records.
@@ -79,6 +80,10 @@ func (f *faultRequest) validate() error {
 		if f.Endpoint != "" && f.Endpoint != epApprove {
 			return fmt.Errorf("a csr-deny fault acts on approve; endpoint must be empty or %q", epApprove)
 		}
+	case faultDropAnswer:
+		if f.Endpoint != "" && f.Endpoint != epRun {
+			return fmt.Errorf("a drop-answer fault acts on run; endpoint must be empty or %q", epRun)
+		}
 	case faultHang, faultDrop, faultMalformed, faultUnavailable, faultRefuse:
 	default:
 		return fmt.Errorf("unknown kind %q", f.Kind)
@@ -90,7 +95,7 @@ func (f *faultRequest) validate() error {
 }
 
 // requestFaultKinds are the kinds applied by the k8sd request middleware; refuse
-// acts on the listener and csr-deny inside approve.
+// acts on the listener, csr-deny inside approve and drop-answer at the end of run.
 var requestFaultKinds = map[string]bool{
 	faultLatency: true, faultError: true, faultHang: true, faultDrop: true,
 	faultMalformed: true, faultUnavailable: true,

@@ -13,10 +13,16 @@ import (
 	"testing"
 	"time"
 
+	certv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 )
 
 const (
@@ -33,7 +39,8 @@ const (
 type testEnv struct {
 	sim     *Simulator
 	mgmt    *fake.Clientset
-	wl      *fake.Clientset
+	wl      *fake.Clientset            // alpha's workload cluster
+	wls     map[string]*fake.Clientset // every cluster's
 	servers map[string]*httptest.Server
 	cancel  context.CancelFunc
 }
@@ -80,6 +87,70 @@ func tokenSecret() *corev1.Secret {
 	}
 }
 
+// soloConfig is a cluster with a single control plane (its run restarts the API server).
+func soloConfig() ClusterConfig {
+	node := func(name, machine, role, addr string) NodeConfig {
+		return NodeConfig{Name: name, Machine: machine, Role: role, Address: addr, KubeletPort: 10250,
+			MicroclusterPort: 2380, ProxyPod: "k8sd-proxy-" + machine, KubeletCert: "unused", KubeletKey: "unused",
+			InitialCertLifetimeSeconds: thirtyDay}
+	}
+	return ClusterConfig{
+		Name: "solo", Namespace: "fleet", Kubeconfig: "unused",
+		Nodes: []NodeConfig{
+			node("solo-cp-0-vm", "solo-cp-0", roleControlPlane, "127.23.2.1"),
+			node("solo-w-0-vm", "solo-w-0", roleWorker, "127.23.2.2"),
+		},
+	}
+}
+
+const (
+	tokSoloCP = "0123456789abcdef0123456789abcd20"
+	tokSoloW  = "0123456789abcdef0123456789abcd21"
+)
+
+func soloTokenSecret() *corev1.Secret {
+	return &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "solo-token", Namespace: "fleet"},
+		Data: map[string][]byte{
+			"value":                []byte(tokCAPI),
+			"node-token-solo-cp-0": []byte(tokSoloCP),
+			"node-token-solo-w-0":  []byte(tokSoloW),
+		},
+	}
+}
+
+// validateLikeAPIServer makes the fake clientset reject what kube-apiserver's CSR
+// validation rejects on the approval subresource: a condition type twice, or Approved
+// together with Denied (k8s.io/kubernetes pkg/apis/certificates/validation).
+func validateLikeAPIServer(c *fake.Clientset) {
+	c.PrependReactor("update", "certificatesigningrequests", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		update, ok := action.(k8stesting.UpdateAction)
+		if !ok || update.GetSubresource() != "approval" {
+			return false, nil, nil
+		}
+		csr, ok := update.GetObject().(*certv1.CertificateSigningRequest)
+		if !ok {
+			return false, nil, nil
+		}
+		var errs field.ErrorList
+		seen := map[certv1.RequestConditionType]bool{}
+		path := field.NewPath("status", "conditions")
+		for i, c := range csr.Status.Conditions {
+			if seen[c.Type] {
+				errs = append(errs, field.Duplicate(path.Index(i).Child("type"), c.Type))
+			}
+			seen[c.Type] = true
+		}
+		if seen[certv1.CertificateApproved] && seen[certv1.CertificateDenied] {
+			errs = append(errs, field.Invalid(path, certv1.CertificateDenied, "Approved and Denied conditions are mutually exclusive"))
+		}
+		if len(errs) > 0 {
+			return true, nil, apierrors.NewInvalid(schema.GroupKind{Group: "certificates.k8s.io", Kind: "CertificateSigningRequest"}, csr.Name, errs)
+		}
+		return false, nil, nil
+	})
+}
+
 func testLogger(t *testing.T) *log.Logger {
 	if testing.Verbose() {
 		return log.New(os.Stderr, "nodesim-test ", log.Lmicroseconds)
@@ -90,14 +161,21 @@ func testLogger(t *testing.T) *log.Logger {
 func newTestEnvWith(t *testing.T, cfg *Config) *testEnv {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	mgmt := fake.NewClientset(tokenSecret())
-	wl := fake.NewClientset()
-	sim, err := newSimulator(ctx, cfg, mgmt, map[string]kubernetes.Interface{"alpha": wl}, testLogger(t))
+	mgmt := fake.NewClientset(tokenSecret(), soloTokenSecret())
+	wls := map[string]*fake.Clientset{}
+	clients := map[string]kubernetes.Interface{}
+	for _, cc := range cfg.Clusters {
+		wls[cc.Name] = fake.NewClientset()
+		validateLikeAPIServer(wls[cc.Name])
+		clients[cc.Name] = wls[cc.Name]
+	}
+	sim, err := newSimulator(ctx, cfg, mgmt, clients, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	sim.pollInterval = 10 * time.Millisecond
-	e := &testEnv{sim: sim, mgmt: mgmt, wl: wl, servers: map[string]*httptest.Server{}, cancel: cancel}
+	sim.apiserverRestartAfter = 20 * time.Millisecond
+	e := &testEnv{sim: sim, mgmt: mgmt, wl: wls["alpha"], wls: wls, servers: map[string]*httptest.Server{}, cancel: cancel}
 	for _, n := range sim.allNodes() {
 		srv := httptest.NewServer(sim.k8sdHandler(n))
 		e.servers[n.cfg.Name] = srv
@@ -114,10 +192,12 @@ func newTestEnvWith(t *testing.T, cfg *Config) *testEnv {
 
 func newTestEnv(t *testing.T) *testEnv { return newTestEnvWith(t, testConfig(t)) }
 
-// startSigner runs the cluster's CSR signer on the fake clientset.
+// startSigner runs every cluster's CSR signer on the fake clientsets.
 func (e *testEnv) startSigner(t *testing.T) {
 	t.Helper()
-	go e.sim.runSigner(e.sim.ctx, e.sim.clusters[0])
+	for _, cl := range e.sim.clusters {
+		go e.sim.runSigner(e.sim.ctx, cl)
+	}
 }
 
 type response struct {

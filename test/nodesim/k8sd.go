@@ -9,13 +9,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log"
 	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
 	"strconv"
-	"sync"
 	"time"
 
 	apiv1 "github.com/canonical/k8s-snap-api/api/v1"
@@ -52,7 +50,8 @@ type envelope struct {
 
 // writeEnvelope sends a complete response with Content-Length and flushes it, so
 // that the bytes are on the wire before a simulated restart closes the connection.
-func writeEnvelope(w http.ResponseWriter, code int, env envelope) {
+// It returns the error of the write or the flush: nil means the answer left.
+func writeEnvelope(w http.ResponseWriter, code int, env envelope) error {
 	var buf bytes.Buffer
 	// json.Encoder like LXD's util.WriteJSON (HTML escaping, trailing newline).
 	if err := json.NewEncoder(&buf).Encode(env); err != nil {
@@ -63,14 +62,14 @@ func writeEnvelope(w http.ResponseWriter, code int, env envelope) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
 	w.WriteHeader(code)
-	w.Write(buf.Bytes())
-	if f, ok := w.(http.Flusher); ok {
-		f.Flush()
+	if _, err := w.Write(buf.Bytes()); err != nil {
+		return err
 	}
+	return http.NewResponseController(w).Flush()
 }
 
-func writeSync(w http.ResponseWriter, metadata any) {
-	writeEnvelope(w, http.StatusOK, envelope{Type: "sync", Status: "Success", StatusCode: http.StatusOK, Metadata: metadata})
+func writeSync(w http.ResponseWriter, metadata any) error {
+	return writeEnvelope(w, http.StatusOK, envelope{Type: "sync", Status: "Success", StatusCode: http.StatusOK, Metadata: metadata})
 }
 
 func writeError(w http.ResponseWriter, code int, msg string) {
@@ -102,10 +101,11 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 	return w.ResponseWriter.Write(b)
 }
 
-func (w *statusWriter) Flush() {
-	if f, ok := w.ResponseWriter.(http.Flusher); ok {
-		f.Flush()
-	}
+func (w *statusWriter) Flush() { w.FlushError() }
+
+// FlushError lets http.ResponseController report a failed flush (run's delivery check).
+func (w *statusWriter) FlushError() error {
+	return http.NewResponseController(w.ResponseWriter).Flush()
 }
 
 // Unwrap lets http.ResponseController reach Hijack (drop fault).
@@ -136,9 +136,12 @@ func (s *Simulator) serveK8sd(n *node, rw http.ResponseWriter, r *http.Request) 
 			n.cluster.cfg.Name, n.cfg.Name, label, r.Method, w.status, faultKind, elapsed.Round(time.Microsecond))
 	}()
 
+	markFault := func(kind string) {
+		faultKind = kind
+		s.calls.setFault(call, kind)
+	}
 	if f, ok := s.faults.take(n.cluster.cfg.Name, n.cfg.Name, ep, requestFaultKinds); ok {
-		faultKind = f.Kind
-		s.calls.setFault(call, f.Kind)
+		markFault(f.Kind)
 		if done := s.applyFault(w, r, f); done {
 			return
 		}
@@ -194,9 +197,9 @@ func (s *Simulator) serveK8sd(n *node, rw http.ResponseWriter, r *http.Request) 
 		var req apiv1.ClusterAPICertificatesRunRequest
 		if decodeOrReject(w, body, &req) {
 			if n.cfg.Role == roleControlPlane {
-				s.handleRunControlPlane(w, n, req)
+				s.handleRunControlPlane(w, r, n, req, markFault)
 			} else {
-				s.handleRunWorker(w, r, n, req)
+				s.handleRunWorker(w, r, n, req, markFault)
 			}
 		}
 	case epApprove:
@@ -234,12 +237,7 @@ func (s *Simulator) applyFault(w http.ResponseWriter, r *http.Request, f Fault) 
 		case <-s.ctx.Done():
 		}
 	case faultDrop:
-		conn, _, err := http.NewResponseController(w).Hijack()
-		if err != nil {
-			// Not hijackable (HTTP/2): aborting the handler resets the stream instead.
-			panic(http.ErrAbortHandler)
-		}
-		conn.Close()
+		hijackAndClose(w)
 	}
 	return true
 }
@@ -306,7 +304,7 @@ func (s *Simulator) handlePlan(w http.ResponseWriter, n *node) {
 	writeSync(w, resp)
 }
 
-func (s *Simulator) handleRunControlPlane(w http.ResponseWriter, n *node, req apiv1.ClusterAPICertificatesRunRequest) {
+func (s *Simulator) handleRunControlPlane(w http.ResponseWriter, r *http.Request, n *node, req apiv1.ClusterAPICertificatesRunRequest, markFault func(string)) {
 	now := time.Now()
 	if req.ExpirationSeconds <= 0 {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid expiration-seconds %d: must be greater than zero", req.ExpirationSeconds))
@@ -322,29 +320,11 @@ func (s *Simulator) handleRunControlPlane(w http.ResponseWriter, n *node, req ap
 		writeError(w, http.StatusInternalServerError, "failed to generate new control plane certificates: "+err.Error())
 		return
 	}
-	n.mu.Lock()
-	n.current = cert
-	n.seedsRun = append(n.seedsRun, int64(req.Seed))
-	n.mu.Unlock()
-	s.answerRunAndRestart(w, n, cert.NotAfter.Unix())
+	n.writeToDisk(cert, req.Seed)
+	s.answerRun(w, r, n, cert.NotAfter.Unix(), markFault)
 }
 
-// answerRunAndRestart sends the run answer, then takes the node's k8sd down for
-// restartSeconds, like the service restart that follows a real refresh.
-func (s *Simulator) answerRunAndRestart(w http.ResponseWriter, n *node, expirationSeconds int64) {
-	// The connection dies with the restart: tell the client not to reuse it.
-	w.Header().Set("Connection", "close")
-	respond := func() {
-		writeSync(w, apiv1.ClusterAPICertificatesRunResponse{ExpirationSeconds: int(expirationSeconds)})
-	}
-	if n.k8sd == nil {
-		respond()
-		return
-	}
-	n.k8sd.restart(s.restartDelay, respond)
-}
-
-func (s *Simulator) handleRunWorker(w http.ResponseWriter, r *http.Request, n *node, req apiv1.ClusterAPICertificatesRunRequest) {
+func (s *Simulator) handleRunWorker(w http.ResponseWriter, r *http.Request, n *node, req apiv1.ClusterAPICertificatesRunRequest, markFault func(string)) {
 	if req.ExpirationSeconds <= 0 || req.ExpirationSeconds > math.MaxInt32 {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid expiration-seconds %d: must be between 1 and %d", req.ExpirationSeconds, math.MaxInt32))
 		return
@@ -352,22 +332,58 @@ func (s *Simulator) handleRunWorker(w http.ResponseWriter, r *http.Request, n *n
 	ctx := r.Context()
 	cert, err := s.refreshWorker(ctx, n, req.Seed, int32(req.ExpirationSeconds))
 	if ctx.Err() != nil {
-		// The client went away: there is nobody to answer.
+		// The client went away: nothing was written, and there is nobody to answer.
 		return
 	}
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, "failed to refresh worker certificates: "+err.Error())
 		return
 	}
-	n.mu.Lock()
-	n.current = cert
-	n.seedsRun = append(n.seedsRun, int64(req.Seed))
-	n.mu.Unlock()
+	n.writeToDisk(cert, req.Seed)
 	answer := cert.NotAfter.Unix()
 	if n.cfg.RunAnswersDuration {
 		answer = int64(cert.NotAfter.Sub(cert.NotBefore) / time.Second)
 	}
-	s.answerRunAndRestart(w, n, answer)
+	s.answerRun(w, r, n, answer, markFault)
+}
+
+// answerRun sends run's answer (the new certificate is on disk already) and, only if
+// the answer was delivered, restarts the node's services, as k8sd does: a lost answer
+// leaves the node serving its old certificate with the new one on disk.
+func (s *Simulator) answerRun(w http.ResponseWriter, r *http.Request, n *node, expirationSeconds int64, markFault func(string)) {
+	// No new connections from here on: a delivered answer is followed by the restart.
+	n.holdListeners()
+	delivered := false
+	if f, ok := s.faults.take(n.cluster.cfg.Name, n.cfg.Name, epRun, map[string]bool{faultDropAnswer: true}); ok {
+		markFault(f.Kind)
+		hijackAndClose(w)
+	} else if r.Context().Err() == nil {
+		// The connection dies with the restart: tell the client not to reuse it.
+		w.Header().Set("Connection", "close")
+		err := writeSync(w, apiv1.ClusterAPICertificatesRunResponse{ExpirationSeconds: int(expirationSeconds)})
+		// The context is checked before the write: a client that read the answer may
+		// close at once, which cancels the context of a delivered answer.
+		delivered = err == nil
+		if err != nil {
+			s.log.Printf("k8sd %s/%s: run answer not delivered: %v", n.cluster.cfg.Name, n.cfg.Name, err)
+		}
+	}
+	if !delivered {
+		s.log.Printf("k8sd %s/%s: run answer not delivered: restart skipped, serving the old certificate", n.cluster.cfg.Name, n.cfg.Name)
+		n.releaseListeners()
+		return
+	}
+	s.restartNode(n)
+}
+
+// hijackAndClose closes the connection without an answer.
+func hijackAndClose(w http.ResponseWriter) {
+	conn, _, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		// Not hijackable (HTTP/2): aborting the handler resets the stream instead.
+		panic(http.ErrAbortHandler)
+	}
+	conn.Close()
 }
 
 func (s *Simulator) handleApprove(w http.ResponseWriter, r *http.Request, n *node, req apiv1.ClusterAPIApproveWorkerCSRRequest) {
@@ -393,27 +409,9 @@ func (s *Simulator) handleApprove(w http.ResponseWriter, r *http.Request, n *nod
 	writeSync(w, apiv1.ClusterAPIApproveWorkerCSRResponse{})
 }
 
-// k8sdListener owns one node's k8sd listening socket. It is up unless stopped, inside
-// a simulated restart, or covered by a refuse fault; "down" means connection refused.
-type k8sdListener struct {
-	addr     string
-	handler  http.Handler
-	tlsConf  *tls.Config
-	refused  func() bool
-	log      func(format string, args ...any)
-	errorLog *log.Logger
-
-	mu        sync.Mutex
-	srv       *http.Server
-	ln        net.Listener // closed on its own first by restart
-	downUntil time.Time
-	stopped   bool
-	retrying  bool
-}
-
-func (s *Simulator) newK8sdListener(n *node) *k8sdListener {
+func (s *Simulator) newK8sdListener(n *node) *svcListener {
 	name := n.cluster.cfg.Name + "/" + n.cfg.Name
-	return &k8sdListener{
+	return &svcListener{
 		addr:    net.JoinHostPort(n.cfg.Address, strconv.Itoa(n.cfg.MicroclusterPort)),
 		handler: s.k8sdHandler(n),
 		tlsConf: &tls.Config{
@@ -426,122 +424,10 @@ func (s *Simulator) newK8sdListener(n *node) *k8sdListener {
 			NextProtos: []string{"http/1.1"},
 			MinVersion: tls.VersionTLS12,
 		},
-		refused:  func() bool { return s.faults.refused(n.cluster.cfg.Name, n.cfg.Name) },
-		log:      func(f string, a ...any) { s.log.Printf("k8sd %s: "+f, append([]any{name}, a...)...) },
-		errorLog: s.log,
-	}
-}
-
-// start binds the listener for the first time; failure is fatal for the simulator.
-func (l *k8sdListener) start() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.refused() {
-		return nil
-	}
-	if err := l.listenLocked(); err != nil {
-		return fmt.Errorf("k8sd listener: %w", err)
-	}
-	return nil
-}
-
-func (l *k8sdListener) listenLocked() error {
-	ln, err := net.Listen("tcp", l.addr)
-	if err != nil {
-		return err
-	}
-	srv := &http.Server{
-		Handler:           l.handler,
-		ErrorLog:          l.errorLog,
-		ReadHeaderTimeout: 30 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		// HTTP/1.1 only: the drop fault hijacks connections.
-		TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){},
-	}
-	l.srv, l.ln = srv, ln
-	go func() {
-		err := srv.Serve(tls.NewListener(ln, l.tlsConf))
-		if err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
-			l.log("serve: %v", err)
-		}
-	}()
-	return nil
-}
-
-// reconcile opens or closes the listener to match the wanted state.
-func (l *k8sdListener) reconcile() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	want := !l.stopped && !time.Now().Before(l.downUntil) && !l.refused()
-	switch {
-	case want && l.srv == nil:
-		if err := l.listenLocked(); err != nil {
-			// The port can be briefly busy; keep trying until it binds.
-			l.log("reopen failed, retrying: %v", err)
-			if !l.retrying {
-				l.retrying = true
-				time.AfterFunc(200*time.Millisecond, func() {
-					l.mu.Lock()
-					l.retrying = false
-					l.mu.Unlock()
-					l.reconcile()
-				})
-			}
-			return
-		}
-		l.log("listening on %s", l.addr)
-	case !want && l.srv != nil:
-		// Close drops the listener and every connection: clients see refused/reset.
-		l.srv.Close()
-		l.srv, l.ln = nil, nil
-		l.log("down (connections refused)")
-	}
-}
-
-// restart simulates the service restart after run: the listener closes before the
-// answer is sent (so nobody connects in between), every connection closes after it,
-// and the listener comes back after d.
-func (l *k8sdListener) restart(d time.Duration, respond func()) {
-	l.mu.Lock()
-	if until := time.Now().Add(d); until.After(l.downUntil) {
-		l.downUntil = until
-	}
-	srv, ln := l.srv, l.ln
-	l.srv, l.ln = nil, nil
-	l.mu.Unlock()
-	if ln != nil {
-		ln.Close()
-	}
-	respond()
-	if srv != nil {
-		srv.Close()
-		l.log("restarting: down for %s", d)
-	}
-	if d <= 0 {
-		l.reconcile()
-		return
-	}
-	time.AfterFunc(d, l.reconcile)
-}
-
-// bounce drops every connection and listens again at once (after a reinstall).
-func (l *k8sdListener) bounce() {
-	l.mu.Lock()
-	if l.srv != nil {
-		l.srv.Close()
-		l.srv, l.ln = nil, nil
-	}
-	l.mu.Unlock()
-	l.reconcile()
-}
-
-func (l *k8sdListener) stop() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.stopped = true
-	if l.srv != nil {
-		l.srv.Close()
-		l.srv, l.ln = nil, nil
+		refused:     func() bool { return s.faults.refused(n.cluster.cfg.Name, n.cfg.Name) },
+		log:         func(f string, a ...any) { s.log.Printf("k8sd %s: "+f, append([]any{name}, a...)...) },
+		errorLog:    s.log,
+		idleTimeout: 2 * time.Minute,
 	}
 }
 

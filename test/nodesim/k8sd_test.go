@@ -322,10 +322,19 @@ func TestWorkerRefreshWatchApprove(t *testing.T) {
 		t.Errorf("worker status %+v", st)
 	}
 
-	// A retried run with the same seed reuses the signed CSRs and succeeds at once.
+	if st.Restarts != 1 || st.DiskCertNotAfter != st.CertNotAfter {
+		t.Errorf("after a delivered run the node serves what it wrote, once restarted: %+v", st)
+	}
+
+	// Released k8sd: a run cannot be repeated with the same seed (plain Create, keys gone).
 	r := e.do(t, "alpha-w-0-vm", "POST", pathRun, fmt.Sprintf(`{"seed":%d,"expiration-seconds":7776000}`, seed), "node-token", tokW0)
-	if r.status != 200 {
-		t.Errorf("retried run: %d %s", r.status, r.body)
+	name := fmt.Sprintf("k8sd-%d-worker-kubelet-serving", seed)
+	want := errorBody(500, fmt.Sprintf(`failed to refresh worker certificates: failed to create CSR %s: certificatesigningrequests.certificates.k8s.io %q already exists`, name, name))
+	if r.status != 500 || r.body != want {
+		t.Errorf("retried run: %d %q, want %q", r.status, r.body, want)
+	}
+	if again := e.sim.findNode("alpha", "alpha-w-0-vm").status(); fmt.Sprint(again.SeedsRun) != fmt.Sprint(st.SeedsRun) || again.Restarts != 1 {
+		t.Errorf("a failed run changed the node: %+v", again)
 	}
 }
 
@@ -404,7 +413,7 @@ func TestApproveGetOnce(t *testing.T) {
 	}
 	n := e.sim.findNode("alpha", "alpha-w-0-vm")
 	for _, c := range workerCSRs(n.cfg, 9) {
-		if err := ensureCSR(context.Background(), e.wl.CertificatesV1().CertificateSigningRequests(), c, 3600); err != nil {
+		if err := createCSR(context.Background(), e.wl.CertificatesV1().CertificateSigningRequests(), c, 3600); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -30,31 +30,28 @@ const (
 	pfDrainTimeout = time.Second
 )
 
-func (s *Simulator) startKubelet(n *node, clientCAs *x509.CertPool) error {
+// newKubeletListener builds the node's kubelet server (TLS, client certificates of the
+// cluster CA, as the API server's kubelet client presents).
+func (s *Simulator) newKubeletListener(n *node, clientCAs *x509.CertPool) (*svcListener, error) {
 	cert, err := tls.LoadX509KeyPair(n.cfg.KubeletCert, n.cfg.KubeletKey)
 	if err != nil {
-		return fmt.Errorf("node %s: kubelet certificate: %w", n.cfg.Name, err)
+		return nil, fmt.Errorf("node %s: kubelet certificate: %w", n.cfg.Name, err)
 	}
-	addr := net.JoinHostPort(n.cfg.Address, strconv.Itoa(n.cfg.KubeletPort))
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("node %s: kubelet listener: %w", n.cfg.Name, err)
-	}
-	n.kubelet = &http.Server{
-		Handler:           s.kubeletHandler(n),
-		ErrorLog:          s.log,
-		ReadHeaderTimeout: 30 * time.Second,
-		// HTTP/1.1 only: SPDY and websocket both upgrade an HTTP/1.1 connection.
-		TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){},
-	}
-	s.serve(n.kubelet, tls.NewListener(ln, &tls.Config{
-		Certificates: []tls.Certificate{cert},
-		ClientAuth:   tls.RequireAndVerifyClientCert,
-		ClientCAs:    clientCAs,
-		NextProtos:   []string{"http/1.1"},
-		MinVersion:   tls.VersionTLS12,
-	}))
-	return nil
+	name := n.cluster.cfg.Name + "/" + n.cfg.Name
+	return &svcListener{
+		addr:    net.JoinHostPort(n.cfg.Address, strconv.Itoa(n.cfg.KubeletPort)),
+		handler: s.kubeletHandler(n),
+		tlsConf: &tls.Config{
+			Certificates: []tls.Certificate{cert},
+			ClientAuth:   tls.RequireAndVerifyClientCert,
+			ClientCAs:    clientCAs,
+			// HTTP/1.1 only: SPDY and websocket both upgrade an HTTP/1.1 connection.
+			NextProtos: []string{"http/1.1"},
+			MinVersion: tls.VersionTLS12,
+		},
+		log:      func(f string, a ...any) { s.log.Printf("kubelet %s: "+f, append([]any{name}, a...)...) },
+		errorLog: s.log,
+	}, nil
 }
 
 func (s *Simulator) kubeletHandler(n *node) http.Handler {
@@ -103,6 +100,8 @@ func (f *forwarder) PortForward(_ context.Context, pod string, _ types.UID, port
 		return fmt.Errorf("failed to connect to %s: %w", target, err)
 	}
 	defer conn.Close()
+	n.relayStarted()
+	defer n.relayEnded()
 	started := time.Now()
 	f.sim.log.Printf("%s: connected to k8sd %s", label, target)
 

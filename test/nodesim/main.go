@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -36,6 +37,10 @@ type Simulator struct {
 	restartDelay time.Duration
 	// pollInterval paces the CSR waits of run and approve.
 	pollInterval time.Duration
+	// apiserverRestartAfter: how long after a single control plane's delivered run
+	// answer the restart hook is called (the answer travels back through the API server).
+	apiserverRestartAfter time.Duration
+	hookClient            *http.Client
 
 	control *http.Server
 	wg      sync.WaitGroup
@@ -46,20 +51,34 @@ type cluster struct {
 	ca     *authority
 	client kubernetes.Interface // the workload cluster's API server
 	nodes  []*node
+
+	mu sync.Mutex
+	// annotations are the cluster's k8sd annotations (cluster config), e.g. auto-approve.
+	annotations map[string]string
+	// apiserverRestarts counts the API server restarts this cluster's control plane caused.
+	apiserverRestarts int
 }
 
 type node struct {
 	cfg     NodeConfig
 	cluster *cluster
 
-	mu       sync.Mutex
-	serving  *tls.Certificate  // k8sd's self-signed serving certificate
-	initial  *x509.Certificate // what the node was installed with: fixes certificates-expiry
-	current  *x509.Certificate // apiserver (control plane) or kubelet serving (worker) certificate
-	seedsRun []int64
+	mu      sync.Mutex
+	serving *tls.Certificate  // k8sd's self-signed serving certificate
+	initial *x509.Certificate // what the node was installed with: fixes certificates-expiry
+	// current is what the node serves: the apiserver (control plane) or kubelet serving
+	// (worker) certificate the running services loaded.
+	current *x509.Certificate
+	// onDisk is the same certificate as written by the last run; the services load it
+	// when they restart (after a delivered run answer).
+	onDisk   *x509.Certificate
+	seedsRun []int64 // seeds of the runs that wrote certificates
+	restarts int     // service restarts (delivered run answers)
 
-	k8sd    *k8sdListener // nil until start (unit tests serve the handler directly)
-	kubelet *http.Server
+	// nil until start (unit tests serve the handlers directly).
+	k8sd    *svcListener
+	kubelet *svcListener
+	relays  atomic.Int64 // open port-forward relays into k8sd
 }
 
 // newSimulator builds the in-memory state (CAs and certificates) without listening.
@@ -74,6 +93,9 @@ func newSimulator(ctx context.Context, cfg *Config, mgmt kubernetes.Interface, w
 		ctx:          ctx,
 		restartDelay: time.Duration(cfg.RestartSeconds * float64(time.Second)),
 		pollInterval: 200 * time.Millisecond,
+
+		apiserverRestartAfter: 300 * time.Millisecond,
+		hookClient:            &http.Client{},
 	}
 	s.faults.onChange = s.reconcileListeners
 	for _, cc := range cfg.Clusters {
@@ -81,7 +103,10 @@ func newSimulator(ctx context.Context, cfg *Config, mgmt kubernetes.Interface, w
 		if err != nil {
 			return nil, fmt.Errorf("cluster %s: CA: %w", cc.Name, err)
 		}
-		cl := &cluster{cfg: cc, ca: ca, client: workload[cc.Name]}
+		cl := &cluster{cfg: cc, ca: ca, client: workload[cc.Name], annotations: map[string]string{}}
+		for k, v := range cc.Annotations {
+			cl.annotations[k] = v
+		}
 		if cl.client == nil {
 			return nil, fmt.Errorf("cluster %s: no client", cc.Name)
 		}
@@ -108,7 +133,8 @@ func (n *node) install(lifetimeSeconds int64) error {
 		return err
 	}
 	n.mu.Lock()
-	n.serving, n.initial, n.current, n.seedsRun = serving, initial, initial, nil
+	n.serving, n.initial, n.current, n.onDisk = serving, initial, initial, initial
+	n.seedsRun, n.restarts = nil, 0
 	n.mu.Unlock()
 	return nil
 }
@@ -175,14 +201,20 @@ func (s *Simulator) start() error {
 	s.serve(s.control, controlLn)
 
 	for _, n := range s.allNodes() {
-		if err := s.startKubelet(n, clientCAs); err != nil {
+		kubelet, err := s.newKubeletListener(n, clientCAs)
+		if err != nil {
 			s.stop()
 			return err
+		}
+		n.kubelet = kubelet
+		if err := n.kubelet.start(); err != nil {
+			s.stop()
+			return fmt.Errorf("node %s: kubelet listener: %w", n.cfg.Name, err)
 		}
 		n.k8sd = s.newK8sdListener(n)
 		if err := n.k8sd.start(); err != nil {
 			s.stop()
-			return err
+			return fmt.Errorf("node %s: k8sd listener: %w", n.cfg.Name, err)
 		}
 	}
 	for _, cl := range s.clusters {
@@ -211,12 +243,8 @@ func (s *Simulator) stop() {
 		s.control.Close()
 	}
 	for _, n := range s.allNodes() {
-		if n.kubelet != nil {
-			n.kubelet.Close()
-		}
-		if n.k8sd != nil {
-			n.k8sd.stop()
-		}
+		n.kubelet.stop()
+		n.k8sd.stop()
 	}
 }
 

@@ -22,13 +22,41 @@ const k8sdSignerPrefix = "k8sd.io/"
 // a transient API error is retried.
 const signerResync = 5 * time.Second
 
+// signerNudgeAfter: a worker run whose CSRs wait longer than this asks the signer
+// directly (its watch backs off for a while after the API server was down).
+const signerNudgeAfter = 2 * time.Second
+
+// The cluster annotation (k8sd cluster config) that makes k8sd's csrsigning controller
+// approve the k8sd.io/* CSRs itself, and the reason it approves with.
+const (
+	annotationAutoApprove = "k8sd/v1alpha1/csrsigning/auto-approve"
+	reasonAutoApproved    = "K8sdApprove"
+)
+
+func (c *cluster) autoApprove() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.annotations[annotationAutoApprove] == "true"
+}
+
+// undecided: neither approved, denied nor failed.
+func undecided(csr *certv1.CertificateSigningRequest) bool {
+	return !conditionTrue(csr, certv1.CertificateApproved) &&
+		!conditionTrue(csr, certv1.CertificateDenied) &&
+		!conditionTrue(csr, certv1.CertificateFailed)
+}
+
 // runSigner watches the cluster's CSRs until ctx ends.
 func (s *Simulator) runSigner(ctx context.Context, cl *cluster) {
 	factory := informers.NewSharedInformerFactory(cl.client, signerResync)
 	inf := factory.Certificates().V1().CertificateSigningRequests().Informer()
 	handle := func(obj any) {
-		if csr, ok := obj.(*certv1.CertificateSigningRequest); ok && needsSigning(csr) {
-			s.signCSR(ctx, cl, csr.Name)
+		csr, ok := obj.(*certv1.CertificateSigningRequest)
+		if !ok || !strings.HasPrefix(csr.Spec.SignerName, k8sdSignerPrefix) {
+			return
+		}
+		if needsSigning(csr) || (undecided(csr) && cl.autoApprove()) {
+			s.reconcileCSR(ctx, cl, csr.Name)
 		}
 	}
 	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -41,6 +69,48 @@ func (s *Simulator) runSigner(ctx context.Context, cl *cluster) {
 	factory.Start(ctx.Done())
 	<-ctx.Done()
 	factory.Shutdown()
+}
+
+// reconcileCSR handles one CSR as k8sd's csrsigning controller does: with auto-approve on,
+// an undecided k8sd.io/* CSR is approved first; an approved one is signed.
+func (s *Simulator) reconcileCSR(ctx context.Context, cl *cluster, name string) {
+	if cl.autoApprove() {
+		s.autoApproveCSR(ctx, cl, name)
+	}
+	s.signCSR(ctx, cl, name)
+}
+
+// autoApproveCSR approves an undecided k8sd.io/* CSR (it looks first, unlike approve).
+func (s *Simulator) autoApproveCSR(ctx context.Context, cl *cluster, name string) {
+	client := cl.client.CertificatesV1().CertificateSigningRequests()
+	approved := false
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		csr, err := client.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if !strings.HasPrefix(csr.Spec.SignerName, k8sdSignerPrefix) || !undecided(csr) {
+			return nil
+		}
+		csr.Status.Conditions = append(csr.Status.Conditions, certv1.CertificateSigningRequestCondition{
+			Type:           certv1.CertificateApproved,
+			Status:         corev1.ConditionTrue,
+			Reason:         reasonAutoApproved,
+			Message:        "approved by the simulated k8sd csrsigning auto-approver",
+			LastUpdateTime: metav1.Now(),
+		})
+		if _, err := client.UpdateApproval(ctx, name, csr, metav1.UpdateOptions{}); err != nil {
+			return err
+		}
+		approved = true
+		return nil
+	})
+	switch {
+	case err != nil && ctx.Err() == nil:
+		s.log.Printf("signer %s: auto-approve CSR %s: %v (will retry on resync)", cl.cfg.Name, name, err)
+	case approved:
+		s.log.Printf("signer %s: auto-approved CSR %s", cl.cfg.Name, name)
+	}
 }
 
 // needsSigning: a k8sd.io/* CSR that is approved, not denied or failed, and unsigned.
