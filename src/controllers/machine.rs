@@ -136,7 +136,9 @@ impl Locks {
                 .clone()
         };
         match role {
-            Role::ControlPlane => Some(Guard::ControlPlane(locks.nodes.clone().write_owned().await)),
+            Role::ControlPlane => {
+                Some(Guard::ControlPlane(locks.nodes.clone().write_owned().await))
+            }
             // Acquiring fails only on a closed semaphore, and these are never closed.
             Role::Worker => Some(Guard::Worker(
                 locks.nodes.clone().read_owned().await,
@@ -888,7 +890,8 @@ impl Reconciler<'_> {
                     && other.node_name.is_some()
                     && !other.deleting
                     && (other.annotation(REFRESH_CERTIFICATES).is_some()
-                        || other.annotation(ck8s_certs_api::annotations::REFRESH_CERTIFICATES_STATUS)
+                        || other
+                            .annotation(ck8s_certs_api::annotations::REFRESH_CERTIFICATES_STATUS)
                             == Some(RefreshStatus::InProgress.as_str()))
             })
         };
@@ -1002,8 +1005,14 @@ impl Reconciler<'_> {
             Role::Worker => Some(loop {
                 match self.approver(&node.cluster).await {
                     Err(failure) if failure.unavailable() => {
-                        self.pause(&mut wait, status, op, "a Ready control-plane node", &failure)
-                            .await?;
+                        self.pause(
+                            &mut wait,
+                            status,
+                            op,
+                            "a Ready control-plane node",
+                            &failure,
+                        )
+                        .await?;
                     }
                     result => break result?,
                 }
@@ -1021,7 +1030,11 @@ impl Reconciler<'_> {
                         op.run_attempts
                     )));
                 }
-                info!(seed, attempts = op.run_attempts, "The outcome of run is unknown: refreshing again with a new plan");
+                info!(
+                    seed,
+                    attempts = op.run_attempts,
+                    "The outcome of run is unknown: refreshing again with a new plan"
+                );
             }
             let plan = loop {
                 match flow::plan(&mut node.session, &retry).await {
@@ -1083,7 +1096,9 @@ impl Reconciler<'_> {
                         .map_err(|e| Failure::k8sd("run", e))?;
                     if let Some(err) = approve_error {
                         // Recorded, not reported as a failure: run's answer is the outcome.
-                        op.note = Some(format!("approve answered an error that did not stop the refresh: {err}"));
+                        op.note = Some(format!(
+                            "approve answered an error that did not stop the refresh: {err}"
+                        ));
                     }
                     self.succeed(op, outcome)?;
                     return Ok(node);
@@ -1606,10 +1621,14 @@ impl Failure {
         Self::K8sd { step, error }
     }
 
-    /// Whether waiting may help: the node or its cluster does not answer for now.
+    /// Whether waiting may help: the node or its cluster does not answer for now, as during a
+    /// restart (refused connections, a tunnel that cannot be opened, 503 while k8sd starts). A
+    /// node that accepts and then never answers (a timeout) is not restarting: that fails.
     fn unavailable(&self) -> bool {
         match self {
-            Self::K8sd { error, .. } => error.is_retryable(),
+            Self::K8sd { error, .. } => {
+                error.is_retryable() && !matches!(error, K8sdError::Timeout { .. })
+            }
             Self::Workload(err) => err.is_retryable(),
             Self::Unavailable(_) => true,
             Self::Api(_) | Self::Message(_) | Self::Stopping => false,

@@ -107,7 +107,8 @@ impl Verdict {
 
     /// Adds a condition (e.g. `WindowsIgnored` next to a deferral).
     pub fn with(mut self, condition: &'static str, reason: &str, message: String) -> Self {
-        self.conditions.push((condition, reason.to_owned(), message));
+        self.conditions
+            .push((condition, reason.to_owned(), message));
         self
     }
 }
@@ -194,7 +195,14 @@ mod tests {
     #[test]
     fn a_new_verdict_replaces_the_old_conditions_and_keeps_other_ones() {
         let mut status = MachineCertificatesStatus::default();
-        set_condition(&mut status, conditions::READY, true, "R", "ready".into(), at(1));
+        set_condition(
+            &mut status,
+            conditions::READY,
+            true,
+            "R",
+            "ready".into(),
+            at(1),
+        );
         let deferred = with_verdict(&status, &deferred_with_windows_ignored(), at(100));
         assert_eq!(deferred.conditions.len(), 3);
         let disabled = with_verdict(
@@ -208,7 +216,11 @@ mod tests {
             ),
             at(200),
         );
-        let types: Vec<&str> = disabled.conditions.iter().map(|c| c.type_.as_str()).collect();
+        let types: Vec<&str> = disabled
+            .conditions
+            .iter()
+            .map(|c| c.type_.as_str())
+            .collect();
         assert_eq!(types, [conditions::READY, conditions::RENEWAL_DISABLED]);
         assert_eq!(disabled.conditions[0].last_transition_time, Time(at(1)));
         assert_eq!(disabled.conditions[1].last_transition_time, Time(at(200)));

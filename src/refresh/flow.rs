@@ -336,7 +336,10 @@ mod tests {
         };
         let outcome = run_worker(&mut worker, &mut approver, &request(1)).await;
         assert_eq!(outcome.run.unwrap().expiration_seconds, 2_000_000_000);
-        assert!(outcome.approve_error.is_none(), "the second approve succeeded");
+        assert!(
+            outcome.approve_error.is_none(),
+            "the second approve succeeded"
+        );
         assert_eq!(approver.calls, 2);
         assert_eq!(*worker.run_calls.lock().unwrap(), [1], "run is sent once");
     }
@@ -383,7 +386,10 @@ mod tests {
             endpoint: "run".into(),
             timeout: Duration::from_secs(1)
         }));
-        assert!(outcome_unknown(&api(503, "Database is not yet initialized")));
+        assert!(outcome_unknown(&api(
+            503,
+            "Database is not yet initialized"
+        )));
         for status in [400, 401, 500] {
             assert!(!outcome_unknown(&api(status, "x")), "{status}");
         }

@@ -1,7 +1,7 @@
 //! Kill the controller at any step and start it again: the refresh finishes, the Machine never
 //! stays in-progress, and `run` is not repeated once it is known to have completed. When a crash
-//! leaves `run`'s outcome unknown, a control plane gets `run` again with the same seed; a worker
-//! whose CSRs of that seed are signed is recorded without another `run`.
+//! leaves `run`'s outcome unknown, the refresh is done again with a new `plan` and a new seed
+//! (released k8sd refuses a worker seed twice), and the recorded expiry is what the node serves.
 
 use std::time::Duration;
 
@@ -114,8 +114,22 @@ async fn killed_after_run_before_the_machine_patch_nothing_is_run_again() {
     );
 }
 
+/// The node serves what the Machine records, and exactly one `run` wrote certificates.
+async fn serves_the_recorded_expiry(env: &ck8s_certs_e2e::Environment, node: &NodeInfo) -> i64 {
+    let state = env.sim.node(node).await.unwrap();
+    let annotations = env.machine_annotations(node).await;
+    assert_eq!(
+        annotations[ck8s_certs_api::annotations::CERTIFICATES_EXPIRY],
+        state.cert_not_after,
+        "recorded expiry vs what the node serves: {state:#?}"
+    );
+    let seeds = state.seeds_run.unwrap_or_default();
+    assert_eq!(seeds.len(), 1, "exactly one successful run: {seeds:?}");
+    seeds[0]
+}
+
 #[tokio::test]
-async fn killed_during_a_control_plane_run_it_is_sent_again_with_the_same_seed() {
+async fn killed_during_a_control_plane_run_it_is_refreshed_again_with_a_new_plan() {
     let env = shared().await;
     let node = env.cluster("beta").node("beta-cp-1").clone();
     env.isolate(&node, "crash-run-cp").await;
@@ -137,12 +151,13 @@ async fn killed_during_a_control_plane_run_it_is_sent_again_with_the_same_seed()
     expect_done(&env, &node).await;
     let calls = env.sim.calls("beta", &node.node).await.unwrap();
     let runs = runs(&calls);
+    assert_eq!(runs.len(), 2, "outcome unknown: one more run: {runs:#?}");
+    assert_ne!(runs[0].seed(), runs[1].seed(), "a new plan, a new seed");
     assert_eq!(
-        runs.len(),
+        calls.iter().filter(|c| c.path == path::PLAN).count(),
         2,
-        "outcome unknown: one more run, same seed: {runs:#?}"
+        "a second plan"
     );
-    assert_eq!(runs[0].seed(), runs[1].seed());
     let op = env
         .machine_certificates(&node)
         .await
@@ -152,15 +167,18 @@ async fn killed_during_a_control_plane_run_it_is_sent_again_with_the_same_seed()
         .operation
         .unwrap();
     assert_eq!(op.run_attempts, 2);
+    assert_eq!(op.seed, Some(runs[1].seed()));
+    assert_eq!(serves_the_recorded_expiry(&env, &node).await, runs[1].seed());
 }
 
 #[tokio::test]
-async fn killed_during_a_worker_run_it_finishes_with_the_same_csrs() {
+async fn killed_while_a_worker_run_waits_for_approval_it_finishes_with_a_new_seed() {
     let env = shared().await;
     let alpha = env.cluster("alpha");
     let node = alpha.node("alpha-md-0-w0").clone();
     env.isolate(&node, "crash-run-worker").await;
-    // The approve is held back, so the worker's run is pending when the controller dies.
+    // The approve is held back, so the worker's run is waiting for approval when the
+    // controller is SIGKILLed.
     let held = env
         .sim
         .inject(
@@ -181,6 +199,8 @@ async fn killed_during_a_worker_run_it_finishes_with_the_same_csrs() {
     expect_done(&env, &node).await;
     let calls = env.sim.calls("alpha", &node.node).await.unwrap();
     let runs = runs(&calls);
-    assert!(runs.len() <= 2, "{runs:#?}");
-    assert!(runs.iter().all(|r| r.seed() == runs[0].seed()));
+    assert_eq!(runs.len(), 2, "{runs:#?}");
+    assert_ne!(runs[0].seed(), runs[1].seed(), "a seed is never sent twice");
+    assert_eq!(runs[1].status, 200);
+    assert_eq!(serves_the_recorded_expiry(&env, &node).await, runs[1].seed());
 }
