@@ -14,10 +14,10 @@ import (
 
 // Config is the file the Rust harness writes before starting the simulator.
 type Config struct {
-	Control              string          `json:"control"`
-	KubeletClientCA      string          `json:"kubeletClientCA"`
-	ManagementKubeconfig string          `json:"managementKubeconfig"`
-	RestartSeconds       float64         `json:"restartSeconds"`
+	Control              string  `json:"control"`
+	KubeletClientCA      string  `json:"kubeletClientCA"`
+	ManagementKubeconfig string  `json:"managementKubeconfig"`
+	RestartSeconds       float64 `json:"restartSeconds"`
 	// RestartHook is the harness's URL (http://host:port) the simulator POSTs
 	// /clusters/<name>/restart-apiserver to when the only control plane of a cluster
 	// restarted its services. Empty: the API servers are never restarted.
@@ -27,10 +27,10 @@ type Config struct {
 
 // ClusterConfig describes one workload cluster and the nodes the simulator plays.
 type ClusterConfig struct {
-	Name                string       `json:"name"`
-	Namespace           string       `json:"namespace"`
-	Kubeconfig          string       `json:"kubeconfig"`
-	HonourCSRExpiration bool         `json:"honourCSRExpiration"`
+	Name                string `json:"name"`
+	Namespace           string `json:"namespace"`
+	Kubeconfig          string `json:"kubeconfig"`
+	HonourCSRExpiration bool   `json:"honourCSRExpiration"`
 	// Annotations are the cluster's initial k8sd annotations (k8sd cluster config), e.g.
 	// "k8sd/v1alpha1/csrsigning/auto-approve": "true". Changeable at runtime.
 	Annotations map[string]string `json:"annotations"`

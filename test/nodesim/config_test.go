@@ -10,12 +10,14 @@ const sampleConfig = `{
   "kubeletClientCA": "/tmp/env/ca.crt",
   "managementKubeconfig": "/tmp/env/mgmt.kubeconfig",
   "restartSeconds": 3,
+  "restartHook": "http://127.0.0.1:41235/",
   "clusters": [
     {
       "name": "alpha",
       "namespace": "fleet",
       "kubeconfig": "/tmp/env/alpha.kubeconfig",
       "honourCSRExpiration": false,
+      "annotations": {"k8sd/v1alpha1/csrsigning/auto-approve": "true"},
       "nodes": [
         {
           "name": "alpha-cp-0-vm",
@@ -56,6 +58,9 @@ func TestParseConfig(t *testing.T) {
 	if w.ApproveMode != approveWatch || w.InitialCertLifetimeSeconds != defaultInitialLifetimeSeconds {
 		t.Errorf("defaults not applied: %+v", w)
 	}
+	if cfg.RestartHook != "http://127.0.0.1:41235" || cfg.Clusters[0].Annotations[annotationAutoApprove] != "true" {
+		t.Errorf("restartHook %q, annotations %v", cfg.RestartHook, cfg.Clusters[0].Annotations)
+	}
 	for name, mutate := range map[string]func(string) string{
 		"unknown field":  func(s string) string { return strings.Replace(s, `"restartSeconds"`, `"restartSecs"`, 1) },
 		"bad role":       func(s string) string { return strings.Replace(s, `"worker"`, `"minion"`, 1) },
@@ -63,6 +68,9 @@ func TestParseConfig(t *testing.T) {
 		"bad address":    func(s string) string { return strings.Replace(s, `"127.23.1.2"`, `"localhost"`, 1) },
 		"duplicate port": func(s string) string { return strings.Replace(s, `"127.23.1.2"`, `"127.23.1.1"`, 1) },
 		"trailing data":  func(s string) string { return s + "{}" },
+		"hook scheme":    func(s string) string { return strings.Replace(s, `"http://127.0.0.1:41235/"`, `"127.0.0.1:41235"`, 1) },
+		"hook path":      func(s string) string { return strings.Replace(s, `41235/"`, `41235/hook"`, 1) },
+		"annotation int": func(s string) string { return strings.Replace(s, `auto-approve": "true"`, `auto-approve": true`, 1) },
 	} {
 		if _, err := parseConfig([]byte(mutate(sampleConfig))); err == nil {
 			t.Errorf("%s: accepted", name)

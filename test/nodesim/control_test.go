@@ -148,8 +148,11 @@ func TestControlNodesAndReinstall(t *testing.T) {
 		n0.MicroclusterPort != 2380 || len(n0.K8sdFingerprintSHA256) != 64 || n0.SeedsRun == nil || n0.DatabaseExpiry != n0.CertNotAfter {
 		t.Errorf("node 0: %+v", n0)
 	}
-	if !strings.Contains(body, `"seedsRun":[]`) {
-		t.Errorf("seedsRun should be [] not null: %s", body)
+	if !strings.Contains(body, `"seedsRun":[]`) || !strings.Contains(body, `"restarts":0`) {
+		t.Errorf("seedsRun should be [] not null, restarts 0: %s", body)
+	}
+	if n0.DiskCertNotAfter != n0.CertNotAfter {
+		t.Errorf("a fresh node serves what is on disk: %+v", n0)
 	}
 
 	code, body = controlCall(t, ctl, "POST", "/nodes/alpha/alpha-cp-0-vm/reinstall", `{"initialCertLifetimeSeconds": 7200}`)

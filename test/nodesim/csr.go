@@ -188,8 +188,9 @@ func (s *Simulator) approveWatch(ctx context.Context, cl *cluster, seed int, den
 	return nil
 }
 
-// approveGetOnce is the older k8sd: one GET per CSR, each handled independently (so a
-// partial approval is possible), an error for a missing or already approved CSR.
+// approveGetOnce is a never-released draft of k8sd (approveMode "get-once",
+// k8sd-protocol.md item 8): one GET per CSR, each handled independently (so a partial
+// approval is possible), an error for a missing or already approved CSR.
 func (s *Simulator) approveGetOnce(ctx context.Context, cl *cluster, seed int, deny bool) error {
 	client := cl.client.CertificatesV1().CertificateSigningRequests()
 	var errs []error

@@ -129,6 +129,7 @@ func TestFaultValidation(t *testing.T) {
 		{Kind: faultHang, Endpoint: "expiry/"},
 		{Kind: faultHang, Count: -1},
 		{Kind: faultCSRDeny, Endpoint: epRun},
+		{Kind: faultDropAnswer, Endpoint: epPlan},
 	} {
 		if err := r.validate(); err == nil {
 			t.Errorf("%+v accepted", r)
@@ -137,5 +138,11 @@ func TestFaultValidation(t *testing.T) {
 	r := faultRequest{Kind: faultError}
 	if err := r.validate(); err != nil || r.Status != 500 || r.Message == "" {
 		t.Errorf("error defaults: %v %+v", err, r)
+	}
+	for _, ep := range []string{"", epRun} {
+		r := faultRequest{Kind: faultDropAnswer, Endpoint: ep}
+		if err := r.validate(); err != nil {
+			t.Errorf("drop-answer at %q: %v", ep, err)
+		}
 	}
 }

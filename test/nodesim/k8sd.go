@@ -354,26 +354,34 @@ func (s *Simulator) answerRun(w http.ResponseWriter, r *http.Request, n *node, e
 	// No new connections from here on: a delivered answer is followed by the restart.
 	n.holdListeners()
 	delivered := false
+	defer func() {
+		// Also when the handler is aborted (a panic): the listeners must not stay held.
+		if !delivered {
+			s.log.Printf("k8sd %s/%s: run answer not delivered: restart skipped, serving the old certificate", n.cluster.cfg.Name, n.cfg.Name)
+			n.releaseListeners()
+		}
+	}()
 	if f, ok := s.faults.take(n.cluster.cfg.Name, n.cfg.Name, epRun, map[string]bool{faultDropAnswer: true}); ok {
 		markFault(f.Kind)
 		hijackAndClose(w)
 	} else if r.Context().Err() == nil {
 		// The connection dies with the restart: tell the client not to reuse it.
 		w.Header().Set("Connection", "close")
+		// The node state changes before the answer leaves, so that whoever holds the
+		// answer sees the node serving the new certificate; a failed write undoes it.
+		undo := n.serveFromDisk()
 		err := writeSync(w, apiv1.ClusterAPICertificatesRunResponse{ExpirationSeconds: int(expirationSeconds)})
 		// The context is checked before the write: a client that read the answer may
 		// close at once, which cancels the context of a delivered answer.
 		delivered = err == nil
 		if err != nil {
+			undo()
 			s.log.Printf("k8sd %s/%s: run answer not delivered: %v", n.cluster.cfg.Name, n.cfg.Name, err)
 		}
 	}
-	if !delivered {
-		s.log.Printf("k8sd %s/%s: run answer not delivered: restart skipped, serving the old certificate", n.cluster.cfg.Name, n.cfg.Name)
-		n.releaseListeners()
-		return
+	if delivered {
+		s.restartNode(n)
 	}
-	s.restartNode(n)
 }
 
 // hijackAndClose closes the connection without an answer.

@@ -58,16 +58,28 @@ func (n *node) waitRelays(limit time.Duration) {
 	}
 }
 
-// restartNode acts out the service restart after a delivered run answer: the node serves
-// what is on disk, k8sd goes down at once, the kubelet once the answer has been relayed.
-func (s *Simulator) restartNode(n *node) {
+// serveFromDisk is the state change of a restart: the services load what is on disk. It
+// returns a function that undoes it.
+func (n *node) serveFromDisk() (undo func()) {
 	n.mu.Lock()
+	defer n.mu.Unlock()
+	prev := n.current
 	n.current = n.onDisk
 	n.restarts++
-	restarts := n.restarts
-	n.mu.Unlock()
+	return func() {
+		n.mu.Lock()
+		n.current = prev
+		n.restarts--
+		n.mu.Unlock()
+	}
+}
+
+// restartNode acts out the service restart after a delivered run answer (the node state
+// changed already, see serveFromDisk): k8sd goes down at once, the kubelet once the answer
+// has been relayed, and a lone control plane takes the cluster's API server with it.
+func (s *Simulator) restartNode(n *node) {
 	until := time.Now().Add(s.restartDelay)
-	s.log.Printf("node %s/%s: restarting services (restart %d), down for %s", n.cluster.cfg.Name, n.cfg.Name, restarts, s.restartDelay)
+	s.log.Printf("node %s/%s: restarting services, down for %s", n.cluster.cfg.Name, n.cfg.Name, s.restartDelay)
 	n.k8sd.restartUntil(until)
 	if n.kubelet != nil {
 		go func() {

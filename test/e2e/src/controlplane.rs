@@ -3,9 +3,12 @@
 //! environment CA, RBAC on, an admin token, and the kubelet client settings that make
 //! `pods/portforward` reach the simulated nodes.
 
+use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
@@ -13,7 +16,7 @@ use kube::Client;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::pki::{Ca, CertFiles};
-use crate::process::Process;
+use crate::process::{Process, Processes};
 use crate::{Binaries, Error};
 
 /// A free TCP port on 127.0.0.1 (the kernel picks it; we release it for the child to bind).
@@ -83,9 +86,39 @@ pub struct SharedPki {
     pub admin_token: String,
 }
 
+/// How to start one child exactly the same way again (a restarted kube-apiserver keeps its
+/// port, flags and log).
+#[derive(Clone, Debug)]
+pub struct Launch {
+    /// The process name, e.g. `kube-apiserver-solo` (also its log file name).
+    pub name: String,
+    pub program: PathBuf,
+    pub args: Vec<OsString>,
+    pub log_dir: PathBuf,
+}
+
+impl Launch {
+    fn command(&self) -> Command {
+        let mut command = Command::new(&self.program);
+        command.args(&self.args);
+        command
+    }
+
+    /// First start: a fresh log.
+    pub fn spawn(&self) -> Result<Process, Error> {
+        Process::spawn(&self.name, self.command(), &self.log_dir)
+    }
+
+    /// A restart: the log goes on.
+    pub fn respawn(&self) -> Result<Process, Error> {
+        Process::respawn(&self.name, self.command(), &self.log_dir)
+    }
+}
+
 pub struct ApiServer {
     pub name: String,
     pub process: Process,
+    pub launch: Launch,
     pub port: u16,
     pub kubeconfig_yaml: String,
     pub kubeconfig: PathBuf,
@@ -100,71 +133,69 @@ impl ApiServer {
         dir: &Path,
     ) -> Result<Self, Error> {
         let port = free_port()?;
-        let mut command = Command::new(&bins.kube_apiserver);
-        command
-            .arg(format!("--etcd-servers={etcd}"))
-            .arg(format!("--etcd-prefix=/{name}"))
-            .arg(format!("--secure-port={port}"))
-            .arg("--bind-address=127.0.0.1")
-            .arg("--advertise-address=127.0.0.1")
-            .arg(format!(
-                "--cert-dir={}",
-                dir.join(format!("{name}-certs")).display()
-            ))
-            .arg(format!("--tls-cert-file={}", pki.serving.cert.display()))
-            .arg(format!(
-                "--tls-private-key-file={}",
-                pki.serving.key.display()
-            ))
-            .arg(format!("--client-ca-file={}", pki.ca.files.cert.display()))
-            .arg(format!("--token-auth-file={}", pki.token_file.display()))
-            .arg("--authorization-mode=RBAC")
-            .arg("--service-account-issuer=https://kubernetes.default.svc.cluster.local")
-            .arg(format!(
+        let args: Vec<OsString> = [
+            format!("--etcd-servers={etcd}"),
+            format!("--etcd-prefix=/{name}"),
+            format!("--secure-port={port}"),
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            format!("--cert-dir={}", dir.join(format!("{name}-certs")).display()),
+            format!("--tls-cert-file={}", pki.serving.cert.display()),
+            format!("--tls-private-key-file={}", pki.serving.key.display()),
+            format!("--client-ca-file={}", pki.ca.files.cert.display()),
+            format!("--token-auth-file={}", pki.token_file.display()),
+            "--authorization-mode=RBAC".into(),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+            format!(
                 "--service-account-key-file={}",
                 pki.service_account.cert.display()
-            ))
-            .arg(format!(
+            ),
+            format!(
                 "--service-account-signing-key-file={}",
                 pki.service_account.key.display()
-            ))
-            .arg("--service-cluster-ip-range=10.96.0.0/16")
-            .arg(format!(
+            ),
+            "--service-cluster-ip-range=10.96.0.0/16".into(),
+            format!(
                 "--kubelet-client-certificate={}",
                 pki.kubelet_client.cert.display()
-            ))
-            .arg(format!(
-                "--kubelet-client-key={}",
-                pki.kubelet_client.key.display()
-            ))
-            .arg(format!(
+            ),
+            format!("--kubelet-client-key={}", pki.kubelet_client.key.display()),
+            format!(
                 "--kubelet-certificate-authority={}",
                 pki.ca.files.cert.display()
-            ))
-            .arg("--kubelet-preferred-address-types=InternalIP")
+            ),
+            "--kubelet-preferred-address-types=InternalIP".into(),
             // No controller-manager runs, so nothing would create service account tokens.
-            .arg("--disable-admission-plugins=ServiceAccount")
-            .arg("--enable-priority-and-fairness=false")
+            "--disable-admission-plugins=ServiceAccount".into(),
+            "--enable-priority-and-fairness=false".into(),
             // Several API servers share one etcd: don't let them fight over the kubernetes endpoint.
-            .arg("--endpoint-reconciler-type=none")
-            .arg("--profiling=false")
+            "--endpoint-reconciler-type=none".into(),
+            "--profiling=false".into(),
             // Writes are audited so tests can count what the controller writes.
-            .arg(format!(
-                "--audit-policy-file={}",
-                audit_policy(dir)?.display()
-            ))
-            .arg(format!(
+            format!("--audit-policy-file={}", audit_policy(dir)?.display()),
+            format!(
                 "--audit-log-path={}",
                 dir.join(format!("audit-{name}.log")).display()
-            ))
-            .arg("--v=1");
-        let process = Process::spawn(&format!("kube-apiserver-{name}"), command, dir)?;
+            ),
+            "--v=1".into(),
+        ]
+        .into_iter()
+        .map(OsString::from)
+        .collect();
+        let launch = Launch {
+            name: format!("kube-apiserver-{name}"),
+            program: bins.kube_apiserver.clone(),
+            args,
+            log_dir: dir.to_owned(),
+        };
+        let process = launch.spawn()?;
         let kubeconfig_yaml = kubeconfig(name, port, &pki.ca.pem, &pki.admin_token);
         let kubeconfig = dir.join(format!("{name}.kubeconfig"));
         std::fs::write(&kubeconfig, &kubeconfig_yaml).map_err(|e| Error::io(&kubeconfig, e))?;
         Ok(Self {
             name: name.to_owned(),
             process,
+            launch,
             port,
             kubeconfig_yaml,
             kubeconfig,
@@ -181,12 +212,7 @@ impl ApiServer {
         let start = Instant::now();
         loop {
             self.process.check_running()?;
-            let request = http::Request::get("/readyz")
-                .body(Vec::new())
-                .map_err(|e| Error::Setup(e.to_string()))?;
-            if let Ok(text) = client.request_text(request).await
-                && text.trim() == "ok"
-            {
+            if is_ready(&client).await {
                 return Ok(());
             }
             if start.elapsed() > deadline {
@@ -198,6 +224,14 @@ impl ApiServer {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
+}
+
+/// Whether the API server behind `client` answers /readyz with ok.
+pub async fn is_ready(client: &Client) -> bool {
+    let Ok(request) = http::Request::get("/readyz").body(Vec::new()) else {
+        return false;
+    };
+    matches!(client.request_text(request).await, Ok(text) if text.trim() == "ok")
 }
 
 /// Metadata-level audit of every write, nothing else.
@@ -265,4 +299,327 @@ pub async fn client_from_kubeconfig(yaml: &str) -> Result<Client, Error> {
         .await
         .map_err(|e| Error::Setup(format!("kubeconfig: {e}")))?;
     Client::try_from(config).map_err(Error::Kube)
+}
+
+/// How often a workload cluster's kube-apiserver was restarted through the restart hook.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RestartCount {
+    /// Hook calls for this cluster (a call while a restart is under way joins that one).
+    pub requested: u32,
+    /// Restarts begun: the API server was killed.
+    pub begun: u32,
+    /// Restarts done: the API server was started again (it may not be ready yet).
+    pub completed: u32,
+}
+
+impl RestartCount {
+    pub fn in_progress(&self) -> bool {
+        self.begun > self.completed
+    }
+}
+
+/// Restarts workload clusters' kube-apiservers when the node simulator asks: a lone control
+/// plane's `run` restarts its services, kube-apiserver included, and the whole workload API is
+/// gone meanwhile. The hook is `POST /clusters/<name>/restart-apiserver` on loopback.
+pub struct ApiServerRestarts {
+    processes: Arc<Processes>,
+    /// Per workload cluster name.
+    launches: BTreeMap<String, Launch>,
+    down: Duration,
+    counts: Mutex<BTreeMap<String, RestartCount>>,
+    shutdown: tokio::sync::watch::Sender<bool>,
+}
+
+impl ApiServerRestarts {
+    pub fn new(
+        processes: Arc<Processes>,
+        launches: BTreeMap<String, Launch>,
+        down: Duration,
+    ) -> Self {
+        Self {
+            processes,
+            launches,
+            down,
+            counts: Mutex::new(BTreeMap::new()),
+            shutdown: tokio::sync::watch::channel(false).0,
+        }
+    }
+
+    pub fn count(&self, cluster: &str) -> RestartCount {
+        self.counts
+            .lock()
+            .map(|c| c.get(cluster).copied().unwrap_or_default())
+            .unwrap_or_default()
+    }
+
+    fn update<T>(&self, cluster: &str, f: impl FnOnce(&mut RestartCount) -> T) -> T {
+        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        f(counts.entry(cluster.to_owned()).or_default())
+    }
+
+    /// Kills the cluster's kube-apiserver, waits, starts it again with the same flags (port
+    /// included). Runs on the hook's thread: the new child dies with that thread.
+    async fn restart(self: Arc<Self>, cluster: String) {
+        let Some(launch) = self.launches.get(&cluster) else {
+            return;
+        };
+        let first = self.update(&cluster, |c| {
+            c.requested += 1;
+            if c.in_progress() {
+                return false;
+            }
+            c.begun += 1;
+            true
+        });
+        if !first {
+            tracing::info!(%cluster, "kube-apiserver restart already under way");
+            return;
+        }
+        tracing::info!(%cluster, down = ?self.down, "restarting the workload cluster's kube-apiserver");
+        // Dropping the process kills it (SIGKILL to its group) and reaps it.
+        drop(self.processes.take(&launch.name));
+        tokio::time::sleep(self.down).await;
+        if !self.processes.is_stopped() {
+            match launch.respawn() {
+                Ok(process) => {
+                    self.processes.push(process);
+                }
+                Err(error) => {
+                    tracing::error!(%cluster, %error, "kube-apiserver did not start again")
+                }
+            }
+        }
+        self.update(&cluster, |c| c.completed += 1);
+    }
+
+    /// Serves the restart hook on `listener` from a dedicated thread, which lives until
+    /// [`ApiServerRestarts::stop`]; the restarted API servers are its children (their
+    /// parent-death signal is tied to it).
+    pub fn serve(self: &Arc<Self>, listener: TcpListener) -> Result<(), Error> {
+        let address = listener
+            .local_addr()
+            .map_err(|e| Error::io(Path::new("restart hook"), e))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::io(Path::new("restart hook"), e))?;
+        let this = Arc::clone(self);
+        let mut shutdown = self.shutdown.subscribe();
+        std::thread::Builder::new()
+            .name("e2e-apiserver-restarts".into())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime,
+                    Err(error) => {
+                        tracing::error!(%error, "restart hook: no runtime");
+                        return;
+                    }
+                };
+                runtime.block_on(async move {
+                    let listener = match tokio::net::TcpListener::from_std(listener) {
+                        Ok(listener) => listener,
+                        Err(error) => {
+                            tracing::error!(%error, "restart hook: listener");
+                            return;
+                        }
+                    };
+                    loop {
+                        tokio::select! {
+                            _ = shutdown.changed() => break,
+                            accepted = listener.accept() => {
+                                if let Ok((stream, _)) = accepted {
+                                    tokio::spawn(Arc::clone(&this).handle(stream));
+                                }
+                            }
+                        }
+                    }
+                });
+                // Restarts under way end with the runtime; their children were killed by stop.
+            })
+            .map_err(|e| Error::Spawn {
+                name: "restart hook".into(),
+                source: e,
+            })?;
+        tracing::debug!(%address, "restart hook listening");
+        Ok(())
+    }
+
+    /// Ends the hook thread (the processes are killed by [`Processes::stop`]).
+    pub fn stop(&self) {
+        let _ = self.shutdown.send(true);
+    }
+
+    /// One hook request: HTTP/1.1, `POST /clusters/<name>/restart-apiserver`, answered 202
+    /// at once (the restart goes on in the background).
+    async fn handle(self: Arc<Self>, mut stream: tokio::net::TcpStream) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut buffer = Vec::new();
+        let head_end = loop {
+            if let Some(end) = find(&buffer, b"\r\n\r\n") {
+                break end + 4;
+            }
+            if buffer.len() > 16 * 1024 {
+                return;
+            }
+            let mut chunk = [0u8; 4096];
+            match tokio::time::timeout(Duration::from_secs(5), stream.read(&mut chunk)).await {
+                Ok(Ok(n)) if n > 0 => buffer.extend_from_slice(&chunk[..n]),
+                _ => return,
+            }
+        };
+        let head = String::from_utf8_lossy(&buffer[..head_end]).into_owned();
+        let content_length = head
+            .lines()
+            .filter_map(|line| line.split_once(':'))
+            .find(|(name, _)| name.trim().eq_ignore_ascii_case("content-length"))
+            .and_then(|(_, value)| value.trim().parse::<usize>().ok())
+            .unwrap_or(0)
+            .min(64 * 1024);
+        let mut body_read = buffer.len() - head_end;
+        while body_read < content_length {
+            let mut chunk = [0u8; 4096];
+            match tokio::time::timeout(Duration::from_secs(5), stream.read(&mut chunk)).await {
+                Ok(Ok(n)) if n > 0 => body_read += n,
+                _ => break,
+            }
+        }
+        let mut request_line = head.lines().next().unwrap_or_default().split(' ');
+        let method = request_line.next().unwrap_or_default();
+        let path = request_line.next().unwrap_or_default();
+        let segments: Vec<&str> = path.split('/').collect();
+        let (status, body) = match (method, segments.as_slice()) {
+            ("POST", ["", "clusters", cluster, "restart-apiserver"])
+                if self.launches.contains_key(*cluster) =>
+            {
+                tokio::spawn(Arc::clone(&self).restart((*cluster).to_owned()));
+                (
+                    "202 Accepted",
+                    serde_json::json!({ "cluster": cluster, "downSeconds": self.down.as_secs_f64() }),
+                )
+            }
+            ("POST", ["", "clusters", cluster, "restart-apiserver"]) => (
+                "404 Not Found",
+                serde_json::json!({ "error": format!("no workload cluster {cluster}") }),
+            ),
+            _ => (
+                "404 Not Found",
+                serde_json::json!({ "error": format!("no route {method} {path}") }),
+            ),
+        };
+        let body = body.to_string();
+        let response = format!(
+            "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let _ = stream.write_all(response.as_bytes()).await;
+        let _ = stream.shutdown().await;
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_restart_hook_kills_the_named_api_server_and_starts_it_again_with_the_same_command()
+    {
+        let dir = std::env::temp_dir().join(format!("ck8s-restart-hook-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let launch = Launch {
+            name: "kube-apiserver-solo".into(),
+            program: "/bin/sh".into(),
+            args: ["-c", "echo started; exec sleep 600"]
+                .into_iter()
+                .map(OsString::from)
+                .collect(),
+            log_dir: dir.clone(),
+        };
+        let processes = Arc::new(Processes::default());
+        processes.push(launch.spawn().unwrap());
+        let first = processes.pid("kube-apiserver-solo").unwrap();
+        let restarts = Arc::new(ApiServerRestarts::new(
+            Arc::clone(&processes),
+            BTreeMap::from([("solo".to_owned(), launch)]),
+            Duration::from_millis(300),
+        ));
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let address = listener.local_addr().unwrap();
+        restarts.serve(listener).unwrap();
+
+        let http = reqwest::Client::new();
+        let hook = |path: &str| {
+            http.post(format!("http://{address}{path}"))
+                .header("content-type", "application/json")
+                .body("{}")
+                .send()
+        };
+        assert_eq!(
+            hook("/clusters/trio/restart-apiserver")
+                .await
+                .unwrap()
+                .status(),
+            404
+        );
+        assert_eq!(hook("/clusters/solo").await.unwrap().status(), 404);
+        assert_eq!(
+            hook("/clusters/solo/restart-apiserver")
+                .await
+                .unwrap()
+                .status(),
+            202
+        );
+        // A second call while the restart is under way joins it.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            hook("/clusters/solo/restart-apiserver")
+                .await
+                .unwrap()
+                .status(),
+            202
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(restarts.count("solo").in_progress());
+        assert_eq!(processes.pid("kube-apiserver-solo"), None, "down meanwhile");
+
+        let start = Instant::now();
+        while restarts.count("solo").in_progress() {
+            assert!(start.elapsed() < Duration::from_secs(10), "never restarted");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            restarts.count("solo"),
+            RestartCount {
+                requested: 2,
+                begun: 1,
+                completed: 1
+            }
+        );
+        let second = processes.pid("kube-apiserver-solo").expect("running again");
+        assert_ne!(first, second);
+        // The log goes on across the restart.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let log = std::fs::read_to_string(dir.join("kube-apiserver-solo.log")).unwrap();
+        assert_eq!(log.matches("started").count(), 2, "{log}");
+        assert_eq!(restarts.count("trio"), RestartCount::default());
+
+        restarts.stop();
+        processes.stop();
+        assert!(
+            !processes.push(launch_again(&dir)),
+            "stopped: nothing starts"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn launch_again(dir: &Path) -> Process {
+        let mut command = Command::new("/bin/sh");
+        command.args(["-c", "exec sleep 600"]);
+        Process::spawn("late", command, dir).unwrap()
+    }
 }

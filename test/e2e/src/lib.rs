@@ -6,13 +6,20 @@
 //! - the real Cluster API CRDs of the chosen release plus the CK8sConfig CRD, and the fixtures
 //!   of [`fixtures`] in the management and workload clusters;
 //! - the node simulator (`test/nodesim`), which plays every node's kubelet (port-forward) and
-//!   k8sd, each node on its own loopback address `127.E.C.N`.
+//!   k8sd, each node on its own loopback address `127.E.C.N`, like released k8sd (a lost `run`
+//!   answer skips the restart, the restart takes the node's k8sd and kubelet away for
+//!   [`EnvSpec::restart_seconds`]);
+//! - a restart hook for the simulator: when the only control plane of a workload cluster
+//!   restarts its services, the environment restarts that cluster's kube-apiserver (down for
+//!   [`EnvSpec::apiserver_restart_seconds`], then started again with the same flags and port);
+//!   see [`Environment::apiserver_restarts`].
 //!
 //! Tests share one environment per test binary ([`shared`]) and isolate by cluster and node.
 //! Binaries come from `make control-plane` / `make nodesim` (see the Makefile); their paths can
 //! be overridden with `CK8S_E2E_KUBE_APISERVER`, `CK8S_E2E_ETCD`, `CK8S_E2E_NODESIM`, and the CAPI
 //! release with `CK8S_E2E_CAPI_VERSION`.
 
+pub mod bootstrap;
 pub mod controller;
 pub mod controlplane;
 pub mod crds;
@@ -26,16 +33,16 @@ pub mod sim;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use kube::Client;
 
-use crate::controlplane::{ApiServer, SharedPki};
+use crate::controlplane::{ApiServer, ApiServerRestarts, RestartCount, SharedPki};
 use crate::crds::CapiVersion;
 use crate::fixtures::{ClusterSpec, ClusterTokens, NodeInfo, Role};
 use crate::pki::{Ca, Leaf, Usage};
-use crate::process::Process;
+use crate::process::{Process, Processes};
 use crate::sim::SimControl;
 
 #[derive(Debug, thiserror::Error)]
@@ -168,14 +175,20 @@ impl Binaries {
 pub struct EnvSpec {
     pub capi_version: CapiVersion,
     pub clusters: Vec<ClusterSpec>,
-    /// How long a node's k8sd is down after a `run` (the real one restarts services).
+    /// How long a node's k8sd and kubelet are down after a `run` whose answer was delivered
+    /// (the real one restarts its services).
     pub restart_seconds: u64,
+    /// How long a workload cluster's kube-apiserver is down (killed, then started again) after
+    /// a delivered `run` on its only control plane; plus its start-up time (~3 s).
+    pub apiserver_restart_seconds: u64,
 }
 
 impl EnvSpec {
-    /// Three workload clusters, two control planes and two workers each: `alpha` and `beta` in
-    /// namespace `fleet` (`beta` with a non-default microcluster port and extra SANs), and
-    /// `gamma` in namespace `edge` whose Machines are named exactly like `alpha`'s.
+    /// Five workload clusters. Three with two control planes and two workers each: `alpha` and
+    /// `beta` in namespace `fleet` (`beta` with a non-default microcluster port and extra SANs),
+    /// and `gamma` in namespace `edge` whose Machines are named exactly like `alpha`'s. And two
+    /// in `fleet` with three workers each: `solo` with a single control plane (its refresh
+    /// restarts the whole workload API) and `trio` with three control planes.
     pub fn standard() -> Self {
         let capi_version = CapiVersion(
             std::env::var("CK8S_E2E_CAPI_VERSION")
@@ -200,6 +213,11 @@ impl EnvSpec {
                     endpoint_host: format!("{name}.k8s.example.internal"),
                 }
             };
+        let sized = |name: &str, control_planes: usize, workers: usize| ClusterSpec {
+            control_planes,
+            workers,
+            ..cluster(name, "fleet", name, None, &[])
+        };
         Self {
             capi_version,
             clusters: vec![
@@ -213,8 +231,12 @@ impl EnvSpec {
                 ),
                 // Another namespace, Machines named exactly like alpha's: mix-ups fail tests.
                 cluster("gamma", "edge", "alpha", None, &[]),
+                // An edge cluster: its only control plane takes the workload API with it.
+                sized("solo", 1, 3),
+                sized("trio", 3, 3),
             ],
             restart_seconds: 2,
+            apiserver_restart_seconds: 3,
         }
     }
 }
@@ -263,7 +285,8 @@ pub struct Environment {
     pub clusters: Vec<WorkloadCluster>,
     pub sim: SimControl,
     pub measurements: Measurements,
-    processes: Mutex<Vec<Process>>,
+    processes: Arc<Processes>,
+    apiserver_restarts: Arc<ApiServerRestarts>,
 }
 
 impl Environment {
@@ -274,7 +297,8 @@ impl Environment {
         let bins = Binaries::locate()?;
         let crd_dir = spec.capi_version.crd_dir()?;
         let dir = make_dir()?;
-        let mut processes = Vec::new();
+        // Every child is killed when this is dropped (a failed start included).
+        let processes = Arc::new(Processes::default());
 
         let ca = Ca::new(&dir)?;
         let localhost = [IpAddr::V4(Ipv4Addr::LOCALHOST)];
@@ -338,6 +362,12 @@ impl Environment {
         let control_planes_ready = started.elapsed();
 
         let management = servers.remove(0);
+        let launches: BTreeMap<String, controlplane::Launch> = spec
+            .clusters
+            .iter()
+            .zip(&servers)
+            .map(|(cluster, server)| (cluster.name.clone(), server.launch.clone()))
+            .collect();
         let mgmt = management.client().await?;
         let mut crds = crds::read_dir(&crd_dir)?;
         crds.extend(crds::read_dir(
@@ -389,6 +419,7 @@ impl Environment {
                 namespace: cluster_spec.namespace.clone(),
                 kubeconfig: server.kubeconfig.clone(),
                 honour_csr_expiration: false,
+                annotations: BTreeMap::new(),
                 nodes: sim_nodes,
             });
             clusters.push(WorkloadCluster {
@@ -401,6 +432,13 @@ impl Environment {
         }
 
         let control = std::net::SocketAddr::from((Ipv4Addr::LOCALHOST, controlplane::free_port()?));
+        // Bound now so that its address goes into the simulator's config; served once
+        // everything runs (the simulator calls it only after a `run`).
+        let hook_listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .map_err(|e| Error::io(Path::new("127.0.0.1:0"), e))?;
+        let hook_address = hook_listener
+            .local_addr()
+            .map_err(|e| Error::io(Path::new("restart hook"), e))?;
         let config_path = dir.join("nodesim.json");
         sim::write_config(
             &config_path,
@@ -409,27 +447,34 @@ impl Environment {
                 kubelet_client_ca: pki.ca.files.cert.clone(),
                 management_kubeconfig: management.kubeconfig.clone(),
                 restart_seconds: spec.restart_seconds,
+                restart_hook: Some(format!("http://{hook_address}")),
                 clusters: sim_clusters,
             },
         )?;
+        let management_kubeconfig_yaml = management.kubeconfig_yaml.clone();
+        let management_kubeconfig = management.kubeconfig.clone();
+        processes.push(management.process);
+        for server in servers {
+            processes.push(server.process);
+        }
+
         let mut command = std::process::Command::new(&bins.nodesim);
         command.arg("--config").arg(&config_path);
         let mut nodesim = Process::spawn("nodesim", command, &dir)?;
         sim::wait_ready(&mut nodesim, Duration::from_secs(30)).await?;
-
-        let management_kubeconfig_yaml = management.kubeconfig_yaml.clone();
-        let management_kubeconfig = management.kubeconfig.clone();
-        processes.push(management.process);
-        processes.extend(servers.into_iter().map(|s| s.process));
         processes.push(nodesim);
+
+        let apiserver_restarts = Arc::new(ApiServerRestarts::new(
+            Arc::clone(&processes),
+            launches,
+            Duration::from_secs(spec.apiserver_restart_seconds),
+        ));
+        apiserver_restarts.serve(hook_listener)?;
 
         let measurements = Measurements {
             start: started.elapsed(),
             control_planes_ready,
-            rss_kib: processes
-                .iter()
-                .filter_map(|p| Some((p.name.clone(), p.rss_kib()?)))
-                .collect(),
+            rss_kib: processes.rss_kib(),
         };
         Ok(Self {
             spec,
@@ -440,8 +485,51 @@ impl Environment {
             clusters,
             sim: SimControl::new(control),
             measurements,
-            processes: Mutex::new(processes),
+            processes,
+            apiserver_restarts,
         })
+    }
+
+    /// How many times the kube-apiserver of workload cluster `cluster` was restarted (killed)
+    /// because its only control plane restarted its services.
+    pub fn apiserver_restarts(&self, cluster: &str) -> u32 {
+        self.apiserver_restarts.count(cluster).begun
+    }
+
+    /// The restart counters of workload cluster `cluster`'s kube-apiserver.
+    pub fn apiserver_restart_count(&self, cluster: &str) -> RestartCount {
+        self.apiserver_restarts.count(cluster)
+    }
+
+    /// Waits until workload cluster `cluster`'s API server is up: no restart under way (one
+    /// that is about to begin, ~300 ms after a lone control plane's `run` answer, is not
+    /// seen) and /readyz ok.
+    pub async fn wait_for_workload_api(
+        &self,
+        cluster: &str,
+        deadline: Duration,
+    ) -> Result<(), Error> {
+        let start = Instant::now();
+        let workload = self.cluster(cluster);
+        loop {
+            if !self.apiserver_restart_count(cluster).in_progress()
+                && let Ok(client) = workload.client().await
+                && controlplane::is_ready(&client).await
+            {
+                return Ok(());
+            }
+            if start.elapsed() > deadline {
+                let log =
+                    std::fs::read_to_string(self.dir.join(format!("kube-apiserver-{cluster}.log")))
+                        .unwrap_or_default();
+                let lines: Vec<&str> = log.lines().collect();
+                return Err(Error::Timeout {
+                    what: format!("the {cluster} workload API to be ready"),
+                    log: lines[lines.len().saturating_sub(30)..].join("\n"),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// A fresh admin client of the management cluster (clients are per test: each test has its
@@ -459,21 +547,13 @@ impl Environment {
 
     /// Current RSS of every process, in KiB.
     pub fn rss_kib(&self) -> BTreeMap<String, u64> {
-        self.processes
-            .lock()
-            .map(|ps| {
-                ps.iter()
-                    .filter_map(|p| Some((p.name.clone(), p.rss_kib()?)))
-                    .collect()
-            })
-            .unwrap_or_default()
+        self.processes.rss_kib()
     }
 
     /// Kills every process and removes the environment's folder.
     pub fn stop(&self) {
-        if let Ok(mut processes) = self.processes.lock() {
-            processes.clear();
-        }
+        self.apiserver_restarts.stop();
+        self.processes.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

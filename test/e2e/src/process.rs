@@ -7,10 +7,11 @@
 //!   spawned it dies — including when the test process is killed. The harness therefore spawns
 //!   children only from a thread that lives as long as the environment (see `crate::shared`).
 
-use std::fs::File;
+use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
 
 use crate::Error;
 
@@ -21,10 +22,31 @@ pub struct Process {
 }
 
 impl Process {
-    /// Starts `command` with stdout and stderr appended to `<log_dir>/<name>.log`.
-    pub fn spawn(name: &str, mut command: Command, log_dir: &Path) -> Result<Self, Error> {
+    /// Starts `command` with stdout and stderr written to a fresh `<log_dir>/<name>.log`.
+    pub fn spawn(name: &str, command: Command, log_dir: &Path) -> Result<Self, Error> {
+        Self::spawn_logging(name, command, log_dir, false)
+    }
+
+    /// Starts `command` again under the same name: its output is appended to the log of the
+    /// previous run (a restarted kube-apiserver keeps one log).
+    pub fn respawn(name: &str, command: Command, log_dir: &Path) -> Result<Self, Error> {
+        Self::spawn_logging(name, command, log_dir, true)
+    }
+
+    fn spawn_logging(
+        name: &str,
+        mut command: Command,
+        log_dir: &Path,
+        append: bool,
+    ) -> Result<Self, Error> {
         let log = log_dir.join(format!("{name}.log"));
-        let out = File::create(&log).map_err(|e| Error::io(&log, e))?;
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(append)
+            .truncate(!append)
+            .open(&log)
+            .map_err(|e| Error::io(&log, e))?;
         let err = out.try_clone().map_err(|e| Error::io(&log, e))?;
         supervise(&mut command);
         let child = command
@@ -127,6 +149,77 @@ impl Process {
 impl Drop for Process {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// The environment's children, killed together by [`Processes::stop`] (or when dropped). A
+/// child can be taken out and replaced (a restarted kube-apiserver); once stopped, nothing can
+/// be added any more.
+#[derive(Default)]
+pub struct Processes {
+    table: Mutex<Table>,
+}
+
+#[derive(Default)]
+struct Table {
+    list: Vec<Process>,
+    stopped: bool,
+}
+
+impl Processes {
+    fn table(&self) -> MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds a child; after [`Processes::stop`] it is killed instead (returns false).
+    pub fn push(&self, process: Process) -> bool {
+        let mut table = self.table();
+        if table.stopped {
+            drop(table);
+            drop(process);
+            return false;
+        }
+        table.list.push(process);
+        true
+    }
+
+    /// Takes the child named `name` out (it is killed when the caller drops it).
+    pub fn take(&self, name: &str) -> Option<Process> {
+        let mut table = self.table();
+        let index = table.list.iter().position(|p| p.name == name)?;
+        Some(table.list.remove(index))
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        self.table().stopped
+    }
+
+    /// Process id of the child named `name`, if it runs.
+    pub fn pid(&self, name: &str) -> Option<u32> {
+        self.table()
+            .list
+            .iter()
+            .find(|p| p.name == name)
+            .map(Process::pid)
+    }
+
+    /// Current RSS of every child, in KiB.
+    pub fn rss_kib(&self) -> BTreeMap<String, u64> {
+        self.table()
+            .list
+            .iter()
+            .filter_map(|p| Some((p.name.clone(), p.rss_kib()?)))
+            .collect()
+    }
+
+    /// Kills every child; nothing can be added afterwards.
+    pub fn stop(&self) {
+        let list = {
+            let mut table = self.table();
+            table.stopped = true;
+            std::mem::take(&mut table.list)
+        };
+        drop(list);
     }
 }
 

@@ -1,6 +1,8 @@
 //! The node simulator (`test/nodesim`, Go): its configuration, and a client for its control API
-//! (fault injection, call records, node state).
+//! (fault injection, call records, node state, cluster annotations). It behaves like released
+//! k8sd; see `test/nodesim/README.md`.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -21,6 +23,10 @@ pub struct Config {
     pub kubelet_client_ca: PathBuf,
     pub management_kubeconfig: PathBuf,
     pub restart_seconds: u64,
+    /// `http://host:port` the simulator calls (`POST /clusters/<name>/restart-apiserver`) when
+    /// the only control plane of a cluster restarted its services.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restart_hook: Option<String>,
     pub clusters: Vec<ClusterConfig>,
 }
 
@@ -32,8 +38,14 @@ pub struct ClusterConfig {
     pub kubeconfig: PathBuf,
     #[serde(rename = "honourCSRExpiration")]
     pub honour_csr_expiration: bool,
+    /// The cluster's initial k8sd annotations (e.g. [`AUTO_APPROVE`]).
+    pub annotations: BTreeMap<String, String>,
     pub nodes: Vec<NodeConfig>,
 }
+
+/// The k8sd cluster annotation that makes the control plane's CSR signer approve the workers'
+/// `k8sd.io/*` CSRs itself (so a later `approve` fails).
+pub const AUTO_APPROVE: &str = "k8sd/v1alpha1/csrsigning/auto-approve";
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -162,6 +174,15 @@ impl Fault {
     pub fn csr_deny() -> Self {
         Self::kind("csr-deny")
     }
+    /// The next `run` that completes its work (new certificates on disk) closes the connection
+    /// instead of answering: like an answer lost on the way back, the node skips its restart and
+    /// keeps serving the old certificates. Runs that fail answer normally and leave it in place.
+    pub fn drop_answer() -> Self {
+        Self {
+            endpoint: Some(Endpoint::Run),
+            ..Self::kind("drop-answer")
+        }
+    }
     pub fn on(mut self, node: &NodeInfo) -> Self {
         self.cluster = node.cluster.clone();
         self.node = node.node.clone();
@@ -234,8 +255,35 @@ pub struct NodeState {
     pub database_expiry: String,
     #[serde(rename = "k8sdFingerprintSHA256")]
     pub k8sd_fingerprint_sha256: String,
+    /// NotAfter of the certificate the last `run` wrote to disk. `cert_not_after` is what the
+    /// node serves: the two differ after a `run` whose answer was lost (no restart).
+    pub disk_cert_not_after: String,
+    /// Service restarts (one per delivered `run` answer).
+    pub restarts: u32,
+    /// Seeds of the runs that wrote certificates (answered or not).
     #[serde(default)]
     pub seeds_run: Option<Vec<i64>>,
+}
+
+impl NodeState {
+    /// Whether the node serves what its last `run` wrote.
+    pub fn serves_disk(&self) -> bool {
+        self.cert_not_after == self.disk_cert_not_after
+    }
+}
+
+/// A simulated workload cluster's state.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterState {
+    pub name: String,
+    pub namespace: String,
+    pub control_planes: u32,
+    pub annotations: BTreeMap<String, String>,
+    /// Service restarts of the cluster's only control plane, each of which asked the
+    /// environment to restart the cluster's kube-apiserver.
+    #[serde(rename = "apiserverRestarts")]
+    pub apiserver_restarts: u32,
 }
 
 /// Client of the simulator's control API.
@@ -338,6 +386,48 @@ impl SimControl {
             .into_iter()
             .find(|n| n.cluster == node.cluster && n.node == node.node)
             .ok_or_else(|| Error::Sim(format!("no node {} in cluster {}", node.node, node.cluster)))
+    }
+
+    pub async fn clusters(&self) -> Result<Vec<ClusterState>, Error> {
+        let response = self
+            .send(self.http.get(format!("{}/clusters", self.base)))
+            .await?;
+        response.json().await.map_err(|e| Error::Sim(e.to_string()))
+    }
+
+    pub async fn cluster(&self, cluster: &str) -> Result<ClusterState, Error> {
+        self.clusters()
+            .await?
+            .into_iter()
+            .find(|c| c.name == cluster)
+            .ok_or_else(|| Error::Sim(format!("no cluster {cluster}")))
+    }
+
+    /// Replaces the k8sd annotations of `cluster` (as `k8s set annotations=…` on its nodes).
+    pub async fn set_annotations(
+        &self,
+        cluster: &str,
+        annotations: &BTreeMap<String, String>,
+    ) -> Result<ClusterState, Error> {
+        let response = self
+            .send(
+                self.http
+                    .put(format!("{}/clusters/{cluster}/annotations", self.base))
+                    .json(annotations),
+            )
+            .await?;
+        response.json().await.map_err(|e| Error::Sim(e.to_string()))
+    }
+
+    /// Turns k8sd's CSR auto-approver of `cluster` on or off (its other annotations stay).
+    pub async fn set_auto_approve(&self, cluster: &str, on: bool) -> Result<(), Error> {
+        let mut annotations = self.cluster(cluster).await?.annotations;
+        if on {
+            annotations.insert(AUTO_APPROVE.to_owned(), "true".to_owned());
+        } else {
+            annotations.remove(AUTO_APPROVE);
+        }
+        self.set_annotations(cluster, &annotations).await.map(drop)
     }
 
     /// Simulates a node reinstall: new k8sd certificate, new initial certificates.
