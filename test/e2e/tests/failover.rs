@@ -111,7 +111,7 @@ async fn reporters(env: &Environment, node: &NodeInfo, reason: &str) -> Vec<Stri
 }
 
 #[tokio::test]
-async fn leader_killed_after_a_worker_run_the_standby_records_it_without_a_second_run() {
+async fn leader_killed_after_a_worker_run_the_standby_refreshes_it_again_with_a_new_plan() {
     let env = shared().await;
     let node = env.cluster("alpha").node("alpha-md-0-w0").clone();
     env.isolate(&node, "failover-worker").await;
@@ -122,12 +122,22 @@ async fn leader_killed_after_a_worker_run_the_standby_records_it_without_a_secon
     )
     .await;
     env.annotate_refresh(&node, "1y").await;
-    // The leader dies the instant the node finished: only the node knows the outcome.
+    // The leader dies the instant the node answered: only the node knows the outcome, and
+    // released k8sd offers no way to ask, so the standby refreshes again with a new plan.
     a.wait_for_exit(TIMEOUT).await;
     let died = Instant::now();
     expect_finished_by(&env, &node, &b, died).await;
-    let completed = completed_runs(&env, &node).await;
-    assert_eq!(completed.len(), 1, "{completed:#?}");
+    let calls = env.sim.calls(&node.cluster, &node.node).await.unwrap();
+    let answered: Vec<&CallRecord> = runs(&calls)
+        .into_iter()
+        .filter(|r| r.status == 200)
+        .collect();
+    assert_eq!(answered.len(), 2, "{answered:#?}");
+    assert_ne!(
+        answered[0].seed(),
+        answered[1].seed(),
+        "a seed is never sent twice"
+    );
     let op = env
         .machine_certificates(&node)
         .await
@@ -136,13 +146,12 @@ async fn leader_killed_after_a_worker_run_the_standby_records_it_without_a_secon
         .unwrap()
         .operation
         .unwrap();
-    assert_eq!(op.seed, Some(completed[0].seed()));
-    assert!(
-        op.note
-            .as_deref()
-            .unwrap_or_default()
-            .contains("CSRs were signed"),
-        "{op:#?}"
+    assert_eq!(op.seed, Some(answered[1].seed()));
+    let state = env.sim.node(&node).await.unwrap();
+    assert_eq!(
+        env.machine_annotations(&node).await[ck8s_certs_api::annotations::CERTIFICATES_EXPIRY],
+        state.cert_not_after,
+        "the recorded expiry is what the node serves"
     );
 }
 
@@ -161,7 +170,7 @@ async fn expect_finished_by(
 }
 
 #[tokio::test]
-async fn leader_killed_during_a_control_plane_run_the_standby_finishes_it_with_the_same_seed() {
+async fn leader_killed_during_a_control_plane_run_the_standby_finishes_it_with_a_new_plan() {
     let env = shared().await;
     let node = env.cluster("beta").node("beta-cp-0").clone();
     env.isolate(&node, "failover-cp-kill").await;
@@ -184,13 +193,14 @@ async fn leader_killed_during_a_control_plane_run_the_standby_finishes_it_with_t
     expect_finished_by(&env, &node, &b, died).await;
     let calls = env.sim.calls(&node.cluster, &node.node).await.unwrap();
     let runs = runs(&calls);
-    assert!(runs.iter().all(|r| r.seed() == runs[0].seed()), "{runs:#?}");
-    assert_eq!(completed_runs(&env, &node).await.len(), 1);
-    assert_eq!(
-        calls.iter().filter(|c| c.path == path::PLAN).count(),
-        1,
-        "the standby resumed the recorded operation instead of planning a new one"
+    assert_eq!(runs.len(), 2, "{runs:#?}");
+    assert_ne!(
+        runs[0].seed(),
+        runs[1].seed(),
+        "the unknown outcome is refreshed with a new plan"
     );
+    assert_eq!(completed_runs(&env, &node).await.len(), 1);
+    assert_eq!(calls.iter().filter(|c| c.path == path::PLAN).count(), 2);
 }
 
 #[tokio::test]
