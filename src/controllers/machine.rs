@@ -1038,12 +1038,15 @@ impl Reconciler<'_> {
             }
             let plan = loop {
                 match flow::plan(&mut node.session, &retry).await {
-                    Err(err) if err.is_retryable() => {
+                    Ok(plan) => break plan,
+                    Err(err) => {
                         let failure = Failure::k8sd("plan", err);
+                        if !failure.unavailable() {
+                            return Err(failure);
+                        }
                         self.pause(&mut wait, status, op, "the node's k8sd", &failure)
                             .await?;
                     }
-                    result => break result.map_err(|e| Failure::k8sd("plan", e))?,
                 }
             };
             if self.ctx.stop.is_cancelled() && op.seed.is_none() {

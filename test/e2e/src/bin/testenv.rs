@@ -19,7 +19,9 @@ async fn main() -> anyhow::Result<()> {
         .nth(1)
         .map(PathBuf::from);
 
-    eprintln!("Starting the test environment (etcd, a management and five workload kube-apiservers, simulated nodes)…");
+    eprintln!(
+        "Starting the test environment (etcd, a management and five workload kube-apiservers, simulated nodes)…"
+    );
     let env = Environment::start(EnvSpec::standard())
         .await
         .context("starting the test environment")?;
