@@ -191,13 +191,7 @@ impl BootstrapDouble {
 
 impl Drop for BootstrapDouble {
     fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!(
-                "--- {} log (last 60 lines) ---\n{}",
-                self.process.name,
-                self.process.log_tail(60)
-            );
-        }
+        self.process.report_if_panicking();
     }
 }
 

@@ -206,13 +206,7 @@ impl Controller {
 impl Drop for Controller {
     /// A failing test shows what the controller said.
     fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!(
-                "--- {} log (last 60 lines) ---\n{}",
-                self.process.name,
-                self.process.log_tail(60)
-            );
-        }
+        self.process.report_if_panicking();
     }
 }
 
@@ -410,5 +404,17 @@ impl Environment {
         api.get_opt(&node.machine)
             .await
             .expect("get MachineCertificates")
+    }
+
+    /// The Machine's current (or last) operation record.
+    pub async fn operation(
+        &self,
+        node: &NodeInfo,
+    ) -> ck8s_certs_api::machine_certificates::Operation {
+        self.machine_certificates(node)
+            .await
+            .and_then(|m| m.status)
+            .and_then(|s| s.operation)
+            .unwrap_or_else(|| panic!("{} has no operation record", node.machine))
     }
 }

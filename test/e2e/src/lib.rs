@@ -27,6 +27,7 @@ pub mod fixtures;
 pub mod k8sd;
 pub mod manifests;
 pub mod pki;
+pub mod policies;
 pub mod process;
 pub mod sim;
 

@@ -120,6 +120,18 @@ impl Process {
         all[all.len().saturating_sub(lines)..].join("\n")
     }
 
+    /// Prints the last 60 log lines when the current thread panics (a failing test shows what
+    /// the process said).
+    pub fn report_if_panicking(&self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "--- {} log (last 60 lines) ---\n{}",
+                self.name,
+                self.log_tail(60)
+            );
+        }
+    }
+
     /// Sends SIGTERM and waits up to `timeout` for the exit; `None` if it did not exit.
     pub fn terminate(&mut self, timeout: std::time::Duration) -> Option<std::process::ExitStatus> {
         // SAFETY: plain syscall on our own child.

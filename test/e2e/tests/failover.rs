@@ -138,14 +138,7 @@ async fn leader_killed_after_a_worker_run_the_standby_refreshes_it_again_with_a_
         answered[1].seed(),
         "a seed is never sent twice"
     );
-    let op = env
-        .machine_certificates(&node)
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .operation
-        .unwrap();
+    let op = env.operation(&node).await;
     assert_eq!(op.seed, Some(answered[1].seed()));
     let state = env.sim.node(&node).await.unwrap();
     assert_eq!(

@@ -165,14 +165,7 @@ async fn a_lost_run_answer_is_refreshed_again_with_a_new_plan_until_the_node_ser
         let seeds: Vec<i64> = runs(&calls).iter().map(|c| c.seed()).collect();
         assert_eq!(seeds.len(), 2, "{}", node.machine);
         assert_ne!(seeds[0], seeds[1], "{}: a new plan each time", node.machine);
-        let op = env
-            .machine_certificates(node)
-            .await
-            .unwrap()
-            .status
-            .unwrap()
-            .operation
-            .unwrap();
+        let op = env.operation(node).await;
         assert_eq!((op.run_attempts, op.seed), (2, Some(seeds[1])));
     }
 }
@@ -188,14 +181,7 @@ async fn with_auto_approve_on_a_worker_is_refreshed_once_and_the_approve_error_i
     env.annotate_refresh(&node, "1y").await;
     all_done_serving_what_is_recorded(&env, std::slice::from_ref(&node), 1).await;
     env.sim.set_auto_approve("gamma", false).await.unwrap();
-    let op = env
-        .machine_certificates(&node)
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .operation
-        .unwrap();
+    let op = env.operation(&node).await;
     assert!(op.error.is_none(), "{op:#?}");
     let note = op.note.unwrap_or_default();
     assert!(

@@ -61,14 +61,7 @@ async fn killed_after_the_seed_is_recorded_it_continues_with_a_new_plan_and_runs
     );
     env.annotate_refresh(&node, "1y").await;
     first.wait_for_exit(TIMEOUT).await;
-    let op = env
-        .machine_certificates(&node)
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .operation
-        .unwrap();
+    let op = env.operation(&node).await;
     // The seed record covers the first send: from here on run may have been sent.
     assert_eq!((op.phase, op.run_attempts), (Phase::Running, 1));
     assert_eq!(
@@ -159,14 +152,7 @@ async fn killed_during_a_control_plane_run_it_is_refreshed_again_with_a_new_plan
         2,
         "a second plan"
     );
-    let op = env
-        .machine_certificates(&node)
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .operation
-        .unwrap();
+    let op = env.operation(&node).await;
     assert_eq!(op.run_attempts, 2);
     assert_eq!(op.seed, Some(runs[1].seed()));
     assert_eq!(

@@ -9,32 +9,13 @@ use ck8s_certs_api::annotations::REFRESH_CERTIFICATES_STATUS;
 use ck8s_certs_api::machine_certificates::{MachineCertificatesStatus, Origin, Phase};
 use ck8s_certs_api::renewal_policy::CertificateRenewalPolicy;
 use ck8s_certs_e2e::fixtures::NodeInfo;
+use ck8s_certs_e2e::policies::closed_window;
 use ck8s_certs_e2e::sim::{Endpoint, Fault};
 use ck8s_certs_e2e::{Environment, shared};
 use kube::Api;
-use kube::api::PostParams;
 use serde_json::json;
 
 const TIMEOUT: Duration = Duration::from_secs(90);
-
-/// Creates a policy selecting Machines labelled `e2e-policy=<selector>`.
-async fn policy(
-    env: &Environment,
-    namespace: &str,
-    name: &str,
-    selector: &str,
-    spec: serde_json::Value,
-) {
-    let mut spec = spec;
-    spec["machineSelector"] = json!({ "matchLabels": { "e2e-policy": selector } });
-    let object: CertificateRenewalPolicy = serde_json::from_value(
-        json!({ "metadata": { "name": name, "namespace": namespace }, "spec": spec }),
-    )
-    .unwrap();
-    let api: Api<CertificateRenewalPolicy> =
-        Api::namespaced(env.management().await.unwrap(), namespace);
-    api.create(&PostParams::default(), &object).await.unwrap();
-}
 
 /// Waits until the policy's status satisfies `done`.
 async fn wait_policy(
@@ -113,8 +94,7 @@ async fn event_reasons(env: &Environment, node: &NodeInfo) -> Vec<(String, Strin
 async fn an_automatic_policy_renews_before_expiry_without_an_annotation() {
     let env = shared().await;
     let node = env.cluster("alpha").node("alpha-cp-0").clone();
-    policy(
-        &env,
+    env.create_policy(
         "fleet",
         "auto",
         "auto",
@@ -205,8 +185,7 @@ async fn an_automatic_policy_renews_before_expiry_without_an_annotation() {
 async fn a_disabled_policy_warns_inside_the_fail_safe_margin_and_a_manual_request_still_works() {
     let env = shared().await;
     let node = env.cluster("alpha").node("alpha-cp-1").clone();
-    policy(
-        &env,
+    env.create_policy(
         "fleet",
         "off",
         "off",
@@ -248,23 +227,6 @@ async fn a_disabled_policy_warns_inside_the_fail_safe_margin_and_a_manual_reques
 }
 
 /// A window on a day that is neither today nor tomorrow (UTC), so it is not open now.
-fn closed_window() -> serde_json::Value {
-    let days = [
-        "Monday",
-        "Tuesday",
-        "Wednesday",
-        "Thursday",
-        "Friday",
-        "Saturday",
-        "Sunday",
-    ];
-    let today = jiff::Timestamp::now()
-        .to_zoned(jiff::tz::TimeZone::UTC)
-        .weekday()
-        .to_monday_zero_offset() as usize;
-    json!([{ "daysOfWeek": [days[(today + 3) % 7]], "start": "01:00", "end": "02:00", "timezone": "Europe/London" }])
-}
-
 #[tokio::test]
 async fn a_scheduled_policy_defers_to_the_next_window_and_bypasses_it_only_inside_the_fail_safe_margin()
  {
@@ -273,9 +235,9 @@ async fn a_scheduled_policy_defers_to_the_next_window_and_bypasses_it_only_insid
     let deferred = alpha.node("alpha-md-0-w0").clone();
     let bypassed = alpha.node("alpha-md-0-w1").clone();
     let strict = env.cluster("beta").node("beta-cp-0").clone();
-    policy(&env, "fleet", "night", "night", json!({ "policy": "Scheduled", "renewBefore": "100d", "failSafeMargin": "1d", "windows": closed_window() })).await;
-    policy(&env, "fleet", "night-close", "night-close", json!({ "policy": "Scheduled", "renewBefore": "100d", "failSafeMargin": "100d", "windows": closed_window() })).await;
-    policy(&env, "fleet", "night-strict", "night-strict", json!({ "policy": "Scheduled", "renewBefore": "100d", "failSafeMargin": "100d", "windows": closed_window() })).await;
+    env.create_policy("fleet", "night", "night", json!({ "policy": "Scheduled", "renewBefore": "100d", "failSafeMargin": "1d", "windows": closed_window() })).await;
+    env.create_policy("fleet", "night-close", "night-close", json!({ "policy": "Scheduled", "renewBefore": "100d", "failSafeMargin": "100d", "windows": closed_window() })).await;
+    env.create_policy("fleet", "night-strict", "night-strict", json!({ "policy": "Scheduled", "renewBefore": "100d", "failSafeMargin": "100d", "windows": closed_window() })).await;
     select(&env, &deferred, "night").await;
     select(&env, &bypassed, "night-close").await;
     select(&env, &strict, "night-strict").await;
@@ -348,8 +310,7 @@ async fn invalid_and_conflicting_policies_are_shown_on_the_machine_and_nothing_r
     let env = shared().await;
     let invalid = env.cluster("beta").node("beta-cp-1").clone();
     let conflicted = env.cluster("beta").node("beta-md-0-w0").clone();
-    policy(
-        &env,
+    env.create_policy(
         "fleet",
         "mars",
         "mars",
@@ -357,16 +318,14 @@ async fn invalid_and_conflicting_policies_are_shown_on_the_machine_and_nothing_r
         "windows": [{ "start": "01:00", "end": "02:00", "timezone": "Mars/Olympus_Mons" }] }),
     )
     .await;
-    policy(
-        &env,
+    env.create_policy(
         "fleet",
         "twin-a",
         "twins",
         json!({ "policy": "Automatic", "renewBefore": "100d" }),
     )
     .await;
-    policy(
-        &env,
+    env.create_policy(
         "fleet",
         "twin-b",
         "twins",
@@ -439,8 +398,7 @@ async fn invalid_and_conflicting_policies_are_shown_on_the_machine_and_nothing_r
 async fn a_failing_node_backs_off_exponentially_across_restarts_and_recovers() {
     let env = shared().await;
     let node = env.cluster("beta").node("beta-md-0-w1").clone();
-    policy(
-        &env,
+    env.create_policy(
         "fleet",
         "flaky",
         "flaky",
@@ -532,7 +490,7 @@ async fn a_scheduled_renewal_starts_when_the_window_opens() {
         .checked_add(jiff::SignedDuration::from_mins(2))
         .unwrap();
     let window = json!([{ "start": start.strftime("%H:%M").to_string(), "end": end.strftime("%H:%M").to_string(), "timezone": "UTC" }]);
-    policy(&env, "edge", "next-minute", "next-minute", json!({ "policy": "Scheduled", "renewBefore": "100d", "failSafeMargin": "1d", "windows": window })).await;
+    env.create_policy("edge", "next-minute", "next-minute", json!({ "policy": "Scheduled", "renewBefore": "100d", "failSafeMargin": "1d", "windows": window })).await;
     select(&env, &node, "next-minute").await;
     let _controller = env.start_controller("next-minute", &[]);
     let status = wait_status(&env, &node, "OutsideWindow", |s| {

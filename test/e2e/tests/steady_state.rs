@@ -10,51 +10,16 @@ use ck8s_certs_api::machine_certificates::MachineCertificatesStatus;
 use ck8s_certs_api::renewal_policy::CertificateRenewalPolicy;
 use ck8s_certs_e2e::controlplane::audited_writes;
 use ck8s_certs_e2e::fixtures::NodeInfo;
+use ck8s_certs_e2e::policies::closed_window;
 use ck8s_certs_e2e::sim::{Endpoint, Fault};
 use ck8s_certs_e2e::{Environment, shared};
 use kube::Api;
-use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use serde_json::json;
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 const FILTER: &str = "steady";
 const CONTROLLER: &str = "system:serviceaccount:ck8s-system:ck8s-certs-manager";
-
-async fn policy(
-    env: &Environment,
-    namespace: &str,
-    name: &str,
-    selector: &str,
-    spec: serde_json::Value,
-) {
-    let mut spec = spec;
-    spec["machineSelector"] = json!({ "matchLabels": { "e2e-policy": selector } });
-    let object: CertificateRenewalPolicy = serde_json::from_value(
-        json!({ "metadata": { "name": name, "namespace": namespace }, "spec": spec }),
-    )
-    .unwrap();
-    let api: Api<CertificateRenewalPolicy> =
-        Api::namespaced(env.management().await.unwrap(), namespace);
-    api.create(&PostParams::default(), &object).await.unwrap();
-}
-
-/// A window that is never open today or tomorrow (three days from now, one hour).
-fn closed_window() -> serde_json::Value {
-    let days = [
-        "Monday",
-        "Tuesday",
-        "Wednesday",
-        "Thursday",
-        "Friday",
-        "Saturday",
-        "Sunday",
-    ];
-    let today = jiff::Timestamp::now()
-        .to_zoned(jiff::tz::TimeZone::UTC)
-        .weekday()
-        .to_monday_zero_offset() as usize;
-    json!([{ "daysOfWeek": [days[(today + 3) % 7]], "start": "01:00", "end": "02:00", "timezone": "Europe/London" }])
-}
 
 /// The verdict each Machine settles on, by `status.renewal.reason` (`None`: no policy).
 struct Case {
@@ -188,10 +153,10 @@ async fn a_machine_whose_situation_does_not_change_costs_zero_writes_for_every_v
     ];
     for (name, spec) in specs {
         let selector = if name == "twin-a" { "twins" } else { name };
-        policy(&env, "fleet", &format!("steady-{name}"), selector, spec).await;
+        env.create_policy("fleet", &format!("steady-{name}"), selector, spec)
+            .await;
     }
-    policy(
-        &env,
+    env.create_policy(
         "fleet",
         "steady-twin-b",
         "twins",
