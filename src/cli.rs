@@ -112,6 +112,52 @@ pub struct Args {
     #[arg(long, env = "CK8S_CERTS_RENEWAL_BACKOFF_MAX", default_value = "32h")]
     pub renewal_backoff_max: crate::policy::PolicyDuration,
 
+    /// Serve the refresh-trigger admission webhook (every replica serves it): it marks a new
+    /// `v1beta2.k8sd.io/refresh-certificates` request in-progress in the same write, so the CK8s
+    /// bootstrap provider's reconciler stands aside. Turn off only where that provider is not
+    /// installed and no MutatingWebhookConfiguration points at the controller.
+    #[arg(long, env = "CK8S_CERTS_WEBHOOK", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub webhook: bool,
+
+    /// Address the admission webhook listens on (HTTPS).
+    #[arg(
+        long,
+        env = "CK8S_CERTS_WEBHOOK_BIND_ADDRESS",
+        default_value = "0.0.0.0:9443"
+    )]
+    pub webhook_bind_address: std::net::SocketAddr,
+
+    /// The MutatingWebhookConfiguration whose caBundle the controller keeps.
+    #[arg(
+        long,
+        env = "CK8S_CERTS_WEBHOOK_CONFIGURATION",
+        default_value = "ck8s-certs-refresh-trigger"
+    )]
+    pub webhook_configuration: String,
+
+    /// The Secret (in the controller's namespace) holding the webhook's CA and serving
+    /// certificate; created when missing.
+    #[arg(
+        long,
+        env = "CK8S_CERTS_WEBHOOK_SECRET",
+        default_value = "ck8s-certs-webhook-cert"
+    )]
+    pub webhook_secret: String,
+
+    /// The Service in front of the webhook: the serving certificate names
+    /// `<service>.<namespace>.svc`.
+    #[arg(
+        long,
+        env = "CK8S_CERTS_WEBHOOK_SERVICE",
+        default_value = "ck8s-certs-webhook-service"
+    )]
+    pub webhook_service: String,
+
+    /// More names or IP addresses for the serving certificate (comma-separated), for a
+    /// configuration that calls the webhook by URL.
+    #[arg(long, env = "CK8S_CERTS_WEBHOOK_HOSTS", value_delimiter = ',')]
+    pub webhook_hosts: Vec<String>,
+
     /// Take part in leader election, so that of several replicas only one acts at a time (the
     /// others stand by and take over when it stops or fails). Turn off only for a single replica.
     #[arg(long, env = "CK8S_CERTS_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]

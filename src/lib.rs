@@ -7,6 +7,7 @@
 //! Lease is still renewed, then the Lease is released. `preview::run` is the offline
 //! `policy preview` subcommand; `main` picks one of the two.
 
+pub mod admission;
 pub mod capi;
 pub mod cli;
 pub mod controllers;
@@ -49,6 +50,8 @@ pub enum Error {
     Signal(#[source] std::io::Error),
     #[error("stopped acting because leadership was lost ({0}); restart to stand by again")]
     LeadershipLost(#[from] leader::Lost),
+    #[error(transparent)]
+    Webhook(#[from] admission::StartError),
     #[error("the controllers stopped unexpectedly")]
     ControllersStopped,
 }
@@ -96,6 +99,12 @@ pub async fn run(args: cli::Args) -> Result<(), Error> {
             source,
         })?;
 
+    // Every replica serves the webhook: refresh requests must be marked whoever leads.
+    let webhook = match args.webhook {
+        true => Some(admission::start(&client, webhook_settings(&args, &client)).await?),
+        false => None,
+    };
+
     if let Some(elector) = &mut elector {
         // A standby is ready: it is connected and takes over when the leader goes.
         health.set_ready(true);
@@ -140,6 +149,9 @@ pub async fn run(args: cli::Args) -> Result<(), Error> {
     }
     server.abort();
     metrics_server.abort();
+    if let Some(webhook) = webhook {
+        webhook.abort();
+    }
     outcome
 }
 
@@ -183,6 +195,36 @@ async fn lead(
     Ok(())
 }
 
+/// The controller's own namespace: its service account's (or the kubeconfig context's).
+fn own_namespace(args: &cli::Args, client: &Client) -> String {
+    args.leader_elect_namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_owned())
+}
+
+fn webhook_settings(args: &cli::Args, client: &Client) -> admission::Settings {
+    let namespace = own_namespace(args, client);
+    let service = &args.webhook_service;
+    let mut names = vec![
+        format!("{service}.{namespace}.svc"),
+        format!("{service}.{namespace}.svc.cluster.local"),
+    ];
+    names.extend(args.webhook_hosts.iter().filter(|h| !h.is_empty()).cloned());
+    admission::Settings {
+        address: args.webhook_bind_address,
+        configuration: args.webhook_configuration.clone(),
+        certificate: admission::certificate::Settings {
+            namespace,
+            secret: args.webhook_secret.clone(),
+            names,
+        },
+        scope: admission::Scope {
+            namespace: args.namespace.clone(),
+            watch_filter: args.watch_filter.clone(),
+        },
+    }
+}
+
 fn leader_settings(args: &cli::Args, client: &Client) -> leader::Settings {
     let name = args.leader_elect_lease_name.clone().unwrap_or_else(|| {
         match &args.watch_filter {
@@ -192,10 +234,7 @@ fn leader_settings(args: &cli::Args, client: &Client) -> leader::Settings {
         }
     });
     leader::Settings {
-        namespace: args
-            .leader_elect_namespace
-            .clone()
-            .unwrap_or_else(|| client.default_namespace().to_owned()),
+        namespace: own_namespace(args, client),
         name,
         identity: leader::identity(),
         lease_duration: args.leader_elect_lease_duration,

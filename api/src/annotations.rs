@@ -12,6 +12,13 @@ pub const REFRESH_CERTIFICATES_STATUS: &str = "v1beta2.k8sd.io/refresh-certifica
 /// `Machine.status.certificatesExpiryDate` for control-plane Machines.
 pub const CERTIFICATES_EXPIRY: &str = "machine.cluster.x-k8s.io/certificates-expiry";
 
+/// Set by ck8s-certs' admission webhook in the same write that sets or changes
+/// [`REFRESH_CERTIFICATES`] (together with `in-progress`): the admission request's UID, which
+/// names that request. The operation record keeps it, so a request re-added with the same TTL
+/// after a refresh is told apart from the same request whose final patch did not land. Ours,
+/// not shared with CK8s tooling.
+pub const REFRESH_REQUEST: &str = "certificates.ck8s.io/refresh-request";
+
 /// Values of [`REFRESH_CERTIFICATES_STATUS`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RefreshStatus {

@@ -133,6 +133,10 @@ pub struct Operation {
     /// still holds this value, so a re-annotation with another TTL is not lost.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trigger: Option<String>,
+    /// The `certificates.ck8s.io/refresh-request` annotation the trigger came with (set by the
+    /// admission webhook), which tells a new request with an equal TTL from this one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<String>,
     /// Requested lifetime as written (e.g. `1y`).
     pub ttl: String,
     /// Requested lifetime in seconds.
@@ -142,7 +146,8 @@ pub struct Operation {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<i64>,
     pub phase: Phase,
-    /// How many times `run` was (or, after a crash, may have been) sent for this seed.
+    /// How many times `run` was (or, after a crash, may have been) sent for this operation, each
+    /// time with a new seed.
     #[serde(default)]
     pub run_attempts: u32,
     pub started_at: Time,
@@ -174,6 +179,7 @@ impl Operation {
             origin,
             requested_by,
             trigger,
+            request: None,
             ttl,
             ttl_seconds: Some(ttl_seconds),
             seed: None,

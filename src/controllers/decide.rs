@@ -5,7 +5,8 @@
 //! crash or restart never leaves the status `in-progress` and never starts a second flow.
 
 use ck8s_certs_api::annotations::{
-    CERTIFICATES_EXPIRY, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS, RefreshStatus,
+    CERTIFICATES_EXPIRY, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS, REFRESH_REQUEST,
+    RefreshStatus,
 };
 use ck8s_certs_api::machine::{ClusterView, MachineView};
 use ck8s_certs_api::machine_certificates::{MachineCertificatesStatus, Operation, Phase};
@@ -74,10 +75,13 @@ pub fn decide(
         // The trigger we already acted on, still there while the Machine says in-progress: the
         // final patch did not land. Anything else (a new value, or the same value re-added after
         // we removed it) is a new request.
+        // With the admission webhook, every request carries its own name: the same TTL
+        // requested again after a refresh is a new request.
         if let Some(op) = operation
             && op.is_finished()
             && in_progress
             && op.trigger.as_deref() == Some(trigger)
+            && op.request.as_deref() == machine.annotation(REFRESH_REQUEST)
         {
             return Step::Record(op.clone());
         }
@@ -140,6 +144,7 @@ mod tests {
             origin: Origin::Manual,
             requested_by: None,
             trigger: Some(trigger.into()),
+            request: None,
             ttl: trigger.into(),
             ttl_seconds: Some(3600),
             seed: Some(42),
@@ -226,6 +231,34 @@ mod tests {
                 Some(&status(Some(done.clone()), Some(EXPIRY)))
             ),
             Step::Record(done)
+        );
+    }
+
+    #[test]
+    fn the_same_ttl_requested_again_through_the_webhook_is_a_new_request() {
+        // The webhook writes in-progress together with the trigger and names each request.
+        let done = Operation {
+            request: Some("uid-1".into()),
+            ..op(Phase::Succeeded, "1y")
+        };
+        let st = status(Some(done.clone()), Some(EXPIRY));
+        let annotated = |request| {
+            machine(&[
+                (REFRESH_CERTIFICATES, "1y"),
+                (REFRESH_CERTIFICATES_STATUS, "in-progress"),
+                (REFRESH_REQUEST, request),
+            ])
+        };
+        assert_eq!(
+            decide(&annotated("uid-2"), Some(&LIVE), Some(&st)),
+            Step::Start {
+                trigger: "1y".into()
+            }
+        );
+        assert_eq!(
+            decide(&annotated("uid-1"), Some(&LIVE), Some(&st)),
+            Step::Record(done),
+            "the same request whose final patch did not land"
         );
     }
 

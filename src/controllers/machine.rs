@@ -517,6 +517,7 @@ impl Reconciler<'_> {
             origin: Origin::Manual,
             requested_by: self.requested_by(),
             trigger: Some(trigger.to_owned()),
+            request: self.request(),
             ttl: trigger.to_owned(),
             ttl_seconds: None,
             seed: None,
@@ -546,6 +547,13 @@ impl Reconciler<'_> {
         self.event(EventType::Warning, events::REFRESH_FAILED, error)
             .await;
         Ok(Action::await_change())
+    }
+
+    /// The admission webhook's name for the request the trigger belongs to, if it ran.
+    fn request(&self) -> Option<String> {
+        self.view
+            .annotation(ck8s_certs_api::annotations::REFRESH_REQUEST)
+            .map(str::to_owned)
     }
 
     /// The field manager that last set the trigger annotation, e.g. `kubectl-annotate`.
@@ -597,14 +605,17 @@ impl Reconciler<'_> {
         }
         let node = self.view.node_name.clone().unwrap_or_default();
         let announcement = format!("Refreshing the certificates of node {node} for {trigger}");
-        let op = Operation::pending(
-            Origin::Manual,
-            self.requested_by(),
-            Some(trigger.clone()),
-            trigger,
-            ttl.as_seconds(),
-            Time(Self::now()),
-        );
+        let op = Operation {
+            request: self.request(),
+            ..Operation::pending(
+                Origin::Manual,
+                self.requested_by(),
+                Some(trigger.clone()),
+                trigger,
+                ttl.as_seconds(),
+                Time(Self::now()),
+            )
+        };
         self.announce_and_execute(status, op, announcement, cluster)
             .await
     }

@@ -27,8 +27,8 @@ pub const NAMESPACE: &str = "ck8s-system";
 pub const SERVICE_ACCOUNT: &str = "ck8s-certs-manager";
 
 /// Creates the controller's ServiceAccount with the ClusterRole of `config/rbac/role.yaml` and
-/// the leader election Role of `config/rbac/leader_election_role.yaml` (in the ServiceAccount's
-/// namespace, as in a cluster), and returns a kubeconfig for it whose context namespace is that
+/// the leader election and webhook Roles of `config/rbac` (in the ServiceAccount's namespace, as
+/// in a cluster), and returns a kubeconfig for it whose context namespace is that
 /// namespace, like an in-cluster configuration.
 pub async fn service_account_kubeconfig(
     mgmt: &Client,
@@ -54,23 +54,30 @@ pub async fn service_account_kubeconfig(
         .create(&pp, &binding)
         .await
         .map_err(Error::Kube)?;
-    let mut election: Role = rbac_file("leader_election_role.yaml")?;
-    election.metadata.name = Some(format!("{SERVICE_ACCOUNT}-leader-election"));
-    election.metadata.namespace = Some(NAMESPACE.into());
-    Api::<Role>::namespaced(mgmt.clone(), NAMESPACE)
-        .create(&pp, &election)
-        .await
-        .map_err(Error::Kube)?;
-    let binding: RoleBinding = serde_json::from_value(json!({
-        "metadata": { "name": format!("{SERVICE_ACCOUNT}-leader-election") },
-        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": format!("{SERVICE_ACCOUNT}-leader-election") },
-        "subjects": [{ "kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE }]
-    }))
-    .map_err(|e| Error::Setup(e.to_string()))?;
-    Api::<RoleBinding>::namespaced(mgmt.clone(), NAMESPACE)
-        .create(&pp, &binding)
-        .await
-        .map_err(Error::Kube)?;
+    // The namespaced Roles of config/rbac, bound in the ServiceAccount's namespace.
+    for (file, suffix) in [
+        ("leader_election_role.yaml", "leader-election"),
+        ("webhook_role.yaml", "webhook"),
+    ] {
+        let name = format!("{SERVICE_ACCOUNT}-{suffix}");
+        let mut role: Role = rbac_file(file)?;
+        role.metadata.name = Some(name.clone());
+        role.metadata.namespace = Some(NAMESPACE.into());
+        Api::<Role>::namespaced(mgmt.clone(), NAMESPACE)
+            .create(&pp, &role)
+            .await
+            .map_err(Error::Kube)?;
+        let binding: RoleBinding = serde_json::from_value(json!({
+            "metadata": { "name": name },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name },
+            "subjects": [{ "kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE }]
+        }))
+        .map_err(|e| Error::Setup(e.to_string()))?;
+        Api::<RoleBinding>::namespaced(mgmt.clone(), NAMESPACE)
+            .create(&pp, &binding)
+            .await
+            .map_err(Error::Kube)?;
+    }
     let accounts: Api<ServiceAccount> = Api::namespaced(mgmt.clone(), NAMESPACE);
     let account: ServiceAccount =
         serde_json::from_value(json!({ "metadata": { "name": SERVICE_ACCOUNT } }))
@@ -248,6 +255,9 @@ impl Environment {
             "--leader-elect-renew-deadline=4s",
             "--leader-elect-retry-period=500ms",
             "--shutdown-grace-period=20s",
+            // Served only where a test installs the webhook configuration: see
+            // `start_controller_with_webhook`.
+            "--webhook=false",
         ] {
             let name = default.split('=').next().unwrap_or(default);
             if !extra.iter().any(|arg| arg.split('=').next() == Some(name)) {

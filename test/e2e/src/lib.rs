@@ -30,6 +30,7 @@ pub mod pki;
 pub mod policies;
 pub mod process;
 pub mod sim;
+pub mod webhook;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, TcpListener};

@@ -313,6 +313,10 @@ fn the_release_is_config_default_for_an_addon_provider_of_contract_v1beta1() {
         ("ClusterRoleBinding", "ck8s-certs-manager-rolebinding"),
         ("Role", "ck8s-certs-leader-election-role"),
         ("RoleBinding", "ck8s-certs-leader-election-rolebinding"),
+        ("Role", "ck8s-certs-webhook-role"),
+        ("RoleBinding", "ck8s-certs-webhook-rolebinding"),
+        ("Service", "ck8s-certs-webhook-service"),
+        ("MutatingWebhookConfiguration", "ck8s-certs-refresh-trigger"),
         ("Deployment", DEPLOYMENT),
     ]
     .iter()
@@ -724,6 +728,7 @@ async fn the_controller_runs_with_the_installed_service_account_and_the_deployme
     let pod_name = "ck8s-certs-controller-manager-7f9c-release";
     let health_port = controlplane::free_port().expect("a free port");
     let metrics_port = controlplane::free_port().expect("a free port");
+    let webhook_port = controlplane::free_port().expect("a free port");
     let dir = env.dir.join("release-controller");
     let kubeconfig = dir.join("kubeconfig");
     write(
@@ -754,6 +759,10 @@ async fn the_controller_runs_with_the_installed_service_account_and_the_deployme
         .env(
             "CK8S_CERTS_METRICS_BIND_ADDRESS",
             format!("127.0.0.1:{metrics_port}"),
+        )
+        .env(
+            "CK8S_CERTS_WEBHOOK_BIND_ADDRESS",
+            format!("127.0.0.1:{webhook_port}"),
         )
         .env("CK8S_CERTS_KUBECONFIG", &kubeconfig)
         .env("CK8S_CERTS_WATCH_FILTER", "release");
@@ -788,6 +797,36 @@ async fn the_controller_runs_with_the_installed_service_account_and_the_deployme
         assert!(
             start.elapsed() < Duration::from_secs(60),
             "the controller did not become ready and leader in {NAMESPACE} (ready: {ready}, lease held: {held}):\n{}",
+            process.log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // With the installed rights, the webhook's certificate Secret was created in the provider's
+    // namespace and its CA put into the installed MutatingWebhookConfiguration.
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(mgmt.clone(), NAMESPACE);
+    let secret = secrets.get("ck8s-certs-webhook-cert").await.unwrap();
+    let ca = secret.data.unwrap_or_default()["ca.crt"].clone();
+    let configurations: Api<
+        k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration,
+    > = Api::all(mgmt.clone());
+    let start = Instant::now();
+    loop {
+        let configuration = configurations
+            .get("ck8s-certs-refresh-trigger")
+            .await
+            .unwrap();
+        let bundles: Vec<_> = configuration
+            .webhooks
+            .unwrap_or_default()
+            .into_iter()
+            .map(|w| w.client_config.ca_bundle)
+            .collect();
+        if bundles.iter().all(|b| b.as_ref() == Some(&ca)) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "caBundle never set:\n{}",
             process.log_tail(40)
         );
         tokio::time::sleep(Duration::from_millis(250)).await;

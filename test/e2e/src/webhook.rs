@@ -1,0 +1,93 @@
+//! The refresh-trigger admission webhook in the test environment: `config/webhook`'s
+//! MutatingWebhookConfiguration as shipped, but for how the API server reaches the controller (a
+//! loopback URL instead of the Service, which has no pods here) and an objectSelector on the
+//! watch filter, so that only the test's Machines depend on it.
+//!
+//! The configuration's name is the one `config/rbac` lets the controller patch, so one test
+//! binary uses one webhook-serving controller at a time.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use ck8s_certs_api::capi::WATCH_FILTER_LABEL;
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+use serde_json::json;
+
+use crate::controller::Controller;
+use crate::{Environment, controlplane};
+
+/// The configuration's name (`config/default` prefixes `refresh-trigger`).
+pub const CONFIGURATION: &str = "ck8s-certs-refresh-trigger";
+
+impl Environment {
+    /// Installs the webhook configuration for Machines labelled with `filter` and starts the
+    /// controller serving it; returns once the controller has put its CA into the
+    /// configuration (before that, the API server cannot call it and refuses new triggers).
+    pub async fn start_controller_with_webhook(&self, filter: &str, extra: &[&str]) -> Controller {
+        let port = controlplane::free_port().expect("free port");
+        self.install_webhook_configuration(filter, port).await;
+        let address = format!("--webhook-bind-address=127.0.0.1:{port}");
+        let mut args = vec![
+            "--webhook=true",
+            address.as_str(),
+            "--webhook-hosts=127.0.0.1",
+        ];
+        args.extend_from_slice(extra);
+        let controller = self.start_controller(filter, &args);
+        self.wait_for_ca_bundle(Duration::from_secs(60)).await;
+        controller
+    }
+
+    /// (Re)creates the configuration, calling `https://127.0.0.1:<port>/mutate-machine`.
+    pub async fn install_webhook_configuration(&self, filter: &str, port: u16) {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/webhook/manifests.yaml");
+        let text = std::fs::read_to_string(&path).expect("config/webhook/manifests.yaml");
+        let mut shipped: serde_json::Value = serde_yaml::from_str(&text).expect("YAML");
+        shipped["metadata"]["name"] = json!(CONFIGURATION);
+        let webhook = &mut shipped["webhooks"][0];
+        webhook["clientConfig"] =
+            json!({ "url": format!("https://127.0.0.1:{port}/mutate-machine") });
+        webhook["objectSelector"] = json!({ "matchLabels": { WATCH_FILTER_LABEL: filter } });
+        let configuration: MutatingWebhookConfiguration =
+            serde_json::from_value(shipped).expect("a MutatingWebhookConfiguration");
+        let api: Api<MutatingWebhookConfiguration> =
+            Api::all(self.management().await.expect("client"));
+        let _ = api.delete(CONFIGURATION, &DeleteParams::default()).await;
+        api.create(&PostParams::default(), &configuration)
+            .await
+            .expect("create the MutatingWebhookConfiguration");
+    }
+
+    /// Waits until every webhook of the configuration has a caBundle.
+    pub async fn wait_for_ca_bundle(&self, timeout: Duration) {
+        let api: Api<MutatingWebhookConfiguration> =
+            Api::all(self.management().await.expect("client"));
+        let start = Instant::now();
+        loop {
+            let set = api
+                .get_opt(CONFIGURATION)
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|c| {
+                    c.webhooks.unwrap_or_default().iter().all(|w| {
+                        w.client_config
+                            .ca_bundle
+                            .as_ref()
+                            .is_some_and(|b| !b.0.is_empty())
+                    })
+                });
+            if set {
+                return;
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "the controller never set the webhook's caBundle"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
