@@ -27,7 +27,7 @@ impl Environment {
     /// configuration (before that, the API server cannot call it and refuses new triggers).
     pub async fn start_controller_with_webhook(&self, filter: &str, extra: &[&str]) -> Controller {
         let port = controlplane::free_port().expect("free port");
-        self.install_webhook_configuration(filter, port).await;
+        self.install_webhook_configuration(Some(filter), port).await;
         let address = format!("--webhook-bind-address=127.0.0.1:{port}");
         let mut args = vec![
             "--webhook=true",
@@ -40,8 +40,9 @@ impl Environment {
         controller
     }
 
-    /// (Re)creates the configuration, calling `https://127.0.0.1:<port>/mutate-machine`.
-    pub async fn install_webhook_configuration(&self, filter: &str, port: u16) {
+    /// (Re)creates the configuration, calling `https://127.0.0.1:<port>/mutate-machine`, for the
+    /// Machines labelled with `filter` (every Machine when `None`).
+    pub async fn install_webhook_configuration(&self, filter: Option<&str>, port: u16) {
         let path =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/webhook/manifests.yaml");
         let text = std::fs::read_to_string(&path).expect("config/webhook/manifests.yaml");
@@ -50,7 +51,9 @@ impl Environment {
         let webhook = &mut shipped["webhooks"][0];
         webhook["clientConfig"] =
             json!({ "url": format!("https://127.0.0.1:{port}/mutate-machine") });
-        webhook["objectSelector"] = json!({ "matchLabels": { WATCH_FILTER_LABEL: filter } });
+        if let Some(filter) = filter {
+            webhook["objectSelector"] = json!({ "matchLabels": { WATCH_FILTER_LABEL: filter } });
+        }
         let configuration: MutatingWebhookConfiguration =
             serde_json::from_value(shipped).expect("a MutatingWebhookConfiguration");
         let api: Api<MutatingWebhookConfiguration> =

@@ -57,6 +57,7 @@ const FIXED_ENV: &[(&str, &str)] = &[
     ("CK8S_CERTS_LEADER_ELECT", "true"),
     ("CK8S_CERTS_HEALTH_BIND_ADDRESS", "0.0.0.0:8081"),
     ("CK8S_CERTS_METRICS_BIND_ADDRESS", "0.0.0.0:8080"),
+    ("CK8S_CERTS_WEBHOOK_BIND_ADDRESS", "0.0.0.0:9443"),
 ];
 
 fn version() -> String {
@@ -465,6 +466,16 @@ fn clusterctl_moves_every_namespaced_object_and_binding_to_a_target_namespace() 
             describe(binding)
         );
     }
+    // The webhook still reaches the Service where it now lives.
+    let webhook = find(
+        &objects,
+        "MutatingWebhookConfiguration",
+        "ck8s-certs-refresh-trigger",
+    );
+    assert_eq!(
+        webhook.data["webhooks"][0]["clientConfig"]["service"]["namespace"],
+        "certs-elsewhere"
+    );
 }
 
 /// The route docs/install.md gives for kustomize: substitute the release's variables with

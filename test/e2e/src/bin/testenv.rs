@@ -37,12 +37,17 @@ async fn main() -> anyhow::Result<()> {
 
     let mut controller = match controller {
         Some(path) => {
+            // The refresh-trigger webhook as in a cluster, called on loopback.
+            let webhook_port = ck8s_certs_e2e::controlplane::free_port()?;
+            env.install_webhook_configuration(None, webhook_port).await;
             let mut command = std::process::Command::new(&path);
             command
                 .arg("--kubeconfig")
                 .arg(&kubeconfig)
                 .arg("--health-bind-address")
-                .arg("127.0.0.1:0");
+                .arg("127.0.0.1:0")
+                .arg(format!("--webhook-bind-address=127.0.0.1:{webhook_port}"))
+                .arg("--webhook-hosts=127.0.0.1");
             Some(
                 Process::spawn_foreground("ck8s-certs", command)
                     .with_context(|| format!("starting {}", path.display()))?,
