@@ -1127,7 +1127,7 @@ impl Reconciler<'_> {
 
     /// Waits while something the refresh needs does not answer (a node or control plane
     /// restarting after a refresh), up to `--refresh-wait-timeout`; the first wait is shown in
-    /// the operation record and the Refreshing condition.
+    /// the Refreshing condition (and the operation record, once it is persisted).
     async fn pause(
         &self,
         wait: &mut Wait,
@@ -1148,7 +1148,11 @@ impl Reconciler<'_> {
             let note = format!("Waiting for {what}, which does not answer (restarting?): {reason}");
             info!(note, "Waiting");
             op.note = Some(note.clone());
-            status.operation = Some(op.clone());
+            // A pending operation is never persisted (nothing was sent; after a crash the
+            // request simply starts again): then the condition alone says it.
+            if op.seed.is_some() {
+                status.operation = Some(op.clone());
+            }
             set_condition(
                 status,
                 conditions::REFRESHING,
