@@ -28,12 +28,13 @@ export GOTOOLCHAIN := local
 export GOFLAGS := -mod=mod
 NODESIM := target/bin/nodesim
 BOOTSTRAPDOUBLE := target/bin/bootstrapdouble
+REFMANAGER := target/bin/refmanager
 
 ## CRD YAML generated from the api crate's types (a unit test fails when it is stale).
 manifests:
 	$(CARGO) run -q -p ck8s-certs-api --bin crdgen config/crd/bases
 
-.PHONY: manifests all build control-plane nodesim bootstrapdouble env tools release docker-build run unit e2e test lint fmt clean-env
+.PHONY: manifests all build control-plane nodesim bootstrapdouble refmanager env tools release docker-build run unit e2e test bench lint fmt clean-env
 
 all: build
 
@@ -55,6 +56,12 @@ bootstrapdouble:
 	cd test/bootstrapdouble && $(GO) build -o ../../$(BOOTSTRAPDOUBLE) .
 
 env: control-plane nodesim bootstrapdouble
+
+## The reference manager of `make bench`: a controller-runtime manager built the way the CK8s
+## bootstrap provider's is (its caches, watches and reads), to measure ours against.
+refmanager:
+	@mkdir -p target/bin
+	cd test/refmanager && $(GO) build -o ../../$(REFMANAGER) .
 
 ## Packaging tools, built and cached like the control plane (first build ~2-3 min each):
 ## kubectl (KUBE_VERSION; `kubectl kustomize`) and clusterctl (CLUSTERCTL_VERSION).
@@ -84,6 +91,7 @@ unit:
 	$(CARGO) test --workspace --exclude ck8s-certs-e2e
 	cd test/nodesim && $(GO) test ./...
 	cd test/bootstrapdouble && $(GO) test ./...
+	cd test/refmanager && $(GO) test ./...
 
 ## One environment per test binary; tests isolate by cluster and node. Run once per pinned
 ## Cluster API release (oldest and newest supported). The release test renders the artifacts
@@ -98,16 +106,26 @@ e2e: env tools
 
 test: unit e2e
 
+## Fleet-scale benchmark, not part of `make test` (~15 min at the defaults on 2 cores): a fleet
+## of 50 clusters x 100 Machines, ck8s-certs (release build) and the reference manager each
+## alone against it, then 1,000 refreshes; prints one table (see docs/performance.md).
+## Flags: make bench BENCH_FLAGS="--clusters 10 --machines 100 --refreshes 200"
+bench: env refmanager
+	$(CARGO) build --release -p ck8s-certs --bin ck8s-certs -p ck8s-certs-e2e --bin bench
+	target/release/bench $(BENCH_FLAGS)
+
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	cd test/nodesim && test -z "$$(gofmt -l .)" && $(GO) vet ./...
 	cd test/bootstrapdouble && test -z "$$(gofmt -l .)" && $(GO) vet ./...
+	cd test/refmanager && test -z "$$(gofmt -l .)" && $(GO) vet ./...
 
 fmt:
 	$(CARGO) fmt --all
 	cd test/nodesim && gofmt -w .
 	cd test/bootstrapdouble && gofmt -w .
+	cd test/refmanager && gofmt -w .
 
 ## Environments of killed test runs remove themselves on the next start; this removes them now.
 clean-env:

@@ -83,6 +83,12 @@ pub struct Args {
     #[arg(long, env = "CK8S_CERTS_MAX_WORKER_REFRESHES", default_value_t = 10)]
     pub max_worker_refreshes: usize,
 
+    /// Machine reconciles at once (bounded so that a start-up pass or a burst of changes on a
+    /// large fleet queues instead of flooding the API server; refreshes waiting for their turn
+    /// hold one each).
+    #[arg(long, env = "CK8S_CERTS_CONCURRENT_RECONCILES", default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..))]
+    pub concurrent_reconciles: u16,
+
     /// After a control-plane refresh, how long to wait for its k8sd to answer again (it restarts
     /// the control-plane services) before the next control plane of that cluster may start.
     #[arg(long, env = "CK8S_CERTS_SETTLE_TIMEOUT", value_parser = humantime::parse_duration, default_value = "5m")]

@@ -155,8 +155,8 @@ pub struct Context {
     pub machine_resource: ApiResource,
     pub cluster_resource: ApiResource,
     pub workload: workload::Clients,
-    /// The Machines we watch (the controller's cache).
-    pub machines: kube::runtime::reflector::Store<DynamicObject>,
+    /// The watch caches (Machines, Clusters, MachineCertificates, policies).
+    pub stores: super::Stores,
     pub recorder: Recorder,
     pub config: Config,
     pub locks: Locks,
@@ -174,6 +174,10 @@ pub enum Error {
     Workload(#[from] WorkloadError),
     #[error("reading node certificate expiry failed: {0}")]
     Expiry(#[source] K8sdError),
+    /// A reconcile that started from the caches reached a write: it starts over on live reads
+    /// (never seen outside `Reconciler::run`).
+    #[error("the cached state calls for action: reading it live")]
+    NeedsLive,
 }
 
 impl Error {
@@ -182,6 +186,7 @@ impl Error {
             Self::Kube(_) => "kube",
             Self::Workload(_) => "workload",
             Self::Expiry(e) => e.category(),
+            Self::NeedsLive => "internal",
         }
     }
 }
@@ -204,20 +209,47 @@ pub async fn reconcile(machine: Arc<DynamicObject>, ctx: Arc<Context>) -> Result
         seed = tracing::field::Empty,
         step = tracing::field::Empty,
     );
-    Reconciler {
-        ctx: &ctx,
-        machine: &machine,
-        view,
+    async {
+        ctx.stores.synced().await;
+        // The caches decide whether there is anything to do: a Machine at rest costs no request.
+        // What to do is decided on what the API server holds now (our own last write may not be
+        // in the cache yet, and a status write replaces the whole status).
+        let cached = Reconciler {
+            ctx: &ctx,
+            machine: &machine,
+            view: view.clone(),
+            mode: Mode::Cache,
+        };
+        if let Some(result) = cached.run_from_cache().await {
+            return result;
+        }
+        Reconciler {
+            ctx: &ctx,
+            machine: &machine,
+            view,
+            mode: Mode::Live,
+        }
+        .run()
+        .await
     }
-    .run()
     .instrument(span)
     .await
+}
+
+/// Where a reconcile reads the Cluster and MachineCertificates from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// The watch caches; any write or Event stops it (`Error::NeedsLive`).
+    Cache,
+    /// The API server.
+    Live,
 }
 
 struct Reconciler<'a> {
     ctx: &'a Context,
     machine: &'a DynamicObject,
     view: MachineView,
+    mode: Mode,
 }
 
 /// What `prepare` found out about the node.
@@ -253,11 +285,59 @@ impl Reconciler<'_> {
         )
     }
 
+    /// Reconciles from the caches when they show a Machine at rest; `None` when the live path
+    /// must run (no status object yet, an operation, a trigger, or a change to write).
+    async fn run_from_cache(self) -> Option<Result<Action, Error>> {
+        let mc = super::stores::get(
+            &self.ctx.stores.certificates,
+            &self.view.namespace,
+            &self.view.name,
+        )?;
+        let cluster = self.view.cluster.as_deref().and_then(|name| {
+            super::stores::get_dynamic(
+                &self.ctx.stores.clusters,
+                &self.ctx.cluster_resource,
+                &self.view.namespace,
+                name,
+            )
+        });
+        let cluster = cluster.map(|c| ClusterView::from_dynamic(&c));
+        let status = mc.status.clone();
+        let step = decide(&self.view, cluster.as_ref(), status.as_ref());
+        if !matches!(
+            step,
+            Step::Ignore | Step::Paused | Step::WaitForNode | Step::Idle
+        ) {
+            return None;
+        }
+        match self.act(cluster, status, step).await {
+            Err(Error::NeedsLive) => None,
+            result => Some(result),
+        }
+    }
+
+    /// In cache mode, stops before a side effect.
+    fn live_only(&self) -> Result<(), Error> {
+        match self.mode {
+            Mode::Cache => Err(Error::NeedsLive),
+            Mode::Live => Ok(()),
+        }
+    }
+
     async fn run(self) -> Result<Action, Error> {
         let cluster = self.cluster().await?;
         let mc = self.machine_certificates().await?;
         let status = mc.as_ref().and_then(|m| m.status.clone());
         let step = decide(&self.view, cluster.as_ref(), status.as_ref());
+        self.act(cluster, status, step).await
+    }
+
+    async fn act(
+        self,
+        cluster: Option<ClusterView>,
+        status: Option<MachineCertificatesStatus>,
+        step: Step,
+    ) -> Result<Action, Error> {
         tracing::Span::current().record("step", tracing::field::debug(&step));
         let mut status = status.unwrap_or_default();
         self.export_expiry(&status);
@@ -418,6 +498,7 @@ impl Reconciler<'_> {
     /// failure history, the previous operation's error) are removed, which a merge patch of a
     /// struct that skips `None` would silently keep.
     async fn write_status(&self, status: &MachineCertificatesStatus) -> Result<(), Error> {
+        self.live_only()?;
         let apply = json!({
             "apiVersion": MachineCertificates::api_version(&()),
             "kind": MachineCertificates::kind(&()),
@@ -450,6 +531,7 @@ impl Reconciler<'_> {
     }
 
     async fn patch_machine(&self, changes: &MachineChanges<'_>) -> Result<(), Error> {
+        self.live_only()?;
         match self.apply_machine_patch(changes).await {
             Ok(()) => Ok(()),
             // A failed `test`: the trigger changed (a new request) or the Machine was replaced.
@@ -492,6 +574,11 @@ impl Reconciler<'_> {
     }
 
     async fn event(&self, type_: EventType, reason: &str, note: String) {
+        if self.mode == Mode::Cache {
+            // Unreachable: every Event follows a write or `live_only` (which stop cache mode).
+            warn!(reason, "An Event from cached state was not published");
+            return;
+        }
         let reference = self.machine.object_ref(&self.ctx.machine_resource);
         let event = Event {
             type_,
@@ -688,12 +775,11 @@ impl Reconciler<'_> {
         };
         let warn_invalid = Some((EventType::Warning, events::RENEWAL_CONFIG_INVALID));
         let governing = super::renewal::governing(
-            &self.ctx.client,
+            &self.ctx.stores.policies,
             &self.view.namespace,
             Some(&cluster.labels),
             &self.view.labels,
-        )
-        .await?;
+        );
         let (name, policy) = match governing {
             Governing::None => {
                 self.show_verdict(&status, Verdict::none(), None, now)
@@ -766,6 +852,7 @@ impl Reconciler<'_> {
         match &decision {
             Decision::NoExpiry { .. } => Ok(Action::requeue(resync)),
             Decision::RenewNow(renewal) => {
+                self.live_only()?;
                 let mut verdict = Verdict {
                     renewal: Some(RenewalStatus {
                         policy: name.clone(),
@@ -892,7 +979,7 @@ impl Reconciler<'_> {
     /// command refreshes its control planes before its workers, whose approvals need them.
     async fn control_planes_first(&self) {
         let pending = || {
-            self.ctx.machines.state().iter().any(|m| {
+            self.ctx.stores.machines.state().iter().any(|m| {
                 let other = MachineView::from_dynamic(m);
                 other.control_plane
                     && other.name != self.view.name

@@ -6,6 +6,7 @@ pub mod machine;
 pub mod patches;
 pub mod policy;
 pub mod renewal;
+pub mod stores;
 
 use std::sync::Arc;
 
@@ -16,8 +17,8 @@ use futures::StreamExt;
 use kube::api::{ApiResource, DynamicObject};
 use kube::core::GroupVersionKind;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{Controller, watcher};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{Controller, controller, watcher};
 use kube::{Api, Client, ResourceExt};
 
 use tokio_util::sync::CancellationToken;
@@ -26,6 +27,26 @@ use crate::cli::Args;
 use crate::health::Health;
 use crate::refresh::flow::Retry;
 use crate::refresh::session::Timeouts;
+use stores::SharedWatch;
+
+/// The watch caches the reconcilers read (see [`stores`]).
+#[derive(Clone)]
+pub struct Stores {
+    pub machines: Store<DynamicObject>,
+    pub clusters: Store<DynamicObject>,
+    pub certificates: Store<MachineCertificates>,
+    pub policies: Store<DynamicObject>,
+}
+
+impl Stores {
+    /// Waits until every cache holds a full list.
+    pub async fn synced(&self) {
+        synced(&self.machines).await;
+        synced(&self.clusters).await;
+        synced(&self.certificates).await;
+        synced(&self.policies).await;
+    }
+}
 
 /// Runs the Machine controller until its stream ends.
 pub async fn run(
@@ -62,30 +83,71 @@ pub async fn run(
     if let Some(filter) = &args.watch_filter {
         filtered = filtered.labels(&format!("{WATCH_FILTER_LABEL}={filter}"));
     }
-    let (policy_controller, policy_store) = policy_controller(
-        &client,
-        machines.clone(),
-        &machine_resource,
-        policies_api(&client, args),
-        stop.clone(),
+    // One watch per kind (and selector), shared by both controllers.
+    let mut machine_watch = SharedWatch::<DynamicObject>::with(machine_resource.clone());
+    // The policy controller reports on every Machine of a namespace, whatever the shard: with a
+    // watch filter it needs a second, unfiltered Machine watch.
+    let mut all_machines_watch = args
+        .watch_filter
+        .as_ref()
+        .map(|_| SharedWatch::<DynamicObject>::with(machine_resource.clone()));
+    let mut cluster_watch = SharedWatch::<DynamicObject>::with(cluster_resource.clone());
+    let mut certificate_watch = SharedWatch::<MachineCertificates>::new();
+    let policy_resource = ApiResource::erase::<CertificateRenewalPolicy>(&());
+    let mut policy_watch = SharedWatch::<DynamicObject>::with(policy_resource.clone());
+    let stores = Stores {
+        machines: machine_watch.store.clone(),
+        clusters: cluster_watch.store.clone(),
+        certificates: certificate_watch.store.clone(),
+        policies: policy_watch.store.clone(),
+    };
+    let machine_events = machine_watch.subscribe();
+    let policy_machine_events = match all_machines_watch.as_mut() {
+        Some(all) => all.subscribe().boxed(),
+        None => machine_watch.subscribe().boxed(),
+    };
+    let cluster_events = cluster_watch.subscribe();
+    let certificate_events = certificate_watch.subscribe();
+    let policy_events = policy_watch.subscribe();
+    let policy_policy_events = policy_watch.subscribe();
+    let policy_sibling_events = policy_watch.subscribe();
+    let policy_machines = all_machines_watch
+        .as_ref()
+        .map_or_else(|| stores.machines.clone(), |all| all.store.clone());
+    let watches = futures::future::join5(
+        machine_watch.run(machines.clone(), filtered.clone(), stores::trim_machine),
+        async move {
+            if let Some(all) = all_machines_watch {
+                all.run(machines, watcher::Config::default(), stores::trim_machine)
+                    .await;
+            }
+        },
+        cluster_watch.run(clusters, watcher::Config::default(), stores::trim_cluster),
+        certificate_watch.run(owned, filtered, stores::trim_certificates),
+        policy_watch.run(
+            policies_api(&client, args),
+            watcher::Config::default(),
+            stores::trim_policy,
+        ),
     );
-    let controller = Controller::new_with(machines, filtered.clone(), machine_resource.clone())
-        .graceful_shutdown_on(stop.clone().cancelled_owned());
-    let store = controller.store();
-    // Ready once both caches hold a full list: reconcilers then act on complete information.
-    let machine_store = store.clone();
-    let readiness = tokio::spawn(async move {
-        synced(&machine_store).await;
-        synced(&policy_store).await;
-        tracing::info!("Caches synced: reconciling");
-        health.set_ready(true);
-    });
+
+    // Ready once every cache holds a full list: reconcilers then act on complete information.
+    let readiness = {
+        let stores = stores.clone();
+        let policy_machines = policy_machines.clone();
+        tokio::spawn(async move {
+            stores.synced().await;
+            synced(&policy_machines).await;
+            tracing::info!("Caches synced: reconciling");
+            health.set_ready(true);
+        })
+    };
     let ctx = Arc::new(machine::Context {
         client: client.clone(),
         machine_resource: machine_resource.clone(),
         cluster_resource: cluster_resource.clone(),
         workload: crate::workload::Clients::new(client.clone()),
-        machines: store.clone(),
+        stores: stores.clone(),
         recorder: Recorder::new(
             client.clone(),
             Reporter {
@@ -112,11 +174,10 @@ pub async fn run(
         },
         locks: machine::Locks::new(args.max_worker_refreshes),
         metrics,
-        stop,
+        stop: stop.clone(),
     });
-    let policies = policies_api(&client, args);
     // A policy change re-checks every Machine of its namespace.
-    let machines_seen = store.clone();
+    let machines_seen = stores.machines.clone();
     let policy_machine_resource = machine_resource.clone();
     let machines_of_namespace = move |policy: DynamicObject| {
         let namespace = policy.namespace();
@@ -128,44 +189,72 @@ pub async fn run(
             .collect::<Vec<_>>()
     };
     // A Cluster change (paused, endpoint) re-checks its Machines.
-    let machines_of_cluster = move |cluster: DynamicObject| {
-        let (namespace, name) = (cluster.namespace(), cluster.name_any());
-        store
-            .state()
-            .into_iter()
-            .filter(|m| {
-                m.namespace() == namespace && m.labels().get(CLUSTER_NAME_LABEL) == Some(&name)
-            })
-            .map(|m| ObjectRef::from_obj_with(m.as_ref(), machine_resource.clone()))
-            .collect::<Vec<_>>()
+    let machines_of_cluster = {
+        let store = stores.machines.clone();
+        let machine_resource = machine_resource.clone();
+        move |cluster: DynamicObject| {
+            let (namespace, name) = (cluster.namespace(), cluster.name_any());
+            store
+                .state()
+                .into_iter()
+                .filter(|m| {
+                    m.namespace() == namespace && m.labels().get(CLUSTER_NAME_LABEL) == Some(&name)
+                })
+                .map(|m| ObjectRef::from_obj_with(m.as_ref(), machine_resource.clone()))
+                .collect::<Vec<_>>()
+        }
     };
-    let machine_controller = controller
-        .owns(owned, filtered)
-        .watches_with(
-            clusters,
-            cluster_resource,
-            watcher::Config::default(),
-            machines_of_cluster,
-        )
-        .watches_with(
-            policies,
-            ApiResource::erase::<CertificateRenewalPolicy>(&()),
-            watcher::Config::default(),
-            machines_of_namespace,
-        )
-        .run(machine::reconcile, machine::error_policy, ctx)
-        .for_each(|result| async move {
-            if let Err(err) = result {
-                tracing::debug!(error = %err, "Reconcile error");
-            }
-        });
-    tokio::join!(machine_controller, policy_controller);
+    let machine_controller = Controller::for_stream_with(
+        machine_events,
+        stores.machines.clone(),
+        machine_resource.clone(),
+    )
+    .with_config(controller::Config::default().concurrency(args.concurrent_reconciles))
+    .graceful_shutdown_on(stop.clone().cancelled_owned())
+    .owns_stream(certificate_events)
+    .watches_stream_with(cluster_events, machines_of_cluster, cluster_resource)
+    .watches_stream_with(
+        policy_events,
+        machines_of_namespace,
+        policy_resource.clone(),
+    )
+    .run(machine::reconcile, machine::error_policy, ctx)
+    .enumerate()
+    .for_each(|(count, result)| async move {
+        if count == 0 {
+            // Start-up time, for operators and `make bench`.
+            tracing::info!("First Machine reconciled");
+        }
+        if let Err(err) = result {
+            tracing::debug!(error = %err, "Reconcile error");
+        }
+    });
+    let policy_controller = policy_controller(
+        &client,
+        &machine_resource,
+        PolicyFeeds {
+            policies: policy_policy_events,
+            siblings: policy_sibling_events,
+            machines: policy_machine_events,
+            stores: stores.clone(),
+            machines_of_namespaces: policy_machines,
+        },
+        stop,
+    );
+    tokio::select! {
+        _ = futures::future::join(machine_controller, policy_controller) => {}
+        _ = watches => tracing::error!("The watches ended unexpectedly"),
+    }
     readiness.abort();
 }
 
 /// Waits until `store` holds a full list. The Controller itself also waits on the store, and a
 /// store wakes only one waiter (kube-runtime's DelayedInit keeps one waker), so this polls.
-async fn synced(store: &kube::runtime::reflector::Store<DynamicObject>) {
+async fn synced<K>(store: &Store<K>)
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
     loop {
         let poll = tokio::time::timeout(
             std::time::Duration::from_millis(200),
@@ -189,28 +278,32 @@ fn policies_api(client: &Client, args: &Args) -> Api<DynamicObject> {
     }
 }
 
-/// Reports on every CertificateRenewalPolicy (not limited by --watch-filter: a policy's verdict
-/// depends on all Machines of its namespace). A Machine or policy change re-checks the policies
+/// What the policy controller is fed from the shared watches.
+struct PolicyFeeds<P, M> {
+    policies: P,
+    /// The same policies again: a change re-checks the other policies of its namespace.
+    siblings: P,
+    machines: M,
+    stores: Stores,
+    /// Every Machine (not limited by --watch-filter: a policy's verdict depends on all Machines
+    /// of its namespace).
+    machines_of_namespaces: Store<DynamicObject>,
+}
+
+/// Reports on every CertificateRenewalPolicy. A Machine or policy change re-checks the policies
 /// of that namespace.
-fn policy_controller(
+fn policy_controller<P, M>(
     client: &Client,
-    machines: Api<DynamicObject>,
     machine_resource: &ApiResource,
-    policies: Api<DynamicObject>,
+    feeds: PolicyFeeds<P, M>,
     stop: CancellationToken,
-) -> (
-    impl std::future::Future<Output = ()> + use<>,
-    kube::runtime::reflector::Store<DynamicObject>,
-) {
+) -> impl std::future::Future<Output = ()> + use<P, M>
+where
+    P: futures::Stream<Item = Result<DynamicObject, watcher::Error>> + Send + 'static,
+    M: futures::Stream<Item = Result<DynamicObject, watcher::Error>> + Send + 'static,
+{
     let resource = ApiResource::erase::<CertificateRenewalPolicy>(&());
-    let controller = Controller::new_with(
-        policies.clone(),
-        watcher::Config::default(),
-        resource.clone(),
-    )
-    .graceful_shutdown_on(stop.cancelled_owned());
-    let store = controller.store();
-    let synced = store.clone();
+    let store = feeds.stores.policies.clone();
     let in_namespace = {
         let resource = resource.clone();
         move |object: DynamicObject| {
@@ -226,20 +319,22 @@ fn policy_controller(
     let ctx = Arc::new(policy::Context {
         client: client.clone(),
         machine_resource: machine_resource.clone(),
+        machines: feeds.machines_of_namespaces,
+        clusters: feeds.stores.clusters.clone(),
+        policies: feeds.stores.policies.clone(),
     });
-    let work = controller
-        .watches_with(
-            machines,
-            machine_resource.clone(),
-            watcher::Config::default(),
+    Controller::for_stream_with(feeds.policies, feeds.stores.policies, resource.clone())
+        .graceful_shutdown_on(stop.cancelled_owned())
+        .watches_stream_with(
+            feeds.machines,
             in_namespace.clone(),
+            machine_resource.clone(),
         )
-        .watches_with(policies, resource, watcher::Config::default(), in_namespace)
+        .watches_stream_with(feeds.siblings, in_namespace, resource.clone())
         .run(policy::reconcile, policy::error_policy, ctx)
         .for_each(|result| async move {
             if let Err(err) = result {
                 tracing::debug!(error = %err, "Policy reconcile error");
             }
-        });
-    (work, synced)
+        })
 }

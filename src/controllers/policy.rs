@@ -7,16 +7,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ck8s_certs_api::capi::GROUP;
 use ck8s_certs_api::machine::{ClusterView, MachineView};
 use ck8s_certs_api::renewal_policy::{
     CertificateRenewalPolicy, CertificateRenewalPolicyStatus, conditions, reasons,
 };
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
-use kube::core::GroupVersionKind;
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::Action;
+use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
@@ -27,6 +26,10 @@ const MANAGER: &str = "ck8s-certs-policy";
 pub struct Context {
     pub client: Client,
     pub machine_resource: ApiResource,
+    /// Every Machine, Cluster and policy (watch caches).
+    pub machines: Store<DynamicObject>,
+    pub clusters: Store<DynamicObject>,
+    pub policies: Store<DynamicObject>,
 }
 
 pub fn error_policy(
@@ -87,41 +90,31 @@ pub async fn reconcile(
     let mut matched = Vec::new();
     let mut conflicts: BTreeMap<String, Vec<String>> = BTreeMap::new();
     if let Some(selector) = &selector {
-        let machines: Api<DynamicObject> =
-            Api::namespaced_with(ctx.client.clone(), &namespace, &ctx.machine_resource);
-        let cluster_resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
-            GROUP,
-            &ctx.machine_resource.version,
-            "Cluster",
-        ));
-        let clusters: Api<DynamicObject> =
-            Api::namespaced_with(ctx.client.clone(), &namespace, &cluster_resource);
-        let cluster_labels: BTreeMap<String, BTreeMap<String, String>> = clusters
-            .list(&ListParams::default())
-            .await?
-            .items
+        let in_namespace = |o: &Arc<DynamicObject>| o.namespace().as_deref() == Some(&namespace);
+        let cluster_labels: BTreeMap<String, BTreeMap<String, String>> = ctx
+            .clusters
+            .state()
             .iter()
+            .filter(|c| in_namespace(c))
             .map(|c| (c.name_any(), ClusterView::from_dynamic(c).labels))
             .collect();
-        let others: Vec<(String, spec::MachineSelector)> = Api::<DynamicObject>::namespaced_with(
-            ctx.client.clone(),
-            &namespace,
-            &ApiResource::erase::<CertificateRenewalPolicy>(&()),
-        )
-        .list(&ListParams::default())
-        .await?
-        .items
-        .iter()
-        .filter(|p| p.name_any() != name)
-        .filter_map(|p| Some((p.name_any(), selector_of(p)?)))
-        .collect();
-        for machine in machines
-            .list(&ListParams::default())
-            .await?
-            .items
+        let others: Vec<(String, spec::MachineSelector)> = ctx
+            .policies
+            .state()
             .iter()
-            .map(MachineView::from_dynamic)
-        {
+            .filter(|p| in_namespace(p))
+            .filter(|p| p.name_any() != name)
+            .filter_map(|p| Some((p.name_any(), selector_of(p)?)))
+            .collect();
+        let mut machines: Vec<MachineView> = ctx
+            .machines
+            .state()
+            .iter()
+            .filter(|m| in_namespace(m))
+            .map(|m| MachineView::from_dynamic(m))
+            .collect();
+        machines.sort_by(|a, b| a.name.cmp(&b.name));
+        for machine in machines {
             if !machine.is_ck8s() {
                 continue;
             }

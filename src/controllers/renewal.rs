@@ -1,5 +1,5 @@
-//! Which CertificateRenewalPolicy governs a Machine. Policies are read per reconcile (listed in
-//! the Machine's namespace and decoded one by one, so one unreadable object cannot hide the
+//! Which CertificateRenewalPolicy governs a Machine. Policies are read from the watch cache (those
+//! of the Machine's namespace, decoded one by one, so one unreadable object cannot hide the
 //! others); the decision itself is `crate::policy::decide`.
 
 use std::collections::BTreeMap;
@@ -8,8 +8,9 @@ use ck8s_certs_api::machine_certificates::{MachineCertificatesStatus, RenewalSta
 use ck8s_certs_api::reasons::conditions;
 use ck8s_certs_api::renewal_policy::CertificateRenewalPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{ApiResource, DynamicObject, ListParams};
-use kube::{Api, Client, ResourceExt};
+use kube::ResourceExt;
+use kube::api::DynamicObject;
+use kube::runtime::reflector::Store;
 
 use super::patches::set_condition;
 use crate::policy::spec::{self, ValidPolicy};
@@ -27,18 +28,23 @@ pub enum Governing {
     Conflict(Vec<String>),
 }
 
-pub async fn governing(
-    client: &Client,
+pub fn governing(
+    policies: &Store<DynamicObject>,
     namespace: &str,
     cluster_labels: Option<&BTreeMap<String, String>>,
     machine_labels: &BTreeMap<String, String>,
-) -> Result<Governing, kube::Error> {
-    let resource = ApiResource::erase::<CertificateRenewalPolicy>(&());
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &resource);
+) -> Governing {
+    let mut in_namespace: Vec<_> = policies
+        .state()
+        .into_iter()
+        .filter(|p| p.metadata.namespace.as_deref() == Some(namespace))
+        .collect();
+    // Deterministic conflict messages.
+    in_namespace.sort_by_key(|p| p.name_any());
     let mut matched = Vec::new();
-    for object in api.list(&ListParams::default()).await?.items {
+    for object in in_namespace {
         let name = object.name_any();
-        let policy: CertificateRenewalPolicy = match serde_json::to_value(&object)
+        let policy: CertificateRenewalPolicy = match serde_json::to_value(object.as_ref())
             .and_then(serde_json::from_value)
         {
             Ok(policy) => policy,
@@ -58,14 +64,14 @@ pub async fn governing(
             matched.push((name, checked));
         }
     }
-    Ok(match matched.len() {
+    match matched.len() {
         0 => Governing::None,
         1 => {
             let (name, policy) = matched.remove(0);
             Governing::One { name, policy }
         }
         _ => Governing::Conflict(matched.into_iter().map(|(name, _)| name).collect()),
-    })
+    }
 }
 
 /// What a renewal verdict shows in the status: the `renewal` summary and the renewal

@@ -101,18 +101,63 @@ fn secret_value(
         })
 }
 
-/// Workload cluster clients, cached per cluster.
+/// Workload cluster clients, cached per cluster while refreshes use them: a client (and its
+/// connections) idle for [`Clients::IDLE`] is dropped, and at most [`Clients::MAX`] are kept
+/// (the least recently used goes first), so a fleet of hundreds of clusters holds clients only
+/// for those being refreshed.
 pub struct Clients {
     management: Client,
-    cache: Mutex<HashMap<(String, String), (String, Client)>>,
+    cache: Mutex<HashMap<(String, String), Cached>>,
+}
+
+struct Cached {
+    /// The kubeconfig Secret's resourceVersion the client was built from.
+    version: String,
+    client: Client,
+    used: std::time::Instant,
 }
 
 impl Clients {
+    pub const IDLE: std::time::Duration = std::time::Duration::from_secs(600);
+    pub const MAX: usize = 64;
+
     pub fn new(management: Client) -> Self {
         Self {
             management,
             cache: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The cached client for `key` built from `version`, if any; evicts idle clients.
+    fn cached(&self, key: &(String, String), version: &str) -> Option<Client> {
+        let mut cache = self.cache.lock().ok()?;
+        cache.retain(|_, c| c.used.elapsed() < Self::IDLE);
+        let cached = cache.get_mut(key).filter(|c| c.version == version)?;
+        cached.used = std::time::Instant::now();
+        Some(cached.client.clone())
+    }
+
+    fn insert(&self, key: (String, String), version: String, client: Client) {
+        let Ok(mut cache) = self.cache.lock() else {
+            return;
+        };
+        if !cache.contains_key(&key) && cache.len() >= Self::MAX {
+            let oldest = cache
+                .iter()
+                .min_by_key(|(_, c)| c.used)
+                .map(|(k, _)| k.clone());
+            if let Some(oldest) = oldest {
+                cache.remove(&oldest);
+            }
+        }
+        cache.insert(
+            key,
+            Cached {
+                version,
+                client,
+                used: std::time::Instant::now(),
+            },
+        );
     }
 
     /// The client of `cluster` in `namespace`; rebuilt when its kubeconfig Secret changed.
@@ -121,11 +166,8 @@ impl Clients {
         let secret = get_secret(&self.management, namespace, &name).await?;
         let version = secret.metadata.resource_version.clone().unwrap_or_default();
         let key = (namespace.to_owned(), cluster.to_owned());
-        if let Ok(cache) = self.cache.lock()
-            && let Some((cached, client)) = cache.get(&key)
-            && *cached == version
-        {
-            return Ok(client.clone());
+        if let Some(client) = self.cached(&key, &version) {
+            return Ok(client);
         }
         let yaml = secret_value(&secret, namespace, capi::KUBECONFIG_SECRET_KEY, "")?;
         let bad = |reason: String| WorkloadError::Kubeconfig {
@@ -142,9 +184,7 @@ impl Clients {
         config.connect_timeout = Some(std::time::Duration::from_secs(10));
         config.read_timeout = Some(std::time::Duration::from_secs(60));
         let client = Client::try_from(config).map_err(|e| bad(e.to_string()))?;
-        if let Ok(mut cache) = self.cache.lock() {
-            cache.insert(key, (version, client.clone()));
-        }
+        self.insert(key, version, client.clone());
         Ok(client)
     }
 }

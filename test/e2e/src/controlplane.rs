@@ -131,6 +131,7 @@ impl ApiServer {
         etcd: &str,
         name: &str,
         dir: &Path,
+        audit: Audit,
     ) -> Result<Self, Error> {
         let port = free_port()?;
         let args: Vec<OsString> = [
@@ -171,8 +172,12 @@ impl ApiServer {
             // Several API servers share one etcd: don't let them fight over the kubernetes endpoint.
             "--endpoint-reconciler-type=none".into(),
             "--profiling=false".into(),
-            // Writes are audited so tests can count what the controller writes.
-            format!("--audit-policy-file={}", audit_policy(dir)?.display()),
+            // Writes are audited so tests can count what the controller writes (benchmarks
+            // count every request).
+            format!(
+                "--audit-policy-file={}",
+                audit_policy(dir, audit)?.display()
+            ),
             format!(
                 "--audit-log-path={}",
                 dir.join(format!("audit-{name}.log")).display()
@@ -234,15 +239,33 @@ pub async fn is_ready(client: &Client) -> bool {
     matches!(client.request_text(request).await, Ok(text) if text.trim() == "ok")
 }
 
-/// Metadata-level audit of every write, nothing else.
-fn audit_policy(dir: &Path) -> Result<PathBuf, Error> {
-    let path = dir.join("audit-policy.yaml");
+/// What an API server writes to its audit log, always at Metadata level.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Audit {
+    /// Writes only (create, update, patch, delete): what tests count.
+    #[default]
+    Writes,
+    /// Every request, reads and watches included: what benchmarks count.
+    All,
+}
+
+fn audit_policy(dir: &Path, audit: Audit) -> Result<PathBuf, Error> {
+    let (file, policy) = match audit {
+        Audit::Writes => (
+            "audit-policy.yaml",
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n  verbs: [create, update, patch, delete]\n- level: None\n",
+        ),
+        Audit::All => (
+            "audit-policy-all.yaml",
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n",
+        ),
+    };
+    let path = dir.join(file);
     if path.exists() {
         // Shared by the environment's API servers: written once, never while one reads it.
         return Ok(path);
     }
-    let policy = "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n  verbs: [create, update, patch, delete]\n- level: None\n";
-    let partial = dir.join("audit-policy.yaml.partial");
+    let partial = dir.join(format!("{file}.partial"));
     std::fs::write(&partial, policy).map_err(|e| Error::io(&partial, e))?;
     std::fs::rename(&partial, &path).map_err(|e| Error::io(&path, e))?;
     Ok(path)
@@ -257,6 +280,8 @@ pub struct AuditEvent {
     #[serde(default)]
     pub object_ref: Option<AuditObject>,
     pub stage: String,
+    #[serde(default)]
+    pub request_received_timestamp: Option<String>,
 }
 
 #[derive(Clone, Debug, serde::Deserialize)]
@@ -276,12 +301,36 @@ pub struct AuditObject {
 
 /// The writes audited so far by the API server `name` (e.g. "management").
 pub fn audited_writes(dir: &Path, name: &str) -> Vec<AuditEvent> {
-    std::fs::read_to_string(dir.join(format!("audit-{name}.log")))
-        .unwrap_or_default()
-        .lines()
+    audited_requests(
+        &std::fs::read_to_string(dir.join(format!("audit-{name}.log"))).unwrap_or_default(),
+    )
+    .filter(AuditEvent::is_write)
+    .collect()
+}
+
+/// One event per request in audit log text: a watch when it starts, anything else when it
+/// completes.
+pub fn audited_requests(log: &str) -> impl Iterator<Item = AuditEvent> + '_ {
+    log.lines()
         .filter_map(|line| serde_json::from_str::<AuditEvent>(line).ok())
-        .filter(|e| e.stage == "ResponseComplete")
-        .collect()
+        .filter(|e| match e.verb.as_str() {
+            "watch" => e.stage == "ResponseStarted",
+            _ => e.stage == "ResponseComplete",
+        })
+}
+
+impl AuditEvent {
+    /// When the API server received the request.
+    pub fn received(&self) -> Option<jiff::Timestamp> {
+        self.request_received_timestamp.as_deref()?.parse().ok()
+    }
+
+    pub fn is_write(&self) -> bool {
+        matches!(
+            self.verb.as_str(),
+            "create" | "update" | "patch" | "delete" | "deletecollection"
+        )
+    }
 }
 
 /// A self-contained kubeconfig (CA data inline) for the admin token.

@@ -179,6 +179,7 @@ pub async fn create_management_objects(
     spec: &ClusterSpec,
     nodes: &[NodeInfo],
     workload_kubeconfig: &str,
+    machine_annotations: &BTreeMap<String, String>,
 ) -> Result<ClusterTokens, Error> {
     let ns = spec.namespace.as_str();
     ensure_namespace(client, ns).await?;
@@ -228,7 +229,7 @@ pub async fn create_management_objects(
             &machines,
             json!({
                 "apiVersion": format!("{}/{version}", capi::GROUP), "kind": "Machine",
-                "metadata": { "name": node.machine, "namespace": ns, "labels": labels },
+                "metadata": { "name": node.machine, "namespace": ns, "labels": labels, "annotations": machine_annotations },
                 "spec": {
                     "clusterName": spec.name,
                     "version": "v1.34.4",

@@ -19,6 +19,7 @@
 //! be overridden with `CK8S_E2E_KUBE_APISERVER`, `CK8S_E2E_ETCD`, `CK8S_E2E_NODESIM`, and the CAPI
 //! release with `CK8S_E2E_CAPI_VERSION`.
 
+pub mod bench;
 pub mod bootstrap;
 pub mod controller;
 pub mod controlplane;
@@ -38,6 +39,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use futures::{StreamExt, TryStreamExt};
 use kube::Client;
 
 use crate::controlplane::{ApiServer, ApiServerRestarts, RestartCount, SharedPki};
@@ -183,6 +185,13 @@ pub struct EnvSpec {
     /// How long a workload cluster's kube-apiserver is down (killed, then started again) after
     /// a delivered `run` on its only control plane; plus its start-up time (~3 s).
     pub apiserver_restart_seconds: u64,
+    /// `None`: one kube-apiserver per workload cluster. `Some(k)`: the workload clusters share
+    /// k kube-apiservers, round robin (a fleet of dozens of clusters on a 2-core machine).
+    pub workload_servers: Option<usize>,
+    /// What the API servers audit: writes (tests count them) or every request (benchmarks).
+    pub audit: controlplane::Audit,
+    /// Annotations every Machine is created with (e.g. a known certificate expiry).
+    pub machine_annotations: BTreeMap<String, String>,
 }
 
 impl EnvSpec {
@@ -239,6 +248,25 @@ impl EnvSpec {
             ],
             restart_seconds: 2,
             apiserver_restart_seconds: 3,
+            workload_servers: None,
+            audit: controlplane::Audit::Writes,
+            machine_annotations: BTreeMap::new(),
+        }
+    }
+
+    /// The index of the workload kube-apiserver that cluster `index` uses, and how many
+    /// workload kube-apiservers there are.
+    fn workload_server(&self, index: usize) -> usize {
+        match self.workload_servers {
+            Some(k) => index % k.max(1),
+            None => index,
+        }
+    }
+
+    fn workload_server_count(&self) -> usize {
+        match self.workload_servers {
+            Some(k) => k.max(1).min(self.clusters.len()),
+            None => self.clusters.len(),
         }
     }
 }
@@ -348,14 +376,16 @@ impl Environment {
             &etcd_url,
             "management",
             &dir,
+            spec.audit,
         )?];
-        for cluster in &spec.clusters {
+        // Named after their (first) cluster; shared ones after their index.
+        for index in 0..spec.workload_server_count() {
+            let name = match spec.workload_servers {
+                None => spec.clusters[index].name.clone(),
+                Some(_) => format!("workload-{index}"),
+            };
             servers.push(ApiServer::start(
-                &bins,
-                &pki,
-                &etcd_url,
-                &cluster.name,
-                &dir,
+                &bins, &pki, &etcd_url, &name, &dir, spec.audit,
             )?);
         }
         for server in &mut servers {
@@ -367,8 +397,11 @@ impl Environment {
         let launches: BTreeMap<String, controlplane::Launch> = spec
             .clusters
             .iter()
-            .zip(&servers)
-            .map(|(cluster, server)| (cluster.name.clone(), server.launch.clone()))
+            .enumerate()
+            .map(|(index, cluster)| {
+                let server = &servers[spec.workload_server(index)];
+                (cluster.name.clone(), server.launch.clone())
+            })
             .collect();
         let mgmt = management.client().await?;
         let mut crds = crds::read_dir(&crd_dir)?;
@@ -385,53 +418,29 @@ impl Environment {
                 .await?;
 
         let env_octet = pick_env_octet(&spec)?;
-        let mut clusters = Vec::new();
-        let mut sim_clusters = Vec::new();
-        for ((index, cluster_spec), server) in spec.clusters.iter().enumerate().zip(&servers) {
-            let nodes = cluster_spec.nodes(env_octet, (index + 1) as u8);
-            let workload = server.client().await?;
-            fixtures::create_workload_objects(&workload, &nodes).await?;
-            let tokens = fixtures::create_management_objects(
-                &mgmt,
-                &spec.capi_version,
-                cluster_spec,
-                &nodes,
-                &server.kubeconfig_yaml,
-            )
-            .await?;
-            let mut sim_nodes = Vec::new();
-            for node in &nodes {
-                let file_name = format!("kubelet-{}", node.node);
-                let common_name = format!("system:node:{}", node.node);
-                let kubelet = pki.ca.issue(
-                    &dir,
-                    Leaf {
-                        file_name: &file_name,
-                        common_name: &common_name,
-                        organization: Some("system:nodes"),
-                        ips: &[IpAddr::V4(node.address)],
-                        dns: &[&node.node],
-                        usage: Usage::Server,
-                    },
-                )?;
-                sim_nodes.push(sim::NodeConfig::new(node, &kubelet));
-            }
-            sim_clusters.push(sim::ClusterConfig {
-                name: cluster_spec.name.clone(),
-                namespace: cluster_spec.namespace.clone(),
-                kubeconfig: server.kubeconfig.clone(),
-                honour_csr_expiration: false,
-                annotations: BTreeMap::new(),
-                nodes: sim_nodes,
-            });
-            clusters.push(WorkloadCluster {
-                spec: cluster_spec.clone(),
-                nodes,
-                tokens,
-                kubeconfig_yaml: server.kubeconfig_yaml.clone(),
-                kubeconfig: server.kubeconfig.clone(),
-            });
-        }
+        let workload_clients =
+            futures::future::try_join_all(servers.iter().map(ApiServer::client)).await?;
+        // Clusters are set up a few at a time: a fleet has thousands of objects.
+        let set_up: Vec<(WorkloadCluster, sim::ClusterConfig)> =
+            futures::stream::iter(spec.clusters.iter().enumerate())
+                .map(|(index, cluster_spec)| {
+                    let server = &servers[spec.workload_server(index)];
+                    let workload = &workload_clients[spec.workload_server(index)];
+                    set_up_cluster(SetUp {
+                        spec: &spec,
+                        cluster_spec,
+                        nodes: cluster_spec.nodes(env_octet, (index + 1) as u8),
+                        server,
+                        workload,
+                        mgmt: &mgmt,
+                        pki: &pki,
+                        dir: &dir,
+                    })
+                })
+                .buffered(8)
+                .try_collect()
+                .await?;
+        let (clusters, sim_clusters): (Vec<_>, Vec<_>) = set_up.into_iter().unzip();
 
         let control = std::net::SocketAddr::from((Ipv4Addr::LOCALHOST, controlplane::free_port()?));
         // Bound now so that its address goes into the simulator's config; served once
@@ -564,6 +573,77 @@ impl Drop for Environment {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// What [`set_up_cluster`] needs.
+struct SetUp<'a> {
+    spec: &'a EnvSpec,
+    cluster_spec: &'a ClusterSpec,
+    nodes: Vec<NodeInfo>,
+    server: &'a ApiServer,
+    workload: &'a Client,
+    mgmt: &'a Client,
+    pki: &'a SharedPki,
+    dir: &'a Path,
+}
+
+/// Creates one workload cluster's objects (workload and management) and its nodes' kubelet
+/// certificates.
+async fn set_up_cluster(
+    SetUp {
+        spec,
+        cluster_spec,
+        nodes,
+        server,
+        workload,
+        mgmt,
+        pki,
+        dir,
+    }: SetUp<'_>,
+) -> Result<(WorkloadCluster, sim::ClusterConfig), Error> {
+    fixtures::create_workload_objects(workload, &nodes).await?;
+    let tokens = fixtures::create_management_objects(
+        mgmt,
+        &spec.capi_version,
+        cluster_spec,
+        &nodes,
+        &server.kubeconfig_yaml,
+        &spec.machine_annotations,
+    )
+    .await?;
+    let mut sim_nodes = Vec::new();
+    for node in &nodes {
+        let file_name = format!("kubelet-{}", node.node);
+        let common_name = format!("system:node:{}", node.node);
+        let kubelet = pki.ca.issue(
+            dir,
+            Leaf {
+                file_name: &file_name,
+                common_name: &common_name,
+                organization: Some("system:nodes"),
+                ips: &[IpAddr::V4(node.address)],
+                dns: &[&node.node],
+                usage: Usage::Server,
+            },
+        )?;
+        sim_nodes.push(sim::NodeConfig::new(node, &kubelet));
+    }
+    let sim_cluster = sim::ClusterConfig {
+        name: cluster_spec.name.clone(),
+        namespace: cluster_spec.namespace.clone(),
+        kubeconfig: server.kubeconfig.clone(),
+        honour_csr_expiration: false,
+        annotations: BTreeMap::new(),
+        nodes: sim_nodes,
+    };
+    let cluster = WorkloadCluster {
+        spec: cluster_spec.clone(),
+        nodes,
+        tokens,
+        kubeconfig_yaml: server.kubeconfig_yaml.clone(),
+        kubeconfig: server.kubeconfig.clone(),
+    };
+    Ok((cluster, sim_cluster))
 }
 
 /// `target/e2e-env/<pid>-<n>`; folders of processes that no longer exist are removed first (a

@@ -1,0 +1,183 @@
+//! The controller under load: a batch of worker refreshes at its concurrency, and how fast it
+//! reacts to one annotation with every Machine of the fleet cached.
+
+use std::time::{Duration, Instant};
+
+use ck8s_certs_api::annotations::REFRESH_CERTIFICATES;
+use futures::{StreamExt, TryStreamExt};
+use jiff::Timestamp;
+use kube::Client;
+use kube::api::{Patch, PatchParams};
+use serde_json::json;
+
+use super::fleet::StatusWatch;
+use super::probe::AuditTail;
+use crate::fixtures::NodeInfo;
+use crate::sim::Fault;
+use crate::{Environment, Error};
+
+/// The refresh batch.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct RefreshFigures {
+    pub refreshes: usize,
+    pub concurrency: usize,
+    pub k8sd_latency_ms: f64,
+    pub restart_seconds: f64,
+    /// First annotation sent → last refresh finished.
+    pub wall_seconds: f64,
+    /// ⌈refreshes / concurrency⌉ × (plan + run + approve at the k8sd latency + the node's
+    /// restart): what a controller that is never the bottleneck would take.
+    pub bound_seconds: f64,
+    pub done: usize,
+    pub failed: usize,
+    pub unfinished: usize,
+    pub k8sd_calls_per_refresh: f64,
+    pub api_writes_per_refresh: f64,
+    pub api_requests_per_refresh: f64,
+}
+
+/// Annotate → in-progress latency.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct LatencyFigures {
+    pub samples: usize,
+    pub missed: usize,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+/// Calls of one worker refresh on the critical path: plan and run on the worker, approve on a
+/// control plane.
+const CALLS_PER_WORKER_REFRESH: u32 = 3;
+
+/// `kubectl annotate machine <m> v1beta2.k8sd.io/refresh-certificates=1y`, on one client.
+pub async fn annotate(env: &Environment, client: &Client, node: &NodeInfo) -> Result<(), Error> {
+    env.machine_api(client.clone(), &node.namespace)
+        .patch(
+            &node.machine,
+            &PatchParams {
+                field_manager: Some("kubectl-annotate".into()),
+                ..Default::default()
+            },
+            &Patch::Merge(json!({ "metadata": { "annotations": { REFRESH_CERTIFICATES: "1y" } } })),
+        )
+        .await
+        .map(drop)
+        .map_err(Error::Kube)
+}
+
+/// Refreshes `nodes` all at once and waits until each finished (or `timeout`).
+#[allow(clippy::too_many_arguments)]
+pub async fn refresh_batch(
+    env: &Environment,
+    audit: &mut AuditTail,
+    watch: &StatusWatch,
+    user: &str,
+    nodes: &[&NodeInfo],
+    concurrency: usize,
+    latency: Duration,
+    timeout: Duration,
+) -> Result<RefreshFigures, Error> {
+    env.sim.clear_calls("", "").await?;
+    let started_at = Timestamp::now();
+    let started = Instant::now();
+    let client = env.management().await?;
+    futures::stream::iter(nodes)
+        .map(|node| annotate(env, &client, node))
+        .buffer_unordered(16)
+        .try_collect::<()>()
+        .await?;
+    let deadline = started + timeout;
+    let mut last = started;
+    let (mut done, mut failed, mut unfinished) = (0, 0, 0);
+    for node in nodes {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match watch
+            .wait_for(&node.namespace, &node.machine, left, |seen| {
+                seen.finished().map(|at| (at, seen.done.is_some()))
+            })
+            .await
+        {
+            Some((at, ok)) => {
+                last = last.max(at);
+                if ok { done += 1 } else { failed += 1 }
+            }
+            None => unfinished += 1,
+        }
+    }
+    let ended_at = Timestamp::now();
+    let wall = last.duration_since(started).as_secs_f64();
+    let calls = env.sim.calls("", "").await?.len();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    audit.refresh();
+    let requests = audit.requests(user, started_at, ended_at);
+    let n = nodes.len().max(1) as f64;
+    let rounds = nodes.len().div_ceil(concurrency.max(1)) as f64;
+    let restart = env.spec.restart_seconds as f64;
+    Ok(RefreshFigures {
+        refreshes: nodes.len(),
+        concurrency,
+        k8sd_latency_ms: latency.as_secs_f64() * 1000.0,
+        restart_seconds: restart,
+        wall_seconds: wall,
+        bound_seconds: rounds
+            * (f64::from(CALLS_PER_WORKER_REFRESH) * latency.as_secs_f64() + restart),
+        done,
+        failed,
+        unfinished,
+        k8sd_calls_per_refresh: calls as f64 / n,
+        api_writes_per_refresh: requests.writes as f64 / n,
+        api_requests_per_refresh: requests.other as f64 / n,
+    })
+}
+
+/// Annotates `nodes` one after another (each once the previous one showed `in-progress`) and
+/// measures annotate → `in-progress` as a watching user sees it.
+pub async fn in_progress_latency(
+    env: &Environment,
+    watch: &StatusWatch,
+    nodes: &[&NodeInfo],
+) -> Result<LatencyFigures, Error> {
+    let client = env.management().await?;
+    let mut latencies = Vec::new();
+    let mut missed = 0;
+    for node in nodes {
+        let sent = Instant::now();
+        annotate(env, &client, node).await?;
+        match watch
+            .wait_for(
+                &node.namespace,
+                &node.machine,
+                Duration::from_secs(10),
+                |seen| seen.in_progress,
+            )
+            .await
+        {
+            Some(at) => latencies.push(at.saturating_duration_since(sent).as_secs_f64() * 1000.0),
+            None => missed += 1,
+        }
+    }
+    latencies.sort_by(f64::total_cmp);
+    let quantile = |q: f64| {
+        if latencies.is_empty() {
+            return f64::NAN;
+        }
+        let index = ((latencies.len() as f64 * q).ceil() as usize).clamp(1, latencies.len()) - 1;
+        latencies[index]
+    };
+    Ok(LatencyFigures {
+        samples: latencies.len(),
+        missed,
+        p50_ms: quantile(0.50),
+        p99_ms: quantile(0.99),
+        max_ms: latencies.last().copied().unwrap_or(f64::NAN),
+    })
+}
+
+/// The per-call k8sd latency on every node.
+pub async fn set_k8sd_latency(env: &Environment, latency: Duration) -> Result<(), Error> {
+    if !latency.is_zero() {
+        env.sim.inject(&Fault::latency(latency)).await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,192 @@
+//! The benchmark's results: one table (Markdown, so it pastes into docs/performance.md) and JSON.
+
+use std::fmt::Write;
+
+use super::idle::IdleFigures;
+use super::load::{LatencyFigures, RefreshFigures};
+
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Report {
+    pub command: String,
+    pub machine: String,
+    pub fleet: String,
+    pub environment_seconds: f64,
+    /// The controller's very first start on the fleet (it may create its status objects).
+    pub first_start_seconds: f64,
+    pub first_start_writes: usize,
+    pub ours: IdleFigures,
+    pub reference: Option<IdleFigures>,
+    pub refresh: Option<RefreshFigures>,
+    pub latency: Option<LatencyFigures>,
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.0} MiB", kib as f64 / 1024.0)
+}
+
+fn seconds(s: Option<f64>) -> String {
+    s.map_or("—".into(), |s| format!("{s:.2} s"))
+}
+
+fn ratio(ours: f64, theirs: f64) -> String {
+    if theirs > 0.0 {
+        format!("{:.2}", ours / theirs)
+    } else if ours == 0.0 {
+        "—".into()
+    } else {
+        "∞".into()
+    }
+}
+
+impl Report {
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "Fleet: {}. Machine: {}.", self.fleet, self.machine);
+        let _ = writeln!(out, "Command: `{}`", self.command);
+        let _ = writeln!(
+            out,
+            "Environment up in {:.0} s; the controller's first start on the fleet: {:.0} s, {} writes.\n",
+            self.environment_seconds, self.first_start_seconds, self.first_start_writes
+        );
+        let ours = &self.ours;
+        let theirs = self.reference.clone().unwrap_or_default();
+        let has_reference = self.reference.is_some();
+        let _ = writeln!(out, "| | ck8s-certs | reference manager | ours / theirs |");
+        let _ = writeln!(out, "|---|---|---|---|");
+        let mut row = |name: &str, a: String, b: String, r: String| {
+            let (b, r) = if has_reference {
+                (b, r)
+            } else {
+                ("—".into(), "—".into())
+            };
+            let _ = writeln!(out, "| {name} | {a} | {b} | {r} |");
+        };
+        row(
+            "cold start: caches synced",
+            seconds(ours.ready_seconds),
+            seconds(theirs.ready_seconds),
+            String::new(),
+        );
+        row(
+            "cold start: first reconcile",
+            seconds(ours.first_reconcile_seconds),
+            seconds(theirs.first_reconcile_seconds),
+            String::new(),
+        );
+        let window = ours.startup_window_seconds;
+        row(
+            &format!("API requests in the first {window:.0} s (excl. Lease)"),
+            ours.startup_requests.other.to_string(),
+            theirs.startup_requests.other.to_string(),
+            ratio(
+                ours.startup_requests.other as f64,
+                theirs.startup_requests.other as f64,
+            ),
+        );
+        row(
+            "… largest kinds",
+            ours.startup_requests.top(3),
+            theirs.startup_requests.top(3),
+            String::new(),
+        );
+        row(
+            "max TCP connections to the API server, start-up",
+            ours.startup_connections_max.to_string(),
+            theirs.startup_connections_max.to_string(),
+            ratio(
+                ours.startup_connections_max as f64,
+                theirs.startup_connections_max as f64,
+            ),
+        );
+        row(
+            &format!("VmRSS at +{window:.0} s"),
+            mib(ours.memory_after_startup.rss_kib),
+            mib(theirs.memory_after_startup.rss_kib),
+            ratio(
+                ours.memory_after_startup.rss_kib as f64,
+                theirs.memory_after_startup.rss_kib as f64,
+            ),
+        );
+        let end = window + ours.idle_window_seconds;
+        row(
+            &format!("VmRSS at +{end:.0} s"),
+            mib(ours.memory_after_idle.rss_kib),
+            mib(theirs.memory_after_idle.rss_kib),
+            ratio(
+                ours.memory_after_idle.rss_kib as f64,
+                theirs.memory_after_idle.rss_kib as f64,
+            ),
+        );
+        row(
+            "VmHWM (peak)",
+            mib(ours.memory_after_idle.hwm_kib),
+            mib(theirs.memory_after_idle.hwm_kib),
+            ratio(
+                ours.memory_after_idle.hwm_kib as f64,
+                theirs.memory_after_idle.hwm_kib as f64,
+            ),
+        );
+        row(
+            "CPU seconds, start-up window",
+            format!("{:.1}", ours.startup_cpu_seconds),
+            format!("{:.1}", theirs.startup_cpu_seconds),
+            ratio(ours.startup_cpu_seconds, theirs.startup_cpu_seconds),
+        );
+        row(
+            "idle: CPU seconds per minute",
+            format!("{:.2}", ours.idle_cpu_per_minute()),
+            format!("{:.2}", theirs.idle_cpu_per_minute()),
+            ratio(ours.idle_cpu_per_minute(), theirs.idle_cpu_per_minute()),
+        );
+        row(
+            "idle: API requests per minute (excl. Lease)",
+            format!("{:.1}", ours.idle_requests_per_minute()),
+            format!("{:.1}", theirs.idle_requests_per_minute()),
+            ratio(
+                ours.idle_requests_per_minute(),
+                theirs.idle_requests_per_minute(),
+            ),
+        );
+        row(
+            "idle: Lease requests per minute",
+            format!("{:.1}", ours.idle_lease_requests_per_minute()),
+            format!("{:.1}", theirs.idle_lease_requests_per_minute()),
+            String::new(),
+        );
+        row(
+            "idle: max TCP connections to the API server",
+            ours.idle_connections_max.to_string(),
+            theirs.idle_connections_max.to_string(),
+            String::new(),
+        );
+        if let Some(r) = &self.refresh {
+            let _ = writeln!(
+                out,
+                "\n{} worker refreshes at concurrency {} (k8sd latency {:.0} ms, node restart {:.0} s): \
+                 {:.1} s wall, critical-path bound {:.1} s, ratio {:.2}; {} done, {} failed, {} unfinished; \
+                 {:.1} k8sd calls, {:.1} API writes and {:.1} API requests per refresh.",
+                r.refreshes,
+                r.concurrency,
+                r.k8sd_latency_ms,
+                r.restart_seconds,
+                r.wall_seconds,
+                r.bound_seconds,
+                r.wall_seconds / r.bound_seconds.max(f64::EPSILON),
+                r.done,
+                r.failed,
+                r.unfinished,
+                r.k8sd_calls_per_refresh,
+                r.api_writes_per_refresh,
+                r.api_requests_per_refresh,
+            );
+        }
+        if let Some(l) = &self.latency {
+            let _ = writeln!(
+                out,
+                "\nAnnotate → in-progress ({} samples, {} missed): p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms.",
+                l.samples, l.missed, l.p50_ms, l.p99_ms, l.max_ms
+            );
+        }
+        out
+    }
+}
