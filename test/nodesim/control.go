@@ -265,12 +265,7 @@ func (s *Simulator) controlHandler() http.Handler {
 // putAnnotations replaces a cluster's k8sd annotations (like `k8s set annotations=...`
 // on its nodes); the CSR signer reads them for every CSR it handles.
 func (s *Simulator) putAnnotations(w http.ResponseWriter, r *http.Request) {
-	var cl *cluster
-	for _, c := range s.clusters {
-		if c.cfg.Name == r.PathValue("cluster") {
-			cl = c
-		}
-	}
+	cl := s.byName[r.PathValue("cluster")]
 	if cl == nil {
 		writeJSONError(w, http.StatusNotFound, "no cluster %q", r.PathValue("cluster"))
 		return
@@ -317,28 +312,14 @@ func (s *Simulator) postFault(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"id": f.ID})
 }
 
-func (s *Simulator) hasCluster(name string) bool {
-	for _, cl := range s.clusters {
-		if cl.cfg.Name == name {
-			return true
-		}
-	}
-	return false
-}
+func (s *Simulator) hasCluster(name string) bool { return s.byName[name] != nil }
 
 // hasNode: the node exists in the named cluster, or in any cluster when none is named.
 func (s *Simulator) hasNode(clusterName, nodeName string) bool {
-	for _, cl := range s.clusters {
-		if clusterName != "" && cl.cfg.Name != clusterName {
-			continue
-		}
-		for _, n := range cl.nodes {
-			if n.cfg.Name == nodeName {
-				return true
-			}
-		}
+	if clusterName == "" {
+		return s.nodeNames[nodeName]
 	}
-	return false
+	return s.findNode(clusterName, nodeName) != nil
 }
 
 type reinstallRequest struct {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -66,31 +67,50 @@ func conditionTrue(csr *certv1.CertificateSigningRequest, t certv1.RequestCondit
 // second run with the same seed fails: the CSRs exist, and the private keys of the first
 // attempt lived only in its request), and blocks until all are approved and signed. It
 // returns the kubelet serving certificate.
+//
+// It watches the CSRs through the server's informer cache (woken by their changes); without a
+// usable cache (not synced yet, or its watch failed lately) it polls the API server.
 func (s *Simulator) refreshWorker(ctx context.Context, n *node, seed int, expirationSeconds int32) (*x509.Certificate, error) {
-	client := n.cluster.client.CertificatesV1().CertificateSigningRequests()
+	srv := n.cluster.server
+	client := srv.client.CertificatesV1().CertificateSigningRequests()
 	csrs := workerCSRs(n.cfg, seed)
+	names := workerCSRNames(seed)
+	wake, unsubscribe := srv.subscribe(names)
+	defer unsubscribe()
+	srv.claim(n.cluster, names)
 	for _, c := range csrs {
 		if err := createCSR(ctx, client, c, expirationSeconds); err != nil {
 			return nil, err
 		}
 	}
-	pendingSince := time.Now()
+	created := time.Now()
 	var lastKick time.Time
 	for {
 		var serving []byte
 		var pending []string
+		fromCache := true
 		for i, c := range csrs {
-			csr, err := client.Get(ctx, c.name, metav1.GetOptions{})
-			switch {
-			case ctx.Err() != nil:
-				return nil, ctx.Err()
-			case apierrors.IsNotFound(err):
-				return nil, fmt.Errorf("CSR %s was deleted", c.name)
-			case err != nil:
-				// The API server may be restarting: keep waiting.
-				s.log.Printf("k8sd %s/%s: get CSR %s: %v", n.cluster.cfg.Name, n.cfg.Name, c.name, err)
-				pending = append(pending, "")
+			csr, found, usable := srv.cached(c.name)
+			if usable && !found && time.Since(created) < cacheGrace {
+				// Not in the cache yet: it was just created.
+				pending = append(pending, c.name)
 				continue
+			}
+			if !usable || !found {
+				fromCache = false
+				var err error
+				csr, err = client.Get(ctx, c.name, metav1.GetOptions{})
+				switch {
+				case ctx.Err() != nil:
+					return nil, ctx.Err()
+				case apierrors.IsNotFound(err):
+					return nil, fmt.Errorf("CSR %s was deleted", c.name)
+				case err != nil:
+					// The API server may be restarting: keep waiting.
+					s.log.Printf("k8sd %s/%s: get CSR %s: %v", n.cluster.cfg.Name, n.cfg.Name, c.name, err)
+					pending = append(pending, "")
+					continue
+				}
 			}
 			if conditionTrue(csr, certv1.CertificateDenied) {
 				return nil, fmt.Errorf("CSR %s was denied", c.name)
@@ -106,6 +126,19 @@ func (s *Simulator) refreshWorker(ctx context.Context, n *node, seed int, expira
 				serving = csr.Status.Certificate
 			}
 		}
+		if len(pending) == 0 && bytes.Equal(serving, issuedMarker) {
+			// The cache knows that it was signed, not the certificate.
+			csr, err := client.Get(ctx, csrs[0].name, metav1.GetOptions{})
+			switch {
+			case ctx.Err() != nil:
+				return nil, ctx.Err()
+			case err != nil:
+				s.log.Printf("k8sd %s/%s: get CSR %s: %v", n.cluster.cfg.Name, n.cfg.Name, csrs[0].name, err)
+				pending = append(pending, "")
+			default:
+				serving = csr.Status.Certificate
+			}
+		}
 		if len(pending) == 0 {
 			cert, err := parseCertPEM(serving)
 			if err != nil {
@@ -113,17 +146,21 @@ func (s *Simulator) refreshWorker(ctx context.Context, n *node, seed int, expira
 			}
 			return cert, nil
 		}
-		// The signer's watch may be backing off after an API server restart: nudge it
-		// for CSRs that wait unusually long (it approves with auto-approve, and signs).
-		if time.Since(pendingSince) > signerNudgeAfter && time.Since(lastKick) > signerNudgeAfter {
-			lastKick = time.Now()
-			for _, name := range pending {
-				if name != "" {
-					s.reconcileCSR(ctx, n.cluster, name)
+		wait := cacheRecheck
+		if !fromCache {
+			wait = srv.livePoll(s.pollInterval)
+			// The signer's watch may be backing off after an API server restart: nudge it
+			// for CSRs that wait unusually long (it approves with auto-approve, and signs).
+			if time.Since(created) > signerNudgeAfter && time.Since(lastKick) > signerNudgeAfter {
+				lastKick = time.Now()
+				for _, name := range pending {
+					if name != "" {
+						srv.queue.Add(name)
+					}
 				}
 			}
 		}
-		if !waitTick(ctx, s.pollInterval) {
+		if !waitWake(ctx, wake, wait) {
 			return nil, ctx.Err()
 		}
 	}
@@ -155,20 +192,32 @@ func createCSR(ctx context.Context, client certclient.CertificateSigningRequestI
 // approveWatch is released k8sd: wait (no deadline of its own) until the seed's three
 // CSRs exist, then append the Approved condition to each without looking at it. An
 // already approved CSR makes the API server reject the update (duplicate condition), and
-// approve fails.
+// approve fails. On a shared API server another cluster's CSRs do not exist for cl.
 func (s *Simulator) approveWatch(ctx context.Context, cl *cluster, seed int, deny bool) error {
-	client := cl.client.CertificatesV1().CertificateSigningRequests()
+	srv := cl.server
+	client := srv.client.CertificatesV1().CertificateSigningRequests()
 	names := workerCSRNames(seed)
+	wake, unsubscribe := srv.subscribe(names)
+	defer unsubscribe()
 	for {
-		found := 0
+		found, fromCache := 0, true
 		for _, name := range names {
-			if _, err := client.Get(ctx, name, metav1.GetOptions{}); err != nil {
-				if ctx.Err() != nil {
-					return ctx.Err()
+			_, inCache, usable := srv.cached(name)
+			if !usable {
+				fromCache = false
+				if _, err := client.Get(ctx, name, metav1.GetOptions{}); err != nil {
+					if ctx.Err() != nil {
+						return ctx.Err()
+					}
+					if !apierrors.IsNotFound(err) {
+						s.log.Printf("approve %s: get CSR %s: %v", cl.cfg.Name, name, err)
+					}
+					break
 				}
-				if !apierrors.IsNotFound(err) {
-					s.log.Printf("approve %s: get CSR %s: %v", cl.cfg.Name, name, err)
-				}
+			} else if !inCache {
+				break
+			}
+			if !srv.visibleTo(cl, name) {
 				break
 			}
 			found++
@@ -176,7 +225,11 @@ func (s *Simulator) approveWatch(ctx context.Context, cl *cluster, seed int, den
 		if found == len(names) {
 			break
 		}
-		if !waitTick(ctx, s.pollInterval) {
+		wait := cacheRecheck
+		if !fromCache {
+			wait = srv.livePoll(s.pollInterval)
+		}
+		if !waitWake(ctx, wake, wait) {
 			return ctx.Err()
 		}
 	}
@@ -192,10 +245,14 @@ func (s *Simulator) approveWatch(ctx context.Context, cl *cluster, seed int, den
 // k8sd-protocol.md item 8): one GET per CSR, each handled independently (so a partial
 // approval is possible), an error for a missing or already approved CSR.
 func (s *Simulator) approveGetOnce(ctx context.Context, cl *cluster, seed int, deny bool) error {
-	client := cl.client.CertificatesV1().CertificateSigningRequests()
+	client := cl.server.client.CertificatesV1().CertificateSigningRequests()
 	var errs []error
 	for _, name := range workerCSRNames(seed) {
 		csr, err := client.Get(ctx, name, metav1.GetOptions{})
+		if err == nil && !cl.server.visibleTo(cl, name) {
+			// Another cluster's CSR on a shared API server: not there for this one.
+			csr, err = nil, apierrors.NewNotFound(certv1.Resource("certificatesigningrequests"), name)
+		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("failed to get CSR %s: %w", name, err))
 			continue

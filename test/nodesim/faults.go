@@ -95,17 +95,28 @@ func (f *faultRequest) validate() error {
 }
 
 // requestFaultKinds are the kinds applied by the k8sd request middleware; refuse
-// acts on the listener, csr-deny inside approve and drop-answer at the end of run.
-var requestFaultKinds = map[string]bool{
-	faultLatency: true, faultError: true, faultHang: true, faultDrop: true,
-	faultMalformed: true, faultUnavailable: true,
-}
+// acts on the listener, csr-deny inside approve and drop-answer at the end of run. A latency
+// fault composes with the others: the request is delayed first (latencyKinds), then the first
+// matching fault of another kind applies (outcomeKinds).
+var (
+	requestFaultKinds = map[string]bool{
+		faultLatency: true, faultError: true, faultHang: true, faultDrop: true,
+		faultMalformed: true, faultUnavailable: true,
+	}
+	latencyKinds = map[string]bool{faultLatency: true}
+	outcomeKinds = map[string]bool{
+		faultError: true, faultHang: true, faultDrop: true, faultMalformed: true, faultUnavailable: true,
+	}
+)
 
+// faultStore holds the faults in insertion order. Matching scans them (a handful, whatever
+// the number of nodes) under one mutex.
 type faultStore struct {
 	mu     sync.Mutex
 	next   int
 	faults []*Fault
-	// onChange runs after every change (outside the lock): it re-evaluates refuse faults.
+	// onChange runs after a refuse fault was added or removed (outside the lock): it
+	// re-evaluates the listeners.
 	onChange func()
 }
 
@@ -117,7 +128,9 @@ func (s *faultStore) add(r faultRequest) Fault {
 	s.faults = append(s.faults, f)
 	out := *f
 	s.mu.Unlock()
-	s.changed()
+	if f.Kind == faultRefuse {
+		s.changed()
+	}
 	return out
 }
 
@@ -140,16 +153,16 @@ func (s *faultStore) list() []Fault {
 // remove deletes one fault; false when the id is unknown.
 func (s *faultStore) remove(id string) bool {
 	s.mu.Lock()
-	found := false
+	found, refuse := false, false
 	for i, f := range s.faults {
 		if f.ID == id {
 			s.faults = append(s.faults[:i], s.faults[i+1:]...)
-			found = true
+			found, refuse = true, f.Kind == faultRefuse
 			break
 		}
 	}
 	s.mu.Unlock()
-	if found {
+	if refuse {
 		s.changed()
 	}
 	return found
@@ -159,17 +172,21 @@ func (s *faultStore) remove(id string) bool {
 func (s *faultStore) clear(cluster string) int {
 	s.mu.Lock()
 	kept := s.faults[:0]
-	n := 0
+	n, refuse := 0, false
 	for _, f := range s.faults {
 		if cluster != "" && f.Cluster != cluster {
 			kept = append(kept, f)
 			continue
 		}
 		n++
+		refuse = refuse || f.Kind == faultRefuse
 	}
+	clear(s.faults[len(kept):])
 	s.faults = kept
 	s.mu.Unlock()
-	s.changed()
+	if refuse {
+		s.changed()
+	}
 	return n
 }
 

@@ -59,7 +59,7 @@ func testConfig(t *testing.T) *Config {
 	cfg := &Config{
 		Control: "127.0.0.1:0", KubeletClientCA: "unused", ManagementKubeconfig: "unused",
 		Clusters: []ClusterConfig{{
-			Name: "alpha", Namespace: "fleet", Kubeconfig: "unused",
+			Name: "alpha", Namespace: "fleet", Kubeconfig: "alpha.kubeconfig",
 			Nodes: []NodeConfig{
 				node("alpha-cp-0-vm", "alpha-cp-0", roleControlPlane, "127.23.1.1"),
 				cp1,
@@ -95,7 +95,7 @@ func soloConfig() ClusterConfig {
 			InitialCertLifetimeSeconds: thirtyDay}
 	}
 	return ClusterConfig{
-		Name: "solo", Namespace: "fleet", Kubeconfig: "unused",
+		Name: "solo", Namespace: "fleet", Kubeconfig: "solo.kubeconfig",
 		Nodes: []NodeConfig{
 			node("solo-cp-0-vm", "solo-cp-0", roleControlPlane, "127.23.2.1"),
 			node("solo-w-0-vm", "solo-w-0", roleWorker, "127.23.2.2"),
@@ -162,12 +162,19 @@ func newTestEnvWith(t *testing.T, cfg *Config) *testEnv {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	mgmt := fake.NewClientset(tokenSecret(), soloTokenSecret())
+	// Clusters with the same kubeconfig share an API server, as in nodesim's run.
 	wls := map[string]*fake.Clientset{}
+	byKubeconfig := map[string]*fake.Clientset{}
 	clients := map[string]kubernetes.Interface{}
 	for _, cc := range cfg.Clusters {
-		wls[cc.Name] = fake.NewClientset()
-		validateLikeAPIServer(wls[cc.Name])
-		clients[cc.Name] = wls[cc.Name]
+		wl := byKubeconfig[cc.Kubeconfig]
+		if wl == nil {
+			wl = fake.NewClientset()
+			validateLikeAPIServer(wl)
+			byKubeconfig[cc.Kubeconfig] = wl
+		}
+		wls[cc.Name] = wl
+		clients[cc.Name] = wl
 	}
 	sim, err := newSimulator(ctx, cfg, mgmt, clients, testLogger(t))
 	if err != nil {
@@ -192,11 +199,11 @@ func newTestEnvWith(t *testing.T, cfg *Config) *testEnv {
 
 func newTestEnv(t *testing.T) *testEnv { return newTestEnvWith(t, testConfig(t)) }
 
-// startSigner runs every cluster's CSR signer on the fake clientsets.
+// startSigner runs every API server's CSR informer and signer on the fake clientsets.
 func (e *testEnv) startSigner(t *testing.T) {
 	t.Helper()
-	for _, cl := range e.sim.clusters {
-		go e.sim.runSigner(e.sim.ctx, cl)
+	for _, srv := range e.sim.servers {
+		go e.sim.runServer(e.sim.ctx, srv)
 	}
 }
 

@@ -140,7 +140,15 @@ func (s *Simulator) serveK8sd(n *node, rw http.ResponseWriter, r *http.Request) 
 		faultKind = kind
 		s.calls.setFault(call, kind)
 	}
-	if f, ok := s.faults.take(n.cluster.cfg.Name, n.cfg.Name, ep, requestFaultKinds); ok {
+	// A latency fault delays the request, then the first matching fault of another kind
+	// (taken once the delay is over) decides what happens.
+	if f, ok := s.faults.take(n.cluster.cfg.Name, n.cfg.Name, ep, latencyKinds); ok {
+		markFault(f.Kind)
+		if done := s.applyFault(w, r, f); done {
+			return
+		}
+	}
+	if f, ok := s.faults.take(n.cluster.cfg.Name, n.cfg.Name, ep, outcomeKinds); ok {
 		markFault(f.Kind)
 		if done := s.applyFault(w, r, f); done {
 			return
@@ -243,12 +251,18 @@ func (s *Simulator) applyFault(w http.ResponseWriter, r *http.Request, f Fault) 
 }
 
 // authenticate checks a token header against the management cluster's Secret
-// <cluster>-token, read at request time. It returns 0 when the token is valid.
+// <cluster>-token: its watch cache (tokens.go), else read at request time. It returns 0 when
+// the token is valid.
 func (s *Simulator) authenticate(ctx context.Context, n *node, got, header, key string) (int, string) {
 	if got == "" {
 		return http.StatusUnauthorized, fmt.Sprintf("missing header %q", header)
 	}
 	name := n.cluster.cfg.Name + "-token"
+	if want, ok := s.tokens.lookup(n.cluster.cfg.Namespace, name, key); ok && len(want) > 0 &&
+		subtle.ConstantTimeCompare(want, []byte(got)) == 1 {
+		return 0, ""
+	}
+	// Not confirmed by the cache (none yet, a rotated token, a missing Secret): ask.
 	secret, err := s.mgmt.CoreV1().Secrets(n.cluster.cfg.Namespace).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return http.StatusInternalServerError, fmt.Sprintf("failed to check token: failed to read Secret %s/%s: %v", n.cluster.cfg.Namespace, name, err)
@@ -353,16 +367,24 @@ func (s *Simulator) handleRunWorker(w http.ResponseWriter, r *http.Request, n *n
 func (s *Simulator) answerRun(w http.ResponseWriter, r *http.Request, n *node, expirationSeconds int64, markFault func(string)) {
 	// No new connections from here on: a delivered answer is followed by the restart.
 	n.holdListeners()
-	delivered := false
+	delivered, released := false, false
+	notDelivered := func() {
+		if !released {
+			released = true
+			s.log.Printf("k8sd %s/%s: run answer not delivered: restart skipped, serving the old certificate", n.cluster.cfg.Name, n.cfg.Name)
+			n.releaseListeners()
+		}
+	}
 	defer func() {
 		// Also when the handler is aborted (a panic): the listeners must not stay held.
 		if !delivered {
-			s.log.Printf("k8sd %s/%s: run answer not delivered: restart skipped, serving the old certificate", n.cluster.cfg.Name, n.cfg.Name)
-			n.releaseListeners()
+			notDelivered()
 		}
 	}()
 	if f, ok := s.faults.take(n.cluster.cfg.Name, n.cfg.Name, epRun, map[string]bool{faultDropAnswer: true}); ok {
 		markFault(f.Kind)
+		// Listening again before the client sees the connection close.
+		notDelivered()
 		hijackAndClose(w)
 	} else if r.Context().Err() == nil {
 		// The connection dies with the restart: tell the client not to reuse it.

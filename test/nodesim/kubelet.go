@@ -32,17 +32,13 @@ const (
 
 // newKubeletListener builds the node's kubelet server (TLS, client certificates of the
 // cluster CA, as the API server's kubelet client presents).
-func (s *Simulator) newKubeletListener(n *node, clientCAs *x509.CertPool) (*svcListener, error) {
-	cert, err := tls.LoadX509KeyPair(n.cfg.KubeletCert, n.cfg.KubeletKey)
-	if err != nil {
-		return nil, fmt.Errorf("node %s: kubelet certificate: %w", n.cfg.Name, err)
-	}
+func (s *Simulator) newKubeletListener(n *node, cert *tls.Certificate, clientCAs *x509.CertPool) *svcListener {
 	name := n.cluster.cfg.Name + "/" + n.cfg.Name
 	return &svcListener{
 		addr:    net.JoinHostPort(n.cfg.Address, strconv.Itoa(n.cfg.KubeletPort)),
 		handler: s.kubeletHandler(n),
 		tlsConf: &tls.Config{
-			Certificates: []tls.Certificate{cert},
+			Certificates: []tls.Certificate{*cert},
 			ClientAuth:   tls.RequireAndVerifyClientCert,
 			ClientCAs:    clientCAs,
 			// HTTP/1.1 only: SPDY and websocket both upgrade an HTTP/1.1 connection.
@@ -51,7 +47,7 @@ func (s *Simulator) newKubeletListener(n *node, clientCAs *x509.CertPool) (*svcL
 		},
 		log:      func(f string, a ...any) { s.log.Printf("kubelet %s: "+f, append([]any{name}, a...)...) },
 		errorLog: s.log,
-	}, nil
+	}
 }
 
 func (s *Simulator) kubeletHandler(n *node) http.Handler {

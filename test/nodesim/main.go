@@ -15,12 +15,15 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
@@ -29,9 +32,14 @@ type Simulator struct {
 	cfg      *Config
 	mgmt     kubernetes.Interface
 	clusters []*cluster
-	faults   *faultStore
-	calls    *callLog
-	log      *log.Logger
+	// servers are the distinct workload API servers; clusters may share one.
+	servers   []*apiServer
+	byName    map[string]*cluster
+	nodeNames map[string]bool // every node name of every cluster
+	tokens    *tokenCache
+	faults    *faultStore
+	calls     *callLog
+	log       *log.Logger
 	// ctx ends when the simulator shuts down; hanging requests and waits watch it.
 	ctx          context.Context
 	restartDelay time.Duration
@@ -49,8 +57,10 @@ type Simulator struct {
 type cluster struct {
 	cfg    ClusterConfig
 	ca     *authority
-	client kubernetes.Interface // the workload cluster's API server
+	server *apiServer           // the workload cluster's API server, maybe shared
+	client kubernetes.Interface // server.client
 	nodes  []*node
+	byName map[string]*node
 
 	mu sync.Mutex
 	// annotations are the cluster's k8sd annotations (cluster config), e.g. auto-approve.
@@ -82,11 +92,16 @@ type node struct {
 }
 
 // newSimulator builds the in-memory state (CAs and certificates) without listening.
-// The clients are injected so that tests can use fake clientsets.
+// The clients are injected so that tests can use fake clientsets: workload maps each cluster
+// to its API server's client, and clusters given the same client share that server (one
+// informer and signer for all of them).
 func newSimulator(ctx context.Context, cfg *Config, mgmt kubernetes.Interface, workload map[string]kubernetes.Interface, logger *log.Logger) (*Simulator, error) {
 	s := &Simulator{
 		cfg:          cfg,
 		mgmt:         mgmt,
+		byName:       map[string]*cluster{},
+		nodeNames:    map[string]bool{},
+		tokens:       newTokenCache(cfg),
 		faults:       &faultStore{},
 		calls:        &callLog{},
 		log:          logger,
@@ -98,28 +113,76 @@ func newSimulator(ctx context.Context, cfg *Config, mgmt kubernetes.Interface, w
 		hookClient:            &http.Client{},
 	}
 	s.faults.onChange = s.reconcileListeners
+	servers := map[kubernetes.Interface]*apiServer{}
 	for _, cc := range cfg.Clusters {
 		ca, err := newAuthority(cc.Name)
 		if err != nil {
 			return nil, fmt.Errorf("cluster %s: CA: %w", cc.Name, err)
 		}
-		cl := &cluster{cfg: cc, ca: ca, client: workload[cc.Name], annotations: map[string]string{}}
+		client := workload[cc.Name]
+		if client == nil {
+			return nil, fmt.Errorf("cluster %s: no client", cc.Name)
+		}
+		cl := &cluster{cfg: cc, ca: ca, client: client, byName: map[string]*node{}, annotations: map[string]string{}}
 		for k, v := range cc.Annotations {
 			cl.annotations[k] = v
 		}
-		if cl.client == nil {
-			return nil, fmt.Errorf("cluster %s: no client", cc.Name)
-		}
 		for _, nc := range cc.Nodes {
 			n := &node{cfg: nc, cluster: cl}
-			if err := n.install(nc.InitialCertLifetimeSeconds); err != nil {
-				return nil, fmt.Errorf("node %s: %w", nc.Name, err)
-			}
 			cl.nodes = append(cl.nodes, n)
+			cl.byName[nc.Name] = n
+			s.nodeNames[nc.Name] = true
+		}
+		srv := servers[client]
+		if srv == nil {
+			srv = newAPIServer(cc.Kubeconfig, client)
+			servers[client] = srv
+			s.servers = append(s.servers, srv)
+		}
+		if err := srv.add(cl); err != nil {
+			return nil, err
 		}
 		s.clusters = append(s.clusters, cl)
+		s.byName[cc.Name] = cl
+	}
+	// The nodes' keys and certificates: ECDSA work, spread over the CPUs.
+	nodes := s.allNodes()
+	if err := parallel(len(nodes), func(i int) error {
+		n := nodes[i]
+		if err := n.install(n.cfg.InitialCertLifetimeSeconds); err != nil {
+			return fmt.Errorf("node %s: %w", n.cfg.Name, err)
+		}
+		return nil
+	}); err != nil {
+		return nil, err
 	}
 	return s, nil
+}
+
+// parallel runs f(0) … f(count-1) on GOMAXPROCS goroutines; a worker stops at its first error.
+func parallel(count int, f func(i int) error) error {
+	workers := min(runtime.GOMAXPROCS(0), count)
+	var next atomic.Int64
+	errs := make([]error, workers)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= count {
+					return
+				}
+				if err := f(i); err != nil {
+					errs[w] = err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // install gives the node a new k8sd identity and a fresh initial certificate (start and reinstall).
@@ -152,21 +215,18 @@ func (n *node) databaseExpiry() time.Time {
 }
 
 func (s *Simulator) findNode(clusterName, nodeName string) *node {
-	for _, cl := range s.clusters {
-		if cl.cfg.Name != clusterName {
-			continue
-		}
-		for _, n := range cl.nodes {
-			if n.cfg.Name == nodeName {
-				return n
-			}
-		}
+	if cl := s.byName[clusterName]; cl != nil {
+		return cl.byName[nodeName]
 	}
 	return nil
 }
 
 func (s *Simulator) allNodes() []*node {
-	var out []*node
+	total := 0
+	for _, cl := range s.clusters {
+		total += len(cl.nodes)
+	}
+	out := make([]*node, 0, total)
 	for _, cl := range s.clusters {
 		out = append(out, cl.nodes...)
 	}
@@ -200,13 +260,29 @@ func (s *Simulator) start() error {
 	s.control = &http.Server{Handler: s.controlHandler(), ErrorLog: s.log, ReadHeaderTimeout: 30 * time.Second}
 	s.serve(s.control, controlLn)
 
-	for _, n := range s.allNodes() {
-		kubelet, err := s.newKubeletListener(n, clientCAs)
+	nodes := s.allNodes()
+	// The kubelet certificates (files the harness wrote), parsed on every CPU; a file pair
+	// that several nodes name is read once.
+	kubeletCerts := make([]*tls.Certificate, len(nodes))
+	var certs sync.Map // "cert\x00key" -> func() (*tls.Certificate, error)
+	if err := parallel(len(nodes), func(i int) error {
+		n := nodes[i]
+		load, _ := certs.LoadOrStore(n.cfg.KubeletCert+"\x00"+n.cfg.KubeletKey, sync.OnceValues(func() (*tls.Certificate, error) {
+			cert, err := tls.LoadX509KeyPair(n.cfg.KubeletCert, n.cfg.KubeletKey)
+			return &cert, err
+		}))
+		cert, err := load.(func() (*tls.Certificate, error))()
 		if err != nil {
-			s.stop()
-			return err
+			return fmt.Errorf("node %s: kubelet certificate: %w", n.cfg.Name, err)
 		}
-		n.kubelet = kubelet
+		kubeletCerts[i] = cert
+		return nil
+	}); err != nil {
+		s.stop()
+		return err
+	}
+	for i, n := range nodes {
+		n.kubelet = s.newKubeletListener(n, kubeletCerts[i], clientCAs)
 		if err := n.kubelet.start(); err != nil {
 			s.stop()
 			return fmt.Errorf("node %s: kubelet listener: %w", n.cfg.Name, err)
@@ -217,13 +293,18 @@ func (s *Simulator) start() error {
 			return fmt.Errorf("node %s: k8sd listener: %w", n.cfg.Name, err)
 		}
 	}
-	for _, cl := range s.clusters {
+	for _, srv := range s.servers {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			s.runSigner(s.ctx, cl)
+			s.runServer(s.ctx, srv)
 		}()
 	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.tokens.run(s.ctx, s.mgmt, s.log)
+	}()
 	return nil
 }
 
@@ -248,15 +329,54 @@ func (s *Simulator) stop() {
 	}
 }
 
-func newClient(kubeconfig string) (kubernetes.Interface, error) {
+// restConfig reads a kubeconfig for one of nodesim's clients.
+func restConfig(kubeconfig string) (*rest.Config, error) {
 	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		return nil, fmt.Errorf("kubeconfig %s: %w", kubeconfig, err)
 	}
-	// Many nodes poll CSRs concurrently: client-side throttling would only add noise.
-	rc.QPS, rc.Burst = 100, 200
 	rc.UserAgent = "nodesim"
+	return rc, nil
+}
+
+func newClient(kubeconfig string) (kubernetes.Interface, error) {
+	rc, err := restConfig(kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	// Tokens are read from a watch cache; this client mostly reads what the cache misses.
+	rc.QPS, rc.Burst = 100, 200
 	return kubernetes.NewForConfig(rc)
+}
+
+// workloadClients makes one client per distinct workload API server (server URL): clusters
+// whose kubeconfigs name the same server share it, and so its informer and signer.
+func workloadClients(clusters []ClusterConfig) (map[string]kubernetes.Interface, error) {
+	byPath := map[string]kubernetes.Interface{}
+	byServer := map[string]kubernetes.Interface{}
+	out := map[string]kubernetes.Interface{}
+	for _, cc := range clusters {
+		client := byPath[cc.Kubeconfig]
+		if client == nil {
+			rc, err := restConfig(cc.Kubeconfig)
+			if err != nil {
+				return nil, err
+			}
+			key := strings.TrimSuffix(rc.Host, "/")
+			if client = byServer[key]; client == nil {
+				// The server's client carries every run, approve and signature of all its
+				// clusters (real k8sd has a client per cluster): no client-side throttling.
+				rc.QPS, rc.Burst = -1, 0
+				if client, err = kubernetes.NewForConfig(rc); err != nil {
+					return nil, err
+				}
+				byServer[key] = client
+			}
+			byPath[cc.Kubeconfig] = client
+		}
+		out[cc.Name] = client
+	}
+	return out, nil
 }
 
 func main() {
@@ -273,6 +393,7 @@ func run(configPath string, logger *log.Logger) error {
 	if configPath == "" {
 		return errors.New("--config is required")
 	}
+	began := time.Now()
 	cfg, err := loadConfig(configPath)
 	if err != nil {
 		return err
@@ -281,11 +402,9 @@ func run(configPath string, logger *log.Logger) error {
 	if err != nil {
 		return err
 	}
-	workload := map[string]kubernetes.Interface{}
-	for _, cc := range cfg.Clusters {
-		if workload[cc.Name], err = newClient(cc.Kubeconfig); err != nil {
-			return err
-		}
+	workload, err := workloadClients(cfg.Clusters)
+	if err != nil {
+		return err
 	}
 
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -294,11 +413,14 @@ func run(configPath string, logger *log.Logger) error {
 	if err != nil {
 		return err
 	}
+	built := time.Since(began)
 	if err := s.start(); err != nil {
 		return err
 	}
 	fmt.Fprintln(os.Stdout, "READY")
-	logger.Printf("serving %d cluster(s), %d node(s); control API on %s", len(s.clusters), len(s.allNodes()), cfg.Control)
+	logger.Printf("serving %d cluster(s) on %d API server(s), %d node(s); control API on %s; ready after %s (state %s, listeners %s)",
+		len(s.clusters), len(s.servers), len(s.allNodes()), cfg.Control, time.Since(began).Round(time.Millisecond),
+		built.Round(time.Millisecond), (time.Since(began) - built).Round(time.Millisecond))
 
 	<-ctx.Done()
 	logger.Printf("shutting down")

@@ -8,13 +8,12 @@ import (
 	certv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/retry"
 )
 
 // The signer plays k8s-snap's csrsigning controller, which runs on the control plane:
-// without kube-controller-manager nothing else would ever sign the k8sd.io/* CSRs.
+// without kube-controller-manager nothing else would ever sign the k8sd.io/* CSRs. One runs
+// per distinct API server (server.go) and handles each CSR for the cluster it belongs to.
 
 const k8sdSignerPrefix = "k8sd.io/"
 
@@ -44,31 +43,6 @@ func undecided(csr *certv1.CertificateSigningRequest) bool {
 	return !conditionTrue(csr, certv1.CertificateApproved) &&
 		!conditionTrue(csr, certv1.CertificateDenied) &&
 		!conditionTrue(csr, certv1.CertificateFailed)
-}
-
-// runSigner watches the cluster's CSRs until ctx ends.
-func (s *Simulator) runSigner(ctx context.Context, cl *cluster) {
-	factory := informers.NewSharedInformerFactory(cl.client, signerResync)
-	inf := factory.Certificates().V1().CertificateSigningRequests().Informer()
-	handle := func(obj any) {
-		csr, ok := obj.(*certv1.CertificateSigningRequest)
-		if !ok || !strings.HasPrefix(csr.Spec.SignerName, k8sdSignerPrefix) {
-			return
-		}
-		if needsSigning(csr) || (undecided(csr) && cl.autoApprove()) {
-			s.reconcileCSR(ctx, cl, csr.Name)
-		}
-	}
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    handle,
-		UpdateFunc: func(_, obj any) { handle(obj) },
-	}); err != nil {
-		s.log.Printf("signer %s: %v", cl.cfg.Name, err)
-		return
-	}
-	factory.Start(ctx.Done())
-	<-ctx.Done()
-	factory.Shutdown()
 }
 
 // reconcileCSR handles one CSR as k8sd's csrsigning controller does: with auto-approve on,

@@ -282,6 +282,8 @@ pub struct AuditEvent {
     pub stage: String,
     #[serde(default)]
     pub request_received_timestamp: Option<String>,
+    #[serde(default, rename = "requestURI")]
+    pub request_uri: String,
 }
 
 #[derive(Clone, Debug, serde::Deserialize)]

@@ -12,6 +12,7 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 use serde_json::json;
 
+use super::alive;
 use super::probe::{AuditTail, Memory, ProcessProbe, Requests};
 use crate::controller::{NAMESPACE, SERVICE_ACCOUNT};
 use crate::process::Process;
@@ -148,7 +149,7 @@ pub async fn measure(
     let mut cpu_before_idle = 0.0;
     for (window, end) in [(0, startup), (1, startup + idle)] {
         while started.elapsed() < end {
-            process.check_running()?;
+            alive(&mut process)?;
             let connections = probe.connections_to(port);
             let max = match window {
                 0 => &mut figures.startup_connections_max,

@@ -222,7 +222,7 @@ async fn first_start(
     let quiet = jiff::SignedDuration::from_secs(10);
     loop {
         tokio::time::sleep(Duration::from_secs(2)).await;
-        process.check_running()?;
+        alive(&mut process)?;
         audit.refresh();
         let now = jiff::Timestamp::now();
         let recent = audit.requests(&contender.user, now - quiet, now).writes;
@@ -249,7 +249,7 @@ async fn wait_for_log(
 ) -> Result<(), crate::Error> {
     let deadline = std::time::Instant::now() + Duration::from_secs(300);
     loop {
-        process.check_running()?;
+        alive(process)?;
         if std::fs::read_to_string(&process.log).is_ok_and(|log| log.contains(marker)) {
             return Ok(());
         }
@@ -286,4 +286,12 @@ fn machine_description() -> String {
         "{cpus} × {model}, {:.0} GiB",
         memory as f64 / 1024.0 / 1024.0
     )
+}
+
+/// Whether a contender still runs; if not, the error carries its last log lines (the
+/// environment's folder, and so its log, goes away with the run).
+fn alive(process: &mut crate::process::Process) -> Result<(), crate::Error> {
+    process
+        .check_running()
+        .map_err(|e| crate::Error::Setup(format!("{e}:\n{}", process.log_tail(40))))
 }

@@ -155,17 +155,18 @@ impl AuditTail {
                     "" => o.resource.clone(),
                     sub => format!("{}/{sub}", o.resource),
                 })
-                .unwrap_or_default();
+                // A non-resource request (discovery, /version): its path.
+                .unwrap_or_else(|| event.request_uri.clone());
+            if resource == "leases" {
+                requests.leases += 1;
+                continue;
+            }
             *requests
                 .by_kind
                 .entry(format!("{} {resource}", event.verb))
                 .or_default() += 1;
-            if resource == "leases" {
-                requests.leases += 1;
-            } else {
-                requests.other += 1;
-                requests.writes += usize::from(event.is_write());
-            }
+            requests.other += 1;
+            requests.writes += usize::from(event.is_write());
         }
         requests
     }
@@ -180,7 +181,7 @@ pub struct Requests {
     pub other: usize,
     /// Writes among `other`.
     pub writes: usize,
-    /// `<verb> <resource>` → count.
+    /// `<verb> <resource>` → count, Leases excluded.
     pub by_kind: BTreeMap<String, usize>,
 }
 
