@@ -2,8 +2,8 @@
 //! the API server serves it (CAPI ≥ v1.11) and as v1beta1 otherwise (CAPI v1.9, v1.10).
 
 use ck8s_certs_api::capi::{GROUP, VERSIONS};
+use ck8s_certs_api::machine::CapiVersion;
 use kube::Client;
-use kube::discovery::ApiResource;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DiscoveryError {
@@ -17,7 +17,7 @@ pub enum DiscoveryError {
 }
 
 /// Finds the preferred served Machine version.
-pub async fn discover(client: &Client) -> Result<ApiResource, DiscoveryError> {
+pub async fn discover(client: &Client) -> Result<CapiVersion, DiscoveryError> {
     let group = match kube::discovery::group(client, GROUP).await {
         Ok(group) => group,
         Err(kube::Error::Api(status)) if status.code == 404 => {
@@ -31,8 +31,9 @@ pub async fn discover(client: &Client) -> Result<ApiResource, DiscoveryError> {
             group
                 .versioned_resources(version)
                 .into_iter()
-                .find(|(resource, _)| resource.kind == "Machine")
-                .map(|(resource, _)| resource)
+                .any(|(resource, _)| resource.kind == "Machine")
+                .then_some(*version)
         })
+        .and_then(CapiVersion::from_version)
         .ok_or(DiscoveryError::NoMachineApi)
 }

@@ -78,7 +78,7 @@ pub async fn run(args: cli::Args) -> Result<(), Error> {
     let machines = capi::discover(&client).await?;
     tracing::info!(
         kubernetes = %version.git_version,
-        machine_api = %machines.api_version,
+        machine_api = %format!("{}/{}", ck8s_certs_api::capi::GROUP, machines.as_str()),
         namespace = args.namespace.as_deref().unwrap_or("<all>"),
         "Connected to the management cluster"
     );

@@ -26,7 +26,7 @@ use ck8s_certs_api::capi::{
     CONTROL_PLANE_LABEL, WATCH_FILTER_LABEL,
 };
 use ck8s_certs_api::k8sd::DEFAULT_MICROCLUSTER_PORT;
-use ck8s_certs_api::machine::{ClusterView, MachineView};
+use ck8s_certs_api::machine::{CapiVersion, Cluster, ClusterView, Machine, MachineView};
 use ck8s_certs_api::machine_certificates::{
     MachineCertificates, MachineCertificatesSpec, MachineCertificatesStatus, Operation, Origin,
     Phase, RenewalStatus, Role,
@@ -152,8 +152,8 @@ impl Locks {
 /// Everything the reconciler touches.
 pub struct Context {
     pub client: Client,
-    pub machine_resource: ApiResource,
-    pub cluster_resource: ApiResource,
+    /// The Cluster API version Machines and Clusters are read in.
+    pub capi: CapiVersion,
     pub workload: workload::Clients,
     /// The watch caches (Machines, Clusters, MachineCertificates, policies).
     pub stores: super::Stores,
@@ -192,13 +192,13 @@ impl Error {
 }
 
 /// Requeue on errors: short for API hiccups (nothing is lost: state is in the objects).
-pub fn error_policy(_machine: Arc<DynamicObject>, error: &Error, _ctx: Arc<Context>) -> Action {
+pub fn error_policy(_machine: Arc<Machine>, error: &Error, _ctx: Arc<Context>) -> Action {
     warn!(error = %error, category = error.category(), "Reconcile failed");
     Action::requeue(Duration::from_secs(15))
 }
 
-pub async fn reconcile(machine: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let view = MachineView::from_dynamic(&machine);
+pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let view = MachineView::of(&machine);
     if !view.is_ck8s() || ctx.stop.is_cancelled() {
         return Ok(Action::await_change());
     }
@@ -247,7 +247,7 @@ enum Mode {
 
 struct Reconciler<'a> {
     ctx: &'a Context,
-    machine: &'a DynamicObject,
+    machine: &'a Machine,
     view: MachineView,
     mode: Mode,
 }
@@ -277,11 +277,11 @@ impl Reconciler<'_> {
         Api::namespaced(self.ctx.client.clone(), &self.view.namespace)
     }
 
-    fn machines(&self) -> Api<DynamicObject> {
+    fn machines(&self) -> Api<Machine> {
         Api::namespaced_with(
             self.ctx.client.clone(),
             &self.view.namespace,
-            &self.ctx.machine_resource,
+            &self.ctx.capi,
         )
     }
 
@@ -294,14 +294,14 @@ impl Reconciler<'_> {
             &self.view.name,
         )?;
         let cluster = self.view.cluster.as_deref().and_then(|name| {
-            super::stores::get_dynamic(
+            super::stores::get_capi(
                 &self.ctx.stores.clusters,
-                &self.ctx.cluster_resource,
+                self.ctx.capi,
                 &self.view.namespace,
                 name,
             )
         });
-        let cluster = cluster.map(|c| ClusterView::from_dynamic(&c));
+        let cluster = cluster.map(|c| ClusterView::of(&c));
         let status = mc.status.clone();
         let step = decide(&self.view, cluster.as_ref(), status.as_ref());
         if !matches!(
@@ -430,15 +430,12 @@ impl Reconciler<'_> {
         let Some(name) = self.view.cluster.as_deref() else {
             return Ok(None);
         };
-        let api: Api<DynamicObject> = Api::namespaced_with(
+        let api: Api<Cluster> = Api::namespaced_with(
             self.ctx.client.clone(),
             &self.view.namespace,
-            &self.ctx.cluster_resource,
+            &self.ctx.capi,
         );
-        Ok(api
-            .get_opt(name)
-            .await?
-            .map(|c| ClusterView::from_dynamic(&c)))
+        Ok(api.get_opt(name).await?.map(|c| ClusterView::of(&c)))
     }
 
     /// The Machine's MachineCertificates, created (owned by the Machine) when missing.
@@ -468,7 +465,7 @@ impl Reconciler<'_> {
             });
         mc.metadata.labels = Some(labels.collect());
         mc.metadata.owner_references = Some(vec![OwnerReference {
-            api_version: self.ctx.machine_resource.api_version.clone(),
+            api_version: Machine::api_version(&self.ctx.capi).into_owned(),
             kind: "Machine".into(),
             name: self.view.name.clone(),
             uid: self.view.uid.clone().unwrap_or_default(),
@@ -579,7 +576,7 @@ impl Reconciler<'_> {
             warn!(reason, "An Event from cached state was not published");
             return;
         }
-        let reference = self.machine.object_ref(&self.ctx.machine_resource);
+        let reference = self.machine.object_ref(&self.ctx.capi);
         let event = Event {
             type_,
             reason: reason.to_owned(),
@@ -645,17 +642,7 @@ impl Reconciler<'_> {
 
     /// The field manager that last set the trigger annotation, e.g. `kubectl-annotate`.
     fn requested_by(&self) -> Option<String> {
-        self.machine
-            .metadata
-            .managed_fields
-            .as_ref()?
-            .iter()
-            .find_map(|entry| {
-                let fields = entry.fields_v1.as_ref()?;
-                let key = format!("f:{REFRESH_CERTIFICATES}");
-                fields.0.pointer("/f:metadata/f:annotations")?.get(&key)?;
-                entry.manager.clone()
-            })
+        self.machine.trigger_manager.clone()
     }
 
     async fn start(
@@ -980,7 +967,7 @@ impl Reconciler<'_> {
     async fn control_planes_first(&self) {
         let pending = || {
             self.ctx.stores.machines.state().iter().any(|m| {
-                let other = MachineView::from_dynamic(m);
+                let other = MachineView::of(m);
                 other.control_plane
                     && other.name != self.view.name
                     && other.namespace == self.view.namespace
@@ -1399,7 +1386,7 @@ impl Reconciler<'_> {
         let mut candidates: Vec<MachineView> = listed
             .items
             .iter()
-            .map(MachineView::from_dynamic)
+            .map(MachineView::of)
             .filter(|m| m.node_name.is_some() && !m.deleting)
             .collect();
         candidates.sort_by(|a, b| a.name.cmp(&b.name));

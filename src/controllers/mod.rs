@@ -10,12 +10,12 @@ pub mod stores;
 
 use std::sync::Arc;
 
-use ck8s_certs_api::capi::{CLUSTER_NAME_LABEL, GROUP, WATCH_FILTER_LABEL};
+use ck8s_certs_api::capi::{CLUSTER_NAME_LABEL, WATCH_FILTER_LABEL};
+use ck8s_certs_api::machine::{CapiVersion, Cluster, Machine};
 use ck8s_certs_api::machine_certificates::MachineCertificates;
 use ck8s_certs_api::renewal_policy::CertificateRenewalPolicy;
 use futures::StreamExt;
 use kube::api::{ApiResource, DynamicObject};
-use kube::core::GroupVersionKind;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, controller, watcher};
@@ -32,8 +32,8 @@ use stores::SharedWatch;
 /// The watch caches the reconcilers read (see [`stores`]).
 #[derive(Clone)]
 pub struct Stores {
-    pub machines: Store<DynamicObject>,
-    pub clusters: Store<DynamicObject>,
+    pub machines: Store<Machine>,
+    pub clusters: Store<Cluster>,
     pub certificates: Store<MachineCertificates>,
     pub policies: Store<DynamicObject>,
 }
@@ -51,47 +51,39 @@ impl Stores {
 /// Runs the Machine controller until its stream ends.
 pub async fn run(
     client: Client,
-    machine_resource: ApiResource,
+    capi: CapiVersion,
     args: &Args,
     renewal: crate::policy::spec::Settings,
     metrics: Arc<crate::metrics::Metrics>,
     health: Health,
     stop: CancellationToken,
 ) {
-    let cluster_resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
-        GROUP,
-        &machine_resource.version,
-        "Cluster",
-    ));
-    let (machines, clusters, owned): (
-        Api<DynamicObject>,
-        Api<DynamicObject>,
-        Api<MachineCertificates>,
-    ) = match &args.namespace {
-        Some(ns) => (
-            Api::namespaced_with(client.clone(), ns, &machine_resource),
-            Api::namespaced_with(client.clone(), ns, &cluster_resource),
-            Api::namespaced(client.clone(), ns),
-        ),
-        None => (
-            Api::all_with(client.clone(), &machine_resource),
-            Api::all_with(client.clone(), &cluster_resource),
-            Api::all(client.clone()),
-        ),
-    };
+    let (machines, clusters, owned): (Api<Machine>, Api<Cluster>, Api<MachineCertificates>) =
+        match &args.namespace {
+            Some(ns) => (
+                Api::namespaced_with(client.clone(), ns, &capi),
+                Api::namespaced_with(client.clone(), ns, &capi),
+                Api::namespaced(client.clone(), ns),
+            ),
+            None => (
+                Api::all_with(client.clone(), &capi),
+                Api::all_with(client.clone(), &capi),
+                Api::all(client.clone()),
+            ),
+        };
     let mut filtered = watcher::Config::default();
     if let Some(filter) = &args.watch_filter {
         filtered = filtered.labels(&format!("{WATCH_FILTER_LABEL}={filter}"));
     }
     // One watch per kind (and selector), shared by both controllers.
-    let mut machine_watch = SharedWatch::<DynamicObject>::with(machine_resource.clone());
+    let mut machine_watch = SharedWatch::<Machine>::with(capi);
     // The policy controller reports on every Machine of a namespace, whatever the shard: with a
     // watch filter it needs a second, unfiltered Machine watch.
     let mut all_machines_watch = args
         .watch_filter
         .as_ref()
-        .map(|_| SharedWatch::<DynamicObject>::with(machine_resource.clone()));
-    let mut cluster_watch = SharedWatch::<DynamicObject>::with(cluster_resource.clone());
+        .map(|_| SharedWatch::<Machine>::with(capi));
+    let mut cluster_watch = SharedWatch::<Cluster>::with(capi);
     let mut certificate_watch = SharedWatch::<MachineCertificates>::new();
     let policy_resource = ApiResource::erase::<CertificateRenewalPolicy>(&());
     let mut policy_watch = SharedWatch::<DynamicObject>::with(policy_resource.clone());
@@ -115,14 +107,14 @@ pub async fn run(
         .as_ref()
         .map_or_else(|| stores.machines.clone(), |all| all.store.clone());
     let watches = futures::future::join5(
-        machine_watch.run(machines.clone(), filtered.clone(), stores::trim_machine),
+        machine_watch.run(machines.clone(), filtered.clone(), stores::keep),
         async move {
             if let Some(all) = all_machines_watch {
-                all.run(machines, watcher::Config::default(), stores::trim_machine)
+                all.run(machines, watcher::Config::default(), stores::keep)
                     .await;
             }
         },
-        cluster_watch.run(clusters, watcher::Config::default(), stores::trim_cluster),
+        cluster_watch.run(clusters, watcher::Config::default(), stores::keep),
         certificate_watch.run(owned, filtered, stores::trim_certificates),
         policy_watch.run(
             policies_api(&client, args),
@@ -144,8 +136,7 @@ pub async fn run(
     };
     let ctx = Arc::new(machine::Context {
         client: client.clone(),
-        machine_resource: machine_resource.clone(),
-        cluster_resource: cluster_resource.clone(),
+        capi,
         workload: crate::workload::Clients::new(client.clone()),
         stores: stores.clone(),
         recorder: Recorder::new(
@@ -178,21 +169,19 @@ pub async fn run(
     });
     // A policy change re-checks every Machine of its namespace.
     let machines_seen = stores.machines.clone();
-    let policy_machine_resource = machine_resource.clone();
     let machines_of_namespace = move |policy: DynamicObject| {
         let namespace = policy.namespace();
         machines_seen
             .state()
             .into_iter()
             .filter(|m| m.namespace() == namespace)
-            .map(|m| ObjectRef::from_obj_with(m.as_ref(), policy_machine_resource.clone()))
+            .map(|m| ObjectRef::from_obj_with(m.as_ref(), capi))
             .collect::<Vec<_>>()
     };
     // A Cluster change (paused, endpoint) re-checks its Machines.
     let machines_of_cluster = {
         let store = stores.machines.clone();
-        let machine_resource = machine_resource.clone();
-        move |cluster: DynamicObject| {
+        move |cluster: Cluster| {
             let (namespace, name) = (cluster.namespace(), cluster.name_any());
             store
                 .state()
@@ -200,38 +189,41 @@ pub async fn run(
                 .filter(|m| {
                     m.namespace() == namespace && m.labels().get(CLUSTER_NAME_LABEL) == Some(&name)
                 })
-                .map(|m| ObjectRef::from_obj_with(m.as_ref(), machine_resource.clone()))
+                .map(|m| ObjectRef::from_obj_with(m.as_ref(), capi))
                 .collect::<Vec<_>>()
         }
     };
-    let machine_controller = Controller::for_stream_with(
-        machine_events,
-        stores.machines.clone(),
-        machine_resource.clone(),
-    )
-    .with_config(controller::Config::default().concurrency(args.concurrent_reconciles))
-    .graceful_shutdown_on(stop.clone().cancelled_owned())
-    .owns_stream(certificate_events)
-    .watches_stream_with(cluster_events, machines_of_cluster, cluster_resource)
-    .watches_stream_with(
-        policy_events,
-        machines_of_namespace,
-        policy_resource.clone(),
-    )
-    .run(machine::reconcile, machine::error_policy, ctx)
-    .enumerate()
-    .for_each(|(count, result)| async move {
-        if count == 0 {
-            // Start-up time, for operators and `make bench`.
-            tracing::info!("First Machine reconciled");
-        }
-        if let Err(err) = result {
-            tracing::debug!(error = %err, "Reconcile error");
-        }
-    });
+    // A MachineCertificates belongs to the Machine of the same name (its owner; the cache keeps
+    // no owner references).
+    let machine_of_certificates = move |certificates: MachineCertificates| {
+        let namespace = certificates.namespace().unwrap_or_default();
+        Some(ObjectRef::new_with(&certificates.name_any(), capi).within(&namespace))
+    };
+    let machine_controller =
+        Controller::for_stream_with(machine_events, stores.machines.clone(), capi)
+            .with_config(controller::Config::default().concurrency(args.concurrent_reconciles))
+            .graceful_shutdown_on(stop.clone().cancelled_owned())
+            .watches_stream_with(certificate_events, machine_of_certificates, ())
+            .watches_stream_with(cluster_events, machines_of_cluster, capi)
+            .watches_stream_with(
+                policy_events,
+                machines_of_namespace,
+                policy_resource.clone(),
+            )
+            .run(machine::reconcile, machine::error_policy, ctx)
+            .enumerate()
+            .for_each(|(count, result)| async move {
+                if count == 0 {
+                    // Start-up time, for operators and `make bench`.
+                    tracing::info!("First Machine reconciled");
+                }
+                if let Err(err) = result {
+                    tracing::debug!(error = %err, "Reconcile error");
+                }
+            });
     let policy_controller = policy_controller(
         &client,
-        &machine_resource,
+        capi,
         PolicyFeeds {
             policies: policy_policy_events,
             siblings: policy_sibling_events,
@@ -287,27 +279,25 @@ struct PolicyFeeds<P, M> {
     stores: Stores,
     /// Every Machine (not limited by --watch-filter: a policy's verdict depends on all Machines
     /// of its namespace).
-    machines_of_namespaces: Store<DynamicObject>,
+    machines_of_namespaces: Store<Machine>,
 }
 
 /// Reports on every CertificateRenewalPolicy. A Machine or policy change re-checks the policies
 /// of that namespace.
 fn policy_controller<P, M>(
     client: &Client,
-    machine_resource: &ApiResource,
+    capi: CapiVersion,
     feeds: PolicyFeeds<P, M>,
     stop: CancellationToken,
 ) -> impl std::future::Future<Output = ()> + use<P, M>
 where
     P: futures::Stream<Item = Result<DynamicObject, watcher::Error>> + Send + 'static,
-    M: futures::Stream<Item = Result<DynamicObject, watcher::Error>> + Send + 'static,
+    M: futures::Stream<Item = Result<Machine, watcher::Error>> + Send + 'static,
 {
     let resource = ApiResource::erase::<CertificateRenewalPolicy>(&());
-    let store = feeds.stores.policies.clone();
-    let in_namespace = {
-        let resource = resource.clone();
-        move |object: DynamicObject| {
-            let namespace = object.namespace();
+    let policies_of_namespace = {
+        let (store, resource) = (feeds.stores.policies.clone(), resource.clone());
+        move |namespace: Option<String>| {
             store
                 .state()
                 .into_iter()
@@ -316,21 +306,21 @@ where
                 .collect::<Vec<_>>()
         }
     };
+    let of_machine = {
+        let policies_of_namespace = policies_of_namespace.clone();
+        move |machine: Machine| policies_of_namespace(machine.namespace())
+    };
+    let of_sibling = move |policy: DynamicObject| policies_of_namespace(policy.namespace());
     let ctx = Arc::new(policy::Context {
         client: client.clone(),
-        machine_resource: machine_resource.clone(),
         machines: feeds.machines_of_namespaces,
         clusters: feeds.stores.clusters.clone(),
         policies: feeds.stores.policies.clone(),
     });
     Controller::for_stream_with(feeds.policies, feeds.stores.policies, resource.clone())
         .graceful_shutdown_on(stop.cancelled_owned())
-        .watches_stream_with(
-            feeds.machines,
-            in_namespace.clone(),
-            machine_resource.clone(),
-        )
-        .watches_stream_with(feeds.siblings, in_namespace, resource.clone())
+        .watches_stream_with(feeds.machines, of_machine, capi)
+        .watches_stream_with(feeds.siblings, of_sibling, resource.clone())
         .run(policy::reconcile, policy::error_policy, ctx)
         .for_each(|result| async move {
             if let Err(err) = result {

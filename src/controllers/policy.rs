@@ -7,12 +7,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ck8s_certs_api::machine::{ClusterView, MachineView};
+use ck8s_certs_api::machine::{Cluster, ClusterView, Machine, MachineView};
 use ck8s_certs_api::renewal_policy::{
     CertificateRenewalPolicy, CertificateRenewalPolicyStatus, conditions, reasons,
 };
 use jiff::Timestamp;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::Store;
@@ -25,10 +25,9 @@ const MANAGER: &str = "ck8s-certs-policy";
 
 pub struct Context {
     pub client: Client,
-    pub machine_resource: ApiResource,
     /// Every Machine, Cluster and policy (watch caches).
-    pub machines: Store<DynamicObject>,
-    pub clusters: Store<DynamicObject>,
+    pub machines: Store<Machine>,
+    pub clusters: Store<Cluster>,
     pub policies: Store<DynamicObject>,
 }
 
@@ -90,19 +89,19 @@ pub async fn reconcile(
     let mut matched = Vec::new();
     let mut conflicts: BTreeMap<String, Vec<String>> = BTreeMap::new();
     if let Some(selector) = &selector {
-        let in_namespace = |o: &Arc<DynamicObject>| o.namespace().as_deref() == Some(&namespace);
+        let in_namespace = |o: &ObjectMeta| o.namespace.as_deref() == Some(&namespace);
         let cluster_labels: BTreeMap<String, BTreeMap<String, String>> = ctx
             .clusters
             .state()
             .iter()
-            .filter(|c| in_namespace(c))
-            .map(|c| (c.name_any(), ClusterView::from_dynamic(c).labels))
+            .filter(|c| in_namespace(c.meta()))
+            .map(|c| (c.name_any(), ClusterView::of(c).labels))
             .collect();
         let others: Vec<(String, spec::MachineSelector)> = ctx
             .policies
             .state()
             .iter()
-            .filter(|p| in_namespace(p))
+            .filter(|p| in_namespace(p.meta()))
             .filter(|p| p.name_any() != name)
             .filter_map(|p| Some((p.name_any(), selector_of(p)?)))
             .collect();
@@ -110,8 +109,8 @@ pub async fn reconcile(
             .machines
             .state()
             .iter()
-            .filter(|m| in_namespace(m))
-            .map(|m| MachineView::from_dynamic(m))
+            .filter(|m| in_namespace(m.meta()))
+            .map(|m| MachineView::of(m))
             .collect();
         machines.sort_by(|a, b| a.name.cmp(&b.name));
         for machine in machines {

@@ -1,25 +1,23 @@
 //! The watch caches the controllers read from: one watch per kind (and label selector), shared
 //! by every controller that needs the kind, trimmed to what the controllers read.
 //!
-//! Reconcilers read Clusters, MachineCertificates and policies here instead of asking the API
-//! server, so a Machine whose situation does not change costs no request at all. What is
-//! dropped: `managedFields` (all but who set the refresh trigger, which the Machine reconciler
-//! reports), `kubectl.kubernetes.io/last-applied-configuration`, and the parts of Machine and
-//! Cluster specs and statuses that `ck8s_certs_api::machine` never reads.
+//! Reconcilers read Machines, Clusters, MachineCertificates and policies here instead of asking
+//! the API server, so a Machine whose situation does not change costs no request at all.
+//! Machines and Clusters are cached as the compact kinds of `ck8s_certs_api::machine` (decoded
+//! straight into the few fields the controllers read); of MachineCertificates and policies,
+//! `managedFields` and `kubectl.kubernetes.io/last-applied-configuration` are dropped.
 
 use std::future::Future;
 
-use ck8s_certs_api::annotations::REFRESH_CERTIFICATES;
+use ck8s_certs_api::machine::CapiVersion;
 use ck8s_certs_api::machine_certificates::MachineCertificates;
 use futures::{Stream, StreamExt};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
-use kube::api::{ApiResource, DynamicObject};
+use kube::api::DynamicObject;
 use kube::core::ObjectMeta;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource};
-use serde_json::{Map, Value, json};
 
 /// Changed objects a subscriber may fall behind by before the watch waits for it.
 const BUFFER: usize = 1024;
@@ -114,14 +112,17 @@ where
     }
 }
 
-/// Looks up `namespace/name` in a cache of dynamic objects.
-pub fn get_dynamic(
-    store: &Store<DynamicObject>,
-    resource: &ApiResource,
+/// Looks up `namespace/name` in a cache of a Cluster API kind.
+pub fn get_capi<K>(
+    store: &Store<K>,
+    version: CapiVersion,
     namespace: &str,
     name: &str,
-) -> Option<std::sync::Arc<DynamicObject>> {
-    store.get(&ObjectRef::new_with(name, resource.clone()).within(namespace))
+) -> Option<std::sync::Arc<K>>
+where
+    K: Resource<DynamicType = CapiVersion> + Clone + 'static,
+{
+    store.get(&ObjectRef::new_with(name, version).within(namespace))
 }
 
 /// Looks up `namespace/name` in a cache of a static kind.
@@ -137,78 +138,22 @@ fn trim_metadata(meta: &mut ObjectMeta) {
     if let Some(annotations) = meta.annotations.as_mut() {
         annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
     }
-    // Who set the refresh trigger is reported on the refresh; nothing else of managedFields is
-    // read. Kept as the bare manager entry that owns the trigger.
-    let key = format!("f:{REFRESH_CERTIFICATES}");
-    let owner = meta.managed_fields.take().and_then(|entries| {
-        entries.into_iter().find(|entry| {
-            entry.fields_v1.as_ref().is_some_and(|f| {
-                f.0.pointer("/f:metadata/f:annotations")
-                    .and_then(|a| a.get(&key))
-                    .is_some()
-            })
-        })
-    });
-    meta.managed_fields = owner.map(|entry| {
-        vec![ManagedFieldsEntry {
-            manager: entry.manager,
-            operation: entry.operation,
-            fields_v1: Some(FieldsV1(
-                json!({ "f:metadata": { "f:annotations": { key: {} } } }),
-            )),
-            ..ManagedFieldsEntry::default()
-        }]
-    });
+    meta.managed_fields = None;
 }
 
-/// Keeps only the listed JSON pointers of `data` (whole subtrees).
-fn keep_only(data: &mut Value, pointers: &[&str]) {
-    let mut kept = Value::Object(Map::new());
-    for pointer in pointers {
-        let Some(value) = data.pointer(pointer) else {
-            continue;
-        };
-        let value = value.clone();
-        let mut node = &mut kept;
-        let parts: Vec<&str> = pointer.split('/').skip(1).collect();
-        for (i, part) in parts.iter().enumerate() {
-            let Value::Object(map) = node else { break };
-            if i + 1 == parts.len() {
-                map.insert((*part).to_owned(), value.clone());
-                break;
-            }
-            node = map
-                .entry((*part).to_owned())
-                .or_insert_with(|| Value::Object(Map::new()));
-        }
-    }
-    *data = kept;
-}
+/// Nothing to trim: the kind is decoded compactly.
+pub fn keep<K>(_: &mut K) {}
 
-/// A Machine as `MachineView` reads it.
-pub fn trim_machine(machine: &mut DynamicObject) {
-    trim_metadata(&mut machine.metadata);
-    keep_only(
-        &mut machine.data,
-        &[
-            "/spec/clusterName",
-            "/spec/bootstrap/configRef",
-            "/status/nodeRef",
-        ],
-    );
-}
-
-/// A Cluster as `ClusterView` reads it.
-pub fn trim_cluster(cluster: &mut DynamicObject) {
-    trim_metadata(&mut cluster.metadata);
-    keep_only(
-        &mut cluster.data,
-        &["/spec/paused", "/spec/controlPlaneEndpoint"],
-    );
-}
-
+/// The controllers read a MachineCertificates' identity, labels and status (writes are
+/// server-side applies of the status), and find its Machine by name, not by owner reference.
 pub fn trim_certificates(certificates: &mut MachineCertificates) {
-    trim_metadata(&mut certificates.metadata);
+    let meta = &mut certificates.metadata;
+    trim_metadata(meta);
+    meta.owner_references = None;
+    meta.annotations = None;
+    meta.finalizers = None;
+    meta.creation_timestamp = None;
+    meta.generation = None;
 }
 
 pub fn trim_policy(policy: &mut DynamicObject) {
@@ -218,97 +163,25 @@ pub fn trim_policy(policy: &mut DynamicObject) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ck8s_certs_api::machine::{ClusterView, MachineView};
-
-    fn dynamic(value: Value) -> DynamicObject {
-        serde_json::from_value(value).expect("object")
-    }
+    use kube::api::DynamicObject;
+    use serde_json::json;
 
     #[test]
-    fn a_trimmed_machine_reads_the_same() {
-        let full = dynamic(json!({
-            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
-            "metadata": {
-                "name": "m", "namespace": "ns", "uid": "u", "resourceVersion": "7",
-                "labels": { "cluster.x-k8s.io/cluster-name": "c", "cluster.x-k8s.io/control-plane": "" },
-                "annotations": {
-                    "kubectl.kubernetes.io/last-applied-configuration": "{…}",
-                    REFRESH_CERTIFICATES: "1y"
-                },
-                "managedFields": [
-                    { "manager": "capi", "operation": "Update", "fieldsType": "FieldsV1",
-                      "fieldsV1": { "f:spec": { "f:version": {} } } },
-                    { "manager": "kubectl-annotate", "operation": "Update", "fieldsType": "FieldsV1",
-                      "fieldsV1": { "f:metadata": { "f:annotations": { "f:v1beta2.k8sd.io/refresh-certificates": {}, "f:other": {} } } } }
-                ]
-            },
-            "spec": {
-                "clusterName": "c", "version": "v1.34.4",
-                "bootstrap": { "configRef": { "apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "CK8sConfig", "name": "cfg" }, "dataSecretName": "s" },
-                "infrastructureRef": { "kind": "DockerMachine", "name": "m" }
-            },
-            "status": { "nodeRef": { "name": "n1" }, "phase": "Running", "addresses": [{ "type": "InternalIP", "address": "10.0.0.1" }] }
-        }));
-        let mut trimmed = full.clone();
-        trim_machine(&mut trimmed);
-        let mut expected = MachineView::from_dynamic(&full);
-        expected
-            .annotations
-            .remove("kubectl.kubernetes.io/last-applied-configuration");
-        assert_eq!(MachineView::from_dynamic(&trimmed), expected);
+    fn trimmed_metadata_drops_managed_fields_and_the_last_applied_configuration() {
+        let mut policy: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "certificates.ck8s.io/v1alpha1", "kind": "CertificateRenewalPolicy",
+            "metadata": { "name": "p", "namespace": "ns",
+                "annotations": { "kubectl.kubernetes.io/last-applied-configuration": "{…}", "keep": "me" },
+                "managedFields": [{ "manager": "kubectl", "operation": "Apply", "fieldsV1": { "f:spec": {} } }] },
+            "spec": { "policy": "Automatic" }
+        }))
+        .expect("object");
+        trim_policy(&mut policy);
+        assert_eq!(policy.metadata.managed_fields, None);
         assert_eq!(
-            trimmed.data,
-            json!({
-                "spec": { "clusterName": "c", "bootstrap": { "configRef": { "apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "CK8sConfig", "name": "cfg" } } },
-                "status": { "nodeRef": { "name": "n1" } }
-            })
+            policy.metadata.annotations,
+            Some([("keep".to_owned(), "me".to_owned())].into())
         );
-        let managed = trimmed
-            .metadata
-            .managed_fields
-            .expect("the trigger's owner");
-        assert_eq!(managed.len(), 1);
-        assert_eq!(managed[0].manager.as_deref(), Some("kubectl-annotate"));
-        assert_eq!(trimmed.metadata.resource_version.as_deref(), Some("7"));
-    }
-
-    #[test]
-    fn a_machine_nobody_annotated_keeps_no_managed_fields() {
-        let mut machine = dynamic(json!({
-            "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Machine",
-            "metadata": { "name": "m", "namespace": "ns", "managedFields": [
-                { "manager": "capi", "operation": "Update", "fieldsV1": { "f:spec": {} } }
-            ] },
-            "spec": { "clusterName": "c" }
-        }));
-        trim_machine(&mut machine);
-        assert_eq!(machine.metadata.managed_fields, None);
-        assert_eq!(machine.data, json!({ "spec": { "clusterName": "c" } }));
-    }
-
-    #[test]
-    fn a_trimmed_cluster_reads_the_same() {
-        let full = dynamic(json!({
-            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
-            "metadata": { "name": "c", "namespace": "ns", "labels": { "env": "prod" },
-                "annotations": { "cluster.x-k8s.io/paused": "" } },
-            "spec": {
-                "paused": false,
-                "controlPlaneEndpoint": { "host": "api.example.com", "port": 6443 },
-                "clusterNetwork": { "pods": { "cidrBlocks": ["10.1.0.0/16"] } },
-                "topology": { "class": "x" }
-            },
-            "status": { "phase": "Provisioned" }
-        }));
-        let mut trimmed = full.clone();
-        trim_cluster(&mut trimmed);
-        assert_eq!(
-            ClusterView::from_dynamic(&trimmed),
-            ClusterView::from_dynamic(&full)
-        );
-        assert_eq!(
-            trimmed.data,
-            json!({ "spec": { "paused": false, "controlPlaneEndpoint": { "host": "api.example.com", "port": 6443 } } })
-        );
+        assert_eq!(policy.data, json!({ "spec": { "policy": "Automatic" } }));
     }
 }

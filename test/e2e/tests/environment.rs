@@ -16,7 +16,12 @@ use kube::{Api, ResourceExt};
 async fn management_fixtures_match_a_ck8s_fleet_in_the_served_machine_version() {
     let env = shared().await;
     let mgmt = env.management().await.unwrap();
-    let served = ck8s_certs::capi::discover(&mgmt).await.unwrap();
+    let version = ck8s_certs::capi::discover(&mgmt).await.unwrap();
+    let served = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        capi::GROUP,
+        version.as_str(),
+        "Machine",
+    ));
     assert_eq!(
         served.version,
         env.spec.capi_version.storage_version(),
