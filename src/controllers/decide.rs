@@ -155,6 +155,7 @@ mod tests {
             new_expiry: None,
             error: None,
             note: None,
+            carrier: None,
         }
     }
 

@@ -6,6 +6,7 @@ pub mod machine;
 pub mod patches;
 pub mod policy;
 pub mod renewal;
+pub mod shard;
 pub mod stores;
 
 use std::sync::Arc;
@@ -57,6 +58,7 @@ pub async fn run(
     metrics: Arc<crate::metrics::Metrics>,
     health: Health,
     stop: CancellationToken,
+    carrier: Option<ck8s_certs_api::machine_certificates::Carrier>,
 ) {
     let cluster_resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
         GROUP,
@@ -173,6 +175,7 @@ pub async fn run(
             renewal,
         },
         locks: machine::Locks::new(args.max_worker_refreshes),
+        shard: shard::Shard::new(client.clone(), carrier),
         metrics,
         stop: stop.clone(),
     });
