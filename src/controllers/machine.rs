@@ -1293,8 +1293,8 @@ impl Reconciler<'_> {
             let note = format!("Waiting for {what}, which does not answer (restarting?): {reason}");
             info!(note, "Waiting");
             op.note = Some(note.clone());
-            // A pending operation is never persisted (nothing was sent; after a crash the
-            // request simply starts again): then the condition alone says it.
+            // A pending operation's record is only the carrier's claim (nothing was sent; after
+            // a crash the request simply starts again): then the condition alone says it.
             if op.seed.is_some() {
                 status.operation = Some(op.clone());
             }

@@ -50,6 +50,8 @@ impl Stores {
 }
 
 /// Runs the Machine controller until its stream ends.
+// One argument per thing the process hands over; a struct of them would only rename them.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     client: Client,
     machine_resource: ApiResource,
