@@ -120,6 +120,13 @@ pub async fn run(args: cli::Args) -> Result<(), Error> {
         metrics.leader.set(1);
     }
 
+    // Operations we carry out name our Lease, so other --watch-filter shards leave them to us.
+    let carrier = elector
+        .as_ref()
+        .map(|e| ck8s_certs_api::machine_certificates::Carrier {
+            lease: e.lease(),
+            holder: e.identity().to_owned(),
+        });
     let outcome = lead(
         controllers::run(
             client,
@@ -129,6 +136,7 @@ pub async fn run(args: cli::Args) -> Result<(), Error> {
             metrics.clone(),
             health.clone(),
             shutdown.stop.clone(),
+            carrier,
         ),
         elector.as_mut(),
         &shutdown,

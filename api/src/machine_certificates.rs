@@ -163,6 +163,22 @@ pub struct Operation {
     /// than asked).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// The controller instance carrying the operation out, written before anything is sent to
+    /// the node. Another instance (another `--watch-filter` shard the Machine was moved to) does
+    /// not take the operation over while this one still holds its Lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub carrier: Option<Carrier>,
+}
+
+/// A controller instance: its leader-election Lease (which names the watch filter) and the
+/// process holding that Lease.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Carrier {
+    /// `<namespace>/<name>` of the Lease, e.g. `ck8s-certs-system/ck8s-certs-shard-a`.
+    pub lease: String,
+    /// The Lease's holder identity when the operation was taken up.
+    pub holder: String,
 }
 
 impl Operation {
@@ -190,6 +206,7 @@ impl Operation {
             new_expiry: None,
             error: None,
             note: None,
+            carrier: None,
         }
     }
 

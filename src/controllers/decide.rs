@@ -57,8 +57,8 @@ pub fn decide(
         && !op.is_finished()
     {
         return match op.phase {
-            // Pending ops are never persisted (plan has no side effects), but an object
-            // written by a newer version might carry one: start over like a fresh request.
+            // A Pending op is persisted only as the carrier's claim (`shard`), before `plan`,
+            // which has no side effects: start over like a fresh request.
             Phase::Pending => Step::Start {
                 trigger: op.trigger.clone().unwrap_or_else(|| op.ttl.clone()),
             },
@@ -155,6 +155,7 @@ mod tests {
             new_expiry: None,
             error: None,
             note: None,
+            carrier: None,
         }
     }
 

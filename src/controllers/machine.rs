@@ -160,6 +160,8 @@ pub struct Context {
     pub recorder: Recorder,
     pub config: Config,
     pub locks: Locks,
+    /// Our identity among the --watch-filter shards, and what we saw of the others' Leases.
+    pub shard: super::shard::Shard,
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Cancelled when the process is asked to stop: operations not yet started on a node are
     /// left for the next leader; those already started finish.
@@ -174,6 +176,8 @@ pub enum Error {
     Workload(#[from] WorkloadError),
     #[error("reading node certificate expiry failed: {0}")]
     Expiry(#[source] K8sdError),
+    #[error(transparent)]
+    Shard(#[from] super::shard::ShardError),
     /// A reconcile that started from the caches reached a write: it starts over on live reads
     /// (never seen outside `Reconciler::run`).
     #[error("the cached state calls for action: reading it live")]
@@ -186,6 +190,7 @@ impl Error {
             Self::Kube(_) => "kube",
             Self::Workload(_) => "workload",
             Self::Expiry(e) => e.category(),
+            Self::Shard(_) => "kube",
             Self::NeedsLive => "internal",
         }
     }
@@ -341,6 +346,19 @@ impl Reconciler<'_> {
         tracing::Span::current().record("step", tracing::field::debug(&step));
         let mut status = status.unwrap_or_default();
         self.export_expiry(&status);
+        // Sharding: an operation another live instance carries out is left to it.
+        if let Some(retry) = super::shard::gate(
+            &self.ctx.shard,
+            &step,
+            &status,
+            &self.view.namespace,
+            &self.view.name,
+            MANAGER,
+        )
+        .await?
+        {
+            return Ok(Action::requeue(retry));
+        }
         let now = Self::now();
         match step {
             Step::Ignore => Ok(Action::await_change()),
@@ -442,6 +460,29 @@ impl Reconciler<'_> {
     async fn machine_certificates(&self) -> Result<Option<MachineCertificates>, Error> {
         let api = self.certificates();
         if let Some(existing) = api.get_opt(&self.view.name).await? {
+            // Sharding: the record follows its Machine into another shard's watch.
+            let filter = |labels: &std::collections::BTreeMap<String, String>| {
+                labels.get(WATCH_FILTER_LABEL).cloned()
+            };
+            let moved = super::shard::label_patch(
+                filter(&self.view.labels).as_deref(),
+                existing
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(filter)
+                    .as_deref(),
+            );
+            if let Some(patch) = moved {
+                let params = PatchParams {
+                    field_manager: Some(MANAGER.into()),
+                    ..Default::default()
+                };
+                return Ok(Some(
+                    api.patch(&self.view.name, &params, &Patch::Merge(patch))
+                        .await?,
+                ));
+            }
             return Ok(Some(existing));
         }
         if self.view.deleting {
@@ -612,6 +653,7 @@ impl Reconciler<'_> {
             new_expiry: None,
             error: Some(error.clone()),
             note: None,
+            carrier: None,
         });
         set_condition(
             &mut status,
@@ -999,6 +1041,22 @@ impl Reconciler<'_> {
         role: Role,
         cluster: ClusterView,
     ) -> Result<Action, Error> {
+        // Sharding: the record names us before anything reaches the node; of two instances
+        // taking the Machine up at once, only one gets here.
+        let claimed = self
+            .ctx
+            .shard
+            .claim(
+                &self.view.namespace,
+                &self.view.name,
+                &mut status,
+                &mut op,
+                MANAGER,
+            )
+            .await?;
+        if claimed == super::shard::Claimed::Lost {
+            return Ok(Action::requeue(super::shard::RECHECK));
+        }
         let cluster_name = self.view.cluster.clone().unwrap_or_default();
         let config = &self.ctx.config;
         if role == Role::Worker && op.seed.is_none() {
@@ -1222,8 +1280,8 @@ impl Reconciler<'_> {
             let note = format!("Waiting for {what}, which does not answer (restarting?): {reason}");
             info!(note, "Waiting");
             op.note = Some(note.clone());
-            // A pending operation is never persisted (nothing was sent; after a crash the
-            // request simply starts again): then the condition alone says it.
+            // A pending operation's record is only the carrier's claim (nothing was sent; after
+            // a crash the request simply starts again): then the condition alone says it.
             if op.seed.is_some() {
                 status.operation = Some(op.clone());
             }

@@ -6,6 +6,7 @@ pub mod machine;
 pub mod patches;
 pub mod policy;
 pub mod renewal;
+pub mod shard;
 pub mod stores;
 
 use std::sync::Arc;
@@ -49,6 +50,8 @@ impl Stores {
 }
 
 /// Runs the Machine controller until its stream ends.
+// One argument per thing the process hands over; a struct of them would only rename them.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     client: Client,
     capi: CapiVersion,
@@ -57,6 +60,7 @@ pub async fn run(
     metrics: Arc<crate::metrics::Metrics>,
     health: Health,
     stop: CancellationToken,
+    carrier: Option<ck8s_certs_api::machine_certificates::Carrier>,
 ) {
     let (machines, clusters, owned): (Api<Machine>, Api<Cluster>, Api<MachineCertificates>) =
         match &args.namespace {
@@ -164,6 +168,7 @@ pub async fn run(
             renewal,
         },
         locks: machine::Locks::new(args.max_worker_refreshes),
+        shard: shard::Shard::new(client.clone(), carrier),
         metrics,
         stop: stop.clone(),
     });
