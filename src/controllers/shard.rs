@@ -28,7 +28,7 @@ use ck8s_certs_api::machine_certificates::{
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube::api::{Patch, PatchParams};
-use kube::{Api, Client, Resource};
+use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 
 use super::decide::Step;
@@ -231,24 +231,12 @@ impl Shard {
         }
         op.carrier = Some(ours);
         status.operation = Some(op.clone());
-        let apply = json!({
-            "apiVersion": MachineCertificates::api_version(&()),
-            "kind": MachineCertificates::kind(&()),
-            "metadata": { "resourceVersion": fresh.metadata.resource_version },
-            "status": status,
-        });
-        match api
-            .patch_status(
-                name,
-                &PatchParams::apply(manager).force(),
-                &Patch::Apply(apply),
-            )
-            .await
-        {
-            Ok(_) => Ok(Claimed::Ours),
-            Err(kube::Error::Api(e)) if e.code == 409 => Ok(Claimed::Lost),
-            Err(err) => Err(err.into()),
-        }
+        Ok(
+            match write_unchanged(&api, &fresh, status, manager).await? {
+                true => Claimed::Ours,
+                false => Claimed::Lost,
+            },
+        )
     }
 
     /// Shows in the `Refreshing` condition that another instance carries the operation out,
@@ -281,24 +269,35 @@ impl Shard {
             message,
             Timestamp::now(),
         );
-        let apply = json!({
-            "apiVersion": MachineCertificates::api_version(&()),
-            "kind": MachineCertificates::kind(&()),
-            "metadata": { "resourceVersion": fresh.metadata.resource_version },
-            "status": status,
-        });
-        match api
-            .patch_status(
-                name,
-                &PatchParams::apply(manager).force(),
-                &Patch::Apply(apply),
-            )
-            .await
-        {
-            // The carrier wrote first: shown at the next look, if still needed.
-            Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
-            result => result.map(|_| ()).map_err(Into::into),
-        }
+        // Not written when the carrier wrote first: shown at the next look, if still needed.
+        write_unchanged(&api, &fresh, &status, manager).await?;
+        Ok(())
+    }
+}
+
+/// Writes `status` over `fresh`'s on the condition that the record did not change since it was
+/// read: a server-side apply carrying its resourceVersion, which the API server takes as a
+/// precondition. `false`: it changed (409), nothing was written.
+async fn write_unchanged(
+    api: &Api<MachineCertificates>,
+    fresh: &MachineCertificates,
+    status: &MachineCertificatesStatus,
+    manager: &str,
+) -> Result<bool, ShardError> {
+    let apply = json!({
+        "apiVersion": MachineCertificates::api_version(&()),
+        "kind": MachineCertificates::kind(&()),
+        "metadata": { "resourceVersion": fresh.metadata.resource_version },
+        "status": status,
+    });
+    let params = PatchParams::apply(manager).force();
+    match api
+        .patch_status(&fresh.name_any(), &params, &Patch::Apply(apply))
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Err(err) => Err(err.into()),
     }
 }
 

@@ -144,11 +144,13 @@ fn trim_metadata(meta: &mut ObjectMeta) {
 /// Nothing to trim: the kind is decoded compactly.
 pub fn keep<K>(_: &mut K) {}
 
-/// The controllers read a MachineCertificates' identity, labels and status (writes are
-/// server-side applies of the status), and find its Machine by name, not by owner reference.
+/// From the cache the controllers read a MachineCertificates' identity and status (writes are
+/// server-side applies of the status, labels are checked on live reads), and find its Machine by
+/// name, not by owner reference.
 pub fn trim_certificates(certificates: &mut MachineCertificates) {
     let meta = &mut certificates.metadata;
     trim_metadata(meta);
+    meta.labels = None;
     meta.owner_references = None;
     meta.annotations = None;
     meta.finalizers = None;
@@ -165,6 +167,43 @@ mod tests {
     use super::*;
     use kube::api::DynamicObject;
     use serde_json::json;
+
+    #[test]
+    fn cached_certificates_keep_identity_and_status() {
+        let mut certificates: MachineCertificates = serde_json::from_value(json!({
+            "apiVersion": "certificates.ck8s.io/v1alpha1", "kind": "MachineCertificates",
+            "metadata": { "name": "m", "namespace": "ns", "uid": "u", "resourceVersion": "9",
+                "generation": 1, "creationTimestamp": "2026-01-01T00:00:00Z",
+                "labels": { "cluster.x-k8s.io/cluster-name": "c" },
+                "ownerReferences": [{ "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine", "name": "m", "uid": "mu" }],
+                "managedFields": [{ "manager": "ck8s-certs", "operation": "Apply", "fieldsV1": { "f:status": {} } }] },
+            "spec": { "clusterName": "c" },
+            "status": { "role": "Worker", "nodeName": "n1", "expiry": "2027-01-01T00:00:00Z" }
+        }))
+        .expect("object");
+        let status = certificates.status.clone();
+        trim_certificates(&mut certificates);
+        let meta = &certificates.metadata;
+        assert_eq!(
+            (
+                meta.name.as_deref(),
+                meta.namespace.as_deref(),
+                meta.uid.as_deref(),
+                meta.resource_version.as_deref()
+            ),
+            (Some("m"), Some("ns"), Some("u"), Some("9"))
+        );
+        assert_eq!(
+            (
+                &meta.labels,
+                &meta.owner_references,
+                &meta.managed_fields,
+                meta.generation
+            ),
+            (&None, &None, &None, None)
+        );
+        assert_eq!(certificates.status, status);
+    }
 
     #[test]
     fn trimmed_metadata_drops_managed_fields_and_the_last_applied_configuration() {
