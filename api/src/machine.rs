@@ -83,7 +83,7 @@ impl MachineView {
     /// The view of a cached Machine (its annotations are the [`READ_ANNOTATIONS`] only).
     pub fn of(machine: &Machine) -> Self {
         let meta = &machine.metadata;
-        let labels = meta.labels.clone().unwrap_or_default();
+        let labels = machine.labels.to_map();
         Self {
             namespace: meta.namespace.clone().unwrap_or_default(),
             name: meta.name.clone().unwrap_or_default(),
@@ -97,7 +97,7 @@ impl MachineView {
             bootstrap_group: machine.bootstrap.group.clone(),
             bootstrap_name: machine.bootstrap.name.clone(),
             node_name: machine.node_name.clone(),
-            annotations: meta.annotations.clone().unwrap_or_default(),
+            annotations: machine.annotations.to_map(),
             labels,
             deleting: meta.deletion_timestamp.is_some(),
         }
@@ -190,12 +190,15 @@ pub const READ_ANNOTATIONS: [&str; 5] = [
     PAUSED_ANNOTATION,
 ];
 
-/// A Machine as the controllers cache it. `metadata` keeps the name, namespace, uid,
-/// resourceVersion, deletionTimestamp, labels (policies select on them) and the
-/// [`READ_ANNOTATIONS`]; nothing else of the object is kept.
+/// A Machine as the controllers cache it. `metadata` keeps only the name, namespace, uid,
+/// resourceVersion and deletionTimestamp: the labels (policies select on them) and the
+/// [`READ_ANNOTATIONS`] are in [`Machine::labels`] and [`Machine::annotations`], not in
+/// `metadata`. Nothing else of the object is kept.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Machine {
     pub metadata: ObjectMeta,
+    pub labels: Pairs,
+    pub annotations: Pairs,
     /// `spec.clusterName`.
     pub cluster_name: Option<String>,
     /// `spec.bootstrap.configRef`.
@@ -205,6 +208,44 @@ pub struct Machine {
     /// The field manager that last set the refresh trigger (from `managedFields`), e.g.
     /// `kubectl-annotate`: reported on the refresh.
     pub trigger_manager: Option<String>,
+}
+
+/// Labels or annotations, sorted by key. A cached Machine has a handful; a `BTreeMap` would
+/// cost a ~550-byte node even for one entry.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Pairs(Box<[(Box<str>, Box<str>)]>);
+
+impl Pairs {
+    fn new(map: Option<BTreeMap<String, String>>, keep: impl Fn(&str) -> bool) -> Self {
+        let pairs = map.into_iter().flatten().filter(|(key, _)| keep(key));
+        Self(pairs.map(|(k, v)| (k.into(), v.into())).collect())
+    }
+
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .binary_search_by(|(k, _)| k.as_ref().cmp(key))
+            .ok()
+            .map(|i| self.0[i].1.as_ref())
+    }
+
+    pub fn contains_key(&self, key: &str) -> bool {
+        self.get(key).is_some()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn to_map(&self) -> BTreeMap<String, String> {
+        self.0
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
 }
 
 /// `spec.bootstrap.configRef` of a Machine: v1beta2 names the group (`apiGroup`), v1beta1 the
@@ -258,22 +299,16 @@ macro_rules! capi_resource {
 capi_resource!(Machine, "Machine", "machines");
 capi_resource!(Cluster, "Cluster", "clusters");
 
-/// The identity, labels and `keep`'s annotations of `meta`; whatever else an object carries
-/// (managed fields, owner references, finalizers, other annotations) is dropped.
-fn identity(meta: ObjectMeta, keep: &[&str]) -> ObjectMeta {
-    let annotations = meta.annotations.map(|all| {
-        all.into_iter()
-            .filter(|(key, _)| keep.contains(&key.as_str()))
-            .collect::<BTreeMap<_, _>>()
-    });
+/// The identity of an object: name, namespace, uid, resourceVersion and deletionTimestamp.
+/// Whatever else it carries (labels, annotations, managed fields, owner references,
+/// finalizers) is left to the caller or dropped.
+fn identity(meta: &mut ObjectMeta) -> ObjectMeta {
     ObjectMeta {
-        name: meta.name,
-        namespace: meta.namespace,
-        uid: meta.uid,
-        resource_version: meta.resource_version,
-        deletion_timestamp: meta.deletion_timestamp,
-        labels: meta.labels.filter(|l| !l.is_empty()),
-        annotations: annotations.filter(|a| !a.is_empty()),
+        name: meta.name.take(),
+        namespace: meta.namespace.take(),
+        uid: meta.uid.take(),
+        resource_version: meta.resource_version.take(),
+        deletion_timestamp: meta.deletion_timestamp.take(),
         ..ObjectMeta::default()
     }
 }
@@ -304,9 +339,12 @@ impl<'de> Deserialize<'de> for Machine {
                     .unwrap_or_default()
             })
         });
-        let trigger_manager = trigger_manager(&wire.metadata);
+        let mut meta = wire.metadata;
+        let trigger_manager = trigger_manager(&meta);
         Ok(Self {
-            metadata: identity(wire.metadata, &READ_ANNOTATIONS),
+            metadata: identity(&mut meta),
+            labels: Pairs::new(meta.labels, |_| true),
+            annotations: Pairs::new(meta.annotations, |key| READ_ANNOTATIONS.contains(&key)),
             cluster_name: spec.cluster_name.0,
             bootstrap: BootstrapRef {
                 group,
@@ -332,8 +370,12 @@ impl<'de> Deserialize<'de> for Cluster {
             .annotations
             .as_ref()
             .is_some_and(|a| a.contains_key(PAUSED_ANNOTATION));
+        let mut meta = wire.metadata;
         Ok(Self {
-            metadata: identity(wire.metadata, &[]),
+            metadata: ObjectMeta {
+                labels: meta.labels.take().filter(|l| !l.is_empty()),
+                ..identity(&mut meta)
+            },
             paused: annotated || spec.paused.0.unwrap_or(false),
             endpoint_host: spec
                 .control_plane_endpoint
@@ -622,7 +664,19 @@ mod tests {
             ),
             (&None, &None, &None, None)
         );
-        assert_eq!(meta.annotations.as_ref().map(BTreeMap::len), Some(2));
+        assert_eq!((&meta.labels, &meta.annotations), (&None, &None));
+        assert_eq!(cached.annotations.len(), 2);
+        assert_eq!(
+            cached
+                .annotations
+                .get("v1beta2.k8sd.io/refresh-certificates"),
+            Some("1y")
+        );
+        assert_eq!(
+            cached.labels.get("cluster.x-k8s.io/control-plane"),
+            Some("")
+        );
+        assert!(!cached.labels.contains_key("cluster.x-k8s.io/watch-filter"));
     }
 
     #[test]

@@ -163,8 +163,8 @@ pub struct Operation {
     /// than asked).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
-    /// The controller instance carrying the operation out, written before anything is sent to
-    /// the node. Another instance (another `--watch-filter` shard the Machine was moved to) does
+    /// The controller instance carrying the operation out, written with the seed before `run`
+    /// is sent to the node. Another instance (another `--watch-filter` shard the Machine was moved to) does
     /// not take the operation over while this one still holds its Lease.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub carrier: Option<Carrier>,

@@ -307,7 +307,8 @@ impl Reconciler<'_> {
             )
         });
         let cluster = cluster.map(|c| ClusterView::of(&c));
-        let status = mc.status.clone();
+        // A status this version cannot read is read live, where it is reported.
+        let status = mc.status().ok()?;
         let step = decide(&self.view, cluster.as_ref(), status.as_ref());
         if !matches!(
             step,
@@ -1041,22 +1042,6 @@ impl Reconciler<'_> {
         role: Role,
         cluster: ClusterView,
     ) -> Result<Action, Error> {
-        // Sharding: the record names us before anything reaches the node; of two instances
-        // taking the Machine up at once, only one gets here.
-        let claimed = self
-            .ctx
-            .shard
-            .claim(
-                &self.view.namespace,
-                &self.view.name,
-                &mut status,
-                &mut op,
-                MANAGER,
-            )
-            .await?;
-        if claimed == super::shard::Claimed::Lost {
-            return Ok(Action::requeue(super::shard::RECHECK));
-        }
         let cluster_name = self.view.cluster.clone().unwrap_or_default();
         let config = &self.ctx.config;
         if role == Role::Worker && op.seed.is_none() {
@@ -1097,6 +1082,8 @@ impl Reconciler<'_> {
         let mut node = match result {
             Ok(node) => node,
             Err(Failure::Stopping) => return Ok(Action::await_change()),
+            // Another instance recorded its own attempt first: it carries the refresh out.
+            Err(Failure::Superseded) => return Ok(Action::requeue(super::shard::RECHECK)),
             Err(failure) => return self.finish(status, op, Err(failure)).await,
         };
         let action = self.finish(status, op.clone(), Ok(())).await?;
@@ -1117,6 +1104,32 @@ impl Reconciler<'_> {
         }
         drop(node.workload);
         Ok(action)
+    }
+
+    /// Records an attempt (its seed) before its `run` is sent. With a Lease, the same write names
+    /// us as the operation's carrier, on the condition that the record did not change since it
+    /// was read (sharding): of two instances that planned at once (`plan` changes nothing on the
+    /// node), only one records and runs.
+    async fn record_attempt(
+        &self,
+        status: &mut MachineCertificatesStatus,
+        op: &mut Operation,
+    ) -> Result<(), Failure> {
+        if self.ctx.shard.ours().is_none() {
+            return self.write_status(status).await.map_err(Failure::Api);
+        }
+        self.live_only().map_err(Failure::Api)?;
+        let (namespace, name) = (&self.view.namespace, &self.view.name);
+        match self
+            .ctx
+            .shard
+            .claim(namespace, name, status, op, MANAGER)
+            .await
+        {
+            Ok(super::shard::Claimed::Ours) => Ok(()),
+            Ok(super::shard::Claimed::Lost) => Err(Failure::Superseded),
+            Err(err) => Err(Failure::Api(err.into())),
+        }
     }
 
     /// Everything up to the outcome of `run`. Progress is written to `status` as it happens.
@@ -1210,7 +1223,7 @@ impl Reconciler<'_> {
                 format!("Refreshing with seed {seed}"),
                 Self::now(),
             );
-            self.write_status(status).await.map_err(Failure::Api)?;
+            self.record_attempt(status, op).await?;
             crate::failpoint::hit(crate::failpoint::AFTER_SEED_RECORDED);
             tracing::Span::current().record("seed", seed);
 
@@ -1280,8 +1293,8 @@ impl Reconciler<'_> {
             let note = format!("Waiting for {what}, which does not answer (restarting?): {reason}");
             info!(note, "Waiting");
             op.note = Some(note.clone());
-            // A pending operation's record is only the carrier's claim (nothing was sent; after
-            // a crash the request simply starts again): then the condition alone says it.
+            // A pending operation is never persisted (nothing was sent; after a crash the
+            // request simply starts again): then the condition alone says it.
             if op.seed.is_some() {
                 status.operation = Some(op.clone());
             }
@@ -1764,6 +1777,9 @@ enum Failure {
     /// The process is stopping and nothing was sent to the node for this attempt: the next
     /// leader takes the request up from its record.
     Stopping,
+    /// Another controller instance (a `--watch-filter` shard) recorded its attempt first and
+    /// carries the refresh out; nothing was sent to the node by this one.
+    Superseded,
 }
 
 impl Failure {
@@ -1781,7 +1797,7 @@ impl Failure {
             }
             Self::Workload(err) => err.is_retryable(),
             Self::Unavailable(_) => true,
-            Self::Api(_) | Self::Message(_) | Self::Stopping => false,
+            Self::Api(_) | Self::Message(_) | Self::Stopping | Self::Superseded => false,
         }
     }
 
@@ -1793,6 +1809,7 @@ impl Failure {
             Self::Api(err) => err.to_string(),
             Self::Message(text) | Self::Unavailable(text) => text.clone(),
             Self::Stopping => "stopping".into(),
+            Self::Superseded => "superseded".into(),
         }
     }
 
@@ -1825,6 +1842,7 @@ impl Failure {
             Self::Api(err) => format!("Refreshing failed: {err}"),
             Self::Message(text) | Self::Unavailable(text) => format!("{text}; {retry}"),
             Self::Stopping => "The controller stopped before the refresh started".into(),
+            Self::Superseded => "Another controller instance carries the refresh out".into(),
         }
     }
 }

@@ -13,7 +13,6 @@ use std::sync::Arc;
 
 use ck8s_certs_api::capi::{CLUSTER_NAME_LABEL, WATCH_FILTER_LABEL};
 use ck8s_certs_api::machine::{CapiVersion, Cluster, Machine};
-use ck8s_certs_api::machine_certificates::MachineCertificates;
 use ck8s_certs_api::renewal_policy::CertificateRenewalPolicy;
 use futures::StreamExt;
 use kube::api::{ApiResource, DynamicObject};
@@ -35,7 +34,7 @@ use stores::SharedWatch;
 pub struct Stores {
     pub machines: Store<Machine>,
     pub clusters: Store<Cluster>,
-    pub certificates: Store<MachineCertificates>,
+    pub certificates: Store<stores::CachedCertificates>,
     pub policies: Store<DynamicObject>,
 }
 
@@ -62,7 +61,7 @@ pub async fn run(
     stop: CancellationToken,
     carrier: Option<ck8s_certs_api::machine_certificates::Carrier>,
 ) {
-    let (machines, clusters, owned): (Api<Machine>, Api<Cluster>, Api<MachineCertificates>) =
+    let (machines, clusters, owned): (Api<Machine>, Api<Cluster>, Api<stores::CachedCertificates>) =
         match &args.namespace {
             Some(ns) => (
                 Api::namespaced_with(client.clone(), ns, &capi),
@@ -88,7 +87,7 @@ pub async fn run(
         .as_ref()
         .map(|_| SharedWatch::<Machine>::with(capi));
     let mut cluster_watch = SharedWatch::<Cluster>::with(capi);
-    let mut certificate_watch = SharedWatch::<MachineCertificates>::new();
+    let mut certificate_watch = SharedWatch::<stores::CachedCertificates>::new();
     let policy_resource = ApiResource::erase::<CertificateRenewalPolicy>(&());
     let mut policy_watch = SharedWatch::<DynamicObject>::with(policy_resource.clone());
     let stores = Stores {
@@ -119,7 +118,7 @@ pub async fn run(
             }
         },
         cluster_watch.run(clusters, watcher::Config::default(), stores::keep),
-        certificate_watch.run(owned, filtered, stores::trim_certificates),
+        certificate_watch.run(owned, filtered, stores::keep),
         policy_watch.run(
             policies_api(&client, args),
             watcher::Config::default(),
@@ -192,7 +191,8 @@ pub async fn run(
                 .state()
                 .into_iter()
                 .filter(|m| {
-                    m.namespace() == namespace && m.labels().get(CLUSTER_NAME_LABEL) == Some(&name)
+                    m.namespace() == namespace
+                        && m.labels.get(CLUSTER_NAME_LABEL) == Some(name.as_str())
                 })
                 .map(|m| ObjectRef::from_obj_with(m.as_ref(), capi))
                 .collect::<Vec<_>>()
@@ -200,7 +200,7 @@ pub async fn run(
     };
     // A MachineCertificates belongs to the Machine of the same name (its owner; the cache keeps
     // no owner references).
-    let machine_of_certificates = move |certificates: MachineCertificates| {
+    let machine_of_certificates = move |certificates: stores::CachedCertificates| {
         let namespace = certificates.namespace().unwrap_or_default();
         Some(ObjectRef::new_with(&certificates.name_any(), capi).within(&namespace))
     };

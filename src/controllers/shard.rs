@@ -7,8 +7,9 @@
 //! up by the new shard as an interrupted operation (a second `plan` and `run` on a node that is
 //! still being refreshed), which the one-refresh-at-a-time promise forbids. So:
 //! - an operation names its [`Carrier`] (Lease and holder) in the record, written with the
-//!   resourceVersion just read as a precondition before anything is sent to the node
-//!   ([`Shard::claim`]): of two instances starting at once, one wins;
+//!   resourceVersion just read as a precondition, in the write that records an attempt's seed
+//!   before its `run` (`plan` changes nothing on the node) ([`Shard::claim`]): of two instances
+//!   starting at once, one wins;
 //! - an instance finding an unfinished operation of another carrier leaves it alone while that
 //!   carrier still holds its Lease ([`verdict`]); the record then says who carries it out;
 //! - the instance whose Machine left its filter finishes what it started (its reconcile is not

@@ -10,14 +10,18 @@
 use std::future::Future;
 
 use ck8s_certs_api::machine::CapiVersion;
-use ck8s_certs_api::machine_certificates::MachineCertificates;
+use std::borrow::Cow;
+
+use ck8s_certs_api::machine_certificates::{MachineCertificates, MachineCertificatesStatus};
 use futures::{Stream, StreamExt};
+use k8s_openapi::NamespaceResourceScope;
 use kube::api::DynamicObject;
 use kube::core::ObjectMeta;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource};
+use serde::Deserialize;
 
 /// Changed objects a subscriber may fall behind by before the watch waits for it.
 const BUFFER: usize = 1024;
@@ -144,18 +148,74 @@ fn trim_metadata(meta: &mut ObjectMeta) {
 /// Nothing to trim: the kind is decoded compactly.
 pub fn keep<K>(_: &mut K) {}
 
-/// From the cache the controllers read a MachineCertificates' identity and status (writes are
-/// server-side applies of the status, labels are checked on live reads), and find its Machine by
-/// name, not by owner reference.
-pub fn trim_certificates(certificates: &mut MachineCertificates) {
-    let meta = &mut certificates.metadata;
-    trim_metadata(meta);
-    meta.labels = None;
-    meta.owner_references = None;
-    meta.annotations = None;
-    meta.finalizers = None;
-    meta.creation_timestamp = None;
-    meta.generation = None;
+/// A MachineCertificates as the Machine controller caches it: its identity, and its status as
+/// compact JSON, decoded when a reconcile reads it (about half the memory of the decoded
+/// status, and a reconcile reads a Machine's status at most a few times an hour at rest).
+/// Labels and owner references are not kept: writes are server-side applies of the status,
+/// labels are checked on live reads, and its Machine is the one of the same name.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CachedCertificates {
+    pub metadata: ObjectMeta,
+    status: Option<Box<str>>,
+}
+
+impl CachedCertificates {
+    /// The status as stored; `Err` only for a status this version cannot read.
+    pub fn status(&self) -> Result<Option<MachineCertificatesStatus>, serde_json::Error> {
+        self.status.as_deref().map(serde_json::from_str).transpose()
+    }
+}
+
+impl Resource for CachedCertificates {
+    type DynamicType = ();
+    type Scope = NamespaceResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        MachineCertificates::kind(&())
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        MachineCertificates::group(&())
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        MachineCertificates::version(&())
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        MachineCertificates::plural(&())
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl<'de> Deserialize<'de> for CachedCertificates {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Wire {
+            metadata: ObjectMeta,
+            #[serde(default)]
+            status: Option<MachineCertificatesStatus>,
+        }
+        let wire = Wire::deserialize(deserializer)?;
+        let status = wire
+            .status
+            .map(|status| serde_json::to_string(&status).map(String::into_boxed_str))
+            .transpose()
+            .map_err(serde::de::Error::custom)?;
+        let meta = wire.metadata;
+        Ok(Self {
+            metadata: ObjectMeta {
+                name: meta.name,
+                namespace: meta.namespace,
+                uid: meta.uid,
+                resource_version: meta.resource_version,
+                ..ObjectMeta::default()
+            },
+            status,
+        })
+    }
 }
 
 pub fn trim_policy(policy: &mut DynamicObject) {
@@ -170,7 +230,7 @@ mod tests {
 
     #[test]
     fn cached_certificates_keep_identity_and_status() {
-        let mut certificates: MachineCertificates = serde_json::from_value(json!({
+        let full = json!({
             "apiVersion": "certificates.ck8s.io/v1alpha1", "kind": "MachineCertificates",
             "metadata": { "name": "m", "namespace": "ns", "uid": "u", "resourceVersion": "9",
                 "generation": 1, "creationTimestamp": "2026-01-01T00:00:00Z",
@@ -178,12 +238,12 @@ mod tests {
                 "ownerReferences": [{ "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine", "name": "m", "uid": "mu" }],
                 "managedFields": [{ "manager": "ck8s-certs", "operation": "Apply", "fieldsV1": { "f:status": {} } }] },
             "spec": { "clusterName": "c" },
-            "status": { "role": "Worker", "nodeName": "n1", "expiry": "2027-01-01T00:00:00Z" }
-        }))
-        .expect("object");
-        let status = certificates.status.clone();
-        trim_certificates(&mut certificates);
-        let meta = &certificates.metadata;
+            "status": { "role": "Worker", "nodeName": "n1", "expiry": "2027-01-01T00:00:00Z",
+                "conditions": [{ "type": "Ready", "status": "True", "reason": "ExpiryKnown", "message": "m", "lastTransitionTime": "2026-01-01T00:00:00Z" }] }
+        });
+        let decoded: MachineCertificates = serde_json::from_value(full.clone()).expect("object");
+        let cached: CachedCertificates = serde_json::from_str(&full.to_string()).expect("cached");
+        let meta = &cached.metadata;
         assert_eq!(
             (
                 meta.name.as_deref(),
@@ -202,7 +262,11 @@ mod tests {
             ),
             (&None, &None, &None, None)
         );
-        assert_eq!(certificates.status, status);
+        assert_eq!(cached.status().expect("status"), decoded.status);
+        let bare: CachedCertificates =
+            serde_json::from_str(r#"{"metadata":{"name":"m"},"spec":{"clusterName":"c"}}"#)
+                .expect("cached");
+        assert_eq!(bare.status().expect("status"), None);
     }
 
     #[test]
