@@ -105,8 +105,18 @@ pub struct Args {
     pub resync_period: Duration,
 
     /// Never renew outside a Scheduled policy's windows, not even when expiry is within the
-    /// fail-safe margin (a Warning Event says so instead).
-    #[arg(long, env = "CK8S_CERTS_RENEWAL_WINDOW_STRICT")]
+    /// fail-safe margin (a Warning Event says so instead). The bare flag turns it on;
+    /// `--renewal-window-strict=true|false` (also yes/no, on/off, 1/0) and the environment
+    /// variable take the same values.
+    #[arg(
+        long,
+        env = "CK8S_CERTS_RENEWAL_WINDOW_STRICT",
+        default_value_t = false,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
     pub renewal_window_strict: bool,
 
     /// Delay before retrying after the first failed automatic renewal; it doubles with each
@@ -330,6 +340,62 @@ mod tests {
         assert!(!args.leader_elect);
         let args = Args::try_parse_from(["ck8s-certs", "--leader-elect"]).unwrap();
         assert!(args.leader_elect);
+    }
+
+    #[test]
+    fn strict_windows_take_a_bare_flag_or_a_boolean() {
+        let strict = |args: &[&str]| {
+            Args::try_parse_from(std::iter::once("ck8s-certs").chain(args.iter().copied()))
+                .map(|args| args.renewal_window_strict)
+        };
+        let rows: &[(&[&str], bool)] = &[
+            (&[], false),
+            (&["--renewal-window-strict"], true),
+            (&["--renewal-window-strict=true"], true),
+            (&["--renewal-window-strict=false"], false),
+            (&["--renewal-window-strict=yes"], true),
+            (&["--renewal-window-strict=no"], false),
+            (&["--renewal-window-strict=on"], true),
+            (&["--renewal-window-strict=off"], false),
+            (&["--renewal-window-strict=1"], true),
+            (&["--renewal-window-strict=0"], false),
+            (&["--renewal-window-strict", "false"], false),
+            (&["--renewal-window-strict", "true"], true),
+            // A bare flag before another flag does not swallow it.
+            (&["--renewal-window-strict", "--leader-elect=false"], true),
+        ];
+        for (args, expected) in rows {
+            assert_eq!(strict(args).unwrap(), *expected, "{args:?}");
+        }
+        for bad in ["--renewal-window-strict=maybe", "--renewal-window-strict="] {
+            assert!(strict(&[bad]).is_err(), "{bad}");
+        }
+        // The environment variable's value goes through the argument's value parser, as
+        // `--flag=value` does. Setting a process environment variable in a multi-threaded test
+        // is unsound, so the parser the argument names is exercised directly.
+        use clap::CommandFactory;
+        use clap::builder::TypedValueParser;
+        let command = Args::command();
+        let arg = command
+            .get_arguments()
+            .find(|arg| arg.get_id() == "renewal_window_strict")
+            .unwrap();
+        assert_eq!(
+            arg.get_env(),
+            Some(std::ffi::OsStr::new("CK8S_CERTS_RENEWAL_WINDOW_STRICT"))
+        );
+        let parser = clap::builder::BoolishValueParser::new();
+        let parse =
+            |value: &str| parser.parse_ref(&command, Some(arg), std::ffi::OsStr::new(value));
+        for (value, expected) in [
+            ("true", true),
+            ("false", false),
+            ("1", true),
+            ("off", false),
+        ] {
+            assert_eq!(parse(value).unwrap(), expected, "{value}");
+        }
+        assert!(parse("enabled").is_err());
     }
 
     #[test]

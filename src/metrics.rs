@@ -1,6 +1,10 @@
 //! Prometheus metrics (`--metrics-bind-address`, path `/metrics`). Labels are bounded: origin,
 //! reason, role, endpoint and outcome are small fixed sets; the per-machine expiry gauge is the
 //! one per-object family, because "what expires when" is what the fleet dashboard needs.
+//!
+//! Names follow Prometheus conventions: the `ck8s_certs` prefix comes from the registry, and
+//! counters get their `_total` suffix from the encoder, so `renewal_deferred` is exported as
+//! `ck8s_certs_renewal_deferred_total`. Label values are snake_case (`not_due`).
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -46,8 +50,10 @@ pub struct Metrics {
     pub renewals_started: Family<OriginLabels, Counter>,
     pub renewals_succeeded: Family<OriginLabels, Counter>,
     pub renewals_failed: Family<OriginLabels, Counter>,
-    pub renewals_deferred: Family<ReasonLabels, Counter>,
-    pub window_bypass: Counter,
+    /// `reason`: [`deferred_reason`] of the verdict (`not_due`, `backoff`, `outside_window`).
+    pub renewal_deferred: Family<ReasonLabels, Counter>,
+    /// `reason`: [`expiry_imminent`], the one reason the windows are bypassed.
+    pub renewal_bypassed: Family<ReasonLabels, Counter>,
     pub refresh_duration: Family<RefreshLabels, Histogram>,
     pub in_progress: Gauge,
     pub policy_invalid: Family<ReasonLabels, Counter>,
@@ -81,17 +87,17 @@ impl Default for Metrics {
             "Certificate refreshes that failed, by origin",
             renewals_failed.clone(),
         );
-        let renewals_deferred = Family::<ReasonLabels, Counter>::default();
+        let renewal_deferred = Family::<ReasonLabels, Counter>::default();
         registry.register(
-            "renewals_deferred",
-            "Renewal verdicts that deferred a renewal, by reason (NotDue, Backoff, OutsideWindow), counted when the verdict changes",
-            renewals_deferred.clone(),
+            "renewal_deferred",
+            "Renewal verdicts that deferred a renewal, by reason (not_due, backoff, outside_window), counted when the verdict changes",
+            renewal_deferred.clone(),
         );
-        let window_bypass = Counter::default();
+        let renewal_bypassed = Family::<ReasonLabels, Counter>::default();
         registry.register(
-            "renewal_window_bypass",
-            "Renewals run outside the maintenance windows because expiry was within the fail-safe margin",
-            window_bypass.clone(),
+            "renewal_bypassed",
+            "Renewals run outside the maintenance windows, by reason (expiry_imminent: expiry was within the fail-safe margin)",
+            renewal_bypassed.clone(),
         );
         let refresh_duration = Family::<RefreshLabels, Histogram>::new_with_constructor(|| {
             // 0.1 s … ~27 min: a control-plane refresh takes about a second, a worker's waits
@@ -127,8 +133,8 @@ impl Default for Metrics {
             renewals_started,
             renewals_succeeded,
             renewals_failed,
-            renewals_deferred,
-            window_bypass,
+            renewal_deferred,
+            renewal_bypassed,
             refresh_duration,
             in_progress,
             policy_invalid,
@@ -155,6 +161,26 @@ pub fn origin(origin: ck8s_certs_api::machine_certificates::Origin) -> OriginLab
             Origin::Policy => "policy",
         }
         .to_owned(),
+    }
+}
+
+/// The `reason` label of a deferral, from the verdict's reason as conditions spell it
+/// (`NotDue`, `Backoff`, `OutsideWindow`): snake_case, as Prometheus label values are.
+pub fn deferred_reason(reason: &str) -> ReasonLabels {
+    let mut snake = String::with_capacity(reason.len() + 4);
+    for (i, c) in reason.chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            snake.push('_');
+        }
+        snake.push(c.to_ascii_lowercase());
+    }
+    ReasonLabels { reason: snake }
+}
+
+/// The `reason` label of a window bypass: expiry within the fail-safe margin.
+pub fn expiry_imminent() -> ReasonLabels {
+    ReasonLabels {
+        reason: "expiry_imminent".to_owned(),
     }
 }
 
@@ -194,4 +220,46 @@ pub async fn serve(
             tracing::error!(error = %err, "Metrics server stopped");
         }
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::DeferReason;
+
+    #[test]
+    fn deferral_and_bypass_counters_have_conventional_names_and_labels() {
+        let metrics = Metrics::default();
+        for reason in [
+            DeferReason::NotDue,
+            DeferReason::Backoff,
+            DeferReason::OutsideWindow,
+        ] {
+            metrics
+                .renewal_deferred
+                .get_or_create(&deferred_reason(reason.as_str()))
+                .inc();
+        }
+        metrics
+            .renewal_bypassed
+            .get_or_create(&expiry_imminent())
+            .inc();
+        let text = metrics.encode().unwrap();
+        for line in [
+            "# TYPE ck8s_certs_renewal_deferred counter",
+            "ck8s_certs_renewal_deferred_total{reason=\"not_due\"} 1",
+            "ck8s_certs_renewal_deferred_total{reason=\"backoff\"} 1",
+            "ck8s_certs_renewal_deferred_total{reason=\"outside_window\"} 1",
+            "# TYPE ck8s_certs_renewal_bypassed counter",
+            "ck8s_certs_renewal_bypassed_total{reason=\"expiry_imminent\"} 1",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+        // Nothing of the old names is left.
+        assert!(!text.contains("renewals_deferred"), "{text}");
+        assert!(!text.contains("window_bypass"), "{text}");
+    }
 }

@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::cli::{OutputFormat, PreviewArgs};
-use crate::policy::decision::WINDOWS_IGNORED_MESSAGE;
+use crate::policy::decision::{DEFAULT_RENEW_BEFORE, WINDOWS_IGNORED_MESSAGE};
 use crate::policy::spec::{Settings, ValidPolicy, validate};
 use crate::policy::{
     Backoff, BackoffError, DayOfWeek, Decision, FailSafeMargin, Failures, InvalidPolicy, Mode,
@@ -189,6 +189,10 @@ fn field_problems(spec: &serde_yaml::Value) -> Vec<String> {
         spec.get("renewBefore"),
         "renewBefore",
     ));
+    problems.extend(problem::<i32>(
+        spec.get("renewBeforePercentage"),
+        "renewBeforePercentage",
+    ));
     problems.extend(problem::<Ttl>(spec.get("ttl"), "ttl"));
     let windows = spec.get("windows");
     problems.extend(problem::<Vec<serde_yaml::Mapping>>(windows, "windows"));
@@ -204,6 +208,11 @@ fn field_problems(spec: &serde_yaml::Value) -> Vec<String> {
         }
         problems.extend(problem::<WallTime>(window.get("start"), &path("start")));
         problems.extend(problem::<WallTime>(window.get("end"), &path("end")));
+        problems.extend(problem::<String>(window.get("schedule"), &path("schedule")));
+        problems.extend(problem::<PolicyDuration>(
+            window.get("duration"),
+            &path("duration"),
+        ));
         problems.extend(problem::<Option<String>>(
             window.get("timezone"),
             &path("timezone"),
@@ -521,10 +530,23 @@ fn policy_summary(loaded: &Loaded, policy: Option<&ValidPolicy>) -> PolicySummar
         name: loaded.name.clone(),
         selects: policy.map(|policy| policy.selector.to_string()),
         mode: policy.map(|policy| policy.mode.to_string()),
-        renew_before: policy.map(|policy| policy.renew_before.to_string()),
+        renew_before: policy.map(renew_before),
         ttl: policy.map(|policy| policy.ttl.to_string()),
         fail_safe_margin: policy.map(|policy| policy.fail_safe_margin.to_string()),
         windows: policy.map(|policy| policy.windows.len()),
+    }
+}
+
+/// `renewBefore` (or its default), or the percentage and what stands for the lifetime: the
+/// preview knows only the expiry, so the policy's `ttl` does (as for certificates no recorded
+/// refresh issued).
+fn renew_before(policy: &ValidPolicy) -> String {
+    match (policy.renew_before, policy.renew_before_percentage) {
+        (None, Some(percentage)) => format!(
+            "{percentage}% of the certificates' lifetime (taken as ttl, {})",
+            policy.ttl
+        ),
+        (renew_before, _) => renew_before.unwrap_or(DEFAULT_RENEW_BEFORE).to_string(),
     }
 }
 

@@ -18,15 +18,19 @@
 //! # Validation
 //! In the schema, checked by the API server on every write:
 //! - `policy` is one of the [`Mode`]s; `daysOfWeek` entries are full English day names;
-//! - `start` and `end` are exactly `HH:MM` (`24:00` only as an end), `start != end` (CEL);
-//! - `renewBefore`, `ttl` and `failSafeMargin` follow the duration grammar's syntax
-//!   ([`crate::duration`]);
+//! - a window is either `start` + `end` (with optional `daysOfWeek`) or `schedule` + `duration`
+//!   (CEL); `start` and `end` are exactly `HH:MM` (`24:00` only as an end), `start != end` (CEL);
+//! - `renewBefore`, `ttl`, `failSafeMargin` and a window's `duration` follow the duration
+//!   grammar's syntax ([`crate::duration`]);
+//! - at most one of `renewBefore` and `renewBeforePercentage` (CEL), the percentage 1 to 99;
 //! - at least one selector (CEL); `Scheduled` has at least one window (CEL);
-//! - at most [`MAX_WINDOWS`] windows, 7 days per window, `timezone` 1 to 64 characters.
+//! - at most [`MAX_WINDOWS`] windows, 7 days per window, `timezone` 1 to 64 characters,
+//!   `schedule` 1 to [`MAX_SCHEDULE_LENGTH`] characters.
 //!
 //! Checked by the controller and reported in the `Valid` condition (a schema cannot): the time
-//! zone is an exact IANA name of the bundled database, durations are positive and at most 10000y,
-//! `renewBefore` is shorter than `ttl`, the label selectors are well formed.
+//! zone is an exact IANA name of the bundled database, a `schedule` is a standard five-field cron
+//! expression that fires at all, durations are positive and at most 10000y, `renewBefore` is
+//! shorter than `ttl`, the label selectors are well formed.
 
 use jiff::civil::Weekday;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
@@ -39,7 +43,8 @@ use std::str::FromStr;
 
 use crate::duration::{FailSafeMargin, PolicyDuration, Ttl};
 
-/// `renewBefore` when the policy omits it: renew 30 days before expiry.
+/// `renewBefore` when the policy sets neither it nor `renewBeforePercentage`: renew 30 days
+/// before expiry.
 pub const DEFAULT_RENEW_BEFORE: PolicyDuration = PolicyDuration::from_secs_const(30 * 86_400);
 
 /// `ttl` when the policy omits it: one year, k8sd's own default lifetime.
@@ -54,6 +59,12 @@ pub const MAX_WINDOWS: usize = 32;
 
 /// The longest `timezone` accepted by the schema; the longest IANA name has 32 characters.
 pub const MAX_TIMEZONE_LENGTH: usize = 64;
+
+/// The longest `schedule` accepted by the schema: five cron fields with generous lists.
+pub const MAX_SCHEDULE_LENGTH: usize = 128;
+
+/// The range of `renewBeforePercentage`, as cert-manager's (0, 100) exclusive.
+pub const RENEW_BEFORE_PERCENTAGE_RANGE: std::ops::RangeInclusive<i32> = 1..=99;
 
 /// Condition types on a `CertificateRenewalPolicy` (positive polarity).
 pub mod conditions {
@@ -91,6 +102,7 @@ pub mod reasons {
     status = "CertificateRenewalPolicyStatus",
     printcolumn = r#"{"name":"Policy","type":"string","jsonPath":".spec.policy"}"#,
     printcolumn = r#"{"name":"RenewBefore","type":"string","jsonPath":".spec.renewBefore"}"#,
+    printcolumn = r#"{"name":"RenewBefore%","type":"integer","jsonPath":".spec.renewBeforePercentage","priority":1}"#,
     printcolumn = r#"{"name":"TTL","type":"string","jsonPath":".spec.ttl","priority":1}"#,
     printcolumn = r#"{"name":"Windows","type":"integer","jsonPath":".status.windowCount"}"#,
     printcolumn = r#"{"name":"Machines","type":"integer","jsonPath":".status.matchedMachines"}"#,
@@ -105,7 +117,11 @@ pub mod reasons {
     validation = Rule::new("self.policy != 'Scheduled' || (has(self.windows) && size(self.windows) > 0)")
         .message("policy Scheduled needs at least one window (use Automatic to renew at any time)")
         .field_path(".windows")
-        .reason(Reason::FieldValueRequired)
+        .reason(Reason::FieldValueRequired),
+    validation = Rule::new("!has(self.renewBefore) || !has(self.renewBeforePercentage)")
+        .message("set at most one of renewBefore and renewBeforePercentage")
+        .field_path(".renewBeforePercentage")
+        .reason(Reason::FieldValueForbidden)
 )]
 #[serde(rename_all = "camelCase")]
 pub struct CertificateRenewalPolicySpec {
@@ -128,10 +144,18 @@ pub struct CertificateRenewalPolicySpec {
     pub policy: Mode,
 
     /// How long before expiry renewal is due, such as 30d or 2w (units: y=365d, mo=30d, w, d,
-    /// h, m, s). Must be shorter than ttl. Default 30d.
-    #[serde(default = "default_renew_before")]
-    #[schemars(extend("default" = "30d"))]
-    pub renew_before: PolicyDuration,
+    /// h, m, s). Must be shorter than ttl. Not with renewBeforePercentage. When neither is set:
+    /// 30d.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renew_before: Option<PolicyDuration>,
+
+    /// How long before expiry renewal is due, as a percentage (1 to 99) of the certificates'
+    /// lifetime (NotAfter - NotBefore), as in cert-manager: 33 renews a 1y certificate about
+    /// 120 days before expiry. Not with renewBefore. When the lifetime's start is not known,
+    /// the policy's ttl stands for the lifetime.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 99))]
+    pub renew_before_percentage: Option<i32>,
 
     /// Lifetime of the renewed certificates, such as 1y or 6mo. Workers accept 10m to 68y (CSR
     /// expirationSeconds is an int32). Default 1y.
@@ -149,10 +173,6 @@ pub struct CertificateRenewalPolicySpec {
     #[serde(default = "default_fail_safe_margin")]
     #[schemars(extend("default" = "24h"))]
     pub fail_safe_margin: FailSafeMargin,
-}
-
-fn default_renew_before() -> PolicyDuration {
-    DEFAULT_RENEW_BEFORE
 }
 
 fn default_ttl() -> Ttl {
@@ -336,35 +356,88 @@ impl JsonSchema for WallTime {
     }
 }
 
-/// A maintenance window: every selected day from `start` to `end`, wall-clock time in
-/// `timezone`.
-#[derive(KubeSchema, Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// A maintenance window, in one of two forms: every selected day from `start` to `end`, or
+/// from each instant of a cron `schedule` for `duration`; wall-clock time in `timezone`.
+#[derive(KubeSchema, Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[x_kube(
-    validation = Rule::new("self.start != self.end")
+    validation = Rule::new("has(self.schedule) ? !has(self.start) && !has(self.end) && (!has(self.daysOfWeek) || size(self.daysOfWeek) == 0) : has(self.start) && has(self.end)")
+        .message("a window is either start and end (with optional daysOfWeek), or schedule and duration")
+        .reason(Reason::FieldValueInvalid),
+    validation = Rule::new("has(self.schedule) == has(self.duration)")
+        .message("schedule and duration go together: the window opens at each instant of the schedule and stays open for the duration")
+        .field_path(".duration")
+        .reason(Reason::FieldValueRequired),
+    validation = Rule::new("!has(self.start) || !has(self.end) || self.start != self.end")
         .message("end must differ from start: the window would be empty; a whole day is 00:00 to 24:00")
         .field_path(".end")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct Window {
     /// Days on which the window opens (full English names, such as Monday); an occurrence
-    /// belongs to the day it starts. Omitted or empty: every day.
+    /// belongs to the day it starts. Omitted or empty: every day. Only with start and end.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 7))]
     pub days_of_week: Vec<DayOfWeek>,
-    /// Opening wall-clock time, HH:MM (00:00 to 23:59).
+    /// Opening wall-clock time, HH:MM (00:00 to 23:59). With end; not with schedule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(pattern(START_PATTERN))]
-    pub start: WallTime,
+    pub start: Option<WallTime>,
     /// Closing wall-clock time, exclusive, HH:MM or 24:00. Earlier than start: the next day.
     /// Must differ from start (a whole day is 00:00 to 24:00).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(pattern(END_PATTERN))]
-    pub end: WallTime,
+    pub end: Option<WallTime>,
+    /// When the window opens, as a standard five-field cron expression (minute hour
+    /// day-of-month month day-of-week, such as "0 22 * * 1-5"; names such as MON or JAN and
+    /// @daily, @weekly, @monthly, @yearly, @hourly are accepted). With duration; not with
+    /// start, end or daysOfWeek.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = MAX_SCHEDULE_LENGTH))]
+    pub schedule: Option<String>,
+    /// How long the window stays open after each instant of schedule, in wall-clock time, such
+    /// as 4h or 2d (units: y=365d, mo=30d, w, d, h, m, s): "0 22 * * *" with 4h closes at
+    /// 02:00 even on a daylight-saving night.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration: Option<PolicyDuration>,
     /// IANA time zone name, exactly as in the tz database (such as Europe/London); the zone
-    /// database is built into the controller. Omitted: UTC. A start or end that falls in a
-    /// daylight-saving gap opens or closes at the first instant after the gap; in a repeated
-    /// hour, at the earlier instant.
+    /// database is built into the controller. Omitted: UTC. A start, end or schedule instant
+    /// that falls in a daylight-saving gap opens or closes at the first instant after the gap;
+    /// in a repeated hour, at the earlier instant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = MAX_TIMEZONE_LENGTH))]
     pub timezone: Option<String>,
+}
+
+impl Window {
+    /// A `daysOfWeek`/`start`/`end` window.
+    pub fn daily(
+        days: Vec<DayOfWeek>,
+        start: WallTime,
+        end: WallTime,
+        timezone: Option<String>,
+    ) -> Self {
+        Self {
+            days_of_week: days,
+            start: Some(start),
+            end: Some(end),
+            timezone,
+            ..Self::default()
+        }
+    }
+
+    /// A `schedule`/`duration` window.
+    pub fn scheduled(
+        schedule: impl Into<String>,
+        duration: PolicyDuration,
+        timezone: Option<String>,
+    ) -> Self {
+        Self {
+            schedule: Some(schedule.into()),
+            duration: Some(duration),
+            timezone,
+            ..Self::default()
+        }
+    }
 }
 
 #[cfg(test)]
@@ -375,12 +448,12 @@ mod tests {
     use serde_json::{Value, json};
 
     fn window(days: &[DayOfWeek], start: &str, end: &str, zone: Option<&str>) -> Window {
-        Window {
-            days_of_week: days.to_vec(),
-            start: start.parse().unwrap(),
-            end: end.parse().unwrap(),
-            timezone: zone.map(str::to_owned),
-        }
+        Window::daily(
+            days.to_vec(),
+            start.parse().unwrap(),
+            end.parse().unwrap(),
+            zone.map(str::to_owned),
+        )
     }
 
     #[test]
@@ -450,7 +523,14 @@ mod tests {
                 r#"{"start":"12:60","end":"13:00"}"#,
                 "invalid time \"12:60\"",
             ),
-            (r#"{"start":"01:00"}"#, "missing field `end`"),
+            (
+                r#"{"schedule":"0 22 * * *","duration":"0h"}"#,
+                "it must be longer than zero",
+            ),
+            (
+                r#"{"schedule":"0 22 * * *","duration":"4 hours"}"#,
+                "4 hours",
+            ),
         ];
         for (json, message) in rejected {
             let error = serde_json::from_str::<Window>(json)
@@ -458,6 +538,27 @@ mod tests {
                 .to_string();
             assert!(error.contains(message), "{json}: {error}");
         }
+    }
+
+    #[test]
+    fn a_schedule_window_is_schedule_duration_and_timezone() {
+        let json = r#"{"schedule":"0 22 * * 1-5","duration":"4h","timezone":"Europe/London"}"#;
+        let parsed: Window = serde_json::from_str(json).unwrap();
+        assert_eq!(
+            parsed,
+            Window::scheduled(
+                "0 22 * * 1-5",
+                "4h".parse().unwrap(),
+                Some("Europe/London".to_owned())
+            )
+        );
+        assert_eq!(parsed.start, None);
+        assert_eq!(serde_json::to_string(&parsed).unwrap(), json);
+        // Mixed or partial forms deserialise; the CEL rules and the controller reject them.
+        let mixed: Window =
+            serde_json::from_str(r#"{"start":"01:00","schedule":"0 1 * * *"}"#).unwrap();
+        assert_eq!(mixed.start, Some("01:00".parse().unwrap()));
+        assert_eq!(mixed.duration, None);
     }
 
     /// The policy's schema as the API server gets it.
@@ -475,11 +576,25 @@ mod tests {
         assert_eq!(properties["start"]["type"], "string");
         let days = serde_json::to_string(&properties["daysOfWeek"]).unwrap();
         assert!(days.contains("Wednesday"), "{days}");
-        assert_eq!(window["required"], json!(["end", "start"]));
+        // Either form: nothing is required by itself, the CEL rules tie the fields together.
+        assert_eq!(window.get("required"), None);
+        let rules: Vec<&str> = window["x-kubernetes-validations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|rule| rule["rule"].as_str().unwrap())
+            .collect();
         assert_eq!(
-            window["x-kubernetes-validations"][0]["rule"],
-            "self.start != self.end"
+            rules,
+            [
+                "has(self.schedule) ? !has(self.start) && !has(self.end) && (!has(self.daysOfWeek) || size(self.daysOfWeek) == 0) : has(self.start) && has(self.end)",
+                "has(self.schedule) == has(self.duration)",
+                "!has(self.start) || !has(self.end) || self.start != self.end",
+            ]
         );
+        assert_eq!(properties["schedule"]["type"], "string");
+        assert_eq!(properties["schedule"]["maxLength"], MAX_SCHEDULE_LENGTH);
+        assert_eq!(properties["duration"]["type"], "string");
     }
 
     #[test]
@@ -492,17 +607,16 @@ mod tests {
             json!(["Automatic", "Disabled", "Scheduled"])
         );
         // As users write them (serialising would print the canonical 1mo and 1d).
-        assert_eq!(properties["renewBefore"]["default"], "30d");
+        // renewBefore has no schema default: renewBeforePercentage may replace it, and the two
+        // are exclusive. The controller applies DEFAULT_RENEW_BEFORE when neither is set.
+        assert_eq!(properties["renewBefore"].get("default"), None);
+        assert_eq!(properties["renewBeforePercentage"]["minimum"], 1.0);
+        assert_eq!(properties["renewBeforePercentage"]["maximum"], 99.0);
         assert_eq!(properties["ttl"]["default"], "1y");
         assert_eq!(properties["failSafeMargin"]["default"], "24h");
-        for (field, default) in [
-            ("renewBefore", DEFAULT_RENEW_BEFORE.as_seconds()),
-            ("failSafeMargin", DEFAULT_FAIL_SAFE_MARGIN.as_seconds()),
-        ] {
-            let text = properties[field]["default"].as_str().unwrap();
-            let parsed: FailSafeMargin = text.parse().unwrap();
-            assert_eq!(parsed.as_seconds(), default, "{field}");
-        }
+        let margin = properties["failSafeMargin"]["default"].as_str().unwrap();
+        let margin: FailSafeMargin = margin.parse().unwrap();
+        assert_eq!(margin, DEFAULT_FAIL_SAFE_MARGIN);
         assert_eq!(properties["windows"]["maxItems"], MAX_WINDOWS);
         let rules: Vec<&str> = spec["x-kubernetes-validations"]
             .as_array()
@@ -515,6 +629,7 @@ mod tests {
             [
                 "has(self.clusterSelector) || has(self.machineSelector)",
                 "self.policy != 'Scheduled' || (has(self.windows) && size(self.windows) > 0)",
+                "!has(self.renewBefore) || !has(self.renewBeforePercentage)",
             ]
         );
     }
@@ -523,7 +638,8 @@ mod tests {
     fn omitted_fields_take_their_defaults() {
         let spec: CertificateRenewalPolicySpec =
             serde_json::from_value(json!({"clusterSelector": {}, "policy": "Automatic"})).unwrap();
-        assert_eq!(spec.renew_before, DEFAULT_RENEW_BEFORE);
+        assert_eq!(spec.renew_before, None);
+        assert_eq!(spec.renew_before_percentage, None);
         assert_eq!(spec.ttl, DEFAULT_TTL);
         assert_eq!(spec.fail_safe_margin, DEFAULT_FAIL_SAFE_MARGIN);
         assert!(spec.windows.is_empty());

@@ -904,7 +904,11 @@ impl Reconciler<'_> {
                         message.clone(),
                     )
                     .await;
-                    self.ctx.metrics.window_bypass.inc();
+                    self.ctx
+                        .metrics
+                        .renewal_bypassed
+                        .get_or_create(&crate::metrics::expiry_imminent())
+                        .inc();
                 }
                 let status = super::renewal::with_verdict(&status, &windows_ignored(verdict), now);
                 self.start_automatic(status, &name, policy.ttl, cluster)
@@ -978,8 +982,8 @@ impl Reconciler<'_> {
             Some(conditions::RENEWAL_DEFERRED) => {
                 self.ctx
                     .metrics
-                    .renewals_deferred
-                    .get_or_create(&labels)
+                    .renewal_deferred
+                    .get_or_create(&crate::metrics::deferred_reason(&renewal.reason))
                     .inc();
             }
             Some(conditions::RENEWAL_CONFIG_INVALID) => {

@@ -11,7 +11,10 @@
 //!   within the fail-safe margin, for a Warning.
 //! - No known expiry: [`Decision::NoExpiry`], nothing to do and no requeue. The expiry is
 //!   recorded by another controller; its write brings the object back.
-//! - Due time `D = expiry − renewBefore` (default 30d); fail-safe point
+//! - Due time `D = expiry − renewBefore` (default 30d), or with `renewBeforePercentage` `p`,
+//!   `D = expiry − p% × lifetime` (cert-manager's rule), the lifetime running from
+//!   [`Input::lifetime_start`] to expiry; when that start is not known (or not before expiry),
+//!   the policy's `ttl` stands for the lifetime (see [`Input::lifetime`]). Fail-safe point
 //!   `F = expiry − failSafeMargin` (default 24h; a zero margin puts `F` at expiry);
 //!   backoff end `B` from [`Backoff::retry_at`](super::backoff::Backoff::retry_at).
 //! - `Automatic` renews from `max(D, B)`, ignoring windows ([`Decision::windows_ignored`] tells
@@ -35,7 +38,7 @@
 
 use std::fmt;
 
-use jiff::Timestamp;
+use jiff::{SignedDuration, Timestamp};
 
 use super::backoff::{Backoff, Failures, saturating_sub};
 use super::duration::{FailSafeMargin, PolicyDuration, Ttl};
@@ -44,6 +47,7 @@ use super::window::{
     ValidWindow, Window, WindowError, WindowStart, first_containing, next_start_after,
     validate_windows,
 };
+use ck8s_certs_api::renewal_policy::{DEFAULT_TTL, RENEW_BEFORE_PERCENTAGE_RANGE};
 
 /// The policy's `policy` field and the defaults of omitted durations, from the CRD.
 pub use ck8s_certs_api::renewal_policy::{DEFAULT_FAIL_SAFE_MARGIN, DEFAULT_RENEW_BEFORE, Mode};
@@ -54,9 +58,15 @@ pub struct Input {
     /// The observed certificate expiry, if known.
     pub expiry: Option<Timestamp>,
     pub mode: Mode,
-    /// `None`: [`DEFAULT_RENEW_BEFORE`].
+    /// `None`: [`DEFAULT_RENEW_BEFORE`], unless `renew_before_percentage` is set.
     pub renew_before: Option<PolicyDuration>,
-    /// The policy's `ttl`, only to check it against `renewBefore`.
+    /// `renewBeforePercentage`: due this percentage (1 to 99) of the lifetime before expiry.
+    pub renew_before_percentage: Option<i32>,
+    /// When the certificates' lifetime began: the start of the refresh that issued them
+    /// ([`lifetime_start`](super::spec::lifetime_start)). `None`: not known.
+    pub lifetime_start: Option<Timestamp>,
+    /// The policy's `ttl`: checked against `renewBefore`, and the lifetime when its start is not
+    /// known. `None`: [`DEFAULT_TTL`].
     pub ttl: Option<Ttl>,
     pub windows: Vec<Window>,
     /// `None`: [`DEFAULT_FAIL_SAFE_MARGIN`].
@@ -74,6 +84,8 @@ impl Input {
             expiry,
             mode,
             renew_before: None,
+            renew_before_percentage: None,
+            lifetime_start: None,
             ttl: None,
             windows: Vec::new(),
             fail_safe_margin: None,
@@ -83,8 +95,41 @@ impl Input {
         }
     }
 
+    /// `renewBefore` as set, or the default; the percentage, when set, replaces it.
     pub fn renew_before(&self) -> PolicyDuration {
         self.renew_before.unwrap_or(DEFAULT_RENEW_BEFORE)
+    }
+
+    /// The same input with the certificates' lifetime start (for `renewBeforePercentage`).
+    pub fn with_lifetime_start(self, lifetime_start: Option<Timestamp>) -> Self {
+        Self {
+            lifetime_start,
+            ..self
+        }
+    }
+
+    /// The certificates' lifetime, NotBefore to NotAfter: from [`Self::lifetime_start`] when
+    /// it is known and before expiry, else the policy's `ttl` (the lifetime the policy gives
+    /// the certificates it renews; k8sd's default when `ttl` is omitted).
+    pub fn lifetime(&self, expires_at: Timestamp) -> SignedDuration {
+        match self.lifetime_start {
+            Some(start) if start < expires_at => expires_at.duration_since(start),
+            _ => self.ttl.unwrap_or(DEFAULT_TTL).as_duration(),
+        }
+    }
+
+    /// When renewal is due: `renewBefore` (or its default) before expiry, or
+    /// `renewBeforePercentage` of the lifetime before expiry (whole seconds, rounded down).
+    pub fn due_at(&self, expires_at: Timestamp) -> Timestamp {
+        let before = match (self.renew_before, self.renew_before_percentage) {
+            (None, Some(percentage)) => {
+                let seconds = self.lifetime(expires_at).as_secs();
+                // At most ~20000 years of seconds times 99: far from overflow; saturate anyway.
+                SignedDuration::from_secs(seconds.saturating_mul(percentage.into()) / 100)
+            }
+            _ => self.renew_before().as_duration(),
+        };
+        saturating_sub(expires_at, before)
     }
 
     pub fn fail_safe_margin(&self) -> FailSafeMargin {
@@ -101,7 +146,17 @@ impl Input {
         if self.mode == Mode::Scheduled && self.windows.is_empty() {
             errors.push(PolicyError::NoWindows);
         }
+        if self.renew_before.is_some() && self.renew_before_percentage.is_some() {
+            errors.push(PolicyError::RenewBeforeTwice);
+        }
+        if let Some(percentage) = self.renew_before_percentage
+            && !RENEW_BEFORE_PERCENTAGE_RANGE.contains(&percentage)
+        {
+            errors.push(PolicyError::RenewBeforePercentage(percentage));
+        }
+        // A percentage of the lifetime is always shorter than it.
         if let Some(ttl) = self.ttl
+            && self.renew_before_percentage.is_none()
             && self.renew_before().as_seconds() >= ttl.as_seconds()
         {
             errors.push(PolicyError::RenewBeforeNotShorterThanTtl {
@@ -143,6 +198,16 @@ pub enum PolicyError {
         renew_before: PolicyDuration,
         ttl: Ttl,
     },
+    /// Both `renewBefore` and `renewBeforePercentage` (also a CEL rule of the CRD).
+    #[error(
+        "renewBeforePercentage: set at most one of renewBefore (a duration before expiry) and renewBeforePercentage (a percentage of the certificates' lifetime)"
+    )]
+    RenewBeforeTwice,
+    /// Outside 1..=99 (also the CRD schema's bounds).
+    #[error(
+        "renewBeforePercentage: {0} is out of range: give a percentage of the certificates' lifetime from 1 to 99"
+    )]
+    RenewBeforePercentage(i32),
 }
 
 /// Every problem of an invalid policy. Its message is the one users see wherever the policy is
@@ -342,7 +407,7 @@ pub fn decide(input: &Input, now: Timestamp) -> Decision {
         Mode::Automatic => false,
         Mode::Scheduled => true,
     };
-    let due_at = saturating_sub(expires_at, input.renew_before().as_duration());
+    let due_at = input.due_at(expires_at);
     let backoff_until = input.backoff.retry_at(&input.failures, Some(fail_safe_at));
 
     // The earliest instant that is due and past the backoff, and which of the two it is.

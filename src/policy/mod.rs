@@ -27,6 +27,8 @@
 //! - [`duration`]: the TTL/duration grammar shared with the manual trigger (`1y6mo`, `1h30m`);
 //!   it lives in the API crate with the CRD whose fields use it, and is re-exported here.
 //! - [`window`]: maintenance windows in IANA zones, DST gaps and folds, several windows OR'ed.
+//! - [`cron`]: the `schedule`/`duration` form of a window (a cron expression), beside
+//!   `daysOfWeek`/`start`/`end`.
 //! - [`backoff`]: exponential backoff from the persisted failure history.
 //! - [`decision`]: the decision itself and its condition messages.
 //!
@@ -34,6 +36,7 @@
 //! backoff; only its TTL goes through this module ([`Ttl`]).
 
 pub mod backoff;
+pub mod cron;
 pub mod decision;
 pub mod spec;
 pub mod window;
@@ -45,12 +48,13 @@ pub use ck8s_certs_api::duration;
 pub(crate) mod testing;
 
 pub use backoff::{Backoff, BackoffError, Failures};
+pub use cron::{CronProblem, CronWindow};
 pub use decision::{
     Decision, DeferReason, Deferral, Input, InvalidPolicy, Mode, PolicyError, RenewReason, Renewal,
     Resume, decide, requeue_at,
 };
 pub use duration::{DurationError, FailSafeMargin, PolicyDuration, Ttl, WorkerTtlError};
-pub use spec::{MachineSelector, SelectorError, Settings, ValidPolicy, validate};
+pub use spec::{MachineSelector, SelectorError, Settings, ValidPolicy, lifetime_start, validate};
 pub use window::{
     DayOfWeek, ValidWindow, ValidateWindow, WallTime, Window, WindowError, WindowStart,
     upcoming_starts,

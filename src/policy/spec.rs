@@ -22,6 +22,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use ck8s_certs_api::machine_certificates::{MachineCertificatesStatus, Phase};
 use ck8s_certs_api::renewal_policy::{CertificateRenewalPolicySpec, MAX_WINDOWS};
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -45,7 +46,9 @@ pub struct Settings {
 pub struct ValidPolicy {
     pub selector: MachineSelector,
     pub mode: Mode,
-    pub renew_before: PolicyDuration,
+    /// As set; `None` with neither it nor the percentage set means the default (30d).
+    pub renew_before: Option<PolicyDuration>,
+    pub renew_before_percentage: Option<i32>,
     pub ttl: Ttl,
     pub windows: Vec<Window>,
     pub fail_safe_margin: FailSafeMargin,
@@ -54,7 +57,9 @@ pub struct ValidPolicy {
 
 impl ValidPolicy {
     /// The decision's input for one Machine: its certificates' expiry (if known) and its
-    /// automatic-renewal failure history.
+    /// automatic-renewal failure history. The lifetime start is not known here: add it with
+    /// [`Input::with_lifetime_start`] and [`lifetime_start`] for `renewBeforePercentage`
+    /// (without it, the policy's `ttl` stands for the lifetime).
     pub fn input(
         &self,
         expiry: Option<Timestamp>,
@@ -64,7 +69,9 @@ impl ValidPolicy {
         Input {
             expiry,
             mode: self.mode,
-            renew_before: Some(self.renew_before),
+            renew_before: self.renew_before,
+            renew_before_percentage: self.renew_before_percentage,
+            lifetime_start: None,
             ttl: Some(self.ttl),
             windows: self.windows.clone(),
             fail_safe_margin: Some(self.fail_safe_margin),
@@ -112,6 +119,7 @@ pub fn validate(spec: &CertificateRenewalPolicySpec) -> Result<ValidPolicy, Inva
         selector,
         mode: spec.policy,
         renew_before: spec.renew_before,
+        renew_before_percentage: spec.renew_before_percentage,
         ttl: spec.ttl,
         windows: spec.windows.clone(),
         fail_safe_margin: spec.fail_safe_margin,
@@ -130,6 +138,22 @@ pub fn validate(spec: &CertificateRenewalPolicySpec) -> Result<ValidPolicy, Inva
     } else {
         Err(InvalidPolicy { errors })
     }
+}
+
+/// When the lifetime of a Machine's current certificates began, as far as its status tells:
+/// the start of the refresh that issued them, that is the last operation if it succeeded and
+/// reported the expiry the status holds. The start is taken rather than the end because the
+/// node signs during the operation: the lifetime comes out at most the operation's length too
+/// long, which makes a percentage due slightly early, never late.
+///
+/// `None` for certificates no recorded refresh issued (those of the node's bootstrap, or an
+/// expiry read from k8sd since): then the policy's `ttl` stands for the lifetime
+/// ([`Input::lifetime`]).
+pub fn lifetime_start(status: &MachineCertificatesStatus) -> Option<Timestamp> {
+    let operation = status.operation.as_ref()?;
+    let expiry = status.expiry.as_ref()?;
+    (operation.phase == Phase::Succeeded && operation.new_expiry.as_ref() == Some(expiry))
+        .then_some(operation.started_at.0)
 }
 
 /// The selectors of a policy alone, so that even an otherwise invalid policy can say which
@@ -350,8 +374,9 @@ fn check_label_value(value: &str) -> Result<(), &'static str> {
 mod tests {
     use super::*;
     use crate::policy::testing::utc;
-    use crate::policy::{Decision, DeferReason, decide};
+    use crate::policy::{Decision, DeferReason, decide, requeue_at};
     use ck8s_certs_api::renewal_policy::{DEFAULT_FAIL_SAFE_MARGIN, DEFAULT_RENEW_BEFORE};
+    use jiff::SignedDuration;
     use serde_json::json;
 
     fn spec(value: serde_json::Value) -> CertificateRenewalPolicySpec {
@@ -418,7 +443,14 @@ mod tests {
     fn omitted_durations_are_the_defaults() {
         let policy =
             validate(&spec(json!({"machineSelector": {}, "policy": "Automatic"}))).unwrap();
-        assert_eq!(policy.renew_before, DEFAULT_RENEW_BEFORE);
+        assert_eq!(policy.renew_before, None);
+        assert_eq!(policy.renew_before_percentage, None);
+        let input = policy.input(None, Failures::default(), Settings::default());
+        assert_eq!(input.renew_before(), DEFAULT_RENEW_BEFORE);
+        assert_eq!(
+            input.due_at(utc("2026-12-20T00:00:00Z")),
+            utc("2026-11-20T00:00:00Z")
+        );
         assert_eq!(policy.fail_safe_margin, DEFAULT_FAIL_SAFE_MARGIN);
         assert_eq!(policy.ttl.to_string(), "1y");
         assert!(
@@ -426,6 +458,106 @@ mod tests {
                 .upcoming_starts(utc("2026-11-21T12:00:00Z"), 5)
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn renew_before_percentage_is_a_share_of_the_lifetime() {
+        let policy = validate(&spec(json!({
+            "machineSelector": {},
+            "policy": "Automatic",
+            "renewBeforePercentage": 25,
+            "ttl": "100d",
+        })))
+        .unwrap();
+        let expiry = utc("2026-12-20T00:00:00Z");
+        let input = policy.input(Some(expiry), Failures::default(), Settings::default());
+        // Lifetime start unknown: the policy's ttl (100d) is the lifetime, due 25d before.
+        assert_eq!(input.lifetime(expiry), SignedDuration::from_hours(100 * 24));
+        assert_eq!(input.due_at(expiry), utc("2026-11-25T00:00:00Z"));
+        // Known start: a 40-day lifetime, due 10 days before expiry.
+        let known = input
+            .clone()
+            .with_lifetime_start(Some(utc("2026-11-10T00:00:00Z")));
+        assert_eq!(known.due_at(expiry), utc("2026-12-10T00:00:00Z"));
+        // Whole seconds, rounded down: 25% of 40d + 4s is 10d + 1s; of 40d + 3s, 10d + 0.75s.
+        let four = input
+            .clone()
+            .with_lifetime_start(Some(utc("2026-11-09T23:59:56Z")));
+        assert_eq!(four.due_at(expiry), utc("2026-12-09T23:59:59Z"));
+        let three = input
+            .clone()
+            .with_lifetime_start(Some(utc("2026-11-09T23:59:57Z")));
+        assert_eq!(three.due_at(expiry), utc("2026-12-10T00:00:00Z"));
+        // A start at or after expiry is not a lifetime: the ttl stands in.
+        let nonsense = input.clone().with_lifetime_start(Some(expiry));
+        assert_eq!(nonsense.due_at(expiry), utc("2026-11-25T00:00:00Z"));
+        // The decision uses it.
+        let decision = crate::policy::decide(&known, utc("2026-12-01T00:00:00Z"));
+        assert_eq!(requeue_at(&decision), Some(utc("2026-12-10T00:00:00Z")));
+        // renewBefore not shorter than ttl is not checked against a percentage's default.
+        let short_ttl = spec(json!({
+            "machineSelector": {}, "policy": "Automatic", "renewBeforePercentage": 50, "ttl": "7d",
+        }));
+        assert!(validate(&short_ttl).is_ok());
+    }
+
+    #[test]
+    fn the_lifetime_starts_with_the_refresh_that_issued_the_certificates() {
+        use ck8s_certs_api::machine_certificates::{Operation, Origin};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let expiry = Time(utc("2027-11-20T00:00:30Z"));
+        let operation = |phase, new_expiry: Option<&Time>| Operation {
+            phase,
+            new_expiry: new_expiry.cloned(),
+            finished_at: Some(Time(utc("2026-11-20T00:01:00Z"))),
+            ..Operation::pending(
+                Origin::Policy,
+                None,
+                None,
+                "1y".into(),
+                365 * 86_400,
+                Time(utc("2026-11-20T00:00:00Z")),
+            )
+        };
+        let status =
+            |operation: Option<Operation>, expiry: Option<&Time>| MachineCertificatesStatus {
+                operation,
+                expiry: expiry.cloned(),
+                ..Default::default()
+            };
+        let issued = status(
+            Some(operation(Phase::Succeeded, Some(&expiry))),
+            Some(&expiry),
+        );
+        assert_eq!(lifetime_start(&issued), Some(utc("2026-11-20T00:00:00Z")));
+        let other = Time(utc("2030-01-01T00:00:00Z"));
+        for (status, why) in [
+            (
+                status(None, Some(&expiry)),
+                "no refresh recorded (bootstrap certificates)",
+            ),
+            (
+                status(Some(operation(Phase::Failed, None)), Some(&expiry)),
+                "the last refresh failed",
+            ),
+            (
+                status(Some(operation(Phase::Running, None)), Some(&expiry)),
+                "a refresh in flight",
+            ),
+            (
+                status(
+                    Some(operation(Phase::Succeeded, Some(&expiry))),
+                    Some(&other),
+                ),
+                "the expiry changed since (read from k8sd)",
+            ),
+            (
+                status(Some(operation(Phase::Succeeded, Some(&expiry))), None),
+                "no expiry",
+            ),
+        ] {
+            assert_eq!(lifetime_start(&status), None, "{why}");
+        }
     }
 
     #[test]
@@ -458,6 +590,34 @@ mod tests {
                 json!({"clusterSelector": {}, "policy": "Automatic", "renewBefore": "1y", "ttl": "1y"}),
                 &[
                     "renewBefore: 1y must be shorter than ttl (1y), or every renewal would be due again at once",
+                ],
+            ),
+            (
+                json!({"clusterSelector": {}, "policy": "Automatic", "renewBefore": "10d", "renewBeforePercentage": 20}),
+                &[
+                    "renewBeforePercentage: set at most one of renewBefore (a duration before expiry) and renewBeforePercentage (a percentage of the certificates' lifetime)",
+                ],
+            ),
+            (
+                json!({"clusterSelector": {}, "policy": "Automatic", "renewBeforePercentage": 0}),
+                &[
+                    "renewBeforePercentage: 0 is out of range: give a percentage of the certificates' lifetime from 1 to 99",
+                ],
+            ),
+            (
+                json!({"clusterSelector": {}, "policy": "Automatic", "renewBeforePercentage": 100}),
+                &[
+                    "renewBeforePercentage: 100 is out of range: give a percentage of the certificates' lifetime from 1 to 99",
+                ],
+            ),
+            (
+                json!({"clusterSelector": {}, "policy": "Scheduled", "windows": [
+                    {"schedule": "0 0 31 2 *", "duration": "4h"},
+                    {"schedule": "0 22 * * 1-5", "start": "22:00", "end": "02:00", "duration": "4h"},
+                ]}),
+                &[
+                    "windows[0].schedule: \"0 0 31 2 *\" never fires: no date has that day of the month in that month (such as February 31st)",
+                    "windows[1].schedule: cannot be combined with start, end or daysOfWeek: a window is either start and end (with optional daysOfWeek), or schedule and duration",
                 ],
             ),
             // An invalid window makes the policy invalid whatever its mode.

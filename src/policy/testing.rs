@@ -11,14 +11,19 @@ pub fn utc(text: &str) -> Timestamp {
     text.parse().unwrap()
 }
 
-/// A window as the CRD would hold it.
+/// A `daysOfWeek`/`start`/`end` window as the CRD would hold it.
 pub fn window(days: &[DayOfWeek], start: &str, end: &str, zone: Option<&str>) -> Window {
-    Window {
-        days_of_week: days.to_vec(),
-        start: start.parse().unwrap(),
-        end: end.parse().unwrap(),
-        timezone: zone.map(str::to_owned),
-    }
+    Window::daily(
+        days.to_vec(),
+        start.parse().unwrap(),
+        end.parse().unwrap(),
+        zone.map(str::to_owned),
+    )
+}
+
+/// A `schedule`/`duration` window as the CRD would hold it.
+pub fn cron_window(schedule: &str, duration: &str, zone: Option<&str>) -> Window {
+    Window::scheduled(schedule, duration.parse().unwrap(), zone.map(str::to_owned))
 }
 
 /// Zones with the awkward cases: DST gaps and folds, half-hour and 45-minute offsets and
@@ -56,11 +61,8 @@ pub fn arbitrary_window() -> impl Strategy<Value = Window> {
         proptest::sample::select(ZONES),
     )
         .prop_filter("start != end", |(_, start, end, _)| start != end)
-        .prop_map(|(days, start, end, zone)| Window {
-            days_of_week: days,
-            start,
-            end,
-            timezone: (zone != "UTC").then(|| zone.to_owned()),
+        .prop_map(|(days, start, end, zone)| {
+            Window::daily(days, start, end, (zone != "UTC").then(|| zone.to_owned()))
         })
 }
 

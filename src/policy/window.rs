@@ -1,9 +1,11 @@
 //! Maintenance windows: when, in wall-clock time, a policy lets automatic renewals start.
 //!
 //! [`Window`] is the form a `CertificateRenewalPolicy` holds; it and its field types live in the
-//! API crate (`ck8s_certs_api::renewal_policy`) and are re-exported here. The field types catch
-//! what a schema can (`HH:MM`, day names); [`ValidateWindow::validate`] checks the rest (`24:00`
-//! as a start, `start == end`, the time zone) and yields a [`ValidWindow`], the only form the
+//! API crate (`ck8s_certs_api::renewal_policy`) and are re-exported here. A window is either
+//! `daysOfWeek`/`start`/`end` (this module) or `schedule`/`duration` (a cron expression,
+//! [`super::cron`]), both in `timezone`. The field types catch what a schema can (`HH:MM`, day
+//! names); [`ValidateWindow::validate`] checks the rest (exactly one form, `24:00` as a start,
+//! `start == end`, the schedule, the time zone) and yields a [`ValidWindow`], the only form the
 //! other functions take. Errors name the field path, such as `windows[1].start`.
 //!
 //! # Semantics (design.md §4, settled details)
@@ -19,8 +21,11 @@
 //!   it does not exist that day.
 //! - Zones are exact IANA names. jiff looks names up case-insensitively and knows `Etc/Unknown`;
 //!   we reject a case variant (`europe/london`) with a suggestion, `Etc/Unknown`, and `""`.
-//! - Several windows are OR'ed: [`first_containing`] reports the first in list order,
-//!   [`next_start_after`] the earliest start (the first in list order on a tie).
+//! - Several windows are OR'ed, whatever their form: [`first_containing`] reports the first in
+//!   list order, [`next_start_after`] the earliest start (the first in list order on a tie).
+//!
+//! The same rules hold for schedule windows, whose `duration` is wall-clock time; the cron
+//! module says what a firing in a repeated hour does.
 
 use std::fmt;
 use std::sync::LazyLock;
@@ -31,6 +36,8 @@ use jiff::civil::{Date, DateTime, Time, Weekday};
 use jiff::tz::{AmbiguousOffset, TimeZone, TimeZoneDatabase};
 
 pub use ck8s_certs_api::renewal_policy::{DayOfWeek, WallTime, WallTimeError, Window};
+
+use super::cron::{CronProblem, CronWindow};
 
 /// How many days around an instant's local date may hold an occurrence that contains it. An
 /// occurrence lasts at most a wall-clock day, but a gap can push its end further (Pacific/Apia
@@ -69,7 +76,20 @@ pub enum WindowProblem {
         expected: &'static str,
     },
     UnknownTimeZone(String),
+    /// A field of one form set in a window of the other (`schedule` with `start`).
+    MixedForms,
+    /// A field missing: `with` names the field that needs it, `None` when neither form is set.
+    Required {
+        with: Option<&'static str>,
+    },
+    /// `duration` without `schedule`.
+    DurationWithoutSchedule,
+    Schedule(CronProblem),
 }
+
+/// The two forms, for messages.
+const FORMS: &str =
+    "a window is either start and end (with optional daysOfWeek), or schedule and duration";
 
 impl fmt::Display for WindowProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -95,6 +115,14 @@ impl fmt::Display for WindowProblem {
                 f,
                 "{given:?} is not an IANA time zone name (such as UTC, Europe/London or America/New_York)"
             ),
+            Self::MixedForms => write!(f, "cannot be combined with start, end or daysOfWeek: {FORMS}"),
+            Self::Required { with: Some(with) } => write!(f, "is required with {with}: {FORMS}"),
+            Self::Required { with: None } => write!(f, "is required: {FORMS}"),
+            Self::DurationWithoutSchedule => write!(
+                f,
+                "only goes with schedule (how long the window stays open after each instant of the schedule): {FORMS}"
+            ),
+            Self::Schedule(problem) => problem.fmt(f),
         }
     }
 }
@@ -110,11 +138,21 @@ pub struct WindowError {
 /// A checked window, ready to answer questions about instants.
 #[derive(Debug, Clone)]
 pub struct ValidWindow {
-    /// Selected start days, indexed by `Weekday::to_monday_zero_offset`.
-    days: [bool; 7],
-    start: WallTime,
-    end: WallTime,
+    form: Form,
     zone: TimeZone,
+}
+
+#[derive(Debug, Clone)]
+enum Form {
+    /// `daysOfWeek`/`start`/`end`.
+    Daily {
+        /// Selected start days, indexed by `Weekday::to_monday_zero_offset`.
+        days: [bool; 7],
+        start: WallTime,
+        end: WallTime,
+    },
+    /// `schedule`/`duration` (boxed: a parsed cron expression is a few hundred bytes).
+    Schedule(Box<CronWindow>),
 }
 
 /// One occurrence of a window: `[start, end)`, never empty.
@@ -175,30 +213,80 @@ impl ValidateWindow for Window {
                 problem,
             });
         };
-        if self.start == WallTime::END_OF_DAY {
-            problem("start", WindowProblem::StartAtEndOfDay);
-        } else if self.start == self.end {
-            problem("end", WindowProblem::Empty(self.start));
-        }
+        let daily = self.start.is_some() || self.end.is_some() || !self.days_of_week.is_empty();
+        let form = match (
+            self.start,
+            self.end,
+            self.schedule.as_deref(),
+            self.duration,
+        ) {
+            (Some(start), Some(end), None, None) => {
+                if start == WallTime::END_OF_DAY {
+                    problem("start", WindowProblem::StartAtEndOfDay);
+                } else if start == end {
+                    problem("end", WindowProblem::Empty(start));
+                }
+                let mut days = [self.days_of_week.is_empty(); 7];
+                for &day in &self.days_of_week {
+                    days[day_index(day.into())] = true;
+                }
+                Some(Form::Daily { days, start, end })
+            }
+            (None, None, Some(schedule), Some(duration)) if !daily => {
+                match CronWindow::parse(schedule, duration) {
+                    Ok(window) => Some(Form::Schedule(Box::new(window))),
+                    Err(error) => {
+                        problem("schedule", WindowProblem::Schedule(error));
+                        None
+                    }
+                }
+            }
+            (start, end, schedule, duration) => {
+                if schedule.is_some() {
+                    if daily {
+                        problem("schedule", WindowProblem::MixedForms);
+                    }
+                    if duration.is_none() {
+                        problem(
+                            "duration",
+                            WindowProblem::Required {
+                                with: Some("schedule"),
+                            },
+                        );
+                    }
+                } else {
+                    if duration.is_some() {
+                        problem("duration", WindowProblem::DurationWithoutSchedule);
+                    }
+                    let with = |other: Option<WallTime>, name| other.map(|_| name);
+                    if start.is_none() {
+                        problem(
+                            "start",
+                            WindowProblem::Required {
+                                with: with(end, "end"),
+                            },
+                        );
+                    }
+                    if end.is_none() {
+                        problem(
+                            "end",
+                            WindowProblem::Required {
+                                with: with(start, "start"),
+                            },
+                        );
+                    }
+                }
+                None
+            }
+        };
         let zone = match self.timezone.as_deref() {
             None => Some(TimeZone::UTC),
             Some(name) => lookup_zone(name)
                 .map_err(|error| problem("timezone", error))
                 .ok(),
         };
-        match zone {
-            Some(zone) if errors.is_empty() => {
-                let mut days = [self.days_of_week.is_empty(); 7];
-                for &day in &self.days_of_week {
-                    days[day_index(day.into())] = true;
-                }
-                Ok(ValidWindow {
-                    days,
-                    start: self.start,
-                    end: self.end,
-                    zone,
-                })
-            }
+        match (form, zone) {
+            (Some(form), Some(zone)) if errors.is_empty() => Ok(ValidWindow { form, zone }),
             _ => Err(errors),
         }
     }
@@ -266,7 +354,7 @@ fn day_index(day: Weekday) -> usize {
 }
 
 /// The instant a wall time names in `zone` (see the module docs for gaps and folds).
-fn resolve(zone: &TimeZone, wall: DateTime) -> Option<Timestamp> {
+pub(super) fn resolve(zone: &TimeZone, wall: DateTime) -> Option<Timestamp> {
     match zone.to_ambiguous_timestamp(wall).offset() {
         AmbiguousOffset::Unambiguous { offset } => offset.to_timestamp(wall).ok(),
         // A repeated hour: the offset in force before the clocks went back gives the earlier
@@ -300,23 +388,33 @@ impl ValidWindow {
     }
 
     /// The occurrence that starts on `date` (local to the window's zone), if the day is
-    /// selected and the occurrence does not collapse in a gap.
+    /// selected and the occurrence does not collapse in a gap. Only for `daysOfWeek`/`start`/
+    /// `end` windows: a schedule window's occurrences start at its firings, any number a day.
     pub fn occurrence(&self, date: Date) -> Option<Occurrence> {
-        if !self.days[day_index(date.weekday())] {
+        let Form::Daily { days, start, end } = &self.form else {
+            return None;
+        };
+        if !days[day_index(date.weekday())] {
             return None;
         }
-        let start = resolve(&self.zone, wall_time_on(self.start, date)?)?;
-        let end_date = if self.end < self.start {
+        let start_at = resolve(&self.zone, wall_time_on(*start, date)?)?;
+        let end_date = if end < start {
             date.tomorrow().ok()?
         } else {
             date
         };
-        let end = resolve(&self.zone, wall_time_on(self.end, end_date)?)?;
-        (start < end).then_some(Occurrence { start, end })
+        let end_at = resolve(&self.zone, wall_time_on(*end, end_date)?)?;
+        (start_at < end_at).then_some(Occurrence {
+            start: start_at,
+            end: end_at,
+        })
     }
 
     /// Whether `t` is inside an occurrence (start inclusive, end exclusive).
     pub fn contains(&self, t: Timestamp) -> bool {
+        if let Form::Schedule(cron) = &self.form {
+            return cron.contains(&self.zone, t);
+        }
         let local = self.zone.to_datetime(t).date();
         dates(days_before(local, DAYS_BACK), DAYS_BACK + 1 + DAYS_AHEAD)
             .filter_map(|date| self.occurrence(date))
@@ -328,6 +426,9 @@ impl ValidWindow {
     ///
     /// A `t` that is itself a start is not returned: `contains(t)` answers for it.
     pub fn next_start_after(&self, t: Timestamp) -> Option<Timestamp> {
+        if let Form::Schedule(cron) = &self.form {
+            return cron.next_start_after(&self.zone, t);
+        }
         let local = self.zone.to_datetime(t).date();
         // Starts never decrease from one date to the next (wall-time resolution is monotonic),
         // so the first one after `t` in date order is the earliest.
@@ -366,717 +467,4 @@ pub fn upcoming_starts(windows: &[ValidWindow], t: Timestamp, count: usize) -> V
 }
 
 #[cfg(test)]
-mod tests {
-    use super::DayOfWeek::*;
-    use super::*;
-    use crate::policy::testing::{arbitrary_instant, arbitrary_window, utc, window};
-    use jiff::civil::date;
-    use proptest::prelude::*;
-
-    fn valid(days: &[DayOfWeek], start: &str, end: &str, zone: Option<&str>) -> ValidWindow {
-        window(days, start, end, zone).validate(0).unwrap()
-    }
-
-    /// A wall time in a zone, unambiguous (tests pick such times).
-    fn at(zone: &str, y: i16, mo: i8, d: i8, h: i8, mi: i8) -> Timestamp {
-        date(y, mo, d)
-            .at(h, mi, 0, 0)
-            .to_zoned(TimeZone::get(zone).unwrap())
-            .unwrap()
-            .timestamp()
-    }
-
-    // The wall-time grammar, the CRD form (camelCase, day names) and the schema are tested with
-    // the types in `ck8s_certs_api::renewal_policy`.
-
-    #[test]
-    fn validation_names_the_field_and_the_reason() {
-        let rows: &[(Window, &[&str])] = &[
-            (
-                window(&[], "24:00", "01:00", None),
-                &[
-                    "windows[2].start: 24:00 is only allowed as an end; a window that opens at midnight starts at 00:00",
-                ],
-            ),
-            (
-                window(&[], "09:00", "09:00", None),
-                &[
-                    "windows[2].end: must differ from start (09:00): the window would be empty; a whole day is 00:00 to 24:00",
-                ],
-            ),
-            (
-                window(&[], "01:00", "02:00", Some("")),
-                &[
-                    "windows[2].timezone: must not be empty: omit it for UTC, or give an IANA name such as Europe/London",
-                ],
-            ),
-            (
-                window(&[], "01:00", "02:00", Some("europe/london")),
-                &[
-                    "windows[2].timezone: \"europe/london\" is not an IANA time zone name: names are case-sensitive, did you mean \"Europe/London\"?",
-                ],
-            ),
-            (
-                window(&[], "01:00", "02:00", Some("utc")),
-                &[
-                    "windows[2].timezone: \"utc\" is not an IANA time zone name: names are case-sensitive, did you mean \"UTC\"?",
-                ],
-            ),
-            (
-                window(&[], "01:00", "02:00", Some("Etc/Unknown")),
-                &[
-                    "windows[2].timezone: \"Etc/Unknown\" stands for an unknown time zone, not a real one: give an IANA name such as Europe/London, or omit it for UTC",
-                ],
-            ),
-            (
-                window(&[], "01:00", "02:00", Some("Mars/Olympus_Mons")),
-                &[
-                    "windows[2].timezone: \"Mars/Olympus_Mons\" is not an IANA time zone name (such as UTC, Europe/London or America/New_York)",
-                ],
-            ),
-            (
-                window(&[], "01:00", "02:00", Some(" UTC")),
-                &[
-                    "windows[2].timezone: \" UTC\" is not an IANA time zone name (such as UTC, Europe/London or America/New_York)",
-                ],
-            ),
-            (
-                window(&[], "01:00", "02:00", Some("+05:30")),
-                &[
-                    "windows[2].timezone: \"+05:30\" is not an IANA time zone name (such as UTC, Europe/London or America/New_York)",
-                ],
-            ),
-            (
-                window(&[], "24:00", "24:00", Some("")),
-                &[
-                    "windows[2].start: 24:00 is only allowed as an end; a window that opens at midnight starts at 00:00",
-                    "windows[2].timezone: must not be empty: omit it for UTC, or give an IANA name such as Europe/London",
-                ],
-            ),
-        ];
-        for (window, expected) in rows {
-            let errors: Vec<String> = window
-                .validate(2)
-                .unwrap_err()
-                .iter()
-                .map(ToString::to_string)
-                .collect();
-            assert_eq!(&errors, expected);
-        }
-        for zone in [
-            "UTC",
-            "Etc/UTC",
-            "Europe/London",
-            "America/New_York",
-            "Asia/Kolkata",
-            "Australia/Lord_Howe",
-            "US/Eastern",
-            "Asia/Calcutta",
-        ] {
-            assert!(
-                window(&[], "01:00", "02:00", Some(zone))
-                    .validate(0)
-                    .is_ok(),
-                "{zone}"
-            );
-        }
-        let all = validate_windows(&[
-            window(&[], "01:00", "02:00", None),
-            window(&[], "03:00", "03:00", None),
-            window(&[], "01:00", "02:00", Some("Nowhere")),
-        ]);
-        let paths: Vec<String> = all
-            .unwrap_err()
-            .into_iter()
-            .map(|error| error.path)
-            .collect();
-        assert_eq!(paths, ["windows[1].end", "windows[2].timezone"]);
-    }
-
-    /// (window, instant, expected contains, expected next start after the instant).
-    type Row = (ValidWindow, Timestamp, bool, Option<Timestamp>);
-
-    fn check(rows: &[Row]) {
-        for (i, (window, t, inside, next)) in rows.iter().enumerate() {
-            assert_eq!(window.contains(*t), *inside, "row {i}: contains({t})");
-            assert_eq!(
-                window.next_start_after(*t),
-                *next,
-                "row {i}: next_start_after({t})"
-            );
-        }
-    }
-
-    #[test]
-    fn windows_in_utc_across_midnight_and_the_week() {
-        // 2026-11-22 is a Sunday.
-        let sunday_night = valid(&[Sunday], "22:00", "02:00", None);
-        let friday_to_midnight = valid(&[Friday], "22:00", "24:00", None);
-        let saturday_all_day = valid(&[Saturday], "00:00", "24:00", None);
-        let every_day = valid(&[], "09:00", "17:00", None);
-        let sunday = Some(utc("2026-11-22T22:00:00Z"));
-        let next_sunday = Some(utc("2026-11-29T22:00:00Z"));
-        check(&[
-            (
-                sunday_night.clone(),
-                utc("2026-11-22T21:59:59Z"),
-                false,
-                sunday,
-            ),
-            (
-                sunday_night.clone(),
-                utc("2026-11-22T22:00:00Z"),
-                true,
-                next_sunday,
-            ),
-            (
-                sunday_night.clone(),
-                utc("2026-11-22T23:30:00Z"),
-                true,
-                next_sunday,
-            ),
-            // Monday early morning belongs to Sunday's window.
-            (
-                sunday_night.clone(),
-                utc("2026-11-23T01:59:59Z"),
-                true,
-                next_sunday,
-            ),
-            (
-                sunday_night.clone(),
-                utc("2026-11-23T02:00:00Z"),
-                false,
-                next_sunday,
-            ),
-            (
-                sunday_night.clone(),
-                utc("2026-11-23T22:30:00Z"),
-                false,
-                next_sunday,
-            ),
-            // Sunday early morning would belong to Saturday's, which is not selected.
-            (
-                sunday_night.clone(),
-                utc("2026-11-29T00:30:00Z"),
-                false,
-                next_sunday,
-            ),
-            (
-                friday_to_midnight.clone(),
-                utc("2026-11-27T23:59:59Z"),
-                true,
-                Some(utc("2026-12-04T22:00:00Z")),
-            ),
-            (
-                friday_to_midnight.clone(),
-                utc("2026-11-28T00:00:00Z"),
-                false,
-                Some(utc("2026-12-04T22:00:00Z")),
-            ),
-            (
-                saturday_all_day.clone(),
-                utc("2026-11-28T00:00:00Z"),
-                true,
-                Some(utc("2026-12-05T00:00:00Z")),
-            ),
-            (
-                saturday_all_day.clone(),
-                utc("2026-11-28T23:59:59Z"),
-                true,
-                Some(utc("2026-12-05T00:00:00Z")),
-            ),
-            (
-                saturday_all_day.clone(),
-                utc("2026-11-29T00:00:00Z"),
-                false,
-                Some(utc("2026-12-05T00:00:00Z")),
-            ),
-            (
-                saturday_all_day.clone(),
-                utc("2026-11-27T23:59:59Z"),
-                false,
-                Some(utc("2026-11-28T00:00:00Z")),
-            ),
-            // Empty daysOfWeek: every day.
-            (
-                every_day.clone(),
-                utc("2026-11-28T08:00:00Z"),
-                false,
-                Some(utc("2026-11-28T09:00:00Z")),
-            ),
-            (
-                every_day.clone(),
-                utc("2026-11-29T16:59:59Z"),
-                true,
-                Some(utc("2026-11-30T09:00:00Z")),
-            ),
-            (
-                every_day.clone(),
-                utc("2026-11-29T17:00:00Z"),
-                false,
-                Some(utc("2026-11-30T09:00:00Z")),
-            ),
-        ]);
-    }
-
-    #[test]
-    fn new_york_spring_forward_gap() {
-        // 2026-03-08: 02:00 EST becomes 03:00 EDT at 07:00Z; 02:00-03:00 does not exist.
-        let ny = Some("America/New_York");
-        let starts_in_gap = valid(&[], "02:30", "04:00", ny);
-        let inside_gap = valid(&[], "02:00", "02:30", ny);
-        let ends_in_gap = valid(&[Saturday], "22:00", "02:30", ny);
-        check(&[
-            (
-                starts_in_gap.clone(),
-                utc("2026-03-08T06:59:59Z"),
-                false,
-                Some(utc("2026-03-08T07:00:00Z")),
-            ),
-            (
-                starts_in_gap.clone(),
-                utc("2026-03-08T07:00:00Z"),
-                true,
-                Some(utc("2026-03-09T06:30:00Z")),
-            ),
-            (
-                starts_in_gap.clone(),
-                utc("2026-03-08T07:59:59Z"),
-                true,
-                Some(utc("2026-03-09T06:30:00Z")),
-            ),
-            (
-                starts_in_gap.clone(),
-                utc("2026-03-08T08:00:00Z"),
-                false,
-                Some(utc("2026-03-09T06:30:00Z")),
-            ),
-            // The day before: ordinary EST.
-            (
-                starts_in_gap.clone(),
-                utc("2026-03-07T07:30:00Z"),
-                true,
-                Some(utc("2026-03-08T07:00:00Z")),
-            ),
-            // Start and end both in the gap: no occurrence on 03-08.
-            (
-                inside_gap.clone(),
-                utc("2026-03-08T05:00:00Z"),
-                false,
-                Some(utc("2026-03-09T06:00:00Z")),
-            ),
-            (
-                inside_gap.clone(),
-                utc("2026-03-08T07:00:00Z"),
-                false,
-                Some(utc("2026-03-09T06:00:00Z")),
-            ),
-            (
-                inside_gap.clone(),
-                utc("2026-03-07T07:15:00Z"),
-                true,
-                Some(utc("2026-03-09T06:00:00Z")),
-            ),
-            // An end in the gap is the first instant after it: 03:00 EDT.
-            (
-                ends_in_gap.clone(),
-                utc("2026-03-08T03:00:00Z"),
-                true,
-                Some(utc("2026-03-15T02:00:00Z")),
-            ),
-            (
-                ends_in_gap.clone(),
-                utc("2026-03-08T06:59:59Z"),
-                true,
-                Some(utc("2026-03-15T02:00:00Z")),
-            ),
-            (
-                ends_in_gap.clone(),
-                utc("2026-03-08T07:00:00Z"),
-                false,
-                Some(utc("2026-03-15T02:00:00Z")),
-            ),
-        ]);
-    }
-
-    #[test]
-    fn new_york_fall_back_repeated_hour() {
-        // 2026-11-01: 02:00 EDT becomes 01:00 EST at 06:00Z; 01:00-02:00 happens twice
-        // (05:00Z-06:00Z EDT, then 06:00Z-07:00Z EST).
-        let ny = Some("America/New_York");
-        let in_repeated_hour = valid(&[], "01:00", "01:30", ny);
-        let across = valid(&[], "01:30", "03:00", ny);
-        check(&[
-            (
-                in_repeated_hour.clone(),
-                utc("2026-11-01T05:00:00Z"),
-                true,
-                Some(utc("2026-11-02T06:00:00Z")),
-            ),
-            (
-                in_repeated_hour.clone(),
-                utc("2026-11-01T05:29:59Z"),
-                true,
-                Some(utc("2026-11-02T06:00:00Z")),
-            ),
-            // The second 01:00-01:30 (EST) is not in the window: the earlier instant counts.
-            (
-                in_repeated_hour.clone(),
-                utc("2026-11-01T06:15:00Z"),
-                false,
-                Some(utc("2026-11-02T06:00:00Z")),
-            ),
-            (
-                in_repeated_hour.clone(),
-                utc("2026-11-01T04:59:59Z"),
-                false,
-                Some(utc("2026-11-01T05:00:00Z")),
-            ),
-            (
-                across.clone(),
-                utc("2026-11-01T05:30:00Z"),
-                true,
-                Some(utc("2026-11-02T06:30:00Z")),
-            ),
-            (
-                across.clone(),
-                utc("2026-11-01T06:10:00Z"),
-                true,
-                Some(utc("2026-11-02T06:30:00Z")),
-            ),
-            (
-                across.clone(),
-                utc("2026-11-01T07:59:59Z"),
-                true,
-                Some(utc("2026-11-02T06:30:00Z")),
-            ),
-            (
-                across.clone(),
-                utc("2026-11-01T08:00:00Z"),
-                false,
-                Some(utc("2026-11-02T06:30:00Z")),
-            ),
-        ]);
-    }
-
-    #[test]
-    fn london_gap_and_repeated_hour() {
-        // 2026-03-29: 01:00 GMT becomes 02:00 BST at 01:00Z. 2026-10-25: 02:00 BST becomes
-        // 01:00 GMT at 01:00Z, so 01:00-02:00 happens at 00:00Z and again at 01:00Z.
-        let london = Some("Europe/London");
-        let gap = valid(&[Sunday], "01:30", "02:30", london);
-        let fold = valid(&[Sunday], "01:15", "01:45", london);
-        check(&[
-            (
-                gap.clone(),
-                utc("2026-03-29T00:59:59Z"),
-                false,
-                Some(utc("2026-03-29T01:00:00Z")),
-            ),
-            (
-                gap.clone(),
-                utc("2026-03-29T01:00:00Z"),
-                true,
-                Some(utc("2026-04-05T00:30:00Z")),
-            ),
-            (
-                gap.clone(),
-                utc("2026-03-29T01:29:59Z"),
-                true,
-                Some(utc("2026-04-05T00:30:00Z")),
-            ),
-            (
-                gap.clone(),
-                utc("2026-03-29T01:30:00Z"),
-                false,
-                Some(utc("2026-04-05T00:30:00Z")),
-            ),
-            (
-                fold.clone(),
-                utc("2026-10-25T00:15:00Z"),
-                true,
-                Some(utc("2026-11-01T01:15:00Z")),
-            ),
-            (
-                fold.clone(),
-                utc("2026-10-25T00:44:59Z"),
-                true,
-                Some(utc("2026-11-01T01:15:00Z")),
-            ),
-            (
-                fold.clone(),
-                utc("2026-10-25T01:15:00Z"),
-                false,
-                Some(utc("2026-11-01T01:15:00Z")),
-            ),
-            (
-                fold.clone(),
-                utc("2026-10-24T23:00:00Z"),
-                false,
-                Some(utc("2026-10-25T00:15:00Z")),
-            ),
-        ]);
-    }
-
-    #[test]
-    fn lord_howe_half_hour_shift() {
-        // Lord Howe Island moves by 30 minutes: +10:30 standard, +11 in summer.
-        // 2026-10-04 02:00 +10:30 (15:30Z on 10-03) becomes 02:30 +11: a 30-minute gap.
-        // 2026-04-05 02:00 +11 (15:00Z on 04-04) becomes 01:30 +10:30: 01:30-02:00 repeats.
-        let lord_howe = Some("Australia/Lord_Howe");
-        let gap = valid(&[], "02:15", "03:00", lord_howe);
-        let fold = valid(&[], "01:45", "02:15", lord_howe);
-        check(&[
-            (
-                gap.clone(),
-                utc("2026-10-03T15:29:59Z"),
-                false,
-                Some(utc("2026-10-03T15:30:00Z")),
-            ),
-            (
-                gap.clone(),
-                utc("2026-10-03T15:30:00Z"),
-                true,
-                Some(utc("2026-10-04T15:15:00Z")),
-            ),
-            (
-                gap.clone(),
-                utc("2026-10-03T15:59:59Z"),
-                true,
-                Some(utc("2026-10-04T15:15:00Z")),
-            ),
-            (
-                gap.clone(),
-                utc("2026-10-03T16:00:00Z"),
-                false,
-                Some(utc("2026-10-04T15:15:00Z")),
-            ),
-            // Starts at the first 01:45 (+11), ends at 02:15 (+10:30): 75 minutes that day.
-            (
-                fold.clone(),
-                utc("2026-04-04T14:45:00Z"),
-                true,
-                Some(utc("2026-04-05T15:15:00Z")),
-            ),
-            (
-                fold.clone(),
-                utc("2026-04-04T15:44:59Z"),
-                true,
-                Some(utc("2026-04-05T15:15:00Z")),
-            ),
-            (
-                fold.clone(),
-                utc("2026-04-04T15:45:00Z"),
-                false,
-                Some(utc("2026-04-05T15:15:00Z")),
-            ),
-        ]);
-    }
-
-    #[test]
-    fn kolkata_non_hour_offset() {
-        // +05:30 all year: 09:00 IST is 03:30Z. 2026-11-23 is a Monday.
-        let office = valid(
-            &[Monday, Tuesday, Wednesday, Thursday, Friday],
-            "09:00",
-            "17:00",
-            Some("Asia/Kolkata"),
-        );
-        check(&[
-            (
-                office.clone(),
-                utc("2026-11-23T03:29:59Z"),
-                false,
-                Some(utc("2026-11-23T03:30:00Z")),
-            ),
-            (
-                office.clone(),
-                utc("2026-11-23T03:30:00Z"),
-                true,
-                Some(utc("2026-11-24T03:30:00Z")),
-            ),
-            (
-                office.clone(),
-                utc("2026-11-23T11:29:59Z"),
-                true,
-                Some(utc("2026-11-24T03:30:00Z")),
-            ),
-            (
-                office.clone(),
-                utc("2026-11-23T11:30:00Z"),
-                false,
-                Some(utc("2026-11-24T03:30:00Z")),
-            ),
-            (
-                office.clone(),
-                utc("2026-11-27T12:00:00Z"),
-                false,
-                Some(utc("2026-11-30T03:30:00Z")),
-            ),
-        ]);
-        assert_eq!(
-            office.next_start_after(at("Asia/Kolkata", 2026, 11, 28, 10, 0)),
-            Some(at("Asia/Kolkata", 2026, 11, 30, 9, 0))
-        );
-    }
-
-    #[test]
-    fn several_windows_report_the_first_in_list_order() {
-        let windows = [
-            valid(
-                &[Monday, Tuesday, Wednesday, Thursday, Friday],
-                "01:00",
-                "05:00",
-                None,
-            ),
-            valid(&[], "00:00", "03:00", None),
-            valid(&[], "02:00", "04:00", Some("Europe/London")),
-        ];
-        // Tuesday 2026-11-24: all three are open at 02:30Z.
-        assert_eq!(
-            first_containing(&windows, utc("2026-11-24T02:30:00Z")),
-            Some(0)
-        );
-        // Saturday: the weekday window is closed.
-        assert_eq!(
-            first_containing(&windows, utc("2026-11-28T02:30:00Z")),
-            Some(1)
-        );
-        assert_eq!(
-            first_containing(&windows, utc("2026-11-28T03:30:00Z")),
-            Some(2)
-        );
-        assert_eq!(
-            first_containing(&windows, utc("2026-11-28T04:00:00Z")),
-            None
-        );
-        let next = next_start_after(&windows, utc("2026-11-28T04:00:00Z")).unwrap();
-        assert_eq!(
-            (next.index, next.timestamp()),
-            (1, utc("2026-11-29T00:00:00Z"))
-        );
-        // Monday 01:00Z: window 0 opens; the others opened earlier.
-        let next = next_start_after(&windows, utc("2026-11-29T23:30:00Z")).unwrap();
-        assert_eq!(
-            (next.index, next.timestamp()),
-            (1, utc("2026-11-30T00:00:00Z"))
-        );
-        let next = next_start_after(&windows, utc("2026-11-30T00:00:00Z")).unwrap();
-        assert_eq!(
-            (next.index, next.timestamp()),
-            (0, utc("2026-11-30T01:00:00Z"))
-        );
-        // A tie goes to the first in list order.
-        let tie = [
-            valid(&[], "03:00", "04:00", None),
-            valid(&[], "03:00", "05:00", None),
-        ];
-        let next = next_start_after(&tie[..], utc("2026-11-30T00:00:00Z")).unwrap();
-        assert_eq!(next.index, 0);
-        let reversed = [tie[1].clone(), tie[0].clone()];
-        assert_eq!(
-            next_start_after(&reversed, utc("2026-11-30T00:00:00Z"))
-                .unwrap()
-                .index,
-            0
-        );
-        assert_eq!(next_start_after(&[], utc("2026-11-30T00:00:00Z")), None);
-    }
-
-    #[test]
-    fn window_starts_print_in_their_zone_and_in_utc() {
-        let windows = [valid(&[Tuesday], "02:00", "04:00", Some("Europe/London"))];
-        let next = next_start_after(&windows, utc("2026-11-20T00:00:00Z")).unwrap();
-        assert_eq!(
-            next.to_string(),
-            "2026-11-24 02:00 Europe/London (2026-11-24T02:00:00Z)"
-        );
-        let windows = [valid(&[], "09:00", "10:00", Some("Asia/Kolkata"))];
-        let next = next_start_after(&windows, utc("2026-11-20T00:00:00Z")).unwrap();
-        assert_eq!(
-            next.to_string(),
-            "2026-11-20 09:00 Asia/Kolkata (2026-11-20T03:30:00Z)"
-        );
-        let windows = [valid(&[], "09:00", "10:00", None)];
-        let next = upcoming_starts(&windows, utc("2026-11-20T09:00:00Z"), 2);
-        let printed: Vec<String> = next.iter().map(ToString::to_string).collect();
-        assert_eq!(
-            printed,
-            [
-                "2026-11-21 09:00 UTC (2026-11-21T09:00:00Z)",
-                "2026-11-22 09:00 UTC (2026-11-22T09:00:00Z)"
-            ]
-        );
-    }
-
-    #[test]
-    fn the_end_of_the_calendar_is_not_a_panic() {
-        let window = valid(&[], "01:00", "02:00", Some("Europe/London"));
-        assert_eq!(window.next_start_after(Timestamp::MAX), None);
-        assert!(!window.contains(Timestamp::MAX));
-        assert!(!window.contains(Timestamp::MIN));
-        assert!(window.next_start_after(Timestamp::MIN).is_some());
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(200))]
-
-        #[test]
-        fn next_start_is_the_earliest_start_after(w in arbitrary_window(), t in arbitrary_instant()) {
-            let window = w.validate(0).unwrap();
-            let next = window.next_start_after(t).unwrap();
-            prop_assert!(next > t);
-            prop_assert!(window.contains(next));
-            // Brute force over a wide range of dates.
-            let local = window.zone.to_datetime(t).date();
-            let earliest = dates(days_before(local, 10), 40)
-                .filter_map(|date| window.occurrence(date))
-                .map(|occurrence| occurrence.start)
-                .filter(|&start| start > t)
-                .min();
-            prop_assert_eq!(Some(next), earliest);
-        }
-
-        #[test]
-        fn next_start_never_goes_backwards(w in arbitrary_window(), t in arbitrary_instant(), step in 0i64..(9 * 86_400)) {
-            let window = w.validate(0).unwrap();
-            let later = Timestamp::from_second(t.as_second() + step).unwrap();
-            prop_assert!(window.next_start_after(t) <= window.next_start_after(later));
-        }
-
-        /// A wall time names the first instant at which the zone's clock reaches it: itself
-        /// when it exists (the earlier one in a repeated hour), else the end of the gap.
-        #[test]
-        fn wall_times_resolve_to_the_first_instant_the_clock_reaches_them(
-            zone in proptest::sample::select(crate::policy::testing::ZONES),
-            t in arbitrary_instant(),
-            minutes in -150i64..150,
-        ) {
-            // Wall times around the zone's next transition, where gaps and folds are.
-            let zone = TimeZone::get(zone).unwrap();
-            let near = zone.following(t).next().map_or(t, |transition| transition.timestamp());
-            let wall = zone.to_datetime(near) + jiff::SignedDuration::from_mins(minutes);
-            let wall = wall.with().second(0).subsec_nanosecond(0).build().unwrap();
-            let resolved = resolve(&zone, wall).unwrap();
-            let clock = |t: Timestamp| zone.to_datetime(t);
-            prop_assert!(clock(resolved) >= wall);
-            prop_assert!(clock(resolved) == wall || zone.to_ambiguous_timestamp(wall).is_ambiguous());
-            // No earlier instant in the previous three hours shows the wall time or later.
-            for back in 1..=180 {
-                let earlier = resolved - jiff::SignedDuration::from_mins(back);
-                prop_assert!(clock(earlier) < wall, "{} already shows {wall}", earlier);
-            }
-            prop_assert!(clock(resolved - jiff::SignedDuration::from_secs(1)) < wall);
-        }
-
-        #[test]
-        fn contains_agrees_with_the_occurrences(w in arbitrary_window(), t in arbitrary_instant()) {
-            let window = w.validate(0).unwrap();
-            let local = window.zone.to_datetime(t).date();
-            let inside = dates(days_before(local, 10), 20)
-                .filter_map(|date| window.occurrence(date))
-                .any(|occurrence| occurrence.contains(t));
-            prop_assert_eq!(window.contains(t), inside);
-        }
-    }
-}
+mod tests;

@@ -106,6 +106,82 @@ fn window_starts_are_in_summer_time_when_london_is() {
 }
 
 #[test]
+fn schedule_windows_show_their_next_openings() {
+    // Due since Friday 2026-11-20 00:00Z. Weeknights from 22:00 New York time for 4 hours, and
+    // a start/end window: both forms in one list.
+    let text = policy(
+        "clusterSelector: {}\npolicy: Scheduled\nwindows:\n  - schedule: \"0 22 * * 1-5\"\n    duration: 4h\n    timezone: America/New_York\n  - daysOfWeek: [Sunday]\n    start: \"03:00\"\n    end: \"04:00\"",
+    );
+    let report = report(&text, &scenario("2026-11-20T12:00:00Z"));
+    assert_eq!(report.exit_code(), 0, "{:?}", report.decision.errors);
+    let text = render_text(&report);
+    assert!(
+        text.contains(
+            "Decision:      Defer until 2026-11-21T03:00:00Z (OutsideWindow)\n               Renewal deferred until the next maintenance window opens at 2026-11-20 22:00 America/New_York (2026-11-21T03:00:00Z)\n"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.ends_with(
+            "\
+Next window starts after 2026-11-20T12:00:00Z:
+  windows[0]  Fri 2026-11-20 22:00 EST     America/New_York     2026-11-21T03:00:00Z
+  windows[1]  Sun 2026-11-22 03:00 UTC     UTC                  2026-11-22T03:00:00Z
+  windows[0]  Mon 2026-11-23 22:00 EST     America/New_York     2026-11-24T03:00:00Z
+  windows[0]  Tue 2026-11-24 22:00 EST     America/New_York     2026-11-25T03:00:00Z
+  windows[0]  Wed 2026-11-25 22:00 EST     America/New_York     2026-11-26T03:00:00Z
+"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
+fn schedule_windows_across_the_repeated_hour_open_once() {
+    // New York repeats 01:00-02:00 on 2026-11-01: 01:30 opens once, in summer time.
+    let text = policy(
+        "clusterSelector: {}\npolicy: Scheduled\nwindows:\n  - schedule: \"30 1 * * *\"\n    duration: 1h\n    timezone: America/New_York",
+    );
+    let scenario = Scenario {
+        window_starts: 3,
+        ..scenario("2026-10-30T12:00:00Z")
+    };
+    let text = render_text(&report(&text, &scenario));
+    assert!(
+        text.ends_with(
+            "\
+  windows[0]  Sat 2026-10-31 01:30 EDT     America/New_York     2026-10-31T05:30:00Z
+  windows[0]  Sun 2026-11-01 01:30 EDT     America/New_York     2026-11-01T05:30:00Z
+  windows[0]  Mon 2026-11-02 01:30 EST     America/New_York     2026-11-02T06:30:00Z
+"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
+fn renew_before_percentage_takes_the_ttl_for_the_lifetime() {
+    let text =
+        policy("clusterSelector: {}\npolicy: Automatic\nrenewBeforePercentage: 10\nttl: 100d");
+    let report = report(&text, &scenario("2026-11-20T12:00:00Z"));
+    assert_eq!(
+        report.policy.renew_before.as_deref(),
+        Some("10% of the certificates' lifetime (taken as ttl, 3mo1w3d)")
+    );
+    // 10 days before the expiry of 2026-12-20.
+    assert_eq!(report.decision.due_at, Some(utc("2026-12-10T00:00:00Z")));
+    let both = policy(
+        "clusterSelector: {}\npolicy: Automatic\nrenewBefore: 10d\nrenewBeforePercentage: 10",
+    );
+    let report = report_of(&both);
+    assert_eq!(report.exit_code(), EXIT_INVALID_POLICY);
+}
+
+fn report_of(text: &str) -> Report {
+    report(text, &scenario("2026-11-20T12:00:00Z"))
+}
+
+#[test]
 fn inside_a_window_renews_now() {
     // Saturday 2026-11-21 02:00 GMT is inside Friday night's window.
     let report = report(SCHEDULED, &scenario("2026-11-21T02:00:00Z"));
@@ -342,7 +418,7 @@ fn every_field_of_the_schema_is_checked_with_its_path() {
     let fields = spec["properties"].as_object().unwrap().keys();
     let window_fields = windows.as_object().unwrap().keys();
     let cases = fields
-        .map(|field| (format!("{field}: 42"), field.clone()))
+        .map(|field| (format!("{field}: [[]]"), field.clone()))
         .chain(window_fields.map(|field| {
             (
                 format!("windows:\n  - {field}: [[]]"),
@@ -358,7 +434,7 @@ fn every_field_of_the_schema_is_checked_with_its_path() {
         assert!(problems[0].starts_with(&path), "{problems:?}");
         checked += 1;
     }
-    assert_eq!(checked, 7 + 4);
+    assert_eq!(checked, 8 + 6);
     let not_a_window: serde_yaml::Value = serde_yaml::from_str("windows: [3]").unwrap();
     assert_eq!(
         field_problems(&not_a_window),

@@ -171,7 +171,7 @@ async fn an_automatic_policy_renews_before_expiry_without_an_annotation() {
     );
     assert_eq!(
         controller
-            .metric("ck8s_certs_renewals_deferred_total{reason=\"NotDue\"}")
+            .metric("ck8s_certs_renewal_deferred_total{reason=\"not_due\"}")
             .await,
         Some(1.0)
     );
@@ -282,7 +282,7 @@ async fn a_scheduled_policy_defers_to_the_next_window_and_bypasses_it_only_insid
     );
     assert_eq!(
         bypassing
-            .metric("ck8s_certs_renewal_window_bypass_total")
+            .metric("ck8s_certs_renewal_bypassed_total{reason=\"expiry_imminent\"}")
             .await,
         Some(1.0)
     );
