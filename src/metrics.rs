@@ -50,7 +50,7 @@ pub struct Metrics {
     pub renewals_started: Family<OriginLabels, Counter>,
     pub renewals_succeeded: Family<OriginLabels, Counter>,
     pub renewals_failed: Family<OriginLabels, Counter>,
-    /// `reason`: [`deferred_reason`] of the verdict (`not_due`, `backoff`, `outside_window`).
+    /// `reason`: [`reason_label`] of the verdict (`not_due`, `backoff`, `outside_window`).
     pub renewal_deferred: Family<ReasonLabels, Counter>,
     /// `reason`: [`expiry_imminent`], the one reason the windows are bypassed.
     pub renewal_bypassed: Family<ReasonLabels, Counter>,
@@ -164,9 +164,9 @@ pub fn origin(origin: ck8s_certs_api::machine_certificates::Origin) -> OriginLab
     }
 }
 
-/// The `reason` label of a deferral, from the verdict's reason as conditions spell it
-/// (`NotDue`, `Backoff`, `OutsideWindow`): snake_case, as Prometheus label values are.
-pub fn deferred_reason(reason: &str) -> ReasonLabels {
+/// The `reason` label of a verdict, from its reason as conditions spell it (`NotDue`,
+/// `OutsideWindow`, `PolicyConflict`): snake_case, as Prometheus label values are.
+pub fn reason_label(reason: &str) -> ReasonLabels {
     let mut snake = String::with_capacity(reason.len() + 4);
     for (i, c) in reason.chars().enumerate() {
         if c.is_ascii_uppercase() && i > 0 {
@@ -237,7 +237,7 @@ mod tests {
         ] {
             metrics
                 .renewal_deferred
-                .get_or_create(&deferred_reason(reason.as_str()))
+                .get_or_create(&reason_label(reason.as_str()))
                 .inc();
         }
         metrics

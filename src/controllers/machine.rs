@@ -849,11 +849,14 @@ impl Reconciler<'_> {
             count: status.failed_attempts,
             last_failure: status.last_failure_time.as_ref().map(|t| t.0),
         };
-        let input = policy.input(
-            status.expiry.as_ref().map(|t| t.0),
-            failures,
-            self.ctx.config.renewal,
-        );
+        let input = policy
+            .input(
+                status.expiry.as_ref().map(|t| t.0),
+                failures,
+                self.ctx.config.renewal,
+            )
+            // For renewBeforePercentage: when the certificates now served were issued.
+            .with_lifetime_start(crate::policy::lifetime_start(&status));
         let decision = crate::policy::decide(&input, now);
         let requeue = crate::policy::requeue_at(&decision)
             .map(|at| {
@@ -975,15 +978,13 @@ impl Reconciler<'_> {
         if current.renewal.as_ref() == Some(renewal) {
             return Ok(());
         }
-        let labels = crate::metrics::ReasonLabels {
-            reason: renewal.reason.clone(),
-        };
+        let labels = crate::metrics::reason_label(&renewal.reason);
         match verdict.conditions.first().map(|(type_, _, _)| *type_) {
             Some(conditions::RENEWAL_DEFERRED) => {
                 self.ctx
                     .metrics
                     .renewal_deferred
-                    .get_or_create(&crate::metrics::deferred_reason(&renewal.reason))
+                    .get_or_create(&labels)
                     .inc();
             }
             Some(conditions::RENEWAL_CONFIG_INVALID) => {

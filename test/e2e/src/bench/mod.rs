@@ -162,10 +162,20 @@ pub async fn run(options: &Options) -> Result<report::Report, crate::Error> {
         wait_for_log(&mut process, contender.first_reconcile_marker).await?;
         let watch = fleet::StatusWatch::start(&env, env.management().await?).await;
         load::set_k8sd_latency(&env, options.k8sd_latency).await?;
-        let workers: Vec<&crate::fixtures::NodeInfo> = env
+        // Round-robin over the clusters: a batch taken cluster by cluster would be held to
+        // `--max-worker-refreshes-per-cluster` (2) instead of measuring the overall concurrency.
+        let per_cluster: Vec<Vec<&crate::fixtures::NodeInfo>> = env
             .clusters
             .iter()
-            .flat_map(|c| c.nodes_with_role(Role::Worker))
+            .map(|c| c.nodes_with_role(Role::Worker).collect())
+            .collect();
+        let deepest = per_cluster.iter().map(Vec::len).max().unwrap_or(0);
+        let workers: Vec<&crate::fixtures::NodeInfo> = (0..deepest)
+            .flat_map(|i| {
+                per_cluster
+                    .iter()
+                    .filter_map(move |nodes| nodes.get(i).copied())
+            })
             .collect();
         let batch = options.refreshes.min(workers.len());
         let samples = options.latency_samples.min(workers.len() - batch);
