@@ -405,6 +405,17 @@ impl Environment {
         events
     }
 
+    /// Who (the controller's POD_NAME) reported the Machine's Events with `reason`, oldest
+    /// first.
+    pub async fn event_reporters(&self, node: &NodeInfo, reason: &str) -> Vec<String> {
+        self.machine_events(node)
+            .await
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .filter_map(|e| e.reporting_instance)
+            .collect()
+    }
+
     pub async fn machine_certificates(
         &self,
         node: &NodeInfo,

@@ -13,7 +13,6 @@ use ck8s_certs_e2e::fixtures::NodeInfo;
 use ck8s_certs_e2e::shared;
 use ck8s_certs_e2e::sim::{CallRecord, Endpoint, Fault, runs};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::events::v1::Event;
 use kube::Api;
 
 const TIMEOUT: Duration = Duration::from_secs(90);
@@ -97,16 +96,6 @@ async fn completed_runs(env: &Environment, node: &NodeInfo) -> Vec<CallRecord> {
     runs.into_iter()
         .filter(|r| r.status == 200)
         .cloned()
-        .collect()
-}
-
-/// Which replica (POD_NAME) reported the Machine's Events with `reason`.
-async fn reporters(env: &Environment, node: &NodeInfo, reason: &str) -> Vec<String> {
-    env.machine_events(node)
-        .await
-        .into_iter()
-        .filter(|e: &Event| e.reason.as_deref() == Some(reason))
-        .filter_map(|e| e.reporting_instance)
         .collect()
 }
 
@@ -254,12 +243,13 @@ async fn leader_stopped_during_a_control_plane_run_finishes_it_and_hands_over() 
     b.wait_until_leader(TIMEOUT).await;
     expect_finished(&env, &worker).await;
     assert_eq!(
-        reporters(&env, &worker, "CertificatesRefreshInProgress").await,
+        env.event_reporters(&worker, "CertificatesRefreshInProgress")
+            .await,
         vec!["failover-cp-stop-b".to_string()],
         "only the new leader started the worker"
     );
     assert_eq!(
-        reporters(&env, &cp, "CertificatesRefreshDone").await,
+        env.event_reporters(&cp, "CertificatesRefreshDone").await,
         vec!["failover-cp-stop-a".to_string()],
         "the stopping leader recorded its own refresh"
     );

@@ -14,7 +14,6 @@ use ck8s_certs_e2e::controller::{Controller, NAMESPACE};
 use ck8s_certs_e2e::fixtures::NodeInfo;
 use ck8s_certs_e2e::sim::{CallRecord, Endpoint, Fault, runs};
 use ck8s_certs_e2e::{Environment, shared};
-use k8s_openapi::api::events::v1::Event;
 use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::GroupVersionKind;
 use kube::{Api, ResourceExt};
@@ -98,16 +97,6 @@ async fn wait_for_certificates(
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-/// Who (POD_NAME) reported each of the Machine's Events with `reason`, oldest first.
-async fn reporters(env: &Environment, node: &NodeInfo, reason: &str) -> Vec<String> {
-    env.machine_events(node)
-        .await
-        .into_iter()
-        .filter(|e: &Event| e.reason.as_deref() == Some(reason))
-        .filter_map(|e| e.reporting_instance)
-        .collect()
 }
 
 fn answered(calls: &[CallRecord]) -> usize {
@@ -225,7 +214,7 @@ async fn a_cluster_moved_between_shards_mid_refresh_is_refreshed_once_then_by_th
     );
     assert!(state.serves_disk(), "{state:#?}");
     assert_eq!(
-        reporters(&env, &node, "CertificatesRefreshDone").await,
+        env.event_reporters(&node, "CertificatesRefreshDone").await,
         vec![format!("{SHARD_A}-0")],
         "shard a recorded its own refresh, once"
     );
@@ -257,12 +246,13 @@ async fn a_cluster_moved_between_shards_mid_refresh_is_refreshed_once_then_by_th
     assert_eq!(carrier.lease, lease(SHARD_B), "{op:#?}");
     assert_eq!(op.seed, Some(runs(&calls)[1].seed()));
     assert_eq!(
-        reporters(&env, &node, "CertificatesRefreshInProgress").await,
+        env.event_reporters(&node, "CertificatesRefreshInProgress")
+            .await,
         vec![format!("{SHARD_A}-0"), format!("{SHARD_B}-0")],
         "each refresh was announced once, the second by shard b"
     );
     assert_eq!(
-        reporters(&env, &node, "CertificatesRefreshDone").await,
+        env.event_reporters(&node, "CertificatesRefreshDone").await,
         vec![format!("{SHARD_A}-0"), format!("{SHARD_B}-0")]
     );
     let state = env.sim.node(&node).await.unwrap();
