@@ -19,14 +19,25 @@ use crate::pki::{Ca, CertFiles};
 use crate::process::{Process, Processes};
 use crate::{Binaries, Error};
 
-/// A free TCP port on 127.0.0.1 (the kernel picks it; we release it for the child to bind).
+/// A free TCP port on 127.0.0.1 (the kernel picks it; we release it for the child to bind),
+/// never one this process handed out before: the kernel may offer a released port again while
+/// the child it went to is still starting (two controllers started at once once got the same
+/// metrics port: "Address already in use").
 pub fn free_port() -> Result<u16, Error> {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .map_err(|e| Error::io(Path::new("127.0.0.1:0"), e))?;
-    listener
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(|e| Error::io(Path::new("127.0.0.1:0"), e))
+    static HANDED_OUT: Mutex<std::collections::BTreeSet<u16>> =
+        Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .map_err(|e| Error::io(Path::new("127.0.0.1:0"), e))?;
+        let port = listener
+            .local_addr()
+            .map(|a| a.port())
+            .map_err(|e| Error::io(Path::new("127.0.0.1:0"), e))?;
+        let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|p| p.into_inner());
+        if handed_out.insert(port) {
+            return Ok(port);
+        }
+    }
 }
 
 pub fn start_etcd(bins: &Binaries, dir: &Path) -> Result<(Process, String), Error> {
