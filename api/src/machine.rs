@@ -27,7 +27,7 @@ use crate::capi::{
     PAUSED_ANNOTATION,
 };
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct MachineView {
     pub namespace: String,
     pub name: String,

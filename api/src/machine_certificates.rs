@@ -74,6 +74,11 @@ pub struct MachineCertificatesStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failure_time: Option<Time>,
 
+    /// The last automatic renewal that bypassed the maintenance windows (expiry was near), until
+    /// a later refresh succeeds: the one event an operator must notice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_window_bypass: Option<WindowBypass>,
+
     /// The refresh in flight, or the last one finished.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation: Option<Operation>,
@@ -82,17 +87,65 @@ pub struct MachineCertificatesStatus {
     pub conditions: Vec<Condition>,
 }
 
-/// A renewal policy's verdict for this Machine.
+/// A renewal policy's verdict for this Machine: which policy governs it, in which mode, and what
+/// happens next. Rewritten at each verdict; the lasting records are `lastWindowBypass` and the
+/// operation's `matchedWindow`.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct RenewalStatus {
-    /// The CertificateRenewalPolicy (same namespace), or several names when they conflict.
-    pub policy: String,
-    /// RenewNow, NotDue, Backoff, OutsideWindow, Disabled, ConfigInvalid, NoExpiry.
+    /// The governing CertificateRenewalPolicy (same namespace). Absent when several policies
+    /// select this Machine (`conflictingPolicies`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_ref: Option<PolicyReference>,
+    /// The governing policy's mode: Automatic, Scheduled or Disabled (absent when it cannot be
+    /// read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+    /// The policies that all select this Machine: none of them renews it until exactly one does.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conflicting_policies: Vec<String>,
+    /// Whether the policy's maintenance windows can be used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub windows: Option<WindowsStatus>,
+    /// RenewNow, NotDue, Staggered, Backoff, OutsideWindow, Disabled, ConfigInvalid.
     pub reason: String,
     /// The earliest instant a renewal will start if nothing changes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_renewal_time: Option<Time>,
+    pub message: String,
+}
+
+/// A CertificateRenewalPolicy of the Machine's namespace, as last read.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyReference {
+    pub name: String,
+    /// The policy's `metadata.generation` the verdict was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// The governing policy's windows.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct WindowsStatus {
+    /// False when a window is invalid: no automatic renewal until it is fixed (`message`).
+    pub valid: bool,
+    /// How many windows the policy has (Automatic ignores them).
+    pub count: i32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// An automatic renewal that started outside every maintenance window because expiry was
+/// within the fail-safe margin. Kept until a later refresh succeeds.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct WindowBypass {
+    pub time: Time,
+    /// The certificates' expiry at the time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expiry: Option<Time>,
     pub message: String,
 }
 
@@ -163,6 +216,14 @@ pub struct Operation {
     /// than asked).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// For an automatic renewal under a Scheduled policy: the maintenance window it started in
+    /// (`windows[i]` and its description).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matched_window: Option<String>,
+    /// The renewal started outside every maintenance window because expiry was within the
+    /// fail-safe margin (`status.lastWindowBypass` is kept until another refresh succeeds).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub bypassed_windows: bool,
     /// The controller instance carrying the operation out, written with the seed before `run`
     /// is sent to the node. Another instance (another `--watch-filter` shard the Machine was moved to) does
     /// not take the operation over while this one still holds its Lease.
@@ -206,6 +267,8 @@ impl Operation {
             new_expiry: None,
             error: None,
             note: None,
+            matched_window: None,
+            bypassed_windows: false,
             carrier: None,
         }
     }

@@ -10,6 +10,8 @@ pub mod events {
     pub const LIFETIME_MISMATCH: &str = "CertificatesLifetimeMismatch";
     /// A renewal policy decided something new (deferred, disabled, invalid).
     pub const RENEWAL_DEFERRED: &str = "CertificatesRenewalDeferred";
+    /// A renewal policy governs the Machine and its next renewal is not due yet (Normal).
+    pub const RENEWAL_SCHEDULED: &str = "CertificatesRenewalScheduled";
     pub const RENEWAL_DISABLED: &str = "CertificatesRenewalDisabled";
     pub const RENEWAL_CONFIG_INVALID: &str = "CertificatesRenewalConfigInvalid";
     pub const RENEWAL_WINDOW_BYPASSED: &str = "CertificatesRenewalWindowBypassed";
@@ -23,13 +25,15 @@ pub mod conditions {
     pub const READY: &str = "Ready";
     /// A refresh is in flight.
     pub const REFRESHING: &str = "Refreshing";
-    /// A due renewal waits (not due yet, backoff, outside the windows).
+    /// A due renewal is held back (backoff, outside the windows, its staggered slot). Not set
+    /// while the renewal is simply not due: that is the healthy steady state.
     pub const RENEWAL_DEFERRED: &str = "RenewalDeferred";
     /// The policy disables automatic renewal.
     pub const RENEWAL_DISABLED: &str = "RenewalDisabled";
     /// The policy (or several conflicting ones) cannot be applied.
     pub const RENEWAL_CONFIG_INVALID: &str = "RenewalConfigInvalid";
-    /// A renewal ran outside the windows because expiry was within the fail-safe margin.
+    /// A renewal ran outside the windows because expiry was within the fail-safe margin; True
+    /// until a later refresh succeeds (`status.lastWindowBypass`).
     pub const RENEWAL_WINDOW_BYPASSED: &str = "RenewalWindowBypassed";
     /// The policy is Automatic but has windows, which Automatic ignores.
     pub const WINDOWS_IGNORED: &str = "WindowsIgnored";

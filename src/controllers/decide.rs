@@ -155,6 +155,8 @@ mod tests {
             new_expiry: None,
             error: None,
             note: None,
+            matched_window: None,
+            bypassed_windows: false,
             carrier: None,
         }
     }

@@ -224,6 +224,7 @@ pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Actio
             machine: &machine,
             view: view.clone(),
             mode: Mode::Cache,
+            generation: None,
         };
         if let Some(result) = cached.run_from_cache().await {
             return result;
@@ -233,6 +234,7 @@ pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Actio
             machine: &machine,
             view,
             mode: Mode::Live,
+            generation: None,
         }
         .run()
         .await
@@ -255,6 +257,9 @@ struct Reconciler<'a> {
     machine: &'a Machine,
     view: MachineView,
     mode: Mode,
+    /// The MachineCertificates' `metadata.generation` (read live): the conditions'
+    /// `observedGeneration`.
+    generation: Option<i64>,
 }
 
 /// What `prepare` found out about the node.
@@ -330,9 +335,10 @@ impl Reconciler<'_> {
         }
     }
 
-    async fn run(self) -> Result<Action, Error> {
+    async fn run(mut self) -> Result<Action, Error> {
         let cluster = self.cluster().await?;
         let mc = self.machine_certificates().await?;
+        self.generation = mc.as_ref().and_then(|m| m.metadata.generation);
         let status = mc.as_ref().and_then(|m| m.status.clone());
         let step = decide(&self.view, cluster.as_ref(), status.as_ref());
         self.act(cluster, status, step).await
@@ -538,6 +544,10 @@ impl Reconciler<'_> {
     /// struct that skips `None` would silently keep.
     async fn write_status(&self, status: &MachineCertificatesStatus) -> Result<(), Error> {
         self.live_only()?;
+        let mut status = status.clone();
+        for condition in &mut status.conditions {
+            condition.observed_generation = self.generation;
+        }
         let apply = json!({
             "apiVersion": MachineCertificates::api_version(&()),
             "kind": MachineCertificates::kind(&()),
@@ -654,6 +664,8 @@ impl Reconciler<'_> {
             new_expiry: None,
             error: Some(error.clone()),
             note: None,
+            matched_window: None,
+            bypassed_windows: false,
             carrier: None,
         });
         set_condition(
@@ -701,7 +713,13 @@ impl Reconciler<'_> {
                     .reject(
                         status,
                         &trigger,
-                        format!("Refusing to refresh: {err}; annotate again with a valid TTL"),
+                        super::renewal::with_hint(
+                            format!("Refusing to refresh: {err}; annotate again with a valid TTL"),
+                            &super::renewal::renew_now_hint(
+                                &self.view,
+                                &ck8s_certs_api::renewal_policy::DEFAULT_TTL.to_string(),
+                            ),
+                        ),
                     )
                     .await;
             }
@@ -714,8 +732,14 @@ impl Reconciler<'_> {
                 .reject(
                     status,
                     &trigger,
-                    format!(
-                        "Refusing to refresh: {err}; annotate again with a TTL from 10m to 68y"
+                    super::renewal::with_hint(
+                        format!(
+                            "Refusing to refresh: {err}; annotate again with a TTL from 10m to 68y"
+                        ),
+                        &super::renewal::renew_now_hint(
+                            &self.view,
+                            &ck8s_certs_api::renewal_policy::DEFAULT_TTL.to_string(),
+                        ),
                     ),
                 )
                 .await;
@@ -744,20 +768,26 @@ impl Reconciler<'_> {
         policy: &str,
         ttl: Ttl,
         cluster: ClusterView,
+        matched_window: Option<String>,
+        bypassed_windows: bool,
     ) -> Result<Action, Error> {
         let node = self.view.node_name.clone().unwrap_or_default();
         let announcement = format!(
             "Renewing the certificates of node {node} for {ttl}, as CertificateRenewalPolicy {policy} requires"
         );
         let requested_by = Some(format!("CertificateRenewalPolicy/{policy}"));
-        let op = Operation::pending(
-            Origin::Policy,
-            requested_by,
-            None,
-            ttl.to_string(),
-            ttl.as_seconds(),
-            Time(Self::now()),
-        );
+        let op = Operation {
+            matched_window,
+            bypassed_windows,
+            ..Operation::pending(
+                Origin::Policy,
+                requested_by,
+                None,
+                ttl.to_string(),
+                ttl.as_seconds(),
+                Time(Self::now()),
+            )
+        };
         self.announce_and_execute(status, op, announcement, cluster)
             .await
     }
@@ -787,22 +817,15 @@ impl Reconciler<'_> {
     /// exactly when the answer can change. The verdict is written only when it changes.
     async fn renew(
         &self,
-        status: MachineCertificatesStatus,
+        mut status: MachineCertificatesStatus,
         cluster: ClusterView,
     ) -> Result<Action, Error> {
-        use super::renewal::{Governing, Verdict};
-        use crate::policy::{Decision, RenewReason};
+        use super::renewal::{CONFIG_INVALID, Governing, Verdict, with_hint};
+        use crate::policy::{Decision, DeferReason, RenewReason};
         let now = Self::now();
         let resync = self.ctx.config.resync;
-        let invalid = |policy: &str, message: String| {
-            Verdict::new(
-                policy,
-                "ConfigInvalid",
-                None,
-                message,
-                conditions::RENEWAL_CONFIG_INVALID,
-            )
-        };
+        let hint = |ttl: &str| super::renewal::renew_now_hint(&self.view, ttl);
+        let default_ttl = ck8s_certs_api::renewal_policy::DEFAULT_TTL.to_string();
         let warn_invalid = Some((EventType::Warning, events::RENEWAL_CONFIG_INVALID));
         let governing = super::renewal::governing(
             &self.ctx.stores.policies,
@@ -810,7 +833,7 @@ impl Reconciler<'_> {
             Some(&cluster.labels),
             &self.view.labels,
         );
-        let (name, policy) = match governing {
+        let (info, policy) = match governing {
             Governing::None => {
                 self.show_verdict(&status, Verdict::none(), None, now)
                     .await?;
@@ -821,27 +844,41 @@ impl Reconciler<'_> {
                     "CertificateRenewalPolicies {} all select this Machine; no automatic renewal until exactly one does (adjust their selectors)",
                     names.join(", ")
                 );
-                let verdict = invalid(&names.join(","), message);
+                let verdict = Verdict::conflict(names, with_hint(message, &hint(&default_ttl)));
                 self.show_verdict(&status, verdict, warn_invalid, now)
                     .await?;
                 return Ok(Action::requeue(resync));
             }
-            Governing::One { name, policy } => (name, policy),
+            Governing::One { info, policy } => (info, policy),
+        };
+        let invalid = |message: String, ttl: &str| {
+            Verdict::new(
+                &info,
+                CONFIG_INVALID,
+                None,
+                with_hint(message, &hint(ttl)),
+                Some(conditions::RENEWAL_CONFIG_INVALID),
+            )
         };
         let policy = match policy {
             Ok(policy) => policy,
             Err(message) => {
-                self.show_verdict(&status, invalid(&name, message), warn_invalid, now)
+                let verdict = invalid(message, &default_ttl);
+                self.show_verdict(&status, verdict, warn_invalid, now)
                     .await?;
                 return Ok(Action::requeue(resync));
             }
         };
+        let ttl = policy.ttl.to_string();
         if !self.view.control_plane
             && let Err(err) = policy.ttl.check_worker()
         {
-            let message =
-                format!("CertificateRenewalPolicy {name} cannot renew this worker: {err}");
-            self.show_verdict(&status, invalid(&name, message), warn_invalid, now)
+            let message = format!(
+                "CertificateRenewalPolicy {} cannot renew this worker: {err}",
+                info.name
+            );
+            let verdict = invalid(message, &default_ttl);
+            self.show_verdict(&status, verdict, warn_invalid, now)
                 .await?;
             return Ok(Action::requeue(resync));
         }
@@ -886,21 +923,15 @@ impl Reconciler<'_> {
             Decision::NoExpiry { .. } => Ok(Action::requeue(resync)),
             Decision::RenewNow(renewal) => {
                 self.live_only()?;
-                let mut verdict = Verdict {
-                    renewal: Some(RenewalStatus {
-                        policy: name.clone(),
-                        reason: "RenewNow".into(),
-                        next_renewal_time: Some(Time(now)),
-                        message: message.clone(),
-                    }),
-                    conditions: Vec::new(),
-                };
+                let verdict = Verdict::new(&info, "RenewNow", Some(now), message.clone(), None);
                 if renewal.reason == RenewReason::FailSafeBypass {
-                    verdict = verdict.with(
-                        conditions::RENEWAL_WINDOW_BYPASSED,
-                        "FailSafeBypass",
-                        message.clone(),
-                    );
+                    // Kept (with its condition) until a later refresh succeeds.
+                    status.last_window_bypass =
+                        Some(ck8s_certs_api::machine_certificates::WindowBypass {
+                            time: Time(now),
+                            expiry: status.expiry.clone(),
+                            message: message.clone(),
+                        });
                     self.event(
                         EventType::Warning,
                         events::RENEWAL_WINDOW_BYPASSED,
@@ -913,34 +944,50 @@ impl Reconciler<'_> {
                         .get_or_create(&crate::metrics::expiry_imminent())
                         .inc();
                 }
+                let matched_window = renewal
+                    .window
+                    .map(|index| super::renewal::describe_window(&policy.windows, index));
+                let bypassed = renewal.reason == RenewReason::FailSafeBypass;
                 let status = super::renewal::with_verdict(&status, &windows_ignored(verdict), now);
-                self.start_automatic(status, &name, policy.ttl, cluster)
-                    .await
+                self.start_automatic(
+                    status,
+                    &info.name,
+                    policy.ttl,
+                    cluster,
+                    matched_window,
+                    bypassed,
+                )
+                .await
             }
             Decision::Defer(deferral) => {
+                // Not due is the healthy steady state: no condition, and a Normal Event saying
+                // when the next renewal is. Anything else holds back a due renewal.
+                let (condition, announce) = if deferral.reason == DeferReason::NotDue {
+                    (None, (EventType::Normal, events::RENEWAL_SCHEDULED))
+                } else {
+                    (
+                        Some(conditions::RENEWAL_DEFERRED),
+                        (severity, events::RENEWAL_DEFERRED),
+                    )
+                };
                 let verdict = Verdict::new(
-                    &name,
+                    &info,
                     deferral.reason.as_str(),
                     Some(deferral.until),
-                    message,
-                    conditions::RENEWAL_DEFERRED,
+                    with_hint(message, &hint(&ttl)),
+                    condition,
                 );
-                self.show_verdict(
-                    &status,
-                    windows_ignored(verdict),
-                    Some((severity, events::RENEWAL_DEFERRED)),
-                    now,
-                )
-                .await?;
+                self.show_verdict(&status, windows_ignored(verdict), Some(announce), now)
+                    .await?;
                 Ok(Action::requeue(requeue))
             }
             Decision::Disabled { .. } => {
                 let verdict = Verdict::new(
-                    &name,
+                    &info,
                     "Disabled",
                     None,
-                    message,
-                    conditions::RENEWAL_DISABLED,
+                    with_hint(message, &hint(&ttl)),
+                    Some(conditions::RENEWAL_DISABLED),
                 );
                 self.show_verdict(
                     &status,
@@ -952,7 +999,7 @@ impl Reconciler<'_> {
                 Ok(Action::requeue(requeue))
             }
             Decision::Invalid { .. } => {
-                self.show_verdict(&status, invalid(&name, message), warn_invalid, now)
+                self.show_verdict(&status, invalid(message, &ttl), warn_invalid, now)
                     .await?;
                 Ok(Action::requeue(resync))
             }
@@ -975,7 +1022,11 @@ impl Reconciler<'_> {
         let Some(renewal) = verdict.renewal.as_ref() else {
             return Ok(());
         };
-        if current.renewal.as_ref() == Some(renewal) {
+        // A new generation of the same policy with the same outcome is recorded, not announced.
+        fn said(r: &RenewalStatus) -> (&String, &String, &Option<Time>) {
+            (&r.reason, &r.message, &r.next_renewal_time)
+        }
+        if current.renewal.as_ref().map(said) == Some(said(renewal)) {
             return Ok(());
         }
         let labels = crate::metrics::reason_label(&renewal.reason);
@@ -1575,9 +1626,11 @@ impl Reconciler<'_> {
         }
         match result {
             Ok(()) => {
-                // Any success ends the backoff.
+                // Any success ends the backoff, and an earlier fail-safe bypass is history.
                 status.failed_attempts = None;
                 status.last_failure_time = None;
+                super::renewal::forget_window_bypass(&mut status, &op);
+                super::renewal::show_window_bypass(&mut status, now);
                 status.expiry = op.new_expiry.clone();
                 set_condition(
                     &mut status,
@@ -1606,7 +1659,10 @@ impl Reconciler<'_> {
                     status.last_failure_time = Some(Time(now));
                 }
                 op.phase = Phase::Failed;
-                let message = failure.message(&self.view);
+                let message = super::renewal::with_hint(
+                    failure.message(&self.view),
+                    &super::renewal::renew_now_hint(&self.view, &op.ttl),
+                );
                 op.error = Some(message.clone());
                 set_condition(
                     &mut status,

@@ -78,14 +78,10 @@ pub async fn run(
     if let Some(filter) = &args.watch_filter {
         filtered = filtered.labels(&format!("{WATCH_FILTER_LABEL}={filter}"));
     }
-    // One watch per kind (and selector), shared by both controllers.
+    // One watch per kind, shared by both controllers. With --watch-filter, Machines, their
+    // MachineCertificates and the policies are those of this shard: a policy governs (and
+    // reports on) the Machines of the shard whose label it carries (docs/sharding.md).
     let mut machine_watch = SharedWatch::<Machine>::with(capi);
-    // The policy controller reports on every Machine of a namespace, whatever the shard: with a
-    // watch filter it needs a second, unfiltered Machine watch.
-    let mut all_machines_watch = args
-        .watch_filter
-        .as_ref()
-        .map(|_| SharedWatch::<Machine>::with(capi));
     let mut cluster_watch = SharedWatch::<Cluster>::with(capi);
     let mut certificate_watch = SharedWatch::<stores::CachedCertificates>::new();
     let policy_resource = ApiResource::erase::<CertificateRenewalPolicy>(&());
@@ -97,42 +93,24 @@ pub async fn run(
         policies: policy_watch.store.clone(),
     };
     let machine_events = machine_watch.subscribe();
-    let policy_machine_events = match all_machines_watch.as_mut() {
-        Some(all) => all.subscribe().boxed(),
-        None => machine_watch.subscribe().boxed(),
-    };
+    let policy_machine_events = machine_watch.subscribe();
     let cluster_events = cluster_watch.subscribe();
     let certificate_events = certificate_watch.subscribe();
     let policy_events = policy_watch.subscribe();
     let policy_policy_events = policy_watch.subscribe();
     let policy_sibling_events = policy_watch.subscribe();
-    let policy_machines = all_machines_watch
-        .as_ref()
-        .map_or_else(|| stores.machines.clone(), |all| all.store.clone());
-    let watches = futures::future::join5(
-        machine_watch.run(machines.clone(), filtered.clone(), stores::keep),
-        async move {
-            if let Some(all) = all_machines_watch {
-                all.run(machines, watcher::Config::default(), stores::keep)
-                    .await;
-            }
-        },
+    let watches = futures::future::join4(
+        machine_watch.run(machines, filtered.clone(), stores::keep),
         cluster_watch.run(clusters, watcher::Config::default(), stores::keep),
-        certificate_watch.run(owned, filtered, stores::keep),
-        policy_watch.run(
-            policies_api(&client, args),
-            watcher::Config::default(),
-            stores::trim_policy,
-        ),
+        certificate_watch.run(owned, filtered.clone(), stores::keep),
+        policy_watch.run(policies_api(&client, args), filtered, stores::trim_policy),
     );
 
     // Ready once every cache holds a full list: reconcilers then act on complete information.
     let readiness = {
         let stores = stores.clone();
-        let policy_machines = policy_machines.clone();
         tokio::spawn(async move {
             stores.synced().await;
-            synced(&policy_machines).await;
             tracing::info!("Caches synced: reconciling");
             health.set_ready(true);
         })
@@ -234,7 +212,6 @@ pub async fn run(
             siblings: policy_sibling_events,
             machines: policy_machine_events,
             stores: stores.clone(),
-            machines_of_namespaces: policy_machines,
         },
         stop,
     );
@@ -282,9 +259,6 @@ struct PolicyFeeds<P, M> {
     siblings: P,
     machines: M,
     stores: Stores,
-    /// Every Machine (not limited by --watch-filter: a policy's verdict depends on all Machines
-    /// of its namespace).
-    machines_of_namespaces: Store<Machine>,
 }
 
 /// Reports on every CertificateRenewalPolicy. A Machine or policy change re-checks the policies
@@ -318,7 +292,7 @@ where
     let of_sibling = move |policy: DynamicObject| policies_of_namespace(policy.namespace());
     let ctx = Arc::new(policy::Context {
         client: client.clone(),
-        machines: feeds.machines_of_namespaces,
+        machines: feeds.stores.machines.clone(),
         clusters: feeds.stores.clusters.clone(),
         policies: feeds.stores.policies.clone(),
     });

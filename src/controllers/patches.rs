@@ -86,13 +86,16 @@ pub fn set_condition(
         Some(old) if old.status == value => old.last_transition_time.clone(),
         _ => Time(now),
     };
+    // Stamped when written (the object's generation); kept here so that an unchanged condition
+    // compares equal and costs no write.
+    let observed_generation = existing.and_then(|i| status.conditions[i].observed_generation);
     let condition = Condition {
         type_: type_.to_owned(),
         status: value,
         reason: reason.to_owned(),
         message,
         last_transition_time: transition,
-        observed_generation: None,
+        observed_generation,
     };
     match existing {
         Some(i) => status.conditions[i] = condition,

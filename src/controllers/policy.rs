@@ -40,12 +40,13 @@ pub fn error_policy(
     Action::requeue(Duration::from_secs(15))
 }
 
-/// A policy's selectors, when readable.
+/// A policy's selectors, when readable (also of a policy that cannot be decoded as a whole).
 fn selector_of(object: &DynamicObject) -> Option<spec::MachineSelector> {
-    let policy: CertificateRenewalPolicy = serde_json::to_value(object)
-        .and_then(serde_json::from_value)
-        .ok()?;
-    spec::selector(&policy.spec).ok()
+    let raw = serde_json::to_value(object).ok()?;
+    match serde_json::from_value::<CertificateRenewalPolicy>(raw.clone()) {
+        Ok(policy) => spec::selector(&policy.spec).ok(),
+        Err(_) => super::renewal::readable_selector(&raw),
+    }
 }
 
 pub async fn reconcile(
@@ -56,8 +57,8 @@ pub async fn reconcile(
     let name = object.name_any();
     let now = Timestamp::now();
     let generation = object.metadata.generation;
-    let policy: Result<CertificateRenewalPolicy, _> =
-        serde_json::to_value(object.as_ref()).and_then(serde_json::from_value);
+    let raw = serde_json::to_value(object.as_ref()).unwrap_or_default();
+    let policy: Result<CertificateRenewalPolicy, _> = serde_json::from_value(raw.clone());
 
     let (valid, valid_message, window_count, selector) = match &policy {
         Ok(policy) => {
@@ -77,11 +78,13 @@ pub async fn reconcile(
                 ),
             }
         }
+        // Reported on the policy itself; its selectors, when readable, still tell which
+        // Machines it was meant for (they show the same error).
         Err(err) => (
             false,
-            format!("Renewal policy is unreadable: {err}"),
+            format!("Renewal policy cannot be read: {err}"),
             None,
-            None,
+            super::renewal::readable_selector(&raw),
         ),
     };
 
@@ -155,10 +158,11 @@ pub async fn reconcile(
         )
     };
 
-    let old = policy
-        .as_ref()
-        .ok()
-        .and_then(|p| p.status.clone())
+    // Read on its own: the status of a policy whose spec cannot be decoded is still compared,
+    // so that reporting it costs one write, not one per resync.
+    let old: CertificateRenewalPolicyStatus = raw
+        .get("status")
+        .and_then(|status| serde_json::from_value(status.clone()).ok())
         .unwrap_or_default();
     let condition = |type_: &str, status: bool, reason: &str, message: String| {
         let value = if status { "True" } else { "False" }.to_owned();

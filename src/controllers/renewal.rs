@@ -1,19 +1,46 @@
-//! Which CertificateRenewalPolicy governs a Machine. Policies are read from the watch cache (those
-//! of the Machine's namespace, decoded one by one, so one unreadable object cannot hide the
-//! others); the decision itself is `crate::policy::decide`.
+//! Which CertificateRenewalPolicy governs a Machine, and how its verdict shows in the
+//! Machine's status. Policies are read from the watch cache (those of the Machine's namespace,
+//! decoded one by one, so one unreadable object cannot hide the others); the decision itself is
+//! `crate::policy::decide`.
+//!
+//! The status contract (`status.renewal`): the governing policy (reference with the generation
+//! read, and its mode), whether its windows are valid, the next renewal time and its reason. A
+//! Machine at rest under a policy (reason `NotDue`) has no renewal condition: `Ready` and the
+//! `Next Renewal` column are its healthy state, and `RenewalDeferred` means a due renewal is
+//! being held back. A fail-safe bypass of the windows is kept in `lastWindowBypass` (and the
+//! `RenewalWindowBypassed` condition) until a later refresh succeeds.
 
 use std::collections::BTreeMap;
 
-use ck8s_certs_api::machine_certificates::{MachineCertificatesStatus, RenewalStatus};
+use ck8s_certs_api::annotations::REFRESH_CERTIFICATES;
+use ck8s_certs_api::machine::MachineView;
+use ck8s_certs_api::machine_certificates::{
+    MachineCertificatesStatus, Operation, PolicyReference, RenewalStatus, WindowsStatus,
+};
 use ck8s_certs_api::reasons::conditions;
-use ck8s_certs_api::renewal_policy::CertificateRenewalPolicy;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use ck8s_certs_api::renewal_policy::{CertificateRenewalPolicy, MAX_WINDOWS, Mode, Window};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use kube::ResourceExt;
 use kube::api::DynamicObject;
 use kube::runtime::reflector::Store;
+use serde::Deserialize;
 
 use super::patches::set_condition;
 use crate::policy::spec::{self, ValidPolicy};
+
+/// The condition reason of a fail-safe bypass (also its `RenewReason`).
+pub const FAIL_SAFE_BYPASS: &str = "FailSafeBypass";
+
+/// A policy as read from the cache, usable or not.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyInfo {
+    pub name: String,
+    pub generation: Option<i64>,
+    /// `None` when the policy cannot be read.
+    pub mode: Option<Mode>,
+    /// `None` when the policy cannot be read.
+    pub windows: Option<WindowsStatus>,
+}
 
 /// The policies that select a Machine.
 pub enum Governing {
@@ -21,11 +48,42 @@ pub enum Governing {
     None,
     /// One policy, usable or not (its error message).
     One {
-        name: String,
+        info: PolicyInfo,
         policy: Result<Box<ValidPolicy>, String>,
     },
     /// Several policies select the Machine: a configuration error, never a silent pick.
     Conflict(Vec<String>),
+}
+
+/// Just the selectors of a policy: an object that cannot be decoded as a whole (say a duration
+/// the schema let through but the grammar rejects) still tells which Machines it was meant for,
+/// and those show its error instead of silently falling back to manual renewals.
+#[derive(Deserialize)]
+struct SelectorsOnly {
+    spec: Selectors,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Selectors {
+    #[serde(default)]
+    cluster_selector: Option<LabelSelector>,
+    #[serde(default)]
+    machine_selector: Option<LabelSelector>,
+}
+
+/// The selectors of a policy object that cannot be decoded as a whole, when they can be read.
+pub fn readable_selector(raw: &serde_json::Value) -> Option<spec::MachineSelector> {
+    let only = SelectorsOnly::deserialize(raw).ok()?;
+    let Selectors {
+        cluster_selector,
+        machine_selector,
+    } = only.spec;
+    // Without a selector it was meant for nothing (the CRD requires one).
+    if cluster_selector.is_none() && machine_selector.is_none() {
+        return None;
+    }
+    spec::selector_of(&cluster_selector, &machine_selector).ok()
 }
 
 pub fn governing(
@@ -44,34 +102,116 @@ pub fn governing(
     let mut matched = Vec::new();
     for object in in_namespace {
         let name = object.name_any();
-        let policy: CertificateRenewalPolicy = match serde_json::to_value(object.as_ref())
-            .and_then(serde_json::from_value)
-        {
-            Ok(policy) => policy,
+        let generation = object.metadata.generation;
+        let raw = match serde_json::to_value(object.as_ref()) {
+            Ok(raw) => raw,
             Err(err) => {
-                // Unreadable (e.g. a duration the schema let through but the grammar rejects):
-                // its selectors are unknown, so it governs nothing; say so in the log.
                 tracing::warn!(policy = %name, error = %err, "Ignoring an unreadable CertificateRenewalPolicy");
                 continue;
             }
         };
-        let selects =
-            spec::selector(&policy.spec).is_ok_and(|s| s.matches(cluster_labels, machine_labels));
-        if selects {
-            let checked = spec::validate(&policy.spec)
-                .map(Box::new)
-                .map_err(|invalid| invalid.to_string());
-            matched.push((name, checked));
+        match serde_json::from_value::<CertificateRenewalPolicy>(raw.clone()) {
+            Ok(policy) => {
+                let selects = spec::selector(&policy.spec)
+                    .is_ok_and(|s| s.matches(cluster_labels, machine_labels));
+                if selects {
+                    let info = PolicyInfo {
+                        name: name.clone(),
+                        generation,
+                        mode: Some(policy.spec.policy),
+                        windows: Some(windows_status(&policy.spec.windows)),
+                    };
+                    let checked = spec::validate(&policy.spec)
+                        .map(Box::new)
+                        .map_err(|invalid| invalid.to_string());
+                    matched.push((info, checked));
+                }
+            }
+            Err(err) => {
+                let selects = readable_selector(&raw)
+                    .is_some_and(|s| s.matches(cluster_labels, machine_labels));
+                if selects {
+                    let info = PolicyInfo {
+                        name: name.clone(),
+                        generation,
+                        mode: None,
+                        windows: None,
+                    };
+                    let message = format!("Renewal policy cannot be read: {err}");
+                    matched.push((info, Err(message)));
+                }
+                // Otherwise it governs nothing we can tell; the policy's own status says why.
+            }
         }
     }
     match matched.len() {
         0 => Governing::None,
         1 => {
-            let (name, policy) = matched.remove(0);
-            Governing::One { name, policy }
+            let (info, policy) = matched.remove(0);
+            Governing::One { info, policy }
         }
-        _ => Governing::Conflict(matched.into_iter().map(|(name, _)| name).collect()),
+        _ => Governing::Conflict(matched.into_iter().map(|(info, _)| info.name).collect()),
     }
+}
+
+/// Whether a policy's windows can be used, with the problems when they cannot.
+pub fn windows_status(windows: &[Window]) -> WindowsStatus {
+    let count = i32::try_from(windows.len()).unwrap_or(i32::MAX);
+    let mut problems = Vec::new();
+    if windows.len() > MAX_WINDOWS {
+        problems.push(format!(
+            "windows: {} windows, at most {MAX_WINDOWS} are allowed",
+            windows.len()
+        ));
+    }
+    if let Err(errors) = crate::policy::window::validate_windows(windows) {
+        problems.extend(errors.iter().map(ToString::to_string));
+    }
+    WindowsStatus {
+        valid: problems.is_empty(),
+        count,
+        message: (!problems.is_empty()).then(|| problems.join("; ")),
+    }
+}
+
+/// `windows[i] (Saturday,Sunday 02:00-06:00 Europe/London)`: how a status names a window.
+pub fn describe_window(windows: &[Window], index: usize) -> String {
+    let Some(window) = windows.get(index) else {
+        return format!("windows[{index}]");
+    };
+    let zone = window.timezone.as_deref().unwrap_or("UTC");
+    let when = match (&window.schedule, &window.duration) {
+        (Some(schedule), Some(duration)) => format!("\"{schedule}\" for {duration}"),
+        _ => {
+            let days = if window.days_of_week.is_empty() {
+                "every day".to_owned()
+            } else {
+                window
+                    .days_of_week
+                    .iter()
+                    .map(|d| format!("{d:?}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            };
+            let time = |t: &Option<_>| t.as_ref().map(ToString::to_string).unwrap_or_default();
+            format!("{days} {}-{}", time(&window.start), time(&window.end))
+        }
+    };
+    format!("windows[{index}] ({when} {zone})")
+}
+
+/// The command that renews a Machine's certificates now, whatever the policy says: appended to
+/// every message that explains why a renewal does not happen (or failed).
+pub fn renew_now_hint(machine: &MachineView, ttl: &str) -> String {
+    format!(
+        "Renew now: kubectl annotate machines.cluster.x-k8s.io {} -n {} {REFRESH_CERTIFICATES}={ttl} --overwrite",
+        machine.name, machine.namespace
+    )
+}
+
+/// `message` followed by `hint` as its last sentence.
+pub fn with_hint(message: String, hint: &str) -> String {
+    format!("{}. {hint}", message.trim_end().trim_end_matches('.'))
 }
 
 /// What a renewal verdict shows in the status: the `renewal` summary and the renewal
@@ -92,22 +232,48 @@ impl Verdict {
         }
     }
 
-    /// One verdict summary and its condition.
+    /// One policy's verdict, with its condition if it has one (a Machine at rest has none).
     pub fn new(
-        policy: &str,
+        policy: &PolicyInfo,
         reason: &str,
         next: Option<jiff::Timestamp>,
         message: String,
-        condition: &'static str,
+        condition: Option<&'static str>,
     ) -> Self {
         Self {
             renewal: Some(RenewalStatus {
-                policy: policy.to_owned(),
+                policy_ref: Some(PolicyReference {
+                    name: policy.name.clone(),
+                    observed_generation: policy.generation,
+                }),
+                policy: policy.mode.map(|m| m.as_str().to_owned()),
+                conflicting_policies: Vec::new(),
+                windows: policy.windows.clone(),
                 reason: reason.to_owned(),
                 next_renewal_time: next.map(Time),
                 message: message.clone(),
             }),
-            conditions: vec![(condition, reason.to_owned(), message)],
+            conditions: condition
+                .map(|c| (c, reason.to_owned(), message))
+                .into_iter()
+                .collect(),
+        }
+    }
+
+    /// Several policies select the Machine.
+    pub fn conflict(names: Vec<String>, message: String) -> Self {
+        Self {
+            renewal: Some(RenewalStatus {
+                conflicting_policies: names,
+                reason: CONFIG_INVALID.to_owned(),
+                message: message.clone(),
+                ..Default::default()
+            }),
+            conditions: vec![(
+                conditions::RENEWAL_CONFIG_INVALID,
+                CONFIG_INVALID.to_owned(),
+                message,
+            )],
         }
     }
 
@@ -119,12 +285,15 @@ impl Verdict {
     }
 }
 
-/// Renewal conditions: only the current verdict's are shown.
-pub const RENEWAL_CONDITIONS: [&str; 5] = [
+/// The reason of a verdict that cannot be applied.
+pub const CONFIG_INVALID: &str = "ConfigInvalid";
+
+/// Renewal conditions that show the current verdict only. `RenewalWindowBypassed` is not one of
+/// them: it lasts as long as `lastWindowBypass` ([`show_window_bypass`]).
+pub const RENEWAL_CONDITIONS: [&str; 4] = [
     conditions::RENEWAL_DEFERRED,
     conditions::RENEWAL_DISABLED,
     conditions::RENEWAL_CONFIG_INVALID,
-    conditions::RENEWAL_WINDOW_BYPASSED,
     conditions::WINDOWS_IGNORED,
 ];
 
@@ -145,57 +314,151 @@ pub fn with_verdict(
     for (type_, reason, message) in &verdict.conditions {
         set_condition(&mut status, type_, true, reason, message.clone(), now);
     }
+    show_window_bypass(&mut status, now);
     status
+}
+
+/// Forgets a fail-safe bypass once another refresh (not the bypassing one) has succeeded.
+pub fn forget_window_bypass(status: &mut MachineCertificatesStatus, succeeded: &Operation) {
+    if !succeeded.bypassed_windows {
+        status.last_window_bypass = None;
+    }
+}
+
+/// `RenewalWindowBypassed` is True exactly while `lastWindowBypass` is set.
+pub fn show_window_bypass(status: &mut MachineCertificatesStatus, now: jiff::Timestamp) {
+    match status
+        .last_window_bypass
+        .as_ref()
+        .map(|b| b.message.clone())
+    {
+        Some(message) => set_condition(
+            status,
+            conditions::RENEWAL_WINDOW_BYPASSED,
+            true,
+            FAIL_SAFE_BYPASS,
+            message,
+            now,
+        ),
+        None => status
+            .conditions
+            .retain(|c| c.type_ != conditions::RENEWAL_WINDOW_BYPASSED),
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use ck8s_certs_api::machine_certificates::{Origin, Phase, WindowBypass};
+
     use super::*;
 
     fn at(second: i64) -> jiff::Timestamp {
         jiff::Timestamp::from_second(second).unwrap()
     }
 
-    fn deferred_with_windows_ignored() -> Verdict {
+    fn info(name: &str, mode: Mode) -> PolicyInfo {
+        PolicyInfo {
+            name: name.into(),
+            generation: Some(3),
+            mode: Some(mode),
+            windows: Some(windows_status(&[])),
+        }
+    }
+
+    fn deferred(reason: &str, condition: Option<&'static str>) -> Verdict {
         Verdict::new(
-            "auto",
-            "NotDue",
+            &info("auto", Mode::Automatic),
+            reason,
             Some(at(5_000)),
             "Renewal is not due".into(),
-            conditions::RENEWAL_DEFERRED,
+            condition,
         )
-        .with(
+    }
+
+    fn deferred_with_windows_ignored() -> Verdict {
+        deferred("Backoff", Some(conditions::RENEWAL_DEFERRED)).with(
             conditions::WINDOWS_IGNORED,
             "Automatic",
             "windows are ignored".into(),
         )
     }
 
+    fn disabled() -> Verdict {
+        Verdict::new(
+            &info("off", Mode::Disabled),
+            "Disabled",
+            None,
+            "disabled".into(),
+            Some(conditions::RENEWAL_DISABLED),
+        )
+    }
+
+    fn types(status: &MachineCertificatesStatus) -> Vec<&str> {
+        status.conditions.iter().map(|c| c.type_.as_str()).collect()
+    }
+
     #[test]
     fn an_unchanged_verdict_gives_an_equal_status_for_every_shape() {
         let verdicts = [
             Verdict::none(),
+            deferred("NotDue", None),
             deferred_with_windows_ignored(),
-            Verdict::new(
-                "off",
-                "Disabled",
-                None,
-                "disabled".into(),
-                conditions::RENEWAL_DISABLED,
-            ),
-            Verdict::new(
-                "a,b",
-                "ConfigInvalid",
-                None,
-                "conflict".into(),
-                conditions::RENEWAL_CONFIG_INVALID,
-            ),
+            disabled(),
+            Verdict::conflict(vec!["a".into(), "b".into()], "conflict".into()),
         ];
         for verdict in verdicts {
             let first = with_verdict(&MachineCertificatesStatus::default(), &verdict, at(100));
             let again = with_verdict(&first, &verdict, at(200));
             assert_eq!(first, again, "{verdict:?}");
         }
+    }
+
+    #[test]
+    fn the_renewal_status_names_the_policy_its_generation_mode_and_windows() {
+        let status = with_verdict(
+            &MachineCertificatesStatus::default(),
+            &deferred("NotDue", None),
+            at(100),
+        );
+        let renewal = status.renewal.unwrap();
+        assert_eq!(
+            renewal.policy_ref,
+            Some(PolicyReference {
+                name: "auto".into(),
+                observed_generation: Some(3)
+            })
+        );
+        assert_eq!(renewal.policy.as_deref(), Some("Automatic"));
+        assert_eq!(
+            renewal.windows,
+            Some(WindowsStatus {
+                valid: true,
+                count: 0,
+                message: None
+            })
+        );
+        assert!(renewal.conflicting_policies.is_empty());
+        let conflict = Verdict::conflict(vec!["a".into(), "b".into()], "both".into());
+        let renewal = conflict.renewal.unwrap();
+        assert_eq!(
+            (
+                renewal.policy_ref,
+                renewal.policy,
+                renewal.conflicting_policies
+            ),
+            (None, None, vec!["a".to_owned(), "b".to_owned()])
+        );
+    }
+
+    #[test]
+    fn not_due_is_healthy_and_shows_no_renewal_condition() {
+        let status = with_verdict(
+            &MachineCertificatesStatus::default(),
+            &deferred("NotDue", None),
+            at(100),
+        );
+        assert!(status.conditions.is_empty(), "{:?}", status.conditions);
+        assert_eq!(status.renewal.unwrap().reason, "NotDue");
     }
 
     #[test]
@@ -211,23 +474,11 @@ mod tests {
         );
         let deferred = with_verdict(&status, &deferred_with_windows_ignored(), at(100));
         assert_eq!(deferred.conditions.len(), 3);
-        let disabled = with_verdict(
-            &deferred,
-            &Verdict::new(
-                "off",
-                "Disabled",
-                None,
-                "disabled".into(),
-                conditions::RENEWAL_DISABLED,
-            ),
-            at(200),
+        let disabled = with_verdict(&deferred, &disabled(), at(200));
+        assert_eq!(
+            types(&disabled),
+            [conditions::READY, conditions::RENEWAL_DISABLED]
         );
-        let types: Vec<&str> = disabled
-            .conditions
-            .iter()
-            .map(|c| c.type_.as_str())
-            .collect();
-        assert_eq!(types, [conditions::READY, conditions::RENEWAL_DISABLED]);
         assert_eq!(disabled.conditions[0].last_transition_time, Time(at(1)));
         assert_eq!(disabled.conditions[1].last_transition_time, Time(at(200)));
         let cleared = with_verdict(&disabled, &Verdict::none(), at(300));
@@ -242,14 +493,8 @@ mod tests {
             &deferred_with_windows_ignored(),
             at(100),
         );
-        let backoff = Verdict::new(
-            "auto",
-            "Backoff",
-            Some(at(9_000)),
-            "backing off".into(),
-            conditions::RENEWAL_DEFERRED,
-        );
-        let second = with_verdict(&first, &backoff, at(200));
+        let outside = deferred("OutsideWindow", Some(conditions::RENEWAL_DEFERRED));
+        let second = with_verdict(&first, &outside, at(200));
         let deferred = second
             .conditions
             .iter()
@@ -257,13 +502,103 @@ mod tests {
             .unwrap();
         assert_eq!(
             (deferred.reason.as_str(), &deferred.last_transition_time),
-            ("Backoff", &Time(at(100)))
+            ("OutsideWindow", &Time(at(100)))
         );
         assert!(
             second
                 .conditions
                 .iter()
                 .all(|c| c.type_ != conditions::WINDOWS_IGNORED)
+        );
+    }
+
+    fn operation(bypassed_windows: bool) -> Operation {
+        Operation {
+            phase: Phase::Succeeded,
+            bypassed_windows,
+            ..Operation::pending(Origin::Policy, None, None, "1y".into(), 1, Time(at(1_000)))
+        }
+    }
+
+    #[test]
+    fn a_window_bypass_lasts_through_verdicts_until_a_later_refresh_succeeds() {
+        let mut status = MachineCertificatesStatus {
+            last_window_bypass: Some(WindowBypass {
+                time: Time(at(1_000)),
+                expiry: None,
+                message: "bypassed".into(),
+            }),
+            ..Default::default()
+        };
+        status = with_verdict(&status, &deferred("RenewNow", None), at(1_000));
+        assert_eq!(types(&status), [conditions::RENEWAL_WINDOW_BYPASSED]);
+        // Later verdicts (the renewal done, next one not due) keep it...
+        for verdict in [deferred("NotDue", None), disabled(), Verdict::none()] {
+            status = with_verdict(&status, &verdict, at(2_000));
+            assert!(
+                types(&status).contains(&conditions::RENEWAL_WINDOW_BYPASSED),
+                "{verdict:?}"
+            );
+        }
+        // ...and so does the success of the bypassing refresh itself...
+        forget_window_bypass(&mut status, &operation(true));
+        assert!(status.last_window_bypass.is_some());
+        // ...until another one succeeds (however soon after).
+        forget_window_bypass(&mut status, &operation(false));
+        show_window_bypass(&mut status, at(5_100));
+        assert_eq!(status.last_window_bypass, None);
+        assert!(status.conditions.is_empty());
+    }
+
+    #[test]
+    fn hints_end_messages_with_the_command_that_renews_now() {
+        let machine = MachineView {
+            namespace: "edge".into(),
+            name: "cp-0".into(),
+            ..Default::default()
+        };
+        let hint = renew_now_hint(&machine, "1y");
+        assert_eq!(
+            hint,
+            "Renew now: kubectl annotate machines.cluster.x-k8s.io cp-0 -n edge v1beta2.k8sd.io/refresh-certificates=1y --overwrite"
+        );
+        assert_eq!(
+            with_hint("Renewal is deferred.".into(), &hint),
+            format!("Renewal is deferred. {hint}")
+        );
+        assert!(with_hint("x".into(), &hint).ends_with("--overwrite"));
+    }
+
+    #[test]
+    fn windows_are_described_and_checked() {
+        let windows: Vec<Window> = serde_json::from_value(serde_json::json!([
+            { "daysOfWeek": ["Saturday", "Sunday"], "start": "02:00", "end": "06:00", "timezone": "Europe/London" },
+            { "schedule": "0 22 * * 1-5", "duration": "4h" },
+        ]))
+        .unwrap();
+        assert_eq!(
+            describe_window(&windows, 0),
+            "windows[0] (Saturday,Sunday 02:00-06:00 Europe/London)"
+        );
+        assert_eq!(
+            describe_window(&windows, 1),
+            "windows[1] (\"0 22 * * 1-5\" for 4h UTC)"
+        );
+        assert_eq!(describe_window(&windows, 7), "windows[7]");
+        assert!(windows_status(&windows).valid);
+        let bad: Vec<Window> = serde_json::from_value(serde_json::json!([
+            { "start": "02:00", "end": "06:00", "timezone": "Mars/Olympus_Mons" },
+        ]))
+        .unwrap();
+        let status = windows_status(&bad);
+        assert!(!status.valid);
+        assert!(
+            status
+                .message
+                .as_deref()
+                .unwrap_or_default()
+                .contains("Mars/Olympus_Mons"),
+            "{status:?}"
         );
     }
 }

@@ -161,6 +161,14 @@ pub fn lifetime_start(status: &MachineCertificatesStatus) -> Option<Timestamp> {
 pub fn selector(
     spec: &CertificateRenewalPolicySpec,
 ) -> Result<MachineSelector, Vec<SelectorError>> {
+    selector_of(&spec.cluster_selector, &spec.machine_selector)
+}
+
+/// [`selector`] from the two fields alone (of a policy that cannot be decoded as a whole).
+pub fn selector_of(
+    cluster_selector: &Option<LabelSelector>,
+    machine_selector: &Option<LabelSelector>,
+) -> Result<MachineSelector, Vec<SelectorError>> {
     let mut errors = Vec::new();
     let mut compile = |field: &'static str, selector: &Option<LabelSelector>| {
         let selector = selector.as_ref()?;
@@ -169,8 +177,8 @@ pub fn selector(
             .ok()
     };
     let selector = MachineSelector {
-        cluster: compile("clusterSelector", &spec.cluster_selector),
-        machine: compile("machineSelector", &spec.machine_selector),
+        cluster: compile("clusterSelector", cluster_selector),
+        machine: compile("machineSelector", machine_selector),
     };
     if errors.is_empty() {
         Ok(selector)

@@ -1,15 +1,18 @@
 //! CertificateRenewalPolicies for tests: created in the management cluster, selecting Machines
 //! by the label `e2e-policy=<selector>`.
 
+use ck8s_certs_api::capi::WATCH_FILTER_LABEL;
 use ck8s_certs_api::renewal_policy::CertificateRenewalPolicy;
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{ApiResource, DynamicObject, PostParams};
 use serde_json::json;
 
 use crate::Environment;
 
 impl Environment {
-    /// Creates policy `name` with `spec`, selecting Machines labelled `e2e-policy=<selector>`.
+    /// Creates policy `name` with `spec`, selecting Machines labelled `e2e-policy=<selector>`,
+    /// in the watch-filter shard of the same name (the controller `start_controller(selector)`
+    /// starts sees it).
     pub async fn create_policy(
         &self,
         namespace: &str,
@@ -17,14 +20,34 @@ impl Environment {
         selector: &str,
         spec: serde_json::Value,
     ) {
+        self.create_policy_in(selector, namespace, name, selector, spec)
+            .await;
+    }
+
+    /// [`Self::create_policy`] in watch-filter shard `filter`. The spec is sent as given: it may
+    /// be one the schema accepts and the controller cannot read.
+    pub async fn create_policy_in(
+        &self,
+        filter: &str,
+        namespace: &str,
+        name: &str,
+        selector: &str,
+        spec: serde_json::Value,
+    ) {
         let mut spec = spec;
         spec["machineSelector"] = json!({ "matchLabels": { "e2e-policy": selector } });
-        let object: CertificateRenewalPolicy = serde_json::from_value(
-            json!({ "metadata": { "name": name, "namespace": namespace }, "spec": spec }),
-        )
-        .expect("a valid policy");
-        let api: Api<CertificateRenewalPolicy> =
-            Api::namespaced(self.management().await.expect("client"), namespace);
+        let resource = ApiResource::erase::<CertificateRenewalPolicy>(&());
+        let object: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": resource.api_version, "kind": resource.kind,
+            "metadata": { "name": name, "namespace": namespace, "labels": { WATCH_FILTER_LABEL: filter } },
+            "spec": spec,
+        }))
+        .expect("a policy object");
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            self.management().await.expect("client"),
+            namespace,
+            &resource,
+        );
         api.create(&PostParams::default(), &object)
             .await
             .expect("create CertificateRenewalPolicy");

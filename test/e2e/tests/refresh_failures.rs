@@ -28,6 +28,16 @@ async fn failure_of(env: &Environment, node: &NodeInfo) -> String {
         .expect("Failed event");
     assert_eq!(event.type_.as_deref(), Some("Warning"));
     assert_eq!(event.note.as_deref(), Some(error.as_str()));
+    // Every failure ends with the command that retries.
+    let hint = format!(
+        "Renew now: kubectl annotate machines.cluster.x-k8s.io {} -n {} v1beta2.k8sd.io/refresh-certificates=",
+        node.machine, node.namespace
+    );
+    let last_sentence = error.rsplit(". ").next().unwrap_or_default();
+    assert!(
+        last_sentence.starts_with(&hint) && last_sentence.ends_with(" --overwrite"),
+        "{error}"
+    );
     error
 }
 

@@ -6,13 +6,16 @@ use std::time::{Duration, Instant};
 
 use ck8s_certs::k8sd::wire::path;
 use ck8s_certs_api::annotations::REFRESH_CERTIFICATES_STATUS;
-use ck8s_certs_api::machine_certificates::{MachineCertificatesStatus, Origin, Phase};
+use ck8s_certs_api::machine_certificates::{
+    MachineCertificatesStatus, Origin, Phase, PolicyReference, WindowsStatus,
+};
 use ck8s_certs_api::renewal_policy::CertificateRenewalPolicy;
 use ck8s_certs_e2e::fixtures::NodeInfo;
 use ck8s_certs_e2e::policies::closed_window;
 use ck8s_certs_e2e::sim::{Endpoint, Fault};
 use ck8s_certs_e2e::{Environment, shared};
 use kube::Api;
+use kube::api::{ApiResource, DynamicObject};
 use serde_json::json;
 
 const TIMEOUT: Duration = Duration::from_secs(90);
@@ -24,11 +27,20 @@ async fn wait_policy(
     name: &str,
     done: impl Fn(&ck8s_certs_api::renewal_policy::CertificateRenewalPolicyStatus) -> bool,
 ) -> ck8s_certs_api::renewal_policy::CertificateRenewalPolicyStatus {
-    let api: Api<CertificateRenewalPolicy> =
-        Api::namespaced(env.management().await.unwrap(), namespace);
+    // Read as a plain object: the spec may be one this version cannot decode.
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        env.management().await.unwrap(),
+        namespace,
+        &ApiResource::erase::<CertificateRenewalPolicy>(&()),
+    );
     let start = Instant::now();
     loop {
-        let status = api.get(name).await.unwrap().status.unwrap_or_default();
+        let object = api.get(name).await.unwrap();
+        let status = object
+            .data
+            .get("status")
+            .map(|s| serde_json::from_value(s.clone()).unwrap())
+            .unwrap_or_default();
         if done(&status) {
             return status;
         }
@@ -73,6 +85,14 @@ async fn wait_status(
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// The command every deferral, Disabled and failure message ends with.
+fn hint(node: &NodeInfo, ttl: &str) -> String {
+    format!(
+        "Renew now: kubectl annotate machines.cluster.x-k8s.io {} -n {} v1beta2.k8sd.io/refresh-certificates={ttl} --overwrite",
+        node.machine, node.namespace
+    )
 }
 
 fn condition<'a>(
@@ -126,9 +146,57 @@ async fn an_automatic_policy_renews_before_expiry_without_an_annotation() {
     let expiry = status.expiry.clone().unwrap().0;
     let next = status.renewal.clone().unwrap().next_renewal_time.unwrap().0;
     assert_eq!(next, expiry - jiff::SignedDuration::from_hours(100 * 24));
+    // The status contract: the policy (reference, generation, mode), its windows, and a
+    // healthy steady state: Ready, no renewal condition, every condition stamped.
+    let renewal = status.renewal.clone().unwrap();
     assert_eq!(
-        condition(&status, "RenewalDeferred").unwrap().reason,
-        "NotDue"
+        renewal.policy_ref,
+        Some(PolicyReference {
+            name: "auto".into(),
+            observed_generation: Some(1)
+        })
+    );
+    assert_eq!(renewal.policy.as_deref(), Some("Automatic"));
+    assert_eq!(
+        renewal.windows,
+        Some(WindowsStatus {
+            valid: true,
+            count: 0,
+            message: None
+        })
+    );
+    assert!(
+        renewal.message.ends_with(&hint(&node, "1y")),
+        "{}",
+        renewal.message
+    );
+    let ready = condition(&status, "Ready").unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("True", "Refreshed")
+    );
+    assert!(
+        status
+            .conditions
+            .iter()
+            .all(|c| c.type_ != "RenewalDeferred"),
+        "{:?}",
+        status.conditions
+    );
+    assert!(
+        status
+            .conditions
+            .iter()
+            .all(|c| c.observed_generation == Some(1)),
+        "{:?}",
+        status.conditions
+    );
+    assert_eq!(op.matched_window, None, "Automatic ignores windows");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        event_reasons(&env, &node)
+            .await
+            .contains(&("CertificatesRenewalScheduled".into(), "Normal".into()))
     );
     let runs = env
         .sim
@@ -169,11 +237,12 @@ async fn an_automatic_policy_renews_before_expiry_without_an_annotation() {
             .await,
         Some(1.0)
     );
+    // Not due is not a deferral.
     assert_eq!(
         controller
             .metric("ck8s_certs_renewal_deferred_total{reason=\"not_due\"}")
             .await,
-        Some(1.0)
+        None
     );
     assert_eq!(
         controller.metric("ck8s_certs_operations_in_progress").await,
@@ -198,13 +267,12 @@ async fn a_disabled_policy_warns_inside_the_fail_safe_margin_and_a_manual_reques
         condition(s, "RenewalDisabled").is_some()
     })
     .await;
-    assert!(
-        condition(&status, "RenewalDisabled")
-            .unwrap()
-            .message
-            .contains("renew them manually"),
-        "{:?}",
-        status.conditions
+    let message = &condition(&status, "RenewalDisabled").unwrap().message;
+    assert!(message.contains("renew them manually"), "{message}");
+    assert!(message.ends_with(&hint(&node, "1y")), "{message}");
+    assert_eq!(
+        status.renewal.as_ref().and_then(|r| r.policy.as_deref()),
+        Some("Disabled")
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
@@ -251,11 +319,26 @@ async fn a_scheduled_policy_defers_to_the_next_window_and_bypasses_it_only_insid
             .is_some_and(|r| r.reason == "OutsideWindow")
     })
     .await;
-    let renewal = status.renewal.unwrap();
+    let renewal = status.renewal.clone().unwrap();
     assert!(
         renewal.message.contains("Europe/London") && renewal.message.contains("maintenance window"),
         "{}",
         renewal.message
+    );
+    assert!(
+        renewal.message.ends_with(&hint(&deferred, "1y")),
+        "{}",
+        renewal.message
+    );
+    assert_eq!(renewal.policy.as_deref(), Some("Scheduled"));
+    assert_eq!(
+        renewal.windows.as_ref().map(|w| (w.valid, w.count)),
+        Some((true, 1))
+    );
+    let held = condition(&status, "RenewalDeferred").unwrap();
+    assert_eq!(
+        (held.status.as_str(), held.reason.as_str()),
+        ("True", "OutsideWindow")
     );
     let next = renewal
         .next_renewal_time
@@ -285,6 +368,34 @@ async fn a_scheduled_policy_defers_to_the_next_window_and_bypasses_it_only_insid
             .metric("ck8s_certs_renewal_bypassed_total{reason=\"expiry_imminent\"}")
             .await,
         Some(1.0)
+    );
+    // The bypass stays on record after the renewal is done and the next one is not due...
+    let status = wait_status(&env, &bypassed, "the bypass on record", |s| {
+        s.operation
+            .as_ref()
+            .is_some_and(|o| o.phase == Phase::Succeeded)
+            && s.renewal.as_ref().is_some_and(|r| r.reason != "RenewNow")
+    })
+    .await;
+    let record = status.last_window_bypass.clone().expect("lastWindowBypass");
+    assert!(record.message.contains("fail-safe"), "{}", record.message);
+    let condition_ = condition(&status, "RenewalWindowBypassed").expect("RenewalWindowBypassed");
+    assert_eq!(
+        (condition_.status.as_str(), condition_.reason.as_str()),
+        ("True", "FailSafeBypass")
+    );
+    assert_eq!(status.operation.as_ref().unwrap().matched_window, None);
+    // ...until a later refresh succeeds.
+    env.annotate_refresh(&bypassed, "1y").await;
+    env.wait_for_refresh(&bypassed, TIMEOUT).await;
+    let status = wait_status(&env, &bypassed, "the bypass forgotten", |s| {
+        s.last_window_bypass.is_none()
+    })
+    .await;
+    assert!(
+        condition(&status, "RenewalWindowBypassed").is_none(),
+        "{:?}",
+        status.conditions
     );
 
     let status = wait_status(&env, &strict, "strict deferral", |s| {
@@ -332,10 +443,48 @@ async fn invalid_and_conflicting_policies_are_shown_on_the_machine_and_nothing_r
         json!({ "policy": "Automatic", "renewBefore": "100d" }),
     )
     .await;
+    // A duration the schema lets through but the controller cannot read.
+    env.create_policy(
+        "edge",
+        "unreadable",
+        "unreadable",
+        json!({ "policy": "Automatic", "renewBefore": "99999999999999999999999y" }),
+    )
+    .await;
+    let unreadable = env.cluster("gamma").node("alpha-cp-1").clone();
     select(&env, &invalid, "mars").await;
     select(&env, &conflicted, "twins").await;
+    select(&env, &unreadable, "unreadable").await;
     let _a = env.start_controller("mars", &[]);
     let _b = env.start_controller("twins", &[]);
+    let _c = env.start_controller("unreadable", &[]);
+    let status = wait_status(&env, &unreadable, "an unreadable policy", |s| {
+        condition(s, "RenewalConfigInvalid").is_some()
+    })
+    .await;
+    let message = &condition(&status, "RenewalConfigInvalid").unwrap().message;
+    assert!(message.contains("cannot be read"), "{message}");
+    assert!(message.ends_with(&hint(&unreadable, "1y")), "{message}");
+    assert_eq!(
+        status
+            .renewal
+            .as_ref()
+            .and_then(|r| r.policy_ref.as_ref())
+            .map(|p| p.name.as_str()),
+        Some("unreadable")
+    );
+    let policy = wait_policy(&env, "edge", "unreadable", |s| {
+        policy_condition(s, "Valid").is_some()
+    })
+    .await;
+    let valid = policy_condition(&policy, "Valid").unwrap();
+    assert_eq!(valid.status, "False");
+    assert!(
+        valid.message.contains("cannot be read"),
+        "{}",
+        valid.message
+    );
+    assert_eq!(policy.matched_machines, Some(1));
     let status = wait_status(&env, &invalid, "RenewalConfigInvalid", |s| {
         condition(s, "RenewalConfigInvalid").is_some()
     })
@@ -345,6 +494,14 @@ async fn invalid_and_conflicting_policies_are_shown_on_the_machine_and_nothing_r
         message.contains("windows[0].timezone") && message.contains("Mars/Olympus_Mons"),
         "{message}"
     );
+    assert_eq!(
+        status
+            .renewal
+            .as_ref()
+            .and_then(|r| r.windows.as_ref())
+            .map(|w| w.valid),
+        Some(false)
+    );
     let status = wait_status(&env, &conflicted, "conflict", |s| {
         condition(s, "RenewalConfigInvalid").is_some()
     })
@@ -353,6 +510,13 @@ async fn invalid_and_conflicting_policies_are_shown_on_the_machine_and_nothing_r
     assert!(
         message.contains("twin-a") && message.contains("twin-b"),
         "{message}"
+    );
+    assert_eq!(
+        status
+            .renewal
+            .as_ref()
+            .map(|r| r.conflicting_policies.clone()),
+        Some(vec!["twin-a".to_owned(), "twin-b".to_owned()])
     );
     // The policies say so too: the invalid one is not Valid, both conflicting ones not Ready.
     let status = wait_policy(&env, "fleet", "mars", |s| {
@@ -468,11 +632,8 @@ async fn a_failing_node_backs_off_exponentially_across_restarts_and_recovers() {
     );
 }
 
-#[tokio::test]
-async fn a_scheduled_renewal_starts_when_the_window_opens() {
-    let env = shared().await;
-    let node = env.cluster("gamma").node("alpha-cp-0").clone();
-    // A window opening at the next whole minute (UTC), at least 5 s away.
+/// The next whole minute (UTC) at least 5 s away, and two minutes after it.
+fn next_minute() -> (jiff::Zoned, jiff::Zoned) {
     let now = jiff::Timestamp::now().to_zoned(jiff::tz::TimeZone::UTC);
     let mut start = now
         .round(
@@ -489,11 +650,21 @@ async fn a_scheduled_renewal_starts_when_the_window_opens() {
     let end = start
         .checked_add(jiff::SignedDuration::from_mins(2))
         .unwrap();
-    let window = json!([{ "start": start.strftime("%H:%M").to_string(), "end": end.strftime("%H:%M").to_string(), "timezone": "UTC" }]);
-    env.create_policy("edge", "next-minute", "next-minute", json!({ "policy": "Scheduled", "renewBefore": "100d", "failSafeMargin": "1d", "windows": window })).await;
-    select(&env, &node, "next-minute").await;
-    let _controller = env.start_controller("next-minute", &[]);
-    let status = wait_status(&env, &node, "OutsideWindow", |s| {
+    (start, end)
+}
+
+/// Starts a controller for `policy` (already selecting `node`), checks the renewal is deferred
+/// to `start`, starts then, and names `window` as the one it matched.
+async fn defers_then_renews_at(
+    env: &Environment,
+    node: &NodeInfo,
+    policy: &str,
+    start: &jiff::Zoned,
+    window: String,
+) {
+    select(env, node, policy).await;
+    let _controller = env.start_controller(policy, &[]);
+    let status = wait_status(env, node, "OutsideWindow", |s| {
         s.renewal
             .as_ref()
             .is_some_and(|r| r.reason == "OutsideWindow")
@@ -504,14 +675,14 @@ async fn a_scheduled_renewal_starts_when_the_window_opens() {
         start.timestamp()
     );
     let annotations = env
-        .wait_for_machine(&node, TIMEOUT, |a| {
+        .wait_for_machine(node, TIMEOUT, |a| {
             a.get(REFRESH_CERTIFICATES_STATUS).map(String::as_str) == Some("done")
         })
         .await;
     assert!(annotations.contains_key(ck8s_certs_api::annotations::CERTIFICATES_EXPIRY));
     let plan = env
         .sim
-        .calls("gamma", &node.node)
+        .calls(&node.cluster, &node.node)
         .await
         .unwrap()
         .into_iter()
@@ -526,4 +697,39 @@ async fn a_scheduled_renewal_starts_when_the_window_opens() {
         planned < start.timestamp() + jiff::SignedDuration::from_secs(5),
         "renewed at {planned}, not when the window opened at {start}"
     );
+    // The window that matched stays on the operation's record.
+    let status = wait_status(env, node, "the matched window", |s| {
+        s.operation
+            .as_ref()
+            .is_some_and(|o| o.phase == Phase::Succeeded)
+    })
+    .await;
+    assert_eq!(status.operation.unwrap().matched_window, Some(window));
+}
+
+#[tokio::test]
+async fn a_scheduled_renewal_starts_when_the_window_opens() {
+    let env = shared().await;
+    let node = env.cluster("gamma").node("alpha-cp-0").clone();
+    let (start, end) = next_minute();
+    let (from, to) = (
+        start.strftime("%H:%M").to_string(),
+        end.strftime("%H:%M").to_string(),
+    );
+    let window = json!([{ "start": from, "end": to, "timezone": "UTC" }]);
+    env.create_policy("edge", "next-minute", "next-minute", json!({ "policy": "Scheduled", "renewBefore": "100d", "failSafeMargin": "1d", "windows": window })).await;
+    let matched = format!("windows[0] (every day {from}-{to} UTC)");
+    defers_then_renews_at(&env, &node, "next-minute", &start, matched).await;
+}
+
+#[tokio::test]
+async fn a_cron_window_defers_the_renewal_and_it_starts_at_the_opening() {
+    let env = shared().await;
+    let node = env.cluster("gamma").node("alpha-md-0-w0").clone();
+    let (start, _) = next_minute();
+    let schedule = format!("{} {} * * *", start.minute(), start.hour());
+    let window = json!([{ "schedule": schedule, "duration": "2m", "timezone": "UTC" }]);
+    env.create_policy("edge", "next-minute-cron", "next-minute-cron", json!({ "policy": "Scheduled", "renewBefore": "100d", "failSafeMargin": "1d", "windows": window })).await;
+    let matched = format!("windows[0] (\"{schedule}\" for 2m UTC)");
+    defers_then_renews_at(&env, &node, "next-minute-cron", &start, matched).await;
 }

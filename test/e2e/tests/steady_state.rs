@@ -153,10 +153,11 @@ async fn a_machine_whose_situation_does_not_change_costs_zero_writes_for_every_v
     ];
     for (name, spec) in specs {
         let selector = if name == "twin-a" { "twins" } else { name };
-        env.create_policy("fleet", &format!("steady-{name}"), selector, spec)
+        env.create_policy_in(FILTER, "fleet", &format!("steady-{name}"), selector, spec)
             .await;
     }
-    env.create_policy(
+    env.create_policy_in(
+        FILTER,
         "fleet",
         "steady-twin-b",
         "twins",
