@@ -100,6 +100,18 @@ pub struct Args {
     #[arg(long, env = "CK8S_CERTS_REFRESH_WAIT_TIMEOUT", value_parser = humantime::parse_duration, default_value = "10m")]
     pub refresh_wait_timeout: Duration,
 
+    /// Warn (Event on the Cluster, `ClusterCertificates` Ready=False ExpiringSoon) this long
+    /// before a certificate of a Cluster's management kubeconfig (`<cluster>-kubeconfig`)
+    /// expires.
+    #[arg(long, env = "CK8S_CERTS_KUBECONFIG_EXPIRY_WARNING", value_parser = humantime::parse_duration, default_value = "30d")]
+    pub kubeconfig_expiry_warning: Duration,
+
+    /// How often each Cluster's `<cluster>-kubeconfig` Secret is read for its certificates'
+    /// expiry (jittered per Cluster; also read exactly when one crosses the warning horizon or
+    /// expires).
+    #[arg(long, env = "CK8S_CERTS_KUBECONFIG_CHECK_INTERVAL", value_parser = humantime::parse_duration, default_value = "6h")]
+    pub kubeconfig_check_interval: Duration,
+
     /// How often idle Machines are re-checked (everything else is event-driven).
     #[arg(long, env = "CK8S_CERTS_RESYNC_PERIOD", value_parser = humantime::parse_duration, default_value = "1h")]
     pub resync_period: Duration,

@@ -39,6 +39,14 @@ pub struct RefreshLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KubeconfigLabels {
+    pub namespace: String,
+    pub cluster: String,
+    /// client or ca.
+    pub certificate: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
     pub reason: String,
 }
@@ -47,6 +55,8 @@ pub struct ReasonLabels {
 pub struct Metrics {
     registry: Registry,
     pub expiry: Family<MachineLabels, Gauge<f64, AtomicU64>>,
+    /// NotAfter of each Cluster's `<cluster>-kubeconfig` certificates.
+    pub kubeconfig_expiry: Family<KubeconfigLabels, Gauge<f64, AtomicU64>>,
     pub renewals_started: Family<OriginLabels, Counter>,
     pub renewals_succeeded: Family<OriginLabels, Counter>,
     pub renewals_failed: Family<OriginLabels, Counter>,
@@ -69,6 +79,12 @@ impl Default for Metrics {
             "NotAfter of a node's certificates, as a Unix timestamp",
             expiry.clone(),
         );
+        let kubeconfig_expiry = Family::<KubeconfigLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "kubeconfig_expiry_timestamp_seconds",
+            "NotAfter of the management kubeconfig's certificates of a workload cluster (<cluster>-kubeconfig: certificate client or ca), as a Unix timestamp",
+            kubeconfig_expiry.clone(),
+        );
         let renewals_started = Family::<OriginLabels, Counter>::default();
         registry.register(
             "renewals_started",
@@ -90,7 +106,7 @@ impl Default for Metrics {
         let renewal_deferred = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "renewal_deferred",
-            "Renewal verdicts that deferred a renewal, by reason (not_due, backoff, outside_window), counted when the verdict changes",
+            "Renewal verdicts that held a due renewal back, by reason (backoff, outside_window), counted when the verdict changes",
             renewal_deferred.clone(),
         );
         let renewal_bypassed = Family::<ReasonLabels, Counter>::default();
@@ -130,6 +146,7 @@ impl Default for Metrics {
         Self {
             registry,
             expiry,
+            kubeconfig_expiry,
             renewals_started,
             renewals_succeeded,
             renewals_failed,

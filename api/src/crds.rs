@@ -3,18 +3,23 @@
 
 use kube::CustomResourceExt;
 
+use crate::cluster_certificates::ClusterCertificates;
 use crate::machine_certificates::MachineCertificates;
 use crate::renewal_policy::CertificateRenewalPolicy;
 
 /// `(file name, YAML)` of every CRD.
 pub fn all() -> Result<Vec<(String, String)>, serde_yaml::Error> {
-    [MachineCertificates::crd(), CertificateRenewalPolicy::crd()]
-        .into_iter()
-        .map(|crd| {
-            let name = format!("{}.yaml", crd.metadata.name.clone().unwrap_or_default());
-            Ok((name, serde_yaml::to_string(&crd)?))
-        })
-        .collect()
+    [
+        MachineCertificates::crd(),
+        CertificateRenewalPolicy::crd(),
+        ClusterCertificates::crd(),
+    ]
+    .into_iter()
+    .map(|crd| {
+        let name = format!("{}.yaml", crd.metadata.name.clone().unwrap_or_default());
+        Ok((name, serde_yaml::to_string(&crd)?))
+    })
+    .collect()
 }
 
 #[cfg(test)]

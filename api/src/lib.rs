@@ -8,6 +8,7 @@
 
 pub mod annotations;
 pub mod capi;
+pub mod cluster_certificates;
 pub mod crds;
 pub mod duration;
 pub mod k8sd;

@@ -15,6 +15,10 @@ pub mod events {
     pub const RENEWAL_DISABLED: &str = "CertificatesRenewalDisabled";
     pub const RENEWAL_CONFIG_INVALID: &str = "CertificatesRenewalConfigInvalid";
     pub const RENEWAL_WINDOW_BYPASSED: &str = "CertificatesRenewalWindowBypassed";
+    /// On the Cluster: a certificate of the management kubeconfig (`<cluster>-kubeconfig`)
+    /// expires within the warning horizon, or has expired.
+    pub const KUBECONFIG_EXPIRING: &str = "KubeconfigCertificateExpiring";
+    pub const KUBECONFIG_EXPIRED: &str = "KubeconfigCertificateExpired";
     /// Reading the node's certificate expiry failed (other than the node still starting).
     pub const EXPIRY_UNKNOWN: &str = "CertificatesExpiryUnknown";
 }

@@ -1,6 +1,7 @@
 //! Controllers. `machine` reconciles CK8s Machines: it keeps their certificate expiry known and
 //! carries out refresh requests, recording everything in the Machine's `MachineCertificates`.
 
+pub mod cluster_credentials;
 pub mod decide;
 pub mod machine;
 pub mod patches;
@@ -12,6 +13,7 @@ pub mod stores;
 use std::sync::Arc;
 
 use ck8s_certs_api::capi::{CLUSTER_NAME_LABEL, WATCH_FILTER_LABEL};
+use ck8s_certs_api::cluster_certificates::ClusterCertificates;
 use ck8s_certs_api::machine::{CapiVersion, Cluster, Machine};
 use ck8s_certs_api::renewal_policy::CertificateRenewalPolicy;
 use futures::StreamExt;
@@ -84,6 +86,7 @@ pub async fn run(
     let mut machine_watch = SharedWatch::<Machine>::with(capi);
     let mut cluster_watch = SharedWatch::<Cluster>::with(capi);
     let mut certificate_watch = SharedWatch::<stores::CachedCertificates>::new();
+    let mut cluster_record_watch = SharedWatch::<ClusterCertificates>::new();
     let policy_resource = ApiResource::erase::<CertificateRenewalPolicy>(&());
     let mut policy_watch = SharedWatch::<DynamicObject>::with(policy_resource.clone());
     let stores = Stores {
@@ -95,13 +98,22 @@ pub async fn run(
     let machine_events = machine_watch.subscribe();
     let policy_machine_events = machine_watch.subscribe();
     let cluster_events = cluster_watch.subscribe();
+    let credential_cluster_events = cluster_watch.subscribe();
+    let cluster_record_events = cluster_record_watch.subscribe();
+    let cluster_records_store = cluster_record_watch.store.clone();
     let certificate_events = certificate_watch.subscribe();
     let policy_events = policy_watch.subscribe();
     let policy_policy_events = policy_watch.subscribe();
     let policy_sibling_events = policy_watch.subscribe();
-    let watches = futures::future::join4(
+    let cluster_records: Api<ClusterCertificates> = match &args.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let watches = futures::future::join5(
         machine_watch.run(machines, filtered.clone(), stores::keep),
         cluster_watch.run(clusters, watcher::Config::default(), stores::keep),
+        // One per Cluster (few): not filtered, the Machines decide which shard reports a Cluster.
+        cluster_record_watch.run(cluster_records, watcher::Config::default(), stores::keep),
         certificate_watch.run(owned, filtered.clone(), stores::keep),
         policy_watch.run(policies_api(&client, args), filtered, stores::trim_policy),
     );
@@ -115,18 +127,33 @@ pub async fn run(
             health.set_ready(true);
         })
     };
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "ck8s-certs".into(),
+            instance: std::env::var("POD_NAME").ok(),
+        },
+    );
+    let credentials = cluster_credentials::Context {
+        readings: Default::default(),
+        client: client.clone(),
+        capi,
+        machines: stores.machines.clone(),
+        records: cluster_records_store,
+        recorder: recorder.clone(),
+        metrics: metrics.clone(),
+        config: cluster_credentials::Config {
+            warning: jiff::SignedDuration::try_from(args.kubeconfig_expiry_warning)
+                .unwrap_or(jiff::SignedDuration::MAX),
+            interval: args.kubeconfig_check_interval,
+        },
+    };
     let ctx = Arc::new(machine::Context {
         client: client.clone(),
         capi,
         workload: crate::workload::Clients::new(client.clone()),
         stores: stores.clone(),
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "ck8s-certs".into(),
-                instance: std::env::var("POD_NAME").ok(),
-            },
-        ),
+        recorder,
         config: machine::Config {
             transport: args.k8sd_transport,
             timeouts: Timeouts {
@@ -213,10 +240,17 @@ pub async fn run(
             machines: policy_machine_events,
             stores: stores.clone(),
         },
+        stop.clone(),
+    );
+    let credentials_controller = credentials_controller(
+        credential_cluster_events,
+        cluster_record_events,
+        stores.clone(),
+        credentials,
         stop,
     );
     tokio::select! {
-        _ = futures::future::join(machine_controller, policy_controller) => {}
+        _ = futures::future::join3(machine_controller, policy_controller, credentials_controller) => {}
         _ = watches => tracing::error!("The watches ended unexpectedly"),
     }
     readiness.abort();
@@ -242,6 +276,40 @@ where
             return;
         }
     }
+}
+
+/// Checks each Cluster's management kubeconfig ([`cluster_credentials`]), once every cache is
+/// synced (which Clusters have CK8s Machines is read from the Machine cache).
+async fn credentials_controller<C, R>(
+    clusters: C,
+    records: R,
+    stores: Stores,
+    ctx: cluster_credentials::Context,
+    stop: CancellationToken,
+) where
+    C: futures::Stream<Item = Result<Cluster, watcher::Error>> + Send + 'static,
+    R: futures::Stream<Item = Result<ClusterCertificates, watcher::Error>> + Send + 'static,
+{
+    stores.synced().await;
+    synced(&ctx.records).await;
+    let capi = ctx.capi;
+    // A record changed or deleted by someone else is set right from the last reading.
+    let cluster_of_record = move |record: ClusterCertificates| {
+        let namespace = record.namespace().unwrap_or_default();
+        Some(ObjectRef::new_with(&record.name_any(), capi).within(&namespace))
+    };
+    Controller::for_stream_with(clusters, stores.clusters.clone(), capi)
+        // Secret reads are few and need not be fast: keep them gentle on the API server.
+        .with_config(controller::Config::default().concurrency(2))
+        .graceful_shutdown_on(stop.cancelled_owned())
+        .watches_stream_with(records, cluster_of_record, ())
+        .run(
+            cluster_credentials::reconcile,
+            cluster_credentials::error_policy,
+            Arc::new(ctx),
+        )
+        .for_each(|_| async {})
+        .await;
 }
 
 fn policies_api(client: &Client, args: &Args) -> Api<DynamicObject> {

@@ -16,6 +16,7 @@ use kube::{Api, Client};
 
 use crate::k8sd::Token;
 
+pub mod credentials;
 pub mod endpoint;
 
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +41,15 @@ pub enum WorkloadError {
         name: String,
         reason: String,
     },
+    #[error(
+        "the {certificate} in Secret {namespace}/{name} expired at {at}: the workload cluster's API server refuses it. Renew that kubeconfig (docs/troubleshooting.md, \"The management kubeconfig expired\")"
+    )]
+    KubeconfigExpired {
+        namespace: String,
+        name: String,
+        certificate: &'static str,
+        at: jiff::Timestamp,
+    },
     #[error("reading {what} from workload cluster {cluster} failed: {source}")]
     Api {
         cluster: String,
@@ -60,7 +70,9 @@ impl WorkloadError {
                 kube::Error::Api(status) => status.code >= 500 || status.code == 429,
                 _ => true,
             },
-            Self::MissingKey { .. } | Self::Kubeconfig { .. } => false,
+            Self::MissingKey { .. } | Self::Kubeconfig { .. } | Self::KubeconfigExpired { .. } => {
+                false
+            }
             // A node without an address or proxy pod yet is usually still starting.
             Self::Node(_) => true,
         }
@@ -161,21 +173,33 @@ impl Clients {
     }
 
     /// The client of `cluster` in `namespace`; rebuilt when its kubeconfig Secret changed.
+    /// Credentials that have expired are refused here with the Secret and the date, rather than
+    /// by the workload API server with a bare TLS error.
     pub async fn get(&self, namespace: &str, cluster: &str) -> Result<Client, WorkloadError> {
         let name = capi::kubeconfig_secret_name(cluster);
         let secret = get_secret(&self.management, namespace, &name).await?;
         let version = secret.metadata.resource_version.clone().unwrap_or_default();
         let key = (namespace.to_owned(), cluster.to_owned());
-        if let Some(client) = self.cached(&key, &version) {
-            return Ok(client);
-        }
-        let yaml = secret_value(&secret, namespace, capi::KUBECONFIG_SECRET_KEY, "")?;
         let bad = |reason: String| WorkloadError::Kubeconfig {
             namespace: namespace.to_owned(),
             name: name.clone(),
             reason,
         };
-        let kubeconfig = Kubeconfig::from_yaml(&yaml).map_err(|e| bad(e.to_string()))?;
+        let kubeconfig = kubeconfig_of(&secret, namespace)?;
+        if let Some((certificate, at)) = credentials::kubeconfig_expiry(&kubeconfig)
+            .map_err(&bad)?
+            .expired(jiff::Timestamp::now())
+        {
+            return Err(WorkloadError::KubeconfigExpired {
+                namespace: namespace.to_owned(),
+                name,
+                certificate: certificate.describe(),
+                at,
+            });
+        }
+        if let Some(client) = self.cached(&key, &version) {
+            return Ok(client);
+        }
         let mut config =
             kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
                 .await
@@ -187,6 +211,25 @@ impl Clients {
         self.insert(key, version, client.clone());
         Ok(client)
     }
+}
+
+/// `<cluster>-kubeconfig` as read.
+pub async fn kubeconfig_secret(
+    mgmt: &Client,
+    namespace: &str,
+    cluster: &str,
+) -> Result<Secret, WorkloadError> {
+    get_secret(mgmt, namespace, &capi::kubeconfig_secret_name(cluster)).await
+}
+
+/// The kubeconfig a `<cluster>-kubeconfig` Secret holds.
+pub fn kubeconfig_of(secret: &Secret, namespace: &str) -> Result<Kubeconfig, WorkloadError> {
+    let yaml = secret_value(secret, namespace, capi::KUBECONFIG_SECRET_KEY, "")?;
+    Kubeconfig::from_yaml(&yaml).map_err(|e| WorkloadError::Kubeconfig {
+        namespace: namespace.to_owned(),
+        name: secret.metadata.name.clone().unwrap_or_default(),
+        reason: e.to_string(),
+    })
 }
 
 /// The two k8sd tokens a refresh of `machine` needs.

@@ -1,0 +1,71 @@
+//! `ClusterCertificates`: one per Cluster the controller works on (same name and namespace, owned
+//! by it). It shows the credential that usually expires first in a CK8s fleet: the client
+//! certificate of the management cluster's `<cluster>-kubeconfig`, which the CK8s control-plane
+//! provider issues for one year and does not rotate. When it expires, every refresh of the
+//! cluster fails; this object (and a Warning Event on the Cluster, and a metric) says so ahead of
+//! time.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+#[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[kube(
+    group = "certificates.ck8s.io",
+    version = "v1alpha1",
+    kind = "ClusterCertificates",
+    plural = "clustercertificates",
+    singular = "clustercertificates",
+    shortname = "ccerts",
+    category = "cluster-api",
+    namespaced,
+    status = "ClusterCertificatesStatus",
+    printcolumn = r#"{"name":"Kubeconfig Expiry","type":"string","jsonPath":".status.kubeconfig.clientCertificateExpiry"}"#,
+    printcolumn = r#"{"name":"CA Expiry","type":"string","jsonPath":".status.kubeconfig.certificateAuthorityExpiry"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterCertificatesSpec {
+    /// The Cluster (same name; kept for `kubectl get` and selectors).
+    pub cluster_name: String,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterCertificatesStatus {
+    /// The management cluster's credential for the workload cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubeconfig: Option<KubeconfigStatus>,
+
+    /// `Ready`: the kubeconfig is readable and its certificates are not within the warning
+    /// horizon (`--kubeconfig-expiry-warning`) of expiry. Reasons: Valid, ExpiringSoon, Expired,
+    /// Unreadable, Missing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct KubeconfigStatus {
+    /// `<namespace>/<cluster>-kubeconfig`.
+    pub secret: String,
+    /// NotAfter of the client certificate the kubeconfig authenticates with (absent when it
+    /// authenticates otherwise, e.g. with a token).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_certificate_expiry: Option<Time>,
+    /// NotAfter of the cluster CA the kubeconfig trusts (the latest, for a bundle).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificate_authority_expiry: Option<Time>,
+}
+
+/// `Ready` condition reasons.
+pub mod reasons {
+    pub const VALID: &str = "Valid";
+    pub const EXPIRING_SOON: &str = "ExpiringSoon";
+    pub const EXPIRED: &str = "Expired";
+    pub const UNREADABLE: &str = "Unreadable";
+    pub const MISSING: &str = "Missing";
+}

@@ -1,0 +1,548 @@
+//! The management kubeconfig of each Cluster with CK8s Machines: when its certificates expire,
+//! shown in the Cluster's `ClusterCertificates`, a metric, and Warning Events on the Cluster ahead
+//! of time (`--kubeconfig-expiry-warning`). The Secret is read by name (least privilege: `get`,
+//! no watch), once per Cluster at start-up and then every `--kubeconfig-check-interval`
+//! (jittered per Cluster), and exactly when a certificate crosses the warning horizon or expires.
+//! Nothing is written unless the answer changes.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ck8s_certs_api::capi::{CLUSTER_NAME_LABEL, kubeconfig_secret_name};
+use ck8s_certs_api::cluster_certificates::{
+    ClusterCertificates, ClusterCertificatesStatus, KubeconfigStatus, reasons,
+};
+use ck8s_certs_api::machine::{CapiVersion, Cluster, Machine, MachineView};
+use ck8s_certs_api::reasons::events;
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::Store;
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
+
+use crate::metrics::{KubeconfigLabels, Metrics};
+use crate::workload::WorkloadError;
+use crate::workload::credentials::{Certificate, KubeconfigExpiry, kubeconfig_expiry};
+
+const MANAGER: &str = "ck8s-certs-kubeconfig";
+
+/// A reading younger than this is reused.
+const RECHECK_AFTER: Duration = Duration::from_secs(600);
+
+pub struct Config {
+    /// Warn this long before a certificate expires.
+    pub warning: SignedDuration,
+    /// Read each Secret at least this often.
+    pub interval: Duration,
+}
+
+pub struct Context {
+    /// The last reading per Cluster: Cluster and record events within [`RECHECK_AFTER`] of it
+    /// are answered from it, so a busy Cluster (status updates) costs no extra reads.
+    pub readings: Mutex<HashMap<(String, String), (std::time::Instant, Reading)>>,
+    pub client: Client,
+    pub capi: CapiVersion,
+    pub machines: Store<Machine>,
+    pub records: Store<ClusterCertificates>,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    pub config: Config,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Workload(#[from] WorkloadError),
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+}
+
+pub fn error_policy(_cluster: Arc<Cluster>, error: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(error = %error, "Checking a management kubeconfig failed");
+    Action::requeue(Duration::from_secs(60))
+}
+
+/// What the Secret told.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Reading {
+    Missing,
+    Unreadable(String),
+    Read(KubeconfigExpiry),
+}
+
+/// The `Ready` condition's reason and message for `reading` at `now`; a warning Event reason
+/// for the states an operator must act on.
+pub fn verdict(
+    reading: &Reading,
+    secret: &str,
+    warning: SignedDuration,
+    now: Timestamp,
+) -> (bool, &'static str, String, Option<&'static str>) {
+    match reading {
+        Reading::Missing => (
+            false,
+            reasons::MISSING,
+            format!("Secret {secret} not found (the cluster may still be provisioning)"),
+            None,
+        ),
+        Reading::Unreadable(reason) => (
+            false,
+            reasons::UNREADABLE,
+            format!("The kubeconfig in Secret {secret} cannot be read: {reason}"),
+            None,
+        ),
+        Reading::Read(expiry) => match expiry.first() {
+            Some((which, at)) if at <= now => (
+                false,
+                reasons::EXPIRED,
+                format!(
+                    "The {} in Secret {secret} expired at {at}: every certificate refresh of this cluster fails until the kubeconfig is renewed",
+                    which.describe()
+                ),
+                Some(events::KUBECONFIG_EXPIRED),
+            ),
+            Some((which, at)) if at.duration_since(now) <= warning => (
+                false,
+                reasons::EXPIRING_SOON,
+                format!(
+                    "The {} in Secret {secret} expires at {at}, in {:#}: then every certificate refresh of this cluster fails. Renew the kubeconfig before then",
+                    which.describe(),
+                    round_to_hours(at.duration_since(now))
+                ),
+                Some(events::KUBECONFIG_EXPIRING),
+            ),
+            Some((which, at)) => (
+                true,
+                reasons::VALID,
+                format!(
+                    "The {} in Secret {secret} expires at {at}",
+                    which.describe()
+                ),
+                None,
+            ),
+            None => (
+                true,
+                reasons::VALID,
+                format!("The kubeconfig in Secret {secret} holds no certificate that expires"),
+                None,
+            ),
+        },
+    }
+}
+
+fn round_to_hours(duration: SignedDuration) -> jiff::Span {
+    let hours = duration.as_secs().max(0) / 3600;
+    jiff::Span::new().days(hours / 24).hours(hours % 24)
+}
+
+/// When to read the Secret again: at the next interval (jittered by up to a tenth, per
+/// Cluster, so a fleet's reads spread out), or when a certificate crosses the warning horizon
+/// or expires, whichever is first; never sooner than a minute.
+pub fn next_check(
+    reading: &Reading,
+    warning: SignedDuration,
+    interval: Duration,
+    jitter_key: &str,
+    now: Timestamp,
+) -> Duration {
+    let tenth = interval.as_secs() / 10;
+    let jitter = if tenth == 0 {
+        0
+    } else {
+        fnv1a(jitter_key) % tenth
+    };
+    let mut next = interval.saturating_sub(Duration::from_secs(jitter));
+    if let Reading::Read(expiry) = reading
+        && let Some((_, at)) = expiry.first()
+    {
+        for instant in [at.checked_sub(warning).unwrap_or(at), at] {
+            if instant > now
+                && let Ok(until) = Duration::try_from(instant.duration_since(now))
+            {
+                next = next.min(until);
+            }
+        }
+    }
+    next.max(Duration::from_secs(60))
+}
+
+/// A stable hash (FNV-1a): the same jitter in every process and release.
+fn fnv1a(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The status showing `reading`; conditions keep their transition time while unchanged.
+pub fn status_for(
+    old: &ClusterCertificatesStatus,
+    reading: &Reading,
+    secret: &str,
+    ready: (bool, &str, String),
+    now: Timestamp,
+) -> ClusterCertificatesStatus {
+    let (value, reason, message) = ready;
+    let value = if value { "True" } else { "False" }.to_owned();
+    let transition = old
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready" && c.status == value)
+        .map_or(Time(now), |c| c.last_transition_time.clone());
+    let expiry = match reading {
+        Reading::Read(expiry) => *expiry,
+        _ => KubeconfigExpiry::default(),
+    };
+    ClusterCertificatesStatus {
+        kubeconfig: Some(KubeconfigStatus {
+            secret: secret.to_owned(),
+            client_certificate_expiry: expiry.client.map(Time),
+            certificate_authority_expiry: expiry.ca.map(Time),
+        }),
+        conditions: vec![Condition {
+            type_: "Ready".into(),
+            status: value,
+            reason: reason.to_owned(),
+            message,
+            last_transition_time: transition,
+            observed_generation: None,
+        }],
+    }
+}
+
+/// Whether any CK8s Machine of this shard belongs to the Cluster: only those Clusters are
+/// checked (and so exactly one shard checks each).
+fn has_ck8s_machines(machines: &Store<Machine>, namespace: &str, cluster: &str) -> bool {
+    machines.state().iter().any(|m| {
+        m.metadata.namespace.as_deref() == Some(namespace)
+            && m.labels.get(CLUSTER_NAME_LABEL) == Some(cluster)
+            && MachineView::of(m).is_ck8s()
+    })
+}
+
+pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let namespace = cluster.namespace().unwrap_or_default();
+    let name = cluster.name_any();
+    if cluster.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    if !has_ck8s_machines(&ctx.machines, &namespace, &name) {
+        // Its Machines may come later without the Cluster changing: look again now and then
+        // (from the cache: no read).
+        return Ok(Action::requeue(ctx.config.interval));
+    }
+    let now = Timestamp::now();
+    let secret = format!("{namespace}/{}", kubeconfig_secret_name(&name));
+    let key = (namespace.clone(), name.clone());
+    let recent = ctx.readings.lock().ok().and_then(|readings| {
+        readings
+            .get(&key)
+            .filter(|(at, _)| at.elapsed() < RECHECK_AFTER)
+            .map(|(_, reading)| reading.clone())
+    });
+    let reading = match recent {
+        Some(reading) => reading,
+        None => {
+            let reading = read(&ctx.client, &namespace, &name).await?;
+            if let Ok(mut readings) = ctx.readings.lock() {
+                readings.insert(key, (std::time::Instant::now(), reading.clone()));
+            }
+            reading
+        }
+    };
+    export(&ctx.metrics, &namespace, &name, &reading);
+
+    let (ready, reason, message, warn) = verdict(&reading, &secret, ctx.config.warning, now);
+    let record = ctx
+        .records
+        .get(&kube::runtime::reflector::ObjectRef::new(&name).within(&namespace));
+    let old = record
+        .as_ref()
+        .and_then(|r| r.status.clone())
+        .unwrap_or_default();
+    let status = status_for(
+        &old,
+        &reading,
+        &secret,
+        (ready, reason, message.clone()),
+        now,
+    );
+    if status != old {
+        let api: Api<ClusterCertificates> = Api::namespaced(ctx.client.clone(), &namespace);
+        if record.is_none() {
+            create(&api, &cluster, &ctx.capi).await?;
+        }
+        let apply = json!({
+            "apiVersion": ClusterCertificates::api_version(&()),
+            "kind": ClusterCertificates::kind(&()),
+            "status": status,
+        });
+        api.patch_status(
+            &name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(apply),
+        )
+        .await?;
+        let was = old.conditions.first().map(|c| c.reason.as_str());
+        if let Some(event) = warn
+            && was != Some(reason)
+        {
+            let note = Event {
+                type_: EventType::Warning,
+                reason: event.into(),
+                note: Some(message),
+                action: "CheckKubeconfig".into(),
+                secondary: None,
+            };
+            if let Err(err) = ctx
+                .recorder
+                .publish(&note, &cluster.object_ref(&ctx.capi))
+                .await
+            {
+                tracing::warn!(error = %err, "Publishing an Event failed");
+            }
+        }
+    }
+    Ok(Action::requeue(next_check(
+        &reading,
+        ctx.config.warning,
+        ctx.config.interval,
+        cluster.uid().as_deref().unwrap_or(&name),
+        now,
+    )))
+}
+
+/// Reads `<cluster>-kubeconfig`.
+async fn read(client: &Client, namespace: &str, cluster: &str) -> Result<Reading, Error> {
+    Ok(
+        match crate::workload::kubeconfig_secret(client, namespace, cluster).await {
+            Ok(object) => match crate::workload::kubeconfig_of(&object, namespace) {
+                Ok(kubeconfig) => match kubeconfig_expiry(&kubeconfig) {
+                    Ok(expiry) => Reading::Read(expiry),
+                    Err(reason) => Reading::Unreadable(reason),
+                },
+                Err(err) => Reading::Unreadable(err.to_string()),
+            },
+            Err(WorkloadError::Secret {
+                source: kube::Error::Api(status),
+                ..
+            }) if status.code == 404 => Reading::Missing,
+            Err(err) => return Err(err.into()),
+        },
+    )
+}
+
+/// Creates the Cluster's record, owned by it (it goes away with the Cluster and moves with it).
+async fn create(
+    api: &Api<ClusterCertificates>,
+    cluster: &Cluster,
+    capi: &CapiVersion,
+) -> Result<(), kube::Error> {
+    let name = cluster.name_any();
+    let mut record = ClusterCertificates::new(
+        &name,
+        ck8s_certs_api::cluster_certificates::ClusterCertificatesSpec {
+            cluster_name: name.clone(),
+        },
+    );
+    record.metadata.namespace = cluster.namespace();
+    record.metadata.labels = Some([(CLUSTER_NAME_LABEL.to_owned(), name.clone())].into());
+    record.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: Cluster::api_version(capi).into_owned(),
+        kind: Cluster::kind(capi).into_owned(),
+        name,
+        uid: cluster.uid().unwrap_or_default(),
+        ..Default::default()
+    }]);
+    match api.create(&PostParams::default(), &record).await {
+        Ok(_) => Ok(()),
+        // Created meanwhile (the cache had not seen it yet).
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(err) => Err(err),
+    }
+}
+
+fn export(metrics: &Metrics, namespace: &str, cluster: &str, reading: &Reading) {
+    let expiry = match reading {
+        Reading::Read(expiry) => *expiry,
+        _ => KubeconfigExpiry::default(),
+    };
+    for (which, at) in [
+        (Certificate::Client, expiry.client),
+        (Certificate::Ca, expiry.ca),
+    ] {
+        let labels = KubeconfigLabels {
+            namespace: namespace.to_owned(),
+            cluster: cluster.to_owned(),
+            certificate: which.label().to_owned(),
+        };
+        match at {
+            Some(at) => {
+                metrics
+                    .kubeconfig_expiry
+                    .get_or_create(&labels)
+                    .set(at.as_second() as f64);
+            }
+            None => {
+                metrics.kubeconfig_expiry.remove(&labels);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DAY: i64 = 86_400;
+
+    fn at(second: i64) -> Timestamp {
+        Timestamp::from_second(second).unwrap()
+    }
+
+    fn read(client: Option<i64>, ca: Option<i64>) -> Reading {
+        Reading::Read(KubeconfigExpiry {
+            client: client.map(at),
+            ca: ca.map(at),
+        })
+    }
+
+    const WARNING: SignedDuration = SignedDuration::from_hours(30 * 24);
+    const NOW: i64 = 1_800_000_000;
+
+    #[test]
+    fn the_first_certificate_to_expire_decides() {
+        let secret = "ns/c-kubeconfig";
+        let now = at(NOW);
+        let cases = [
+            (
+                read(Some(NOW + 100 * DAY), Some(NOW + 900 * DAY)),
+                true,
+                reasons::VALID,
+                None,
+            ),
+            (
+                read(Some(NOW + 10 * DAY), Some(NOW + 900 * DAY)),
+                false,
+                reasons::EXPIRING_SOON,
+                Some(events::KUBECONFIG_EXPIRING),
+            ),
+            (
+                read(Some(NOW + 900 * DAY), Some(NOW + 30 * DAY)),
+                false,
+                reasons::EXPIRING_SOON,
+                Some(events::KUBECONFIG_EXPIRING),
+            ),
+            (
+                read(Some(NOW), None),
+                false,
+                reasons::EXPIRED,
+                Some(events::KUBECONFIG_EXPIRED),
+            ),
+            (read(None, None), true, reasons::VALID, None),
+            (Reading::Missing, false, reasons::MISSING, None),
+            (
+                Reading::Unreadable("x".into()),
+                false,
+                reasons::UNREADABLE,
+                None,
+            ),
+        ];
+        for (reading, ready, reason, event) in cases {
+            let (r, why, message, warn) = verdict(&reading, secret, WARNING, now);
+            assert_eq!(
+                (r, why, warn),
+                (ready, reason, event),
+                "{reading:?}: {message}"
+            );
+        }
+        let (_, _, message, _) = verdict(
+            &read(Some(NOW + 10 * DAY + 3_600), None),
+            secret,
+            WARNING,
+            now,
+        );
+        assert_eq!(
+            message,
+            "The client certificate in Secret ns/c-kubeconfig expires at 2027-01-25T09:00:00Z, in 10d 1h: then every certificate refresh of this cluster fails. Renew the kubeconfig before then"
+        );
+        let (_, _, message, _) = verdict(&read(Some(NOW - DAY), None), secret, WARNING, now);
+        assert!(
+            message.contains("expired at 2027-01-14T08:00:00Z"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn the_next_check_is_the_interval_or_the_next_crossing() {
+        let interval = Duration::from_secs(DAY as u64);
+        let now = at(NOW);
+        // Far from expiry: the interval, less a per-Cluster jitter of at most a tenth.
+        let far = next_check(
+            &read(Some(NOW + 400 * DAY), None),
+            WARNING,
+            interval,
+            "u1",
+            now,
+        );
+        assert!(far <= interval && far > interval * 9 / 10, "{far:?}");
+        assert_eq!(
+            far,
+            next_check(
+                &read(Some(NOW + 400 * DAY), None),
+                WARNING,
+                interval,
+                "u1",
+                now
+            )
+        );
+        // The warning horizon is crossed in an hour: then.
+        let crossing = next_check(
+            &read(Some(NOW + 30 * DAY + 3_600), None),
+            WARNING,
+            interval,
+            "u1",
+            now,
+        );
+        assert_eq!(crossing, Duration::from_secs(3_600));
+        // Inside the horizon: at expiry (here in 2 h).
+        let expiring = next_check(&read(Some(NOW + 7_200), None), WARNING, interval, "u1", now);
+        assert_eq!(expiring, Duration::from_secs(7_200));
+        // Expired, missing: the interval; never below a minute.
+        assert!(
+            next_check(&read(Some(NOW - 5), None), WARNING, interval, "u1", now) > interval / 2
+        );
+        assert_eq!(
+            next_check(&read(Some(NOW + 1), None), WARNING, interval, "u1", now),
+            Duration::from_secs(60)
+        );
+    }
+
+    #[test]
+    fn an_unchanged_reading_gives_an_equal_status() {
+        let reading = read(Some(NOW + 10 * DAY), Some(NOW + 900 * DAY));
+        let (ready, reason, message, _) = verdict(&reading, "s", WARNING, at(NOW));
+        let first = status_for(
+            &ClusterCertificatesStatus::default(),
+            &reading,
+            "s",
+            (ready, reason, message.clone()),
+            at(NOW),
+        );
+        let again = status_for(
+            &first,
+            &reading,
+            "s",
+            (ready, reason, message),
+            at(NOW + 60),
+        );
+        assert_eq!(first, again);
+        assert_eq!(
+            first.kubeconfig.unwrap().client_certificate_expiry,
+            Some(Time(at(NOW + 10 * DAY)))
+        );
+    }
+}
