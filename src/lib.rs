@@ -16,6 +16,7 @@ pub mod health;
 pub mod k8sd;
 pub mod leader;
 pub mod metrics;
+pub mod plugin;
 pub mod policy;
 pub mod preview;
 pub mod refresh;

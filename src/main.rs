@@ -8,6 +8,10 @@ use ck8s_certs::cli::{Args, Command, PolicyCommand};
 const EXIT_ERROR: u8 = 1;
 
 fn main() -> ExitCode {
+    // Installed as `kubectl-ck8s_certs`, this binary is the kubectl plugin.
+    if ck8s_certs::plugin::invoked_as_plugin() {
+        return ck8s_certs::plugin::main();
+    }
     let mut args = match Args::try_parse() {
         Ok(args) => args,
         Err(error) => {

@@ -1,0 +1,290 @@
+//! `kubectl ck8s-certs explain <machine>`: the whole story of one Machine in plain words.
+
+use std::io::Write;
+
+use ck8s_certs_api::cluster_certificates::ClusterCertificates;
+use ck8s_certs_api::machine::{Machine, MachineView};
+use ck8s_certs_api::machine_certificates::{MachineCertificates, MachineCertificatesStatus};
+use jiff::Timestamp;
+use kube::Api;
+use serde::Serialize;
+
+use super::output::{time_left, when};
+use super::{Format, PluginError, Session};
+
+#[derive(Debug, clap::Args)]
+pub struct ExplainArgs {
+    /// The Machine.
+    pub machine: String,
+    #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
+    pub output: Format,
+}
+
+/// Everything `explain` knows (also its JSON/YAML form).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Explanation {
+    pub namespace: String,
+    pub machine: String,
+    pub cluster: Option<String>,
+    pub node: Option<String>,
+    pub role: &'static str,
+    pub status: Option<MachineCertificatesStatus>,
+    pub cluster_certificates: Option<ClusterCertificates>,
+}
+
+/// The lines `explain` prints.
+pub fn lines(explanation: &Explanation, now: Timestamp) -> Vec<String> {
+    let mut lines = vec![format!(
+        "Machine {}/{} ({} of cluster {}, node {})",
+        explanation.namespace,
+        explanation.machine,
+        explanation.role,
+        explanation.cluster.as_deref().unwrap_or("<none>"),
+        explanation.node.as_deref().unwrap_or("<none yet>"),
+    )];
+    let status = explanation.status.clone().unwrap_or_default();
+    match status.expiry.as_ref() {
+        Some(expiry) => lines.push(format!(
+            "Certificates: expire at {} ({} left)",
+            when(expiry.0),
+            time_left(expiry.0, now)
+        )),
+        None => lines.push("Certificates: expiry not known yet".into()),
+    }
+    match status.renewal.as_ref() {
+        None => lines.push(
+            "Policy: none selects this Machine; certificates are renewed only on request".into(),
+        ),
+        Some(renewal) => {
+            let policy = match (&renewal.policy_ref, &renewal.conflicting_policies) {
+                (Some(reference), _) => format!(
+                    "{} ({}, generation {})",
+                    reference.name,
+                    renewal.policy.as_deref().unwrap_or("unreadable"),
+                    reference
+                        .observed_generation
+                        .map_or_else(|| "?".into(), |g| g.to_string())
+                ),
+                (None, names) => format!("conflict between {}", names.join(", ")),
+            };
+            lines.push(format!("Policy: {policy}"));
+            if let Some(windows) = &renewal.windows
+                && windows.count > 0
+            {
+                lines.push(format!(
+                    "Windows: {} ({})",
+                    windows.count,
+                    match &windows.message {
+                        Some(message) if !windows.valid => format!("invalid: {message}"),
+                        _ => "valid".into(),
+                    }
+                ));
+            }
+            let next = renewal
+                .next_renewal_time
+                .as_ref()
+                .map_or_else(|| "none".into(), |t| when(t.0));
+            lines.push(format!("Next renewal: {next} ({})", renewal.reason));
+            lines.push(format!("  {}", renewal.message));
+        }
+    }
+    if let Some(bypass) = &status.last_window_bypass {
+        lines.push(format!(
+            "Window bypass: {} ({})",
+            when(bypass.time.0),
+            bypass.message
+        ));
+    }
+    if let Some(failed) = status.failed_attempts.filter(|n| *n > 0) {
+        lines.push(format!(
+            "Automatic renewals failed {failed} time(s) since the last success{}",
+            status
+                .last_failure_time
+                .as_ref()
+                .map(|t| format!(", last at {}", when(t.0)))
+                .unwrap_or_default()
+        ));
+    }
+    match &status.operation {
+        None => lines.push("Last refresh: none recorded".into()),
+        Some(op) => {
+            let mut line = format!(
+                "Last refresh: {:?}, {:?} for {}, started {}",
+                op.phase,
+                op.origin,
+                op.ttl,
+                when(op.started_at.0)
+            );
+            if let Some(by) = &op.requested_by {
+                line.push_str(&format!(" by {by}"));
+            }
+            if let Some(finished) = &op.finished_at {
+                line.push_str(&format!(", finished {}", when(finished.0)));
+            }
+            if let Some(window) = &op.matched_window {
+                line.push_str(&format!(", in {window}"));
+            }
+            lines.push(line);
+            if let Some(error) = &op.error {
+                lines.push(format!("  {error}"));
+            }
+        }
+    }
+    for condition in &status.conditions {
+        lines.push(format!(
+            "Condition {}={} ({}): {}",
+            condition.type_, condition.status, condition.reason, condition.message
+        ));
+    }
+    if let Some(record) = &explanation.cluster_certificates
+        && let Some(ready) = record.status.as_ref().and_then(|s| s.conditions.first())
+    {
+        lines.push(format!(
+            "Cluster kubeconfig: {} ({})",
+            ready.message, ready.reason
+        ));
+    }
+    lines.push(format!(
+        "Renew now: kubectl ck8s-certs renew {} -n {}",
+        explanation.machine, explanation.namespace
+    ));
+    lines
+}
+
+pub async fn run(
+    session: &Session,
+    args: &ExplainArgs,
+    out: &mut impl Write,
+) -> Result<(), PluginError> {
+    let machines: Api<Machine> =
+        Api::namespaced_with(session.client.clone(), &session.namespace, &session.capi);
+    let machine = machines.get_opt(&args.machine).await?.ok_or_else(|| {
+        PluginError::NotFound(format!(
+            "Machine {} not found in namespace {}",
+            args.machine, session.namespace
+        ))
+    })?;
+    let view = MachineView::of(&machine);
+    if !view.is_ck8s() {
+        return Err(PluginError::NotFound(format!(
+            "Machine {}/{} is not a CK8s Machine (its bootstrap is not a CK8sConfig)",
+            view.namespace, view.name
+        )));
+    }
+    let records: Api<MachineCertificates> =
+        Api::namespaced(session.client.clone(), &session.namespace);
+    let status = records.get_opt(&args.machine).await?.and_then(|r| r.status);
+    let cluster_certificates = match &view.cluster {
+        Some(cluster) => {
+            let api: Api<ClusterCertificates> =
+                Api::namespaced(session.client.clone(), &session.namespace);
+            // Optional: an older controller has none, a narrower role may not read them.
+            api.get_opt(cluster).await.ok().flatten()
+        }
+        None => None,
+    };
+    let explanation = Explanation {
+        namespace: view.namespace.clone(),
+        machine: view.name.clone(),
+        cluster: view.cluster.clone(),
+        node: view.node_name.clone(),
+        role: if view.control_plane {
+            "control plane"
+        } else {
+            "worker"
+        },
+        status,
+        cluster_certificates,
+    };
+    let failed = |e: String| PluginError::Failed(e);
+    match args.output {
+        Format::Json => writeln!(
+            out,
+            "{}",
+            serde_json::to_string_pretty(&explanation).map_err(|e| failed(e.to_string()))?
+        ),
+        Format::Yaml => write!(
+            out,
+            "{}",
+            serde_yaml::to_string(&explanation).map_err(|e| failed(e.to_string()))?
+        ),
+        Format::Table => {
+            let mut result = Ok(());
+            for line in lines(&explanation, Timestamp::now()) {
+                result = result.and(writeln!(out, "{line}"));
+            }
+            result
+        }
+    }
+    .map_err(|e| failed(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use ck8s_certs_api::machine_certificates::{
+        Operation, Origin, Phase, PolicyReference, RenewalStatus, WindowsStatus,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    use super::*;
+
+    #[test]
+    fn a_deferred_machine_is_explained_with_its_policy_and_what_happens_next() {
+        let at = |s: &str| Time(s.parse().unwrap());
+        let explanation = Explanation {
+            namespace: "edge".into(),
+            machine: "w-1".into(),
+            cluster: Some("store-12".into()),
+            node: Some("node-1".into()),
+            role: "worker",
+            status: Some(MachineCertificatesStatus {
+                expiry: Some(at("2027-01-10T00:00:00Z")),
+                renewal: Some(RenewalStatus {
+                    policy_ref: Some(PolicyReference {
+                        name: "nightly".into(),
+                        observed_generation: Some(4),
+                    }),
+                    policy: Some("Scheduled".into()),
+                    windows: Some(WindowsStatus {
+                        valid: true,
+                        count: 2,
+                        message: None,
+                    }),
+                    reason: "OutsideWindow".into(),
+                    next_renewal_time: Some(at("2027-01-02T01:00:00Z")),
+                    message: "Renewal is due, waiting for a window".into(),
+                    ..Default::default()
+                }),
+                operation: Some(Operation {
+                    phase: Phase::Succeeded,
+                    finished_at: Some(at("2026-01-10T00:01:00Z")),
+                    ..Operation::pending(
+                        Origin::Manual,
+                        Some("kubectl-annotate".into()),
+                        Some("1y".into()),
+                        "1y".into(),
+                        1,
+                        at("2026-01-10T00:00:00Z"),
+                    )
+                }),
+                ..Default::default()
+            }),
+            cluster_certificates: None,
+        };
+        let lines = lines(&explanation, "2027-01-01T00:00:00Z".parse().unwrap());
+        assert_eq!(
+            lines,
+            [
+                "Machine edge/w-1 (worker of cluster store-12, node node-1)",
+                "Certificates: expire at 2027-01-10T00:00:00Z (9d 0h left)",
+                "Policy: nightly (Scheduled, generation 4)",
+                "Windows: 2 (valid)",
+                "Next renewal: 2027-01-02T01:00:00Z (OutsideWindow)",
+                "  Renewal is due, waiting for a window",
+                "Last refresh: Succeeded, Manual for 1y, started 2026-01-10T00:00:00Z by kubectl-annotate, finished 2026-01-10T00:01:00Z",
+                "Renew now: kubectl ck8s-certs renew w-1 -n edge",
+            ]
+        );
+    }
+}
