@@ -50,7 +50,8 @@ pub struct Metrics {
     pub renewals_started: Family<OriginLabels, Counter>,
     pub renewals_succeeded: Family<OriginLabels, Counter>,
     pub renewals_failed: Family<OriginLabels, Counter>,
-    /// `reason`: [`reason_label`] of the verdict (`not_due`, `backoff`, `outside_window`).
+    /// `reason`: [`reason_label`] of the verdict (`not_due`, `backoff`, `outside_window`,
+    /// `staggered`).
     pub renewal_deferred: Family<ReasonLabels, Counter>,
     /// `reason`: [`expiry_imminent`], the one reason the windows are bypassed.
     pub renewal_bypassed: Family<ReasonLabels, Counter>,
@@ -90,7 +91,7 @@ impl Default for Metrics {
         let renewal_deferred = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "renewal_deferred",
-            "Renewal verdicts that deferred a renewal, by reason (not_due, backoff, outside_window), counted when the verdict changes",
+            "Renewal verdicts that deferred a renewal, by reason (not_due, backoff, outside_window, staggered), counted when the verdict changes",
             renewal_deferred.clone(),
         );
         let renewal_bypassed = Family::<ReasonLabels, Counter>::default();
@@ -234,6 +235,7 @@ mod tests {
             DeferReason::NotDue,
             DeferReason::Backoff,
             DeferReason::OutsideWindow,
+            DeferReason::Staggered,
         ] {
             metrics
                 .renewal_deferred
@@ -250,6 +252,7 @@ mod tests {
             "ck8s_certs_renewal_deferred_total{reason=\"not_due\"} 1",
             "ck8s_certs_renewal_deferred_total{reason=\"backoff\"} 1",
             "ck8s_certs_renewal_deferred_total{reason=\"outside_window\"} 1",
+            "ck8s_certs_renewal_deferred_total{reason=\"staggered\"} 1",
             "# TYPE ck8s_certs_renewal_bypassed counter",
             "ck8s_certs_renewal_bypassed_total{reason=\"expiry_imminent\"} 1",
         ] {
