@@ -183,11 +183,11 @@ pub struct CertificateRenewalPolicySpec {
     #[schemars(extend("default" = "24h"))]
     pub fail_safe_margin: FailSafeMargin,
 
-    /// Staggering: Machines that may start renewing at the same instant (a window opening, the
-    /// same due time) start at their own offset in [0, spread), fixed per Machine (from its
-    /// UID), such as 15m or 2h; 0 turns staggering off. Scheduled: the offset counts from the
-    /// window's opening (or the due time, if later) and is scaled down to stay inside that window.
-    /// Near expiry (failSafeMargin) the spread is ignored. At most 7d. Default 15m.
+    /// How far apart Machines that may start renewing at the same instant (a window opening,
+    /// the same due time) are spread, such as 15m or 2h: each starts at its own offset in
+    /// [0, spread), fixed by its UID; 0 turns staggering off. Scheduled: the offset counts from
+    /// the window's opening (or the due time, if later) and is scaled down to stay inside that
+    /// window. Within failSafeMargin of expiry the spread is ignored. At most 7d. Default 15m.
     #[serde(default = "default_spread")]
     #[schemars(extend("default" = "15m"))]
     pub spread: Spread,

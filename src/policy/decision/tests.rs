@@ -1567,6 +1567,34 @@ fn staggered_messages_name_the_slot_the_spread_and_the_window() {
     );
 }
 
+#[test]
+fn extreme_instants_do_not_panic_with_a_spread() {
+    let windows = vec![
+        tuesday_london(),
+        crate::policy::testing::cron_window("*/15 * * * *", "1h", Some("Pacific/Apia")),
+    ];
+    for mode in [Mode::Automatic, Mode::Scheduled] {
+        for expiry in [Timestamp::MIN, Timestamp::MAX, utc(EXPIRY)] {
+            for now in [Timestamp::MIN, Timestamp::MAX, utc(DUE)] {
+                for strict in [false, true] {
+                    let input = Input {
+                        mode,
+                        strict,
+                        expiry: Some(expiry),
+                        windows: windows.clone(),
+                        renew_before: Some("10000y".parse().unwrap()),
+                        fail_safe_margin: Some("0s".parse().unwrap()),
+                        ..staggered(automatic(), "7d", UID)
+                    };
+                    let decision = decide(&input, now);
+                    let _ = requeue_at(&decision);
+                    let _ = decision.to_string();
+                }
+            }
+        }
+    }
+}
+
 /// A policy of either mode with windows of either form, a spread of up to four hours (zero
 /// included), and a Machine.
 fn arbitrary_staggered_input(now: Timestamp) -> impl Strategy<Value = Input> {
