@@ -122,10 +122,17 @@ async fn an_automatic_policy_renews_before_expiry_without_an_annotation() {
         op.requested_by.as_deref(),
         Some("CertificateRenewalPolicy/auto")
     );
-    // Next renewal: new expiry − renewBefore.
+    // Next renewal: new expiry − renewBefore, plus this Machine's offset in the default 15m
+    // spread (from its UID).
     let expiry = status.expiry.clone().unwrap().0;
     let next = status.renewal.clone().unwrap().next_renewal_time.unwrap().0;
-    assert_eq!(next, expiry - jiff::SignedDuration::from_hours(100 * 24));
+    let uid = env.machine_uid(&node).await;
+    let offset = ck8s_certs::policy::StaggerKey::new(&uid).offset(15 * 60);
+    assert_eq!(
+        next,
+        expiry - jiff::SignedDuration::from_hours(100 * 24)
+            + jiff::SignedDuration::from_secs(offset)
+    );
     assert_eq!(
         condition(&status, "RenewalDeferred").unwrap().reason,
         "NotDue"
@@ -262,7 +269,16 @@ async fn a_scheduled_policy_defers_to_the_next_window_and_bypasses_it_only_insid
         .unwrap()
         .0
         .to_zoned(jiff::tz::TimeZone::get("Europe/London").unwrap());
-    assert_eq!((next.hour(), next.minute()), (1, 0), "{next}");
+    // The window opens at 01:00; the Machine starts at its offset in the default 15m spread.
+    let opening = next.with().minute(0).second(0).build().unwrap();
+    assert_eq!(opening.hour(), 1, "{next}");
+    let uid = env.machine_uid(&deferred).await;
+    let offset = ck8s_certs::policy::StaggerKey::new(&uid).offset(15 * 60);
+    assert_eq!(
+        next.timestamp(),
+        opening.timestamp() + jiff::SignedDuration::from_secs(offset),
+        "{next}"
+    );
     // A manual request does not wait for the window.
     env.annotate_refresh(&deferred, "1y").await;
     assert_eq!(
@@ -490,7 +506,8 @@ async fn a_scheduled_renewal_starts_when_the_window_opens() {
         .checked_add(jiff::SignedDuration::from_mins(2))
         .unwrap();
     let window = json!([{ "start": start.strftime("%H:%M").to_string(), "end": end.strftime("%H:%M").to_string(), "timezone": "UTC" }]);
-    env.create_policy("edge", "next-minute", "next-minute", json!({ "policy": "Scheduled", "renewBefore": "100d", "failSafeMargin": "1d", "windows": window })).await;
+    // No spread: this is about the opening itself, not a Machine's slot after it.
+    env.create_policy("edge", "next-minute", "next-minute", json!({ "policy": "Scheduled", "renewBefore": "100d", "failSafeMargin": "1d", "spread": "0s", "windows": window })).await;
     select(&env, &node, "next-minute").await;
     let _controller = env.start_controller("next-minute", &[]);
     let status = wait_status(&env, &node, "OutsideWindow", |s| {
