@@ -280,6 +280,11 @@ pub struct PreviewArgs {
     #[arg(long)]
     pub strict: bool,
 
+    /// The Machine's UID (metadata.uid): the times are then that Machine's, at its place in the
+    /// policy's spread. Without it, the preview shows when the spread begins.
+    #[arg(long, value_name = "UID")]
+    pub machine_uid: Option<String>,
+
     /// Delay after the first failed automatic renewal (the controller's backoff minimum).
     #[arg(long, value_name = "DURATION", default_value = "1h")]
     pub backoff_min: PolicyDuration,

@@ -4,7 +4,7 @@
 //!
 //! Names follow Prometheus conventions: the `ck8s_certs` prefix comes from the registry, and
 //! counters get their `_total` suffix from the encoder, so `renewal_deferred` is exported as
-//! `ck8s_certs_renewal_deferred_total`. Label values are snake_case (`not_due`).
+//! `ck8s_certs_renewal_deferred_total`. Label values are snake_case (`outside_window`).
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -60,7 +60,8 @@ pub struct Metrics {
     pub renewals_started: Family<OriginLabels, Counter>,
     pub renewals_succeeded: Family<OriginLabels, Counter>,
     pub renewals_failed: Family<OriginLabels, Counter>,
-    /// `reason`: [`reason_label`] of the verdict (`not_due`, `backoff`, `outside_window`).
+    /// `reason`: [`reason_label`] of the verdict (`backoff`, `outside_window`,
+    /// `staggered`).
     pub renewal_deferred: Family<ReasonLabels, Counter>,
     /// `reason`: [`expiry_imminent`], the one reason the windows are bypassed.
     pub renewal_bypassed: Family<ReasonLabels, Counter>,
@@ -106,7 +107,7 @@ impl Default for Metrics {
         let renewal_deferred = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "renewal_deferred",
-            "Renewal verdicts that held a due renewal back, by reason (backoff, outside_window), counted when the verdict changes",
+            "Renewal verdicts that held a due renewal back, by reason (backoff, outside_window, staggered), counted when the verdict changes",
             renewal_deferred.clone(),
         );
         let renewal_bypassed = Family::<ReasonLabels, Counter>::default();
@@ -251,6 +252,7 @@ mod tests {
             DeferReason::NotDue,
             DeferReason::Backoff,
             DeferReason::OutsideWindow,
+            DeferReason::Staggered,
         ] {
             metrics
                 .renewal_deferred
@@ -267,6 +269,7 @@ mod tests {
             "ck8s_certs_renewal_deferred_total{reason=\"not_due\"} 1",
             "ck8s_certs_renewal_deferred_total{reason=\"backoff\"} 1",
             "ck8s_certs_renewal_deferred_total{reason=\"outside_window\"} 1",
+            "ck8s_certs_renewal_deferred_total{reason=\"staggered\"} 1",
             "# TYPE ck8s_certs_renewal_bypassed counter",
             "ck8s_certs_renewal_bypassed_total{reason=\"expiry_imminent\"} 1",
         ] {

@@ -36,7 +36,8 @@ use crate::policy::decision::{DEFAULT_RENEW_BEFORE, WINDOWS_IGNORED_MESSAGE};
 use crate::policy::spec::{Settings, ValidPolicy, validate};
 use crate::policy::{
     Backoff, BackoffError, DayOfWeek, Decision, FailSafeMargin, Failures, InvalidPolicy, Mode,
-    PolicyDuration, PolicyError, Resume, Ttl, WallTime, WindowStart, decide, requeue_at,
+    PolicyDuration, PolicyError, Resume, Slot, Spread, Ttl, WallTime, WindowStart, decide,
+    requeue_at,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
@@ -222,6 +223,7 @@ fn field_problems(spec: &serde_yaml::Value) -> Vec<String> {
         spec.get("failSafeMargin"),
         "failSafeMargin",
     ));
+    problems.extend(problem::<Spread>(spec.get("spread"), "spread"));
     problems
 }
 
@@ -288,13 +290,15 @@ fn walk_unknown(value: &Value, schema: &Value, path: &str, unknown: &mut Vec<Str
 }
 
 /// The Machine-side facts and controller settings of a preview.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Scenario {
     pub expiry: Timestamp,
     pub now: Timestamp,
     pub failures: Failures,
     pub settings: Settings,
     pub window_starts: usize,
+    /// The Machine's UID, for its place in the spread; `None`: no staggering.
+    pub machine_uid: Option<String>,
 }
 
 /// Everything the preview prints, in text or as JSON (this is the JSON shape).
@@ -305,6 +309,9 @@ pub struct Report {
     pub now: Timestamp,
     pub expiry: Timestamp,
     pub strict: bool,
+    /// `--machine-uid`: the times are that Machine's, at its place in the spread.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub machine_uid: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failures: Option<FailureSummary>,
     pub decision: DecisionSummary,
@@ -331,6 +338,8 @@ pub struct PolicySummary {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fail_safe_margin: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub spread: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub windows: Option<usize>,
 }
 
@@ -349,7 +358,8 @@ pub struct FailureSummary {
 pub struct DecisionSummary {
     /// `RenewNow`, `Defer`, `Disabled`, `NoExpiry` or `Invalid`.
     pub action: &'static str,
-    /// `RenewNow`: `Due` or `FailSafeBypass`; `Defer`: `NotDue`, `Backoff` or `OutsideWindow`.
+    /// `RenewNow`: `Due` or `FailSafeBypass`; `Defer`: `NotDue`, `Backoff`, `OutsideWindow` or
+    /// `Staggered`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<&'static str>,
     /// `Defer`: the earliest instant a renewal will start if nothing changes.
@@ -379,6 +389,28 @@ pub struct DecisionSummary {
     /// `Invalid`: each problem with its field path.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub errors: Vec<String>,
+    /// `Defer` with `--machine-uid`, when the spread moves the start past `unstaggered`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slot: Option<SlotSummary>,
+}
+
+/// The Machine's place in the spread.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SlotSummary {
+    /// When the Machine's turn comes (`until` is earlier only when the fail-safe point is).
+    pub at: Timestamp,
+    /// The instant the offset counts from: the due time, or the window's opening if later.
+    pub anchor: Timestamp,
+    /// `at − anchor`, such as `7m13s`.
+    pub offset: String,
+    /// The span the offset was taken from: the spread, or what the window leaves of it.
+    pub span: String,
+    /// The window (index in `spec.windows`) the slot lies in, under `Scheduled`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window: Option<usize>,
+    /// When the renewal would start without the spread.
+    pub unstaggered: Timestamp,
 }
 
 /// One window opening.
@@ -415,7 +447,9 @@ pub fn preview(loaded: &Loaded, scenario: &Scenario) -> Report {
     let problems = &loaded.problems;
     let (decision, policy) = match loaded.spec.as_ref().map(validate) {
         Some(Ok(policy)) if problems.is_empty() => {
-            let input = policy.input(Some(scenario.expiry), scenario.failures, scenario.settings);
+            let input = policy
+                .input(Some(scenario.expiry), scenario.failures, scenario.settings)
+                .with_stagger_key(scenario.machine_uid.as_deref());
             (summarize(&decide(&input, scenario.now)), Some(policy))
         }
         Some(Ok(_)) | None => (invalid(problems, Vec::new()), None),
@@ -427,6 +461,7 @@ pub fn preview(loaded: &Loaded, scenario: &Scenario) -> Report {
         now: scenario.now,
         expiry: scenario.expiry,
         strict: scenario.settings.strict,
+        machine_uid: scenario.machine_uid.clone(),
         failures: (failures.count.is_some() || failures.last_failure.is_some()).then_some(
             FailureSummary {
                 count: failures.count,
@@ -468,6 +503,7 @@ fn invalid(problems: &[String], errors: Vec<PolicyError>) -> DecisionSummary {
         requeue_at: None,
         message,
         errors: all,
+        slot: None,
     }
 }
 
@@ -485,6 +521,7 @@ fn summarize(decision: &Decision) -> DecisionSummary {
         requeue_at: requeue_at(decision),
         message: decision.to_string(),
         errors: Vec::new(),
+        slot: None,
     };
     match decision {
         Decision::NoExpiry { .. } => summary.action = "NoExpiry",
@@ -509,6 +546,7 @@ fn summarize(decision: &Decision) -> DecisionSummary {
                 Resume::Never => "Never",
             });
             summary.until = (deferral.resume != Resume::Never).then_some(deferral.until);
+            summary.slot = deferral.slot.as_deref().map(slot_summary);
             summary.due_at = Some(deferral.due_at);
             summary.fail_safe_at = Some(deferral.fail_safe_at);
         }
@@ -524,6 +562,21 @@ fn summarize(decision: &Decision) -> DecisionSummary {
     summary
 }
 
+fn slot_summary(slot: &Slot) -> SlotSummary {
+    let text = |duration: jiff::SignedDuration| match Spread::from_seconds(duration.as_secs()) {
+        Ok(spread) => spread.to_string(),
+        Err(_) => format!("{}s", duration.as_secs()),
+    };
+    SlotSummary {
+        at: slot.at,
+        anchor: slot.anchor,
+        offset: text(slot.offset),
+        span: text(slot.span),
+        window: slot.window.as_ref().map(|window| window.index),
+        unstaggered: slot.unstaggered,
+    }
+}
+
 fn policy_summary(loaded: &Loaded, policy: Option<&ValidPolicy>) -> PolicySummary {
     PolicySummary {
         namespace: loaded.namespace.clone(),
@@ -533,6 +586,7 @@ fn policy_summary(loaded: &Loaded, policy: Option<&ValidPolicy>) -> PolicySummar
         renew_before: policy.map(renew_before),
         ttl: policy.map(|policy| policy.ttl.to_string()),
         fail_safe_margin: policy.map(|policy| policy.fail_safe_margin.to_string()),
+        spread: policy.map(|policy| policy.spread.to_string()),
         windows: policy.map(|policy| policy.windows.len()),
     }
 }
@@ -600,8 +654,25 @@ fn write_text(out: &mut String, report: &Report) -> std::fmt::Result {
             None => writeln!(out, " before expiry")?,
         }
     }
+    if let Some(spread) = &policy.spread {
+        write!(out, "Spread:        {spread}")?;
+        match (spread.as_str(), &report.machine_uid) {
+            ("0s", _) => writeln!(
+                out,
+                " (off: Machines allowed at the same instant start together)"
+            )?,
+            (_, Some(_)) => writeln!(out, " (the times below are this Machine's)")?,
+            (_, None) => writeln!(
+                out,
+                " (each Machine starts at its own offset in it, from its UID; --machine-uid shows one Machine's times)"
+            )?,
+        }
+    }
     writeln!(out, "Expiry:        {}", report.expiry)?;
     writeln!(out, "Now:           {}", report.now)?;
+    if let Some(uid) = &report.machine_uid {
+        writeln!(out, "Machine UID:   {uid}")?;
+    }
     if let Some(failures) = &report.failures {
         let count = failures
             .count
@@ -716,6 +787,7 @@ pub fn execute(args: &PreviewArgs, clock: Timestamp) -> Result<(String, u8), Pre
             backoff: Backoff::new(args.backoff_min, args.backoff_max)?,
         },
         window_starts: args.window_starts.into(),
+        machine_uid: args.machine_uid.clone(),
     };
     let report = preview(&loaded, &scenario);
     let output = match args.output {

@@ -1,15 +1,17 @@
 //! The duration grammar shared by the manual trigger (`refresh-certificates: <ttl>`) and the
-//! renewal policy (`ttl`, `renewBefore`, `failSafeMargin`, backoff flags).
+//! renewal policy (`ttl`, `renewBefore`, `failSafeMargin`, `spread`, backoff flags).
 //!
 //! It lives in the API crate because the `CertificateRenewalPolicy` fields are these types (their
 //! schema carries the grammar's pattern); the controller re-exports it as `policy::duration`.
 //!
-//! One grammar, three types that differ only in what they allow:
+//! One grammar, four types that differ only in what they allow:
 //! - [`Ttl`]: the lifetime asked of k8sd; positive. Workers have a narrower range, see
 //!   [`Ttl::check_worker`].
 //! - [`PolicyDuration`]: any other positive policy duration (`renewBefore`, backoff min/max).
 //! - [`FailSafeMargin`]: like `PolicyDuration` but zero is allowed (written `0`, `0s`, `0h`, …),
 //!   meaning "no fail-safe": windows are bypassed only once the certificates have expired.
+//! - [`Spread`]: how far apart renewals that become allowed together are spread; zero is allowed
+//!   and turns staggering off. Its upper bound (7d) is the policy's check, not the grammar's.
 //!
 //! # Grammar
 //! ```text
@@ -92,6 +94,7 @@ const POSITIVE_RULE: &str = "self.matches('[1-9]')";
 const POSITIVE_MESSAGE: &str = "must be longer than zero, such as 30d, 12h or 1y";
 const NON_EMPTY_RULE: &str = "self.matches('[0-9]')";
 const NON_EMPTY_MESSAGE: &str = "must not be empty: write 0 to turn the fail-safe off";
+const SPREAD_NON_EMPTY_MESSAGE: &str = "must not be empty: write 0 to turn staggering off";
 
 /// The schema's `maxLength`: far above any valid value (`10000y11mo4w6d23h59m59s` has 23
 /// characters), and it bounds the API server's CEL cost estimate.
@@ -146,6 +149,7 @@ pub enum DurationSubject {
     Ttl,
     Duration,
     FailSafeMargin,
+    Spread,
 }
 
 /// A rejected duration: which kind, the offending input, why, and the accepted forms.
@@ -176,6 +180,7 @@ impl DurationError {
             DurationSubject::Ttl => "TTL",
             DurationSubject::Duration => "duration",
             DurationSubject::FailSafeMargin => "fail-safe margin",
+            DurationSubject::Spread => "spread",
         }
     }
 
@@ -189,6 +194,9 @@ impl DurationError {
             ),
             DurationSubject::FailSafeMargin => format!(
                 "expected 0 (no fail-safe) or a positive duration such as 24h, 2d or 1d12h ({UNITS_HELP})"
+            ),
+            DurationSubject::Spread => format!(
+                "expected 0 (no staggering) or a positive duration such as 15m, 1h or 2h30m ({UNITS_HELP})"
             ),
         }
     }
@@ -279,10 +287,21 @@ fn write_canonical(f: &mut fmt::Formatter<'_>, seconds: i64) -> fmt::Result {
     Ok(())
 }
 
-/// The shared trait implementations of the three duration types; they differ only in the
-/// subject named by errors, whether zero is allowed, and the schema.
+/// The shared trait implementations of the duration types; they differ only in the subject
+/// named by errors, whether zero is allowed (and the schema's message for an empty value, which
+/// says what zero means), and the schema.
 macro_rules! duration_type {
     ($type:ident, $subject:expr, $allow_zero:expr, $pattern:expr, $description:expr) => {
+        duration_type!(
+            $type,
+            $subject,
+            $allow_zero,
+            $pattern,
+            NON_EMPTY_MESSAGE,
+            $description
+        );
+    };
+    ($type:ident, $subject:expr, $allow_zero:expr, $pattern:expr, $empty_message:expr, $description:expr) => {
         impl $type {
             /// The duration in whole seconds.
             pub const fn as_seconds(self) -> i64 {
@@ -356,7 +375,7 @@ macro_rules! duration_type {
 
             fn json_schema(_: &mut SchemaGenerator) -> Schema {
                 let (rule, message) = match $allow_zero {
-                    true => (NON_EMPTY_RULE, NON_EMPTY_MESSAGE),
+                    true => (NON_EMPTY_RULE, $empty_message),
                     false => (POSITIVE_RULE, POSITIVE_MESSAGE),
                 };
                 json_schema!({
@@ -462,6 +481,35 @@ duration_type!(
 );
 
 impl FailSafeMargin {
+    /// For constants such as defaults.
+    ///
+    /// # Panics
+    /// Unless `seconds` is in `0..=MAX_SECONDS`; in a `const`, that is a compile error.
+    pub const fn from_secs_const(seconds: i64) -> Self {
+        assert!(seconds >= 0 && seconds <= MAX_SECONDS);
+        Self(seconds)
+    }
+}
+
+/// A policy's `spread`: Machines allowed to renew at the same instant start at per-Machine
+/// offsets within it. Zero is allowed and turns staggering off; the policy caps it at 7d (the
+/// controller's check, so that the message names the field).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Spread(i64);
+
+duration_type!(
+    Spread,
+    DurationSubject::Spread,
+    true,
+    MARGIN_PATTERN,
+    SPREAD_NON_EMPTY_MESSAGE,
+    "How far apart Machines that may renew at the same instant are spread, such as 15m or 2h: each starts at its own offset below it; 0 turns staggering off (units: y=365d, mo=30d, w, d, h, m, s)."
+);
+
+impl Spread {
+    /// No staggering.
+    pub const ZERO: Spread = Spread(0);
+
     /// For constants such as defaults.
     ///
     /// # Panics
@@ -747,6 +795,44 @@ mod tests {
         assert!(serde_json::from_str::<Ttl>("3600").is_err());
         let margin: FailSafeMargin = serde_json::from_str("\"0\"").unwrap();
         assert_eq!(margin.as_seconds(), 0);
+    }
+
+    #[test]
+    fn a_spread_is_zero_or_positive_and_names_itself() {
+        for (input, seconds) in [
+            ("0", 0),
+            ("0s", 0),
+            ("15m", 900),
+            ("2h30m", 9000),
+            ("7d", 7 * DAY),
+        ] {
+            assert_eq!(
+                input.parse::<Spread>().map(Spread::as_seconds),
+                Ok(seconds),
+                "{input}"
+            );
+        }
+        assert_eq!(Spread::ZERO.to_string(), "0s");
+        assert_eq!("90m".parse::<Spread>().unwrap().to_string(), "1h30m");
+        let error = "-15m".parse::<Spread>().unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "invalid spread \"-15m\": negative durations are not allowed; expected 0 (no staggering) or a positive duration such as 15m, 1h or 2h30m (units: y=365d, mo=30d, w, d, h, m, s)"
+        );
+        assert_eq!(
+            Spread::from_seconds(-1).unwrap_err().kind,
+            DurationErrorKind::Negative
+        );
+        let schema = serde_json::to_value(schemars::schema_for!(Spread)).unwrap();
+        assert_eq!(schema["pattern"], MARGIN_PATTERN);
+        assert_eq!(
+            schema["x-kubernetes-validations"][0]["rule"],
+            NON_EMPTY_RULE
+        );
+        assert_eq!(
+            schema["x-kubernetes-validations"][0]["message"],
+            SPREAD_NON_EMPTY_MESSAGE
+        );
     }
 
     #[test]

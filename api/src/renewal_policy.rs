@@ -20,8 +20,8 @@
 //! - `policy` is one of the [`Mode`]s; `daysOfWeek` entries are full English day names;
 //! - a window is either `start` + `end` (with optional `daysOfWeek`) or `schedule` + `duration`
 //!   (CEL); `start` and `end` are exactly `HH:MM` (`24:00` only as an end), `start != end` (CEL);
-//! - `renewBefore`, `ttl`, `failSafeMargin` and a window's `duration` follow the duration
-//!   grammar's syntax ([`crate::duration`]);
+//! - `renewBefore`, `ttl`, `failSafeMargin`, `spread` and a window's `duration` follow the
+//!   duration grammar's syntax ([`crate::duration`]);
 //! - at most one of `renewBefore` and `renewBeforePercentage` (CEL), the percentage 1 to 99;
 //! - at least one selector (CEL); `Scheduled` has at least one window (CEL);
 //! - at most [`MAX_WINDOWS`] windows, 7 days per window, `timezone` 1 to 64 characters,
@@ -29,8 +29,8 @@
 //!
 //! Checked by the controller and reported in the `Valid` condition (a schema cannot): the time
 //! zone is an exact IANA name of the bundled database, a `schedule` is a standard five-field cron
-//! expression that fires at all, durations are positive and at most 10000y, `renewBefore` is
-//! shorter than `ttl`, the label selectors are well formed.
+//! expression that fires at all, durations are positive and at most 10000y, `spread` is at most
+//! [`MAX_SPREAD`], `renewBefore` is shorter than `ttl`, the label selectors are well formed.
 
 use jiff::civil::Weekday;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
@@ -41,7 +41,7 @@ use std::borrow::Cow;
 use std::fmt;
 use std::str::FromStr;
 
-use crate::duration::{FailSafeMargin, PolicyDuration, Ttl};
+use crate::duration::{FailSafeMargin, PolicyDuration, Spread, Ttl};
 
 /// `renewBefore` when the policy sets neither it nor `renewBeforePercentage`: renew 30 days
 /// before expiry.
@@ -52,6 +52,15 @@ pub const DEFAULT_TTL: Ttl = Ttl::from_secs_const(365 * 86_400);
 
 /// `failSafeMargin` when the policy omits it: stop waiting for a window a day before expiry.
 pub const DEFAULT_FAIL_SAFE_MARGIN: FailSafeMargin = FailSafeMargin::from_secs_const(86_400);
+
+/// `spread` when the policy omits it: Machines that may renew at the same instant (a window
+/// opening) start over a quarter of an hour, not in the same second. Short enough to fit any
+/// realistic window and to be harmless to a small fleet; `0` turns staggering off.
+pub const DEFAULT_SPREAD: Spread = Spread::from_secs_const(15 * 60);
+
+/// The longest `spread`: a week, the period of a weekly window. A longer spread would only push
+/// renewals towards the fail-safe point, which overrides it anyway.
+pub const MAX_SPREAD: Spread = Spread::from_secs_const(7 * 86_400);
 
 /// The most windows a policy may hold. A week of distinct daily slots fits many times over; the
 /// bound keeps the API server's CEL cost estimate (per window) small.
@@ -173,6 +182,15 @@ pub struct CertificateRenewalPolicySpec {
     #[serde(default = "default_fail_safe_margin")]
     #[schemars(extend("default" = "24h"))]
     pub fail_safe_margin: FailSafeMargin,
+
+    /// How far apart Machines that may start renewing at the same instant (a window opening,
+    /// the same due time) are spread, such as 15m or 2h: each starts at its own offset in
+    /// [0, spread), fixed by its UID; 0 turns staggering off. Scheduled: the offset counts from
+    /// the window's opening (or the due time, if later) and is scaled down to stay inside that
+    /// window. Within failSafeMargin of expiry the spread is ignored. At most 7d. Default 15m.
+    #[serde(default = "default_spread")]
+    #[schemars(extend("default" = "15m"))]
+    pub spread: Spread,
 }
 
 fn default_ttl() -> Ttl {
@@ -181,6 +199,10 @@ fn default_ttl() -> Ttl {
 
 fn default_fail_safe_margin() -> FailSafeMargin {
     DEFAULT_FAIL_SAFE_MARGIN
+}
+
+fn default_spread() -> Spread {
+    DEFAULT_SPREAD
 }
 
 /// What the controller observed about the policy.
@@ -617,6 +639,17 @@ mod tests {
         let margin = properties["failSafeMargin"]["default"].as_str().unwrap();
         let margin: FailSafeMargin = margin.parse().unwrap();
         assert_eq!(margin, DEFAULT_FAIL_SAFE_MARGIN);
+        assert_eq!(properties["spread"]["default"], "15m");
+        let spread: Spread = properties["spread"]["default"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(spread, DEFAULT_SPREAD);
+        assert_eq!(
+            properties["spread"]["pattern"],
+            properties["failSafeMargin"]["pattern"]
+        );
         assert_eq!(properties["windows"]["maxItems"], MAX_WINDOWS);
         let rules: Vec<&str> = spec["x-kubernetes-validations"]
             .as_array()
@@ -642,6 +675,7 @@ mod tests {
         assert_eq!(spec.renew_before_percentage, None);
         assert_eq!(spec.ttl, DEFAULT_TTL);
         assert_eq!(spec.fail_safe_margin, DEFAULT_FAIL_SAFE_MARGIN);
+        assert_eq!(spec.spread, DEFAULT_SPREAD);
         assert!(spec.windows.is_empty());
         assert_eq!(spec.machine_selector, None);
         assert_eq!(spec.cluster_selector, Some(LabelSelector::default()));

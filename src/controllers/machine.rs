@@ -893,7 +893,9 @@ impl Reconciler<'_> {
                 self.ctx.config.renewal,
             )
             // For renewBeforePercentage: when the certificates now served were issued.
-            .with_lifetime_start(crate::policy::lifetime_start(&status));
+            .with_lifetime_start(crate::policy::lifetime_start(&status))
+            // Its place in the policy's spread: the UID stays the same for the Machine's life.
+            .with_stagger_key(self.view.uid.as_deref());
         let decision = crate::policy::decide(&input, now);
         let requeue = crate::policy::requeue_at(&decision)
             .map(|at| {

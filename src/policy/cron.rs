@@ -254,6 +254,47 @@ impl CronWindow {
             .is_some_and(|occurrence| occurrence.contains(t))
     }
 
+    /// The occurrence that contains `t` and started first (occurrences overlap when `duration`
+    /// is longer than the time between firings); `None` exactly when [`Self::contains`] is
+    /// false.
+    ///
+    /// Only a firing whose wall time plus `duration` is after the wall clock at `t` can end after
+    /// `t` (resolution never goes backwards), and starts grow with firings: so the first firing
+    /// from there whose occurrence contains `t` is the one. Usually the first one tried; a gap or
+    /// a repeated hour may skip a few.
+    pub fn earliest_containing(&self, zone: &TimeZone, t: Timestamp) -> Option<Occurrence> {
+        let (bound, inclusive) = wall_bound(zone, t);
+        let last_firing = self.previous_firing(bound, inclusive)?;
+        let last = self
+            .occurrence(zone, last_firing)
+            .filter(|occurrence| occurrence.contains(t))?;
+        let wall = zone.to_datetime(t);
+        // Truncating can only add candidates, each of which is checked.
+        let wall = wall.with().subsec_nanosecond(0).build().unwrap_or(wall);
+        let Some(mut firing) = wall
+            .checked_sub(self.duration)
+            .ok()
+            .and_then(|from| self.next_firing(from, false))
+        else {
+            return Some(last);
+        };
+        for _ in 0..MAX_SKIPS {
+            if firing >= last_firing {
+                break;
+            }
+            if let Some(occurrence) = self.occurrence(zone, firing)
+                && occurrence.contains(t)
+            {
+                return Some(occurrence);
+            }
+            match self.next_firing(firing, false) {
+                Some(next) => firing = next,
+                None => break,
+            }
+        }
+        Some(last)
+    }
+
     /// The earliest occurrence start strictly after `t`; `None` past the end of the calendar.
     pub fn next_start_after(&self, zone: &TimeZone, t: Timestamp) -> Option<Timestamp> {
         let (bound, inclusive) = wall_bound(zone, t);

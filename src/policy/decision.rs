@@ -3,10 +3,11 @@
 //!
 //! # Rules (design.md §4 and its settled details)
 //! - Validation first: an invalid window (or another invalid field) makes the policy
-//!   [`Decision::Invalid`] whatever its mode. So does `Scheduled` without windows, and a
+//!   [`Decision::Invalid`] whatever its mode. So does `Scheduled` without windows, a
 //!   `renewBefore` not shorter than the policy's `ttl` (every renewal would be due again at
-//!   once, restarting the node's services in a loop). The checks only a whole spec allows
-//!   (selectors, the number of windows) are [`validate`](super::spec::validate)'s.
+//!   once, restarting the node's services in a loop), and a `spread` longer than 7d. The checks
+//!   only a whole spec allows (selectors, the number of windows) are
+//!   [`validate`](super::spec::validate)'s.
 //! - `Disabled`: never renews automatically; [`Decision::Disabled`] says whether expiry is
 //!   within the fail-safe margin, for a Warning.
 //! - No known expiry: [`Decision::NoExpiry`], nothing to do and no requeue. The expiry is
@@ -23,34 +24,50 @@
 //!   window or (unless strict) `T ≥ F`, where the windows are bypassed and the renewal says so
 //!   ([`RenewReason::FailSafeBypass`]). If `renewBefore` is shorter than the margin, not-due
 //!   still wins until `D`.
-//! - A deferral's `until` is that `T`: the earliest instant at which a renewal will actually
-//!   start if nothing changes. Requeue exactly then ([`requeue_at`]). It is never after `F`
-//!   unless the policy is strict, the due time itself is after `F`, or a failure inside the
-//!   margin holds the next attempt for up to an hour. Its `reason` names the first cause:
-//!   not due, then backoff, then outside the windows.
+//! - Staggering (`spread` `s`, default 15m; `0s` turns it off; only with a per-Machine key,
+//!   [`Input::with_stagger_key`]): Machines allowed to start at the same instant start at
+//!   their own offsets. The offset counts from an anchor `A` that does not move as `now`
+//!   advances: `D` under `Automatic`; under `Scheduled`, `max(O.start, D)`, where `O` is the
+//!   window occurrence containing `T` that opened first ([`opened_first`]). It is
+//!   `floor(u × n)` whole seconds, `u ∈ [0, 1)` fixed by the key ([`StaggerKey`]) and
+//!   `n = min(s, O.end − A)` (under `Automatic`, `n = s`): scaled down, never clipped, so the
+//!   slot `P = A + offset` stays strictly inside `O`. The renewal starts at `S = max(T, P)`
+//!   (a backoff ending after the slot, or a controller that was down past it, wins), but
+//!   unless strict never after `max(F, T)`: near expiry the spread is ignored. Not applied
+//!   when `T` is a fail-safe bypass. Strict keeps the spread, which never leaves `O`.
+//! - A deferral's `until` is that `S` (`T` without staggering): the earliest instant at which a
+//!   renewal will actually start if nothing changes. Requeue exactly then ([`requeue_at`]). It
+//!   is never after `F` unless the policy is strict, the due time itself is after `F`, or a
+//!   failure inside the margin holds the next attempt for up to an hour. Its `reason` names the
+//!   first cause: not due, then backoff, then outside the windows, then the spread alone
+//!   ([`DeferReason::Staggered`]: `T ≤ now < S`). When the spread moves `until` past `T`, the
+//!   deferral carries the [`Slot`].
 //!
 //! A manual request (the `refresh-certificates` annotation) bypasses all of this — windows,
 //! `Disabled`, backoff — and is the caller's business: this module is only asked about automatic
 //! renewals.
 //!
 //! Comparisons are inclusive at each boundary: due at `D`, backoff over at `B`, inside the
-//! margin at `F`, inside a window at its start.
+//! margin at `F`, inside a window at its start, the Machine's turn at its slot `P`.
 
 use std::fmt;
 
 use jiff::{SignedDuration, Timestamp};
 
-use super::backoff::{Backoff, Failures, saturating_sub};
-use super::duration::{FailSafeMargin, PolicyDuration, Ttl};
+use super::backoff::{Backoff, Failures, saturating_add, saturating_sub};
+use super::duration::{FailSafeMargin, PolicyDuration, Spread, Ttl};
 use super::spec::SelectorError;
+pub use super::stagger::{Slot, StaggerKey};
 use super::window::{
     ValidWindow, Window, WindowError, WindowStart, first_containing, next_start_after,
-    validate_windows,
+    opened_first, validate_windows,
 };
 use ck8s_certs_api::renewal_policy::{DEFAULT_TTL, RENEW_BEFORE_PERCENTAGE_RANGE};
 
-/// The policy's `policy` field and the defaults of omitted durations, from the CRD.
-pub use ck8s_certs_api::renewal_policy::{DEFAULT_FAIL_SAFE_MARGIN, DEFAULT_RENEW_BEFORE, Mode};
+/// The policy's `policy` field and the defaults of omitted fields, from the CRD.
+pub use ck8s_certs_api::renewal_policy::{
+    DEFAULT_FAIL_SAFE_MARGIN, DEFAULT_RENEW_BEFORE, DEFAULT_SPREAD, MAX_SPREAD, Mode,
+};
 
 /// Everything the decision depends on, besides `now`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,6 +92,11 @@ pub struct Input {
     pub strict: bool,
     pub failures: Failures,
     pub backoff: Backoff,
+    /// `spread`. `None`: [`DEFAULT_SPREAD`].
+    pub spread: Option<Spread>,
+    /// This Machine's place in a spread ([`Self::with_stagger_key`]). `None`: no staggering,
+    /// as when there is no Machine (a preview without one).
+    pub stagger: Option<StaggerKey>,
 }
 
 impl Input {
@@ -92,6 +114,8 @@ impl Input {
             strict: false,
             failures: Failures::default(),
             backoff: Backoff::default(),
+            spread: None,
+            stagger: None,
         }
     }
 
@@ -106,6 +130,20 @@ impl Input {
             lifetime_start,
             ..self
         }
+    }
+
+    /// The same input for the Machine with this stagger key (its UID), which fixes its place in
+    /// the spread; `None` turns staggering off.
+    pub fn with_stagger_key(self, key: Option<&str>) -> Self {
+        Self {
+            stagger: key.map(StaggerKey::new),
+            ..self
+        }
+    }
+
+    /// `spread` as set, or the default.
+    pub fn spread(&self) -> Spread {
+        self.spread.unwrap_or(DEFAULT_SPREAD)
     }
 
     /// The certificates' lifetime, NotBefore to NotAfter: from [`Self::lifetime_start`] when
@@ -164,6 +202,9 @@ impl Input {
                 ttl,
             });
         }
+        if self.spread() > MAX_SPREAD {
+            errors.push(PolicyError::SpreadTooLong(self.spread()));
+        }
         if errors.is_empty() {
             Ok(windows)
         } else {
@@ -208,6 +249,11 @@ pub enum PolicyError {
         "renewBeforePercentage: {0} is out of range: give a percentage of the certificates' lifetime from 1 to 99"
     )]
     RenewBeforePercentage(i32),
+    /// Longer than [`MAX_SPREAD`] (not in the schema: durations are strings there).
+    #[error(
+        "spread: {0} is too long: at most 7d (Machines that may renew at the same instant start within this span; 0 turns staggering off)"
+    )]
+    SpreadTooLong(Spread),
 }
 
 /// Every problem of an invalid policy. Its message is the one users see wherever the policy is
@@ -261,9 +307,12 @@ pub enum DeferReason {
     NotDue,
     Backoff,
     OutsideWindow,
+    /// Nothing but the spread: the renewal could start now, and waits for this Machine's slot.
+    Staggered,
 }
 
-/// What lets the renewal start at a deferral's `until`.
+/// What lets the renewal start at a deferral's `until`, or, when the deferral has a [`Slot`],
+/// at the un-staggered instant [`Slot::unstaggered`] that the spread moves to `until`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resume {
     /// The due time, which is inside a window (or windows do not apply).
@@ -296,6 +345,7 @@ impl DeferReason {
             Self::NotDue => "NotDue",
             Self::Backoff => "Backoff",
             Self::OutsideWindow => "OutsideWindow",
+            Self::Staggered => "Staggered",
         }
     }
 }
@@ -329,6 +379,9 @@ pub struct Deferral {
     /// `failedAttempts`, for the message.
     pub failed_attempts: Option<i64>,
     pub windows_ignored: bool,
+    /// Set when the spread moves `until` past the instant the renewal would otherwise start
+    /// (boxed: it is large, and most deferrals have none).
+    pub slot: Option<Box<Slot>>,
 }
 
 /// The answer for one machine at one instant.
@@ -429,6 +482,22 @@ pub fn decide(input: &Input, now: Timestamp) -> Decision {
             _ => (Timestamp::MAX, Resume::Never),
         }
     };
+    let slot = match &resume {
+        // A bypass is the fail-safe itself; `Never` never starts.
+        Resume::FailSafeBypass | Resume::Never => None,
+        Resume::Due | Resume::BackoffEnds | Resume::WindowOpens(_) => {
+            slot(input, scheduled, &windows, due_at, start_at)
+        }
+    };
+    // The fail-safe wins over the spread, unless strict (whose slot never leaves the window).
+    let latest = match input.strict {
+        true => Timestamp::MAX,
+        false => fail_safe_at.max(start_at),
+    };
+    let (start_at, slot) = match slot {
+        Some(slot) if slot.at > start_at && latest > start_at => (slot.at.min(latest), Some(slot)),
+        _ => (start_at, None),
+    };
 
     if start_at <= now {
         let window = if scheduled {
@@ -449,7 +518,9 @@ pub fn decide(input: &Input, now: Timestamp) -> Decision {
             windows_ignored,
         });
     }
-    let reason = if now < due_at {
+    let reason = if slot.as_ref().is_some_and(|slot| slot.unstaggered <= now) {
+        DeferReason::Staggered
+    } else if now < due_at {
         DeferReason::NotDue
     } else if backoff_until.is_some_and(|backoff_until| now < backoff_until) {
         DeferReason::Backoff
@@ -466,6 +537,45 @@ pub fn decide(input: &Input, now: Timestamp) -> Decision {
         inside_fail_safe,
         failed_attempts: input.failures.count,
         windows_ignored,
+        slot: slot.map(Box::new),
+    })
+}
+
+/// This Machine's slot for a renewal that could start at `start_at` (a due time, a backoff end
+/// or a window instant, not a bypass), or `None` without a key or with a zero spread. See the
+/// staggering rule in the module docs.
+fn slot(
+    input: &Input,
+    scheduled: bool,
+    windows: &[ValidWindow],
+    due_at: Timestamp,
+    start_at: Timestamp,
+) -> Option<Slot> {
+    let key = input.stagger?;
+    let spread = input.spread();
+    if spread.as_seconds() <= 0 {
+        return None;
+    }
+    let (anchor, room, window) = if scheduled {
+        // `start_at` is inside a window here; `None` would only mean that it is not.
+        let occurrence = opened_first(windows, start_at)?;
+        let anchor = occurrence.start.timestamp().max(due_at);
+        // Whole seconds, rounded down, so that the slot stays before the end.
+        let room = occurrence.end.duration_since(anchor).as_secs();
+        (anchor, room, Some(occurrence))
+    } else {
+        (due_at, i64::MAX, None)
+    };
+    let span = spread.as_seconds().min(room).max(0);
+    let offset = SignedDuration::from_secs(key.offset(span));
+    Some(Slot {
+        at: saturating_add(anchor, offset),
+        anchor,
+        offset,
+        spread,
+        span: SignedDuration::from_secs(span),
+        window,
+        unstaggered: start_at,
     })
 }
 
@@ -526,9 +636,72 @@ impl fmt::Display for Renewal {
     }
 }
 
+/// `<until>: this Machine's slot is 7m13s after maintenance window windows[0] opened at …,
+/// within a 15m spread`: when the renewal starts, and the slot, the spread and the window it
+/// belongs to; when the fail-safe point comes first, says so.
+fn write_staggered(
+    f: &mut fmt::Formatter<'_>,
+    slot: &Slot,
+    until: Timestamp,
+    due_at: Timestamp,
+) -> fmt::Result {
+    if until < slot.at {
+        write!(
+            f,
+            "{until}, when expiry comes within the fail-safe margin, which overrides the spread: this Machine's slot, at {}, is ",
+            slot.at
+        )?;
+    } else {
+        write!(f, "{until}: this Machine's slot is ")?;
+    }
+    write!(f, "{} after ", seconds(slot.offset))?;
+    match &slot.window {
+        Some(window) if slot.anchor > window.start.timestamp() => write!(
+            f,
+            "the due time {due_at}, inside maintenance window windows[{}] (open since {})",
+            window.index,
+            window.opening()
+        )?,
+        Some(window) => write!(
+            f,
+            "maintenance window windows[{}] opened at {}",
+            window.index,
+            window.opening()
+        )?,
+        None => write!(f, "the due time {due_at}")?,
+    }
+    write!(f, ", within a {} spread", slot.spread)?;
+    if let Some(window) = slot.window.as_ref().filter(|_| slot.scaled()) {
+        write!(
+            f,
+            " scaled down to the {} left before the window closes at {}",
+            seconds(slot.span),
+            window.end
+        )?;
+    }
+    Ok(())
+}
+
+/// Whole seconds in the duration grammar's canonical form (`7m13s`, `0s`).
+fn seconds(duration: SignedDuration) -> String {
+    match Spread::from_seconds(duration.as_secs()) {
+        Ok(spread) => spread.to_string(),
+        Err(_) => format!("{}s", duration.as_secs()),
+    }
+}
+
 impl fmt::Display for Deferral {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let until = self.until;
+        if let (DeferReason::Staggered, Some(slot)) = (self.reason, &self.slot) {
+            f.write_str("Renewal staggered until ")?;
+            write_staggered(f, slot, self.until, self.due_at)?;
+            return self.write_fail_safe(f);
+        }
+        // The instant the cause ends; with a slot, the spread moves the start on to `until`.
+        let until = self
+            .slot
+            .as_ref()
+            .map_or(self.until, |slot| slot.unstaggered);
         match (self.reason, &self.resume) {
             (DeferReason::NotDue, resume) => {
                 write!(
@@ -591,7 +764,20 @@ impl fmt::Display for Deferral {
                     "Renewal deferred: no maintenance window opens before the year 10000",
                 )?,
             },
+            // Only with a slot, handled above; answered rather than assumed.
+            (DeferReason::Staggered, _) => write!(f, "Renewal staggered until {until}")?,
         }
+        if let Some(slot) = &self.slot {
+            f.write_str("; staggered, it will start at ")?;
+            write_staggered(f, slot, self.until, self.due_at)?;
+        }
+        self.write_fail_safe(f)
+    }
+}
+
+impl Deferral {
+    /// `; certificates expire at …, within the fail-safe margin` when a Warning is due.
+    fn write_fail_safe(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Unless the message names the expiry already.
         if self.inside_fail_safe
             && self.reason != DeferReason::NotDue

@@ -10,14 +10,16 @@
 //! MachineCertificates.status ──► expiry, failures ────────────────┤
 //! flags ──► Settings { strict, backoff } ─────────────────────────┤ ValidPolicy::input
 //!                                                                 ▼
-//!            Input { expiry, mode, renewBefore, ttl, windows, failSafeMargin, strict, … }
-//!                   │ validate: windows (zones, times), Scheduled has windows, renewBefore < ttl
+//!            Input { expiry, mode, renewBefore, ttl, windows, failSafeMargin, spread, strict, … }
+//!                   │ .with_stagger_key(Machine UID): its place in the spread
+//!                   │ validate: windows (zones, times), Scheduled has windows, renewBefore < ttl,
+//!                   │           spread ≤ 7d
 //!                   ▼
 //!            decide(input, now) ──► Decision ──► requeue_at(&decision)
 //!                                    │           (the instant the answer can change)
 //!                                    ├ NoExpiry            nothing to do yet
 //!                                    ├ RenewNow(Due | FailSafeBypass)
-//!                                    ├ Defer { until, NotDue | Backoff | OutsideWindow }
+//!                                    ├ Defer { until, NotDue | Backoff | OutsideWindow | Staggered, slot }
 //!                                    ├ Disabled { inside_fail_safe }
 //!                                    └ Invalid { errors with field paths }
 //! ```
@@ -30,6 +32,7 @@
 //! - [`cron`]: the `schedule`/`duration` form of a window (a cron expression), beside
 //!   `daysOfWeek`/`start`/`end`.
 //! - [`backoff`]: exponential backoff from the persisted failure history.
+//! - [`stagger`]: a Machine's fixed place in a policy's `spread` (from its UID).
 //! - [`decision`]: the decision itself and its condition messages.
 //!
 //! A manual request (`v1beta2.k8sd.io/refresh-certificates`) bypasses windows, `Disabled` and
@@ -39,6 +42,7 @@ pub mod backoff;
 pub mod cron;
 pub mod decision;
 pub mod spec;
+pub mod stagger;
 pub mod window;
 
 /// The duration grammar lives with the CRD types in the API crate.
@@ -53,9 +57,10 @@ pub use decision::{
     Decision, DeferReason, Deferral, Input, InvalidPolicy, Mode, PolicyError, RenewReason, Renewal,
     Resume, decide, requeue_at,
 };
-pub use duration::{DurationError, FailSafeMargin, PolicyDuration, Ttl, WorkerTtlError};
+pub use duration::{DurationError, FailSafeMargin, PolicyDuration, Spread, Ttl, WorkerTtlError};
 pub use spec::{MachineSelector, SelectorError, Settings, ValidPolicy, lifetime_start, validate};
+pub use stagger::{Slot, StaggerKey};
 pub use window::{
-    DayOfWeek, ValidWindow, ValidateWindow, WallTime, Window, WindowError, WindowStart,
-    upcoming_starts,
+    DayOfWeek, ValidWindow, ValidateWindow, WallTime, Window, WindowError, WindowOccurrence,
+    WindowStart, upcoming_starts,
 };

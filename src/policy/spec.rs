@@ -12,9 +12,9 @@
 //! offline `policy preview`. It re-checks the rules the CRD schema already enforces (a selector
 //! is set, `Scheduled` has windows, `start != end`, at most `MAX_WINDOWS` windows): the preview
 //! reads files no API server has seen, and objects may predate a schema rule. It adds what only
-//! code can check: time zones against the bundled database, `renewBefore` shorter than `ttl`, and
-//! label selectors as the API server would validate them (operators, values, key and value
-//! syntax), since the CRD schema takes `LabelSelector` as plain strings.
+//! code can check: time zones against the bundled database, `renewBefore` shorter than `ttl`,
+//! `spread` at most 7d, and label selectors as the API server would validate them (operators,
+//! values, key and value syntax), since the CRD schema takes `LabelSelector` as plain strings.
 //!
 //! Not checked here: whether `ttl` fits a worker (a CSR's `expirationSeconds` is an int32 of at
 //! least 600 s); that depends on the Machine, see [`Ttl::check_worker`].
@@ -30,7 +30,7 @@ use kube::core::{Selector, SelectorExt};
 
 use super::backoff::{Backoff, Failures};
 use super::decision::{Input, InvalidPolicy, Mode, PolicyError};
-use super::duration::{FailSafeMargin, PolicyDuration, Ttl};
+use super::duration::{FailSafeMargin, PolicyDuration, Spread, Ttl};
 use super::window::{ValidWindow, Window, WindowStart, upcoming_starts};
 
 /// Controller-wide settings the decision takes besides the policy (command-line flags).
@@ -52,6 +52,7 @@ pub struct ValidPolicy {
     pub ttl: Ttl,
     pub windows: Vec<Window>,
     pub fail_safe_margin: FailSafeMargin,
+    pub spread: Spread,
     valid_windows: Vec<ValidWindow>,
 }
 
@@ -59,7 +60,9 @@ impl ValidPolicy {
     /// The decision's input for one Machine: its certificates' expiry (if known) and its
     /// automatic-renewal failure history. The lifetime start is not known here: add it with
     /// [`Input::with_lifetime_start`] and [`lifetime_start`] for `renewBeforePercentage`
-    /// (without it, the policy's `ttl` stands for the lifetime).
+    /// (without it, the policy's `ttl` stands for the lifetime). Nor is the Machine: add its
+    /// UID with [`Input::with_stagger_key`] for its place in the `spread` (without it, no
+    /// staggering).
     pub fn input(
         &self,
         expiry: Option<Timestamp>,
@@ -78,6 +81,8 @@ impl ValidPolicy {
             strict: settings.strict,
             failures,
             backoff: settings.backoff,
+            spread: Some(self.spread),
+            stagger: None,
         }
     }
 
@@ -123,9 +128,11 @@ pub fn validate(spec: &CertificateRenewalPolicySpec) -> Result<ValidPolicy, Inva
         ttl: spec.ttl,
         windows: spec.windows.clone(),
         fail_safe_margin: spec.fail_safe_margin,
+        spread: spec.spread,
         valid_windows: Vec::new(),
     };
-    // Windows, Scheduled without windows, renewBefore against ttl: the decision's own checks.
+    // Windows, Scheduled without windows, renewBefore against ttl, the spread's bound: the
+    // decision's own checks.
     match policy
         .input(None, Failures::default(), Settings::default())
         .validate()

@@ -4,6 +4,7 @@
 use jiff::Timestamp;
 use proptest::prelude::*;
 
+use super::duration::PolicyDuration;
 use super::window::{DayOfWeek, WallTime, Window};
 
 /// An RFC 3339 instant, such as `2026-11-24T02:00:00Z`.
@@ -69,4 +70,40 @@ pub fn arbitrary_window() -> impl Strategy<Value = Window> {
 /// Instants from 2000 to 2037, where every zone in [`ZONES`] has whole-minute offsets.
 pub fn arbitrary_instant() -> impl Strategy<Value = Timestamp> {
     (946_684_800i64..2_114_380_800).prop_map(|s| Timestamp::from_second(s).unwrap())
+}
+
+/// A schedule window: hourly, every quarter of an hour or at one time a day, on weekdays, one
+/// day or every day, open from 1 minute to 26 hours (so occurrences may overlap), in a zone from
+/// [`ZONES`].
+pub fn arbitrary_cron_window() -> impl Strategy<Value = Window> {
+    let minute = prop_oneof![
+        Just("*/15".to_owned()),
+        Just("0".to_owned()),
+        (0u8..60).prop_map(|m| m.to_string()),
+    ];
+    let hour = prop_oneof![
+        Just("*".to_owned()),
+        Just("1-3".to_owned()),
+        (0u8..24).prop_map(|h| h.to_string()),
+    ];
+    let day = proptest::sample::select(&["*", "1-5", "6"][..]);
+    (
+        minute,
+        hour,
+        day,
+        1i64..=26 * 60,
+        proptest::sample::select(ZONES),
+    )
+        .prop_map(|(minute, hour, day, minutes, zone)| {
+            Window::scheduled(
+                format!("{minute} {hour} * * {day}"),
+                PolicyDuration::from_seconds(minutes * 60).unwrap(),
+                (zone != "UTC").then(|| zone.to_owned()),
+            )
+        })
+}
+
+/// A window of either form.
+pub fn arbitrary_any_window() -> impl Strategy<Value = Window> {
+    prop_oneof![arbitrary_window(), arbitrary_cron_window()]
 }

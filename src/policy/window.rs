@@ -23,6 +23,10 @@
 //!   we reject a case variant (`europe/london`) with a suggestion, `Etc/Unknown`, and `""`.
 //! - Several windows are OR'ed, whatever their form: [`first_containing`] reports the first in
 //!   list order, [`next_start_after`] the earliest start (the first in list order on a tie).
+//! - The occurrence an instant belongs to, for staggering ([`opened_first`]): of the occurrences
+//!   that contain it, the one that opened first (then the one that closes last, then list
+//!   order). Unlike the first in list order, this choice does not change while the instant moves
+//!   forward inside that occurrence, so an offset counted from its start stays put.
 //!
 //! The same rules hold for schedule windows, whose `duration` is wall-clock time; the cron
 //! module says what a firing in a repeated hour does.
@@ -410,6 +414,19 @@ impl ValidWindow {
         })
     }
 
+    /// The occurrence that contains `t` and opened first, if any: a schedule window's
+    /// occurrences may overlap; a `daysOfWeek`/`start`/`end` window's never do. `Some` exactly
+    /// when [`Self::contains`] holds.
+    pub fn occurrence_containing(&self, t: Timestamp) -> Option<Occurrence> {
+        if let Form::Schedule(cron) = &self.form {
+            return cron.earliest_containing(&self.zone, t);
+        }
+        let local = self.zone.to_datetime(t).date();
+        dates(days_before(local, DAYS_BACK), DAYS_BACK + 1 + DAYS_AHEAD)
+            .filter_map(|date| self.occurrence(date))
+            .find(|occurrence| occurrence.contains(t))
+    }
+
     /// Whether `t` is inside an occurrence (start inclusive, end exclusive).
     pub fn contains(&self, t: Timestamp) -> bool {
         if let Form::Schedule(cron) = &self.form {
@@ -442,6 +459,46 @@ impl ValidWindow {
 /// The first window, in list order, that contains `t`.
 pub fn first_containing(windows: &[ValidWindow], t: Timestamp) -> Option<usize> {
     windows.iter().position(|window| window.contains(t))
+}
+
+/// An occurrence of one of several windows, with the window's position in the list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WindowOccurrence {
+    pub index: usize,
+    /// The opening, in the window's zone (for messages).
+    pub start: Zoned,
+    /// Exclusive.
+    pub end: Timestamp,
+}
+
+impl WindowOccurrence {
+    /// The opening as a [`WindowStart`], for messages.
+    pub fn opening(&self) -> WindowStart {
+        WindowStart {
+            index: self.index,
+            at: self.start.clone(),
+        }
+    }
+}
+
+/// The occurrence `t` belongs to, among all windows: of those that contain `t`, the one that
+/// opened first; on a tie, the one that closes last (the most room), then the first in list
+/// order. While `t` moves forward inside it, no other occurrence can take its place: one that
+/// opened earlier, or as early and closes later, and contains a later `t` contained the earlier
+/// one too.
+pub fn opened_first(windows: &[ValidWindow], t: Timestamp) -> Option<WindowOccurrence> {
+    let (index, occurrence) = windows
+        .iter()
+        .enumerate()
+        .filter_map(|(index, window)| Some((index, window.occurrence_containing(t)?)))
+        .min_by_key(|&(index, occurrence)| {
+            (occurrence.start, std::cmp::Reverse(occurrence.end), index)
+        })?;
+    Some(WindowOccurrence {
+        index,
+        start: occurrence.start.to_zoned(windows[index].zone.clone()),
+        end: occurrence.end,
+    })
 }
 
 /// The earliest start strictly after `t` among `windows`; on a tie, the first in list order.

@@ -23,6 +23,7 @@ fn scenario(now: &str) -> Scenario {
         failures: Failures::default(),
         settings: Settings::default(),
         window_starts: 5,
+        machine_uid: None,
     }
 }
 
@@ -52,6 +53,7 @@ Mode:          Scheduled
 Renew before:  1mo (due at 2026-11-20T00:00:00Z)
 TTL:           1y
 Fail-safe:     2d before expiry (from 2026-12-18T00:00:00Z)
+Spread:        30m (each Machine starts at its own offset in it, from its UID; --machine-uid shows one Machine's times)
 Expiry:        2026-12-20T00:00:00Z
 Now:           2026-11-20T12:00:00Z
 
@@ -66,6 +68,101 @@ Next window starts after 2026-11-20T12:00:00Z:
   windows[0]  Fri 2026-11-27 22:00 GMT     Europe/London        2026-11-27T22:00:00Z
   windows[0]  Sat 2026-11-28 22:00 GMT     Europe/London        2026-11-28T22:00:00Z
 "
+    );
+}
+
+#[test]
+fn a_machine_uid_shows_that_machines_slot_in_the_spread() {
+    // machine-c's place in any spread is 0.387: 11m36s of the sample's 30m.
+    let keyed = Scenario {
+        machine_uid: Some("machine-c".to_owned()),
+        window_starts: 1,
+        ..scenario("2026-11-20T12:00:00Z")
+    };
+    let deferred = report(SCHEDULED, &keyed);
+    assert_eq!(deferred.decision.until, Some(utc("2026-11-20T22:11:36Z")));
+    assert_eq!(
+        render_text(&deferred),
+        "\
+Policy:        default/nightly-london
+Selects:       Machines whose Cluster matches \"env=prod\"
+Mode:          Scheduled
+Renew before:  1mo (due at 2026-11-20T00:00:00Z)
+TTL:           1y
+Fail-safe:     2d before expiry (from 2026-12-18T00:00:00Z)
+Spread:        30m (the times below are this Machine's)
+Expiry:        2026-12-20T00:00:00Z
+Now:           2026-11-20T12:00:00Z
+Machine UID:   machine-c
+
+Decision:      Defer until 2026-11-20T22:11:36Z (OutsideWindow)
+               Renewal deferred until the next maintenance window opens at 2026-11-20 22:00 Europe/London (2026-11-20T22:00:00Z); staggered, it will start at 2026-11-20T22:11:36Z: this Machine's slot is 11m36s after maintenance window windows[0] opened at 2026-11-20 22:00 Europe/London (2026-11-20T22:00:00Z), within a 30m spread
+Next check:    2026-11-20T22:11:36Z
+
+Next window starts after 2026-11-20T12:00:00Z:
+  windows[0]  Fri 2026-11-20 22:00 GMT     Europe/London        2026-11-20T22:00:00Z
+"
+    );
+    let json: serde_json::Value = serde_json::from_str(&render_json(&deferred)).unwrap();
+    assert_eq!(json["machineUid"], "machine-c");
+    assert_eq!(
+        json["decision"]["slot"],
+        json!({
+            "at": "2026-11-20T22:11:36Z",
+            "anchor": "2026-11-20T22:00:00Z",
+            "offset": "11m36s",
+            "span": "30m",
+            "window": 0,
+            "unstaggered": "2026-11-20T22:00:00Z",
+        })
+    );
+    // Inside the window, before its slot: staggered.
+    let inside = report(
+        SCHEDULED,
+        &Scenario {
+            machine_uid: Some("machine-c".to_owned()),
+            ..scenario("2026-11-20T22:05:00Z")
+        },
+    );
+    assert_eq!(inside.decision.reason, Some("Staggered"));
+    assert!(
+        render_text(&inside)
+            .contains("Decision:      Defer until 2026-11-20T22:11:36Z (Staggered)\n"),
+        "{}",
+        render_text(&inside)
+    );
+    // Without a UID the same instant renews: the preview shows when the spread begins.
+    let unkeyed = report(SCHEDULED, &scenario("2026-11-20T22:05:00Z"));
+    assert_eq!(unkeyed.decision.action, "RenewNow");
+    assert_eq!(unkeyed.decision.slot.as_ref().map(|slot| slot.at), None);
+    // A spread of 0s says so.
+    let off = policy("clusterSelector: {}\npolicy: Automatic\nspread: 0s");
+    assert!(render_text(&report_of(&off)).contains(
+        "Spread:        0s (off: Machines allowed at the same instant start together)\n"
+    ));
+}
+
+#[test]
+fn a_spread_longer_than_a_week_is_invalid() {
+    let text = policy("clusterSelector: {}\npolicy: Automatic\nspread: 8d");
+    let report = report_of(&text);
+    assert_eq!(report.exit_code(), EXIT_INVALID_POLICY);
+    assert_eq!(
+        report.decision.errors,
+        [
+            "spread: 1w1d is too long: at most 7d (Machines that may renew at the same instant start within this span; 0 turns staggering off)"
+        ]
+    );
+    let negative = load(
+        Path::new("p.yaml"),
+        &policy("clusterSelector: {}\npolicy: Automatic\nspread: -5m"),
+    )
+    .unwrap();
+    assert_eq!(
+        negative.problems,
+        [
+            "spread: invalid spread \"-5m\": negative durations are not allowed; expected 0 (no staggering) or a positive duration such as 15m, 1h or 2h30m (units: y=365d, mo=30d, w, d, h, m, s)"
+        ]
     );
 }
 
@@ -277,6 +374,7 @@ fn json_has_a_stable_shape() {
                 "renewBefore": "1mo",
                 "ttl": "1y",
                 "failSafeMargin": "2d",
+                "spread": "30m",
                 "windows": 2,
             },
             "now": "2026-12-18T12:00:00Z",
@@ -434,7 +532,7 @@ fn every_field_of_the_schema_is_checked_with_its_path() {
         assert!(problems[0].starts_with(&path), "{problems:?}");
         checked += 1;
     }
-    assert_eq!(checked, 8 + 6);
+    assert_eq!(checked, 9 + 6);
     let not_a_window: serde_yaml::Value = serde_yaml::from_str("windows: [3]").unwrap();
     assert_eq!(
         field_problems(&not_a_window),
@@ -524,6 +622,7 @@ fn execute_reads_the_file_and_maps_errors_to_exit_codes() {
         failures: None,
         last_failure: None,
         strict: false,
+        machine_uid: None,
         backoff_min: crate::policy::backoff::DEFAULT_MIN,
         backoff_max: crate::policy::backoff::DEFAULT_MAX,
         window_starts: 5,

@@ -908,4 +908,36 @@ proptest! {
         let later = Timestamp::from_second(t.as_second() + step).unwrap();
         prop_assert!(window.next_start_after(later).unwrap() >= next);
     }
+
+    /// The occurrence an instant belongs to is the first, in firing order, that contains it:
+    /// checked against walking back firing by firing, around daylight-saving transitions.
+    #[test]
+    fn the_earliest_containing_occurrence_is_the_first_to_contain(
+        schedule in proptest::sample::select(&["* * * * *", "*/15 * * * *", "0 * * * *", "30 1-3 * * *", "0 2 * * *"][..]),
+        minutes in 1i64..=180,
+        zone in proptest::sample::select(ZONES),
+        t in arbitrary_instant(),
+        around in -240i64..240,
+    ) {
+        let tz = TimeZone::get(zone).unwrap();
+        let near = tz.following(t).next().map_or(t, |transition| transition.timestamp());
+        let t = near + SignedDuration::from_mins(around);
+        let cron = CronWindow::parse(schedule, PolicyDuration::from_seconds(minutes * 60).unwrap()).unwrap();
+        let (bound, inclusive) = wall_bound(&tz, t);
+        // Walk back from the latest firing while occurrences still contain t.
+        let mut firing = cron.previous_firing(bound, inclusive);
+        let mut first = None;
+        for _ in 0..400 {
+            let Some(current) = firing else { break };
+            match cron.occurrence(&tz, current) {
+                Some(occurrence) if occurrence.contains(t) => first = Some(occurrence),
+                // Collapsed in a gap: earlier ones end no later, keep looking past it.
+                None => {}
+                Some(_) => break,
+            }
+            firing = cron.previous_firing(current, false);
+        }
+        prop_assert_eq!(cron.earliest_containing(&tz, t), first);
+        prop_assert_eq!(first.is_some(), cron.contains(&tz, t));
+    }
 }

@@ -2,7 +2,9 @@
 
 use super::DayOfWeek::*;
 use super::*;
-use crate::policy::testing::{arbitrary_instant, arbitrary_window, utc, window};
+use crate::policy::testing::{
+    arbitrary_any_window, arbitrary_instant, arbitrary_window, cron_window, utc, window,
+};
 use jiff::civil::date;
 use proptest::prelude::*;
 
@@ -651,6 +653,68 @@ fn the_end_of_the_calendar_is_not_a_panic() {
     assert!(window.next_start_after(Timestamp::MIN).is_some());
 }
 
+#[test]
+fn an_instant_belongs_to_the_occurrence_that_opened_first() {
+    let short = window(&[], "01:00", "01:10", None);
+    let long = window(&[], "01:00", "05:00", None);
+    let earlier = window(&[], "00:30", "02:00", None);
+    let validate = |windows: &[Window]| validate_windows(windows).unwrap();
+    let t = utc("2026-11-24T01:05:00Z");
+    let found = |windows: &[Window]| {
+        opened_first(&validate(windows), t).map(|o| (o.index, o.start.timestamp(), o.end))
+    };
+    // Same opening: the one that closes last, whatever the list order.
+    assert_eq!(
+        found(&[short.clone(), long.clone()]),
+        Some((1, utc("2026-11-24T01:00:00Z"), utc("2026-11-24T05:00:00Z")))
+    );
+    // An earlier opening wins over a later close.
+    assert_eq!(
+        found(&[short.clone(), long.clone(), earlier.clone()]),
+        Some((2, utc("2026-11-24T00:30:00Z"), utc("2026-11-24T02:00:00Z")))
+    );
+    // Identical occurrences: list order.
+    assert_eq!(
+        found(&[long.clone(), long.clone()]).map(|(index, ..)| index),
+        Some(0)
+    );
+    assert_eq!(found(&[window(&[], "02:00", "03:00", None)]), None);
+    let occurrence = opened_first(&validate(&[long]), t).unwrap();
+    assert_eq!(
+        occurrence.opening().to_string(),
+        "2026-11-24 01:00 UTC (2026-11-24T01:00:00Z)"
+    );
+}
+
+#[test]
+fn overlapping_schedule_occurrences_belong_to_the_first_opened() {
+    // Every quarter of an hour for an hour: four occurrences contain any instant.
+    let window = cron_window("*/15 * * * *", "1h", Some("Europe/London"))
+        .validate(0)
+        .unwrap();
+    let t = utc("2026-11-24T10:20:00Z");
+    assert_eq!(
+        window.occurrence_containing(t),
+        Some(Occurrence {
+            start: utc("2026-11-24T09:30:00Z"),
+            end: utc("2026-11-24T10:30:00Z"),
+        })
+    );
+    // Exactly at an end, the next one.
+    assert_eq!(
+        window
+            .occurrence_containing(utc("2026-11-24T10:30:00Z"))
+            .map(|o| o.start),
+        Some(utc("2026-11-24T09:45:00Z"))
+    );
+    // A day-long occurrence a minute: 1440 overlap; found without walking them.
+    let dense = cron_window("* * * * *", "1d", None).validate(0).unwrap();
+    assert_eq!(
+        dense.occurrence_containing(t).map(|o| o.start),
+        Some(utc("2026-11-23T10:21:00Z"))
+    );
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
 
@@ -710,5 +774,37 @@ proptest! {
             .filter_map(|date| window.occurrence(date))
             .any(|occurrence| occurrence.contains(t));
         prop_assert_eq!(window.contains(t), inside);
+    }
+
+    /// The occurrence an instant belongs to exists exactly when the window is open, contains
+    /// the instant, and stays the same while time moves on inside it: an offset counted from
+    /// its start does not move. The same holds for the choice among several windows.
+    #[test]
+    fn the_occurrence_of_an_instant_stays_put(
+        w in arbitrary_any_window(),
+        other in arbitrary_any_window(),
+        t in arbitrary_instant(),
+        fraction in 0.0f64..1.0,
+    ) {
+        let later_inside = |end: Timestamp| {
+            let room = end.duration_since(t).as_secs_f64();
+            let later = t + jiff::SignedDuration::from_secs_f64(room * fraction);
+            later.min(end - jiff::SignedDuration::from_nanos(1)).max(t)
+        };
+        let window = w.validate(0).unwrap();
+        let occurrence = window.occurrence_containing(t);
+        prop_assert_eq!(occurrence.is_some(), window.contains(t));
+        if let Some(occurrence) = occurrence {
+            prop_assert!(occurrence.contains(t));
+            let later = later_inside(occurrence.end);
+            prop_assert_eq!(window.occurrence_containing(later), Some(occurrence));
+        }
+        let list = validate_windows(&[w, other]).unwrap();
+        let first = opened_first(&list, t);
+        prop_assert_eq!(first.is_some(), first_containing(&list, t).is_some());
+        if let Some(first) = first {
+            let later = later_inside(first.end);
+            prop_assert_eq!(opened_first(&list, later), Some(first));
+        }
     }
 }

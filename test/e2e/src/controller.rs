@@ -321,6 +321,17 @@ impl Environment {
         .await;
     }
 
+    /// The Machine's `metadata.uid`: its place in a policy's `spread`.
+    pub async fn machine_uid(&self, node: &NodeInfo) -> String {
+        let api = self.machine_api(self.management().await.expect("client"), &node.namespace);
+        api.get(&node.machine)
+            .await
+            .expect("get Machine")
+            .metadata
+            .uid
+            .expect("a Machine has a UID")
+    }
+
     pub async fn machine_annotations(&self, node: &NodeInfo) -> BTreeMap<String, String> {
         let api = self.machine_api(self.management().await.expect("client"), &node.namespace);
         api.get(&node.machine)

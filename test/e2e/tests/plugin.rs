@@ -148,7 +148,8 @@ async fn status_explain_and_renew_answer_for_a_small_fleet_and_a_reader_cannot_r
         "fleet",
         "solo-auto",
         FILTER,
-        json!({ "policy": "Automatic", "renewBefore": "30d" }),
+        // No spread: the next renewal is exactly 30 days before expiry.
+        json!({ "policy": "Automatic", "renewBefore": "30d", "spread": "0s" }),
     )
     .await;
     let _controller = env.start_controller(FILTER, &[]);

@@ -142,10 +142,17 @@ async fn an_automatic_policy_renews_before_expiry_without_an_annotation() {
         op.requested_by.as_deref(),
         Some("CertificateRenewalPolicy/auto")
     );
-    // Next renewal: new expiry − renewBefore.
+    // Next renewal: new expiry − renewBefore, plus this Machine's offset in the default 15m
+    // spread (from its UID).
     let expiry = status.expiry.clone().unwrap().0;
     let next = status.renewal.clone().unwrap().next_renewal_time.unwrap().0;
-    assert_eq!(next, expiry - jiff::SignedDuration::from_hours(100 * 24));
+    let uid = env.machine_uid(&node).await;
+    let offset = ck8s_certs::policy::StaggerKey::new(&uid).offset(15 * 60);
+    assert_eq!(
+        next,
+        expiry - jiff::SignedDuration::from_hours(100 * 24)
+            + jiff::SignedDuration::from_secs(offset)
+    );
     // The status contract: the policy (reference, generation, mode), its windows, and a
     // healthy steady state: Ready, no renewal condition, every condition stamped.
     let renewal = status.renewal.clone().unwrap();
@@ -345,7 +352,16 @@ async fn a_scheduled_policy_defers_to_the_next_window_and_bypasses_it_only_insid
         .unwrap()
         .0
         .to_zoned(jiff::tz::TimeZone::get("Europe/London").unwrap());
-    assert_eq!((next.hour(), next.minute()), (1, 0), "{next}");
+    // The window opens at 01:00; the Machine starts at its offset in the default 15m spread.
+    let opening = next.with().minute(0).second(0).build().unwrap();
+    assert_eq!(opening.hour(), 1, "{next}");
+    let uid = env.machine_uid(&deferred).await;
+    let offset = ck8s_certs::policy::StaggerKey::new(&uid).offset(15 * 60);
+    assert_eq!(
+        next.timestamp(),
+        opening.timestamp() + jiff::SignedDuration::from_secs(offset),
+        "{next}"
+    );
     // A manual request does not wait for the window.
     env.annotate_refresh(&deferred, "1y").await;
     assert_eq!(
@@ -717,7 +733,7 @@ async fn a_scheduled_renewal_starts_when_the_window_opens() {
         end.strftime("%H:%M").to_string(),
     );
     let window = json!([{ "start": from, "end": to, "timezone": "UTC" }]);
-    env.create_policy("edge", "next-minute", "next-minute", json!({ "policy": "Scheduled", "renewBefore": "100d", "failSafeMargin": "1d", "windows": window })).await;
+    env.create_policy("edge", "next-minute", "next-minute", json!({ "policy": "Scheduled", "renewBefore": "100d", "failSafeMargin": "1d", "spread": "0s", "windows": window })).await;
     let matched = format!("windows[0] (every day {from}-{to} UTC)");
     defers_then_renews_at(&env, &node, "next-minute", &start, matched).await;
 }
@@ -729,7 +745,7 @@ async fn a_cron_window_defers_the_renewal_and_it_starts_at_the_opening() {
     let (start, _) = next_minute();
     let schedule = format!("{} {} * * *", start.minute(), start.hour());
     let window = json!([{ "schedule": schedule, "duration": "2m", "timezone": "UTC" }]);
-    env.create_policy("edge", "next-minute-cron", "next-minute-cron", json!({ "policy": "Scheduled", "renewBefore": "100d", "failSafeMargin": "1d", "windows": window })).await;
+    env.create_policy("edge", "next-minute-cron", "next-minute-cron", json!({ "policy": "Scheduled", "renewBefore": "100d", "failSafeMargin": "1d", "spread": "0s", "windows": window })).await;
     let matched = format!("windows[0] (\"{schedule}\" for 2m UTC)");
     defers_then_renews_at(&env, &node, "next-minute-cron", &start, matched).await;
 }
