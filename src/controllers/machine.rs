@@ -1412,6 +1412,7 @@ impl Reconciler<'_> {
             pin,
             tokens.node,
             self.ctx.config.timeouts,
+            self.ctx.metrics.k8sd.clone(),
         );
         Ok(Node {
             session,
@@ -1495,6 +1496,7 @@ impl Reconciler<'_> {
                 pin,
                 tokens.capi_auth.clone(),
                 self.ctx.config.timeouts,
+                self.ctx.metrics.k8sd.clone(),
             );
             match session.probe().await {
                 Ok(()) => return Ok(session),
