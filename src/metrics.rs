@@ -335,8 +335,16 @@ impl Default for Metrics {
             "Reconciles that failed (and are retried), by controller and error category",
             reconcile_errors.clone(),
         );
-        // Failures are alerted on with increase(), which misses the first sample of a series
-        // that did not exist before: start the refresh counters at 0.
+        // Alerts use increase(), which misses the first sample of a series that did not exist
+        // before: start the counters whose label values are known at 0.
+        for reason in [
+            crate::policy::DeferReason::NotDue,
+            crate::policy::DeferReason::Backoff,
+            crate::policy::DeferReason::OutsideWindow,
+        ] {
+            let _ = renewal_deferred.get_or_create(&reason_label(reason.as_str()));
+        }
+        let _ = renewal_bypassed.get_or_create(&expiry_imminent());
         for origin in [
             ck8s_certs_api::machine_certificates::Origin::Manual,
             ck8s_certs_api::machine_certificates::Origin::Policy,
@@ -643,8 +651,19 @@ mod tests {
     }
 
     #[test]
-    fn refresh_counters_start_at_zero_so_that_the_first_failure_shows_in_increase() {
+    fn counters_with_known_labels_start_at_zero_so_that_the_first_event_shows_in_increase() {
         let text = Metrics::default().encode().unwrap();
+        for line in [
+            "ck8s_certs_renewal_deferred_total{reason=\"not_due\"} 0",
+            "ck8s_certs_renewal_deferred_total{reason=\"backoff\"} 0",
+            "ck8s_certs_renewal_deferred_total{reason=\"outside_window\"} 0",
+            "ck8s_certs_renewal_bypassed_total{reason=\"expiry_imminent\"} 0",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
         for name in ["started", "succeeded", "failed"] {
             for origin in ["manual", "policy"] {
                 let line = format!("ck8s_certs_renewals_{name}_total{{origin=\"{origin}\"}} 0");
