@@ -16,6 +16,7 @@ CK8S_CERTS_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/ck8s-certs
 export CK8S_CERTS_CACHE
 KUBECTL := $(CK8S_CERTS_CACHE)/bin/kubectl-$(KUBE_VERSION)
 CLUSTERCTL := $(CK8S_CERTS_CACHE)/bin/clusterctl-$(CLUSTERCTL_VERSION)
+PROMTOOL := $(CK8S_CERTS_CACHE)/bin/promtool-$(PROMTOOL_VERSION)
 
 RELEASE_VERSION ?= v$(shell sed -n '/^\[workspace\.package\]/,/^\[/s/^version = "\(.*\)"$$/\1/p' Cargo.toml)
 RELEASE_DIR ?= _out/release
@@ -34,7 +35,7 @@ REFMANAGER := target/bin/refmanager
 manifests:
 	$(CARGO) run -q -p ck8s-certs-api --bin crdgen config/crd/bases
 
-.PHONY: manifests all build control-plane nodesim bootstrapdouble refmanager env tools release docker-build run unit e2e test bench lint fmt clean-env
+.PHONY: manifests all build control-plane nodesim bootstrapdouble refmanager env tools promtool release docker-build run unit e2e test bench lint fmt clean-env
 
 all: build
 
@@ -67,6 +68,11 @@ refmanager:
 ## kubectl (KUBE_VERSION; `kubectl kustomize`) and clusterctl (CLUSTERCTL_VERSION).
 tools:
 	@hack/build-tools.sh >/dev/null
+
+## promtool (PROMTOOL_VERSION, Prometheus 3), built and cached like the tools (first build ~7
+## CPU-minutes, 5-15 min on 2 cores): checks and unit-tests alerting rules.
+promtool:
+	@hack/build-promtool.sh >/dev/null
 
 ## The clusterctl release artifacts of RELEASE_VERSION, with image IMG (see docs/install.md).
 release: tools
