@@ -2,8 +2,8 @@
 #
 #   make run    the controller: against $KUBECONFIG's cluster if set, else against the embedded
 #               test environment (built on first use)
-#   make test   unit tests, then the e2e suite against the real environment, on every pinned
-#               Cluster API release
+#   make test   unit tests, the alerting rules' promtool tests, then the e2e suite against the
+#               real environment, on every pinned Cluster API release
 #   make lint   rustfmt, clippy, gofmt, go vet
 #   make release   clusterctl artifacts (addon-components.yaml, metadata.yaml) into _out/release
 #   make docker-build IMG=...   the controller image
@@ -16,6 +16,7 @@ CK8S_CERTS_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/ck8s-certs
 export CK8S_CERTS_CACHE
 KUBECTL := $(CK8S_CERTS_CACHE)/bin/kubectl-$(KUBE_VERSION)
 CLUSTERCTL := $(CK8S_CERTS_CACHE)/bin/clusterctl-$(CLUSTERCTL_VERSION)
+PROMTOOL := $(CK8S_CERTS_CACHE)/bin/promtool-$(PROMTOOL_VERSION)
 
 RELEASE_VERSION ?= v$(shell sed -n '/^\[workspace\.package\]/,/^\[/s/^version = "\(.*\)"$$/\1/p' Cargo.toml)
 RELEASE_DIR ?= _out/release
@@ -34,7 +35,7 @@ REFMANAGER := target/bin/refmanager
 manifests:
 	$(CARGO) run -q -p ck8s-certs-api --bin crdgen config/crd/bases
 
-.PHONY: manifests all build control-plane nodesim bootstrapdouble refmanager env tools release docker-build run unit e2e test bench lint fmt clean-env
+.PHONY: manifests all build control-plane nodesim bootstrapdouble refmanager env tools promtool monitoring-manifests monitoring-test release docker-build run unit e2e test bench lint fmt clean-env
 
 all: build
 
@@ -68,6 +69,20 @@ refmanager:
 tools:
 	@hack/build-tools.sh >/dev/null
 
+## promtool (PROMTOOL_VERSION, Prometheus 3), built and cached like the tools (first build ~7
+## CPU-minutes, 5-15 min on 2 cores): checks and unit-tests the alerting rules of config/monitoring.
+promtool:
+	@hack/build-promtool.sh >/dev/null
+
+## config/monitoring/prometheusrule.yaml from the rules file promtool tests (see hack/monitoring.sh).
+monitoring-manifests:
+	hack/monitoring.sh generate
+
+## `promtool check rules` and `promtool test rules` on config/monitoring (every alert fires from
+## sample series and stays silent on healthy ones); fails when prometheusrule.yaml is stale.
+monitoring-test: promtool
+	@PROMTOOL=$(PROMTOOL) hack/monitoring.sh test
+
 ## The clusterctl release artifacts of RELEASE_VERSION, with image IMG (see docs/install.md).
 release: tools
 	@RELEASE_VERSION=$(RELEASE_VERSION) RELEASE_DIR=$(RELEASE_DIR) IMG=$(IMG) KUBECTL=$(KUBECTL) \
@@ -96,15 +111,16 @@ unit:
 ## One environment per test binary; tests isolate by cluster and node. Run once per pinned
 ## Cluster API release (oldest and newest supported). The release test renders the artifacts
 ## with hack/release.sh and installs them with the pinned clusterctl.
-e2e: env tools
+e2e: env tools promtool
 	$(CARGO) build --bin ck8s-certs
 	@set -e; for v in $(CAPI_VERSIONS); do \
 	  echo "== e2e against Cluster API $$v CRDs"; \
 	  CK8S_E2E_CAPI_VERSION=$$v CK8S_E2E_KUBECTL=$(KUBECTL) CK8S_E2E_CLUSTERCTL=$(CLUSTERCTL) \
+	    CK8S_E2E_PROMTOOL=$(PROMTOOL) \
 	    $(CARGO) test -p ck8s-certs-e2e --test '*' -- --nocapture; \
 	done
 
-test: unit e2e
+test: unit monitoring-test e2e
 
 ## Fleet-scale benchmark, not part of `make test` (~15 min at the defaults on 2 cores): a fleet
 ## of 50 clusters x 100 Machines, ck8s-certs (release build) and the reference manager each

@@ -1,5 +1,6 @@
 # shellcheck shell=bash
-# Shared by hack/build-control-plane.sh, hack/build-tools.sh and hack/release.sh: builds pinned Go
+# Shared by hack/build-control-plane.sh, hack/build-tools.sh, hack/build-promtool.sh and
+# hack/release.sh: builds pinned Go
 # commands from the Go module proxy into a cache outside the work tree, keyed by version, so that
 # later runs reuse them. Source it; it reads hack/versions.env and sets CACHE and BIN.
 #
@@ -147,6 +148,30 @@ build_clusterctl() {
     go build -trimpath \
       -ldflags="-s -w -X $pkg.gitVersion=$CLUSTERCTL_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean" \
       -o "$out.tmp" sigs.k8s.io/cluster-api/cmd/clusterctl
+    mv "$out.tmp" "$out"
+  )
+}
+
+# build_promtool: github.com/prometheus/prometheus/cmd/promtool at PROMTOOL_VERSION. Prometheus
+# v3 releases are published as module versions v0.3XX.Y (Prometheus 3.XX.Y); the version is
+# stamped as Prometheus' own build does (promu), so that `promtool --version` tells the truth.
+build_promtool() {
+  local out="$BIN/promtool-$PROMTOOL_VERSION"
+  [[ -x "$out" ]] && return 0
+  local src="$CACHE/src/promtool-$PROMTOOL_VERSION"
+  mkdir -p "$src" "$BIN"
+  log "building promtool $PROMTOOL_VERSION (first time only)"
+  (
+    cd "$src" || exit 1
+    wrapper_module promtool github.com/prometheus/prometheus "$PROMTOOL_VERSION" "$PROMTOOL_VERSION" \
+      github.com/prometheus/prometheus/cmd/promtool
+    local release="${PROMTOOL_VERSION#v0.}" # 316.0
+    local major="${release:0:1}" minor="${release%%.*}" patch="${release#*.}"
+    minor=$((10#${minor:1}))
+    local pkg=github.com/prometheus/common/version
+    go build -trimpath \
+      -ldflags="-s -w -X $pkg.Version=$major.$minor.$patch -X $pkg.Branch=HEAD -X $pkg.Revision=$PROMTOOL_VERSION" \
+      -o "$out.tmp" github.com/prometheus/prometheus/cmd/promtool
     mv "$out.tmp" "$out"
   )
 }

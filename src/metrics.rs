@@ -1,6 +1,7 @@
 //! Prometheus metrics (`--metrics-bind-address`, path `/metrics`). Labels are bounded: origin,
-//! reason, role, endpoint and outcome are small fixed sets; the per-machine expiry gauge is the
-//! one per-object family, because "what expires when" is what the fleet dashboard needs.
+//! reason, role, endpoint, outcome, controller and category are small fixed sets; the
+//! per-machine expiry gauge is the one per-object family, because "what expires when" is what the
+//! fleet dashboard needs. `config/monitoring` holds the alerts and dashboard built on them.
 //!
 //! Names follow Prometheus conventions: the `ck8s_certs` prefix comes from the registry, and
 //! counters get their `_total` suffix from the encoder, so `renewal_deferred` is exported as
@@ -8,6 +9,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -51,6 +53,181 @@ pub struct ReasonLabels {
     pub reason: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct K8sdCallLabels {
+    /// [`K8sdEndpoint::as_str`].
+    pub endpoint: String,
+    /// `success`, a [`K8sdError::category`](crate::k8sd::K8sdError::category), or `cancelled`.
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndpointLabels {
+    pub endpoint: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ControllerLabels {
+    /// [`Controller::as_str`].
+    pub controller: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReconcileErrorLabels {
+    pub controller: String,
+    /// The error's `category()`: a small fixed set of snake_case names.
+    pub category: String,
+}
+
+/// The k8sd endpoints a call can go to, as the `endpoint` label names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum K8sdEndpoint {
+    /// `GET /`: is k8sd answering (approver selection, settling after a refresh).
+    Probe,
+    CertificatesExpiry,
+    Plan,
+    Run,
+    Approve,
+    /// Any other path, so that the label stays bounded whatever a caller sends.
+    Other,
+}
+
+impl K8sdEndpoint {
+    pub const ALL: [Self; 6] = [
+        Self::Probe,
+        Self::CertificatesExpiry,
+        Self::Plan,
+        Self::Run,
+        Self::Approve,
+        Self::Other,
+    ];
+
+    /// The endpoint of a request path (`/1.0/x/capi/refresh-certs/plan` → `Plan`).
+    pub fn of_path(path: &str) -> Self {
+        use crate::k8sd::wire::path;
+        match path {
+            path::ROOT => Self::Probe,
+            path::CERTIFICATES_EXPIRY => Self::CertificatesExpiry,
+            path::PLAN => Self::Plan,
+            path::RUN => Self::Run,
+            path::APPROVE => Self::Approve,
+            _ => Self::Other,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Probe => "probe",
+            Self::CertificatesExpiry => "certificates_expiry",
+            Self::Plan => "plan",
+            Self::Run => "run",
+            Self::Approve => "approve",
+            Self::Other => "other",
+        }
+    }
+}
+
+/// The `outcome` label of a finished k8sd call.
+pub fn k8sd_outcome<T>(result: &Result<T, crate::k8sd::K8sdError>) -> &'static str {
+    match result {
+        Ok(_) => "success",
+        Err(err) => err.category(),
+    }
+}
+
+/// The `outcome` of a call whose caller stopped waiting (a worker's `approve` when `run`
+/// answered first, a refresh dropped at shutdown): counted, not timed.
+pub const K8SD_CANCELLED: &str = "cancelled";
+
+/// The k8sd call metrics, handed to every k8sd session (cheap to clone: the families are shared).
+#[derive(Clone, Debug)]
+pub struct K8sdCalls {
+    pub requests: Family<K8sdCallLabels, Counter>,
+    pub duration: Family<EndpointLabels, Histogram>,
+}
+
+impl Default for K8sdCalls {
+    fn default() -> Self {
+        Self {
+            requests: Family::default(),
+            duration: Family::new_with_constructor(|| {
+                // 5 ms … ~15 min: a probe through a port-forward takes tens of ms, a worker's
+                // `run` waits for its CSRs up to --k8sd-run-timeout (5 min by default).
+                Histogram::new(exponential_buckets(0.005, 3.0, 12))
+            }),
+        }
+    }
+}
+
+impl K8sdCalls {
+    /// Starts timing one call; [`K8sdCall::finish`] records it.
+    pub fn start(&self, endpoint: K8sdEndpoint) -> K8sdCall {
+        K8sdCall {
+            calls: self.clone(),
+            endpoint,
+            started: Instant::now(),
+            finished: false,
+        }
+    }
+}
+
+/// One k8sd call in flight. Dropped unfinished, it counts as [`K8SD_CANCELLED`].
+#[must_use = "a call that is not finished counts as cancelled"]
+pub struct K8sdCall {
+    calls: K8sdCalls,
+    endpoint: K8sdEndpoint,
+    started: Instant,
+    finished: bool,
+}
+
+impl K8sdCall {
+    /// Records the call's outcome and duration.
+    pub fn finish(mut self, outcome: &'static str) {
+        self.finished = true;
+        self.calls
+            .duration
+            .get_or_create(&EndpointLabels {
+                endpoint: self.endpoint.as_str().to_owned(),
+            })
+            .observe(self.started.elapsed().as_secs_f64());
+        self.count(outcome);
+    }
+
+    fn count(&self, outcome: &'static str) {
+        self.calls
+            .requests
+            .get_or_create(&K8sdCallLabels {
+                endpoint: self.endpoint.as_str().to_owned(),
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+    }
+}
+
+impl Drop for K8sdCall {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.count(K8SD_CANCELLED);
+        }
+    }
+}
+
+/// The controllers whose reconciles are timed (the `controller` label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Controller {
+    Machine,
+    Policy,
+}
+
+impl Controller {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Machine => "machine",
+            Self::Policy => "policy",
+        }
+    }
+}
+
 /// Every metric the controller exports.
 pub struct Metrics {
     registry: Registry,
@@ -69,6 +246,9 @@ pub struct Metrics {
     pub in_progress: Gauge,
     pub policy_invalid: Family<ReasonLabels, Counter>,
     pub leader: Gauge,
+    pub k8sd: K8sdCalls,
+    pub reconcile_duration: Family<ControllerLabels, Histogram>,
+    pub reconcile_errors: Family<ReconcileErrorLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -144,6 +324,53 @@ impl Default for Metrics {
             "1 while this replica leads (does the work), 0 while it stands by",
             leader.clone(),
         );
+        let k8sd = K8sdCalls::default();
+        registry.register(
+            "k8sd_requests",
+            "Calls to a node's k8sd, by endpoint and outcome (success, or the error's category)",
+            k8sd.requests.clone(),
+        );
+        registry.register(
+            "k8sd_request_duration_seconds",
+            "Wall time of calls to a node's k8sd, connecting included, by endpoint",
+            k8sd.duration.clone(),
+        );
+        let reconcile_duration =
+            Family::<ControllerLabels, Histogram>::new_with_constructor(|| {
+                // 1 ms … ~45 min: a reconcile at rest reads caches only; one carrying a
+                // refresh lasts as long as the refresh (a worker's waits for its turn and CSRs).
+                Histogram::new(exponential_buckets(0.001, 3.0, 15))
+            });
+        registry.register(
+            "reconcile_duration_seconds",
+            "Wall time of reconciles, by controller (machine, policy)",
+            reconcile_duration.clone(),
+        );
+        let reconcile_errors = Family::<ReconcileErrorLabels, Counter>::default();
+        registry.register(
+            "reconcile_errors",
+            "Reconciles that failed (and are retried), by controller and error category",
+            reconcile_errors.clone(),
+        );
+        // Alerts use increase(), which misses the first sample of a series that did not exist
+        // before: start the counters whose label values are known at 0.
+        for reason in [
+            crate::policy::DeferReason::Backoff,
+            crate::policy::DeferReason::OutsideWindow,
+            crate::policy::DeferReason::Staggered,
+        ] {
+            let _ = renewal_deferred.get_or_create(&reason_label(reason.as_str()));
+        }
+        let _ = renewal_bypassed.get_or_create(&expiry_imminent());
+        for origin in [
+            ck8s_certs_api::machine_certificates::Origin::Manual,
+            ck8s_certs_api::machine_certificates::Origin::Policy,
+        ] {
+            let labels = self::origin(origin);
+            let _ = renewals_started.get_or_create(&labels);
+            let _ = renewals_succeeded.get_or_create(&labels);
+            let _ = renewals_failed.get_or_create(&labels);
+        }
         Self {
             registry,
             expiry,
@@ -157,11 +384,38 @@ impl Default for Metrics {
             in_progress,
             policy_invalid,
             leader,
+            k8sd,
+            reconcile_duration,
+            reconcile_errors,
         }
     }
 }
 
 impl Metrics {
+    /// Records one reconcile of `controller`: its wall time, and its error's category if it
+    /// failed.
+    pub fn reconciled(
+        &self,
+        controller: Controller,
+        elapsed: Duration,
+        error: Option<&'static str>,
+    ) {
+        let controller = controller.as_str().to_owned();
+        self.reconcile_duration
+            .get_or_create(&ControllerLabels {
+                controller: controller.clone(),
+            })
+            .observe(elapsed.as_secs_f64());
+        if let Some(category) = error {
+            self.reconcile_errors
+                .get_or_create(&ReconcileErrorLabels {
+                    controller,
+                    category: category.to_owned(),
+                })
+                .inc();
+        }
+    }
+
     /// The text exposition format.
     pub fn encode(&self) -> Result<String, std::fmt::Error> {
         let mut out = String::new();
@@ -281,5 +535,163 @@ mod tests {
         // Nothing of the old names is left.
         assert!(!text.contains("renewals_deferred"), "{text}");
         assert!(!text.contains("window_bypass"), "{text}");
+    }
+
+    /// What every label value of this module must look like: bounded, snake_case.
+    fn snake(value: &str) -> bool {
+        !value.is_empty()
+            && value
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+    }
+
+    #[test]
+    fn k8sd_paths_map_to_a_fixed_set_of_endpoints() {
+        use crate::k8sd::wire::path;
+        for (path, label) in [
+            (path::ROOT, "probe"),
+            (path::CERTIFICATES_EXPIRY, "certificates_expiry"),
+            (path::PLAN, "plan"),
+            (path::RUN, "run"),
+            (path::APPROVE, "approve"),
+            ("/1.0/x/capi/something-new", "other"),
+            ("/1.0/x/capi/refresh-certs/plan?x=1", "other"),
+        ] {
+            assert_eq!(K8sdEndpoint::of_path(path).as_str(), label, "{path}");
+        }
+        for endpoint in K8sdEndpoint::ALL {
+            assert!(snake(endpoint.as_str()), "{endpoint:?}");
+        }
+    }
+
+    #[test]
+    fn k8sd_outcomes_are_success_or_an_error_category() {
+        use crate::k8sd::K8sdError;
+        use crate::k8sd::tls::Fingerprint;
+        let fingerprint: Fingerprint = "00".repeat(32).parse().unwrap();
+        let errors = [
+            K8sdError::Connect {
+                node: "n".into(),
+                route: "r".into(),
+                reason: "refused".into(),
+            },
+            K8sdError::Tls {
+                node: "n".into(),
+                source: std::io::Error::other("bad"),
+            },
+            K8sdError::PinMismatch {
+                node: "n".into(),
+                pinned: fingerprint,
+                presented: fingerprint,
+            },
+            K8sdError::Timeout {
+                node: "n".into(),
+                endpoint: "/1.0/x/capi/refresh-certs/run".into(),
+                timeout: Duration::from_secs(1),
+            },
+            K8sdError::Api {
+                endpoint: "plan".into(),
+                status: 401,
+                message: "invalid token".into(),
+            },
+            K8sdError::InvalidResponse {
+                endpoint: "run".into(),
+                reason: "x".into(),
+            },
+        ];
+        let outcomes: Vec<&str> = errors
+            .into_iter()
+            .map(|e| k8sd_outcome::<()>(&Err(e)))
+            .collect();
+        assert_eq!(
+            outcomes,
+            [
+                "connect",
+                "tls",
+                "pin_mismatch",
+                "timeout",
+                "api",
+                "invalid_response"
+            ]
+        );
+        assert_eq!(k8sd_outcome(&Ok::<_, K8sdError>(())), "success");
+        assert!(snake(K8SD_CANCELLED));
+    }
+
+    #[test]
+    fn k8sd_calls_are_counted_by_endpoint_and_outcome_and_timed_by_endpoint() {
+        let metrics = Metrics::default();
+        metrics.k8sd.start(K8sdEndpoint::Plan).finish("success");
+        metrics.k8sd.start(K8sdEndpoint::Plan).finish("timeout");
+        metrics.k8sd.start(K8sdEndpoint::Run).finish("success");
+        // A caller that stopped waiting: counted, not timed.
+        drop(metrics.k8sd.start(K8sdEndpoint::Approve));
+        let text = metrics.encode().unwrap();
+        for line in [
+            "# TYPE ck8s_certs_k8sd_requests counter",
+            "ck8s_certs_k8sd_requests_total{endpoint=\"plan\",outcome=\"success\"} 1",
+            "ck8s_certs_k8sd_requests_total{endpoint=\"plan\",outcome=\"timeout\"} 1",
+            "ck8s_certs_k8sd_requests_total{endpoint=\"run\",outcome=\"success\"} 1",
+            "ck8s_certs_k8sd_requests_total{endpoint=\"approve\",outcome=\"cancelled\"} 1",
+            "# TYPE ck8s_certs_k8sd_request_duration_seconds histogram",
+            "ck8s_certs_k8sd_request_duration_seconds_count{endpoint=\"plan\"} 2",
+            "ck8s_certs_k8sd_request_duration_seconds_count{endpoint=\"run\"} 1",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+        assert!(
+            !text.contains("k8sd_request_duration_seconds_count{endpoint=\"approve\"}"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn reconciles_are_timed_by_controller_and_errors_counted_by_category() {
+        let metrics = Metrics::default();
+        metrics.reconciled(Controller::Machine, Duration::from_millis(3), None);
+        metrics.reconciled(Controller::Machine, Duration::from_secs(2), Some("kube"));
+        metrics.reconciled(Controller::Policy, Duration::from_millis(1), Some("kube"));
+        let text = metrics.encode().unwrap();
+        for line in [
+            "# TYPE ck8s_certs_reconcile_duration_seconds histogram",
+            "ck8s_certs_reconcile_duration_seconds_count{controller=\"machine\"} 2",
+            "ck8s_certs_reconcile_duration_seconds_count{controller=\"policy\"} 1",
+            "# TYPE ck8s_certs_reconcile_errors counter",
+            "ck8s_certs_reconcile_errors_total{controller=\"machine\",category=\"kube\"} 1",
+            "ck8s_certs_reconcile_errors_total{controller=\"policy\",category=\"kube\"} 1",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn counters_with_known_labels_start_at_zero_so_that_the_first_event_shows_in_increase() {
+        let text = Metrics::default().encode().unwrap();
+        for line in [
+            "ck8s_certs_renewal_deferred_total{reason=\"backoff\"} 0",
+            "ck8s_certs_renewal_deferred_total{reason=\"outside_window\"} 0",
+            "ck8s_certs_renewal_deferred_total{reason=\"staggered\"} 0",
+            "ck8s_certs_renewal_bypassed_total{reason=\"expiry_imminent\"} 0",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+        for name in ["started", "succeeded", "failed"] {
+            for origin in ["manual", "policy"] {
+                let line = format!("ck8s_certs_renewals_{name}_total{{origin=\"{origin}\"}} 0");
+                assert!(
+                    text.lines().any(|l| l == line),
+                    "missing {line:?} in\n{text}"
+                );
+            }
+        }
     }
 }

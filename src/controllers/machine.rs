@@ -1465,6 +1465,7 @@ impl Reconciler<'_> {
             pin,
             tokens.node,
             self.ctx.config.timeouts,
+            self.ctx.metrics.k8sd.clone(),
         );
         Ok(Node {
             session,
@@ -1548,6 +1549,7 @@ impl Reconciler<'_> {
                 pin,
                 tokens.capi_auth.clone(),
                 self.ctx.config.timeouts,
+                self.ctx.metrics.k8sd.clone(),
             );
             match session.probe().await {
                 Ok(()) => return Ok(session),

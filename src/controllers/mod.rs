@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cli::Args;
 use crate::health::Health;
+use crate::metrics::{Controller as Timed, Metrics};
 use crate::refresh::flow::Retry;
 use crate::refresh::session::Timeouts;
 use stores::SharedWatch;
@@ -173,9 +174,10 @@ pub async fn run(
         },
         locks: machine::Locks::new(args.max_worker_refreshes),
         shard: shard::Shard::new(client.clone(), carrier),
-        metrics,
+        metrics: metrics.clone(),
         stop: stop.clone(),
     });
+    let metrics_of_policies = metrics;
     // A policy change re-checks every Machine of its namespace.
     let machines_seen = stores.machines.clone();
     let machines_of_namespace = move |policy: DynamicObject| {
@@ -220,7 +222,19 @@ pub async fn run(
                 machines_of_namespace,
                 policy_resource.clone(),
             )
-            .run(machine::reconcile, machine::error_policy, ctx)
+            .run(
+                |machine, ctx: Arc<machine::Context>| {
+                    let metrics = ctx.metrics.clone();
+                    observed(
+                        metrics,
+                        Timed::Machine,
+                        machine::reconcile(machine, ctx),
+                        machine::Error::category,
+                    )
+                },
+                machine::error_policy,
+                ctx,
+            )
             .enumerate()
             .for_each(|(count, result)| async move {
                 if count == 0 {
@@ -234,6 +248,7 @@ pub async fn run(
     let policy_controller = policy_controller(
         &client,
         capi,
+        metrics_of_policies,
         PolicyFeeds {
             policies: policy_policy_events,
             siblings: policy_sibling_events,
@@ -254,6 +269,24 @@ pub async fn run(
         _ = watches => tracing::error!("The watches ended unexpectedly"),
     }
     readiness.abort();
+}
+
+/// Runs one reconcile, recording its wall time and, when it fails, its error's category
+/// (`ck8s_certs_reconcile_duration_seconds`, `ck8s_certs_reconcile_errors_total`).
+async fn observed<E>(
+    metrics: Arc<Metrics>,
+    controller: Timed,
+    reconcile: impl std::future::Future<Output = Result<controller::Action, E>>,
+    category: fn(&E) -> &'static str,
+) -> Result<controller::Action, E> {
+    let started = std::time::Instant::now();
+    let result = reconcile.await;
+    metrics.reconciled(
+        controller,
+        started.elapsed(),
+        result.as_ref().err().map(category),
+    );
+    result
 }
 
 /// Waits until `store` holds a full list. The Controller itself also waits on the store, and a
@@ -334,6 +367,7 @@ struct PolicyFeeds<P, M> {
 fn policy_controller<P, M>(
     client: &Client,
     capi: CapiVersion,
+    metrics: Arc<Metrics>,
     feeds: PolicyFeeds<P, M>,
     stop: CancellationToken,
 ) -> impl std::future::Future<Output = ()> + use<P, M>
@@ -368,10 +402,108 @@ where
         .graceful_shutdown_on(stop.cancelled_owned())
         .watches_stream_with(feeds.machines, of_machine, capi)
         .watches_stream_with(feeds.siblings, of_sibling, resource.clone())
-        .run(policy::reconcile, policy::error_policy, ctx)
+        .run(
+            move |object, ctx| {
+                observed(
+                    metrics.clone(),
+                    Timed::Policy,
+                    policy::reconcile(object, ctx),
+                    |_: &kube::Error| "kube",
+                )
+            },
+            policy::error_policy,
+            ctx,
+        )
         .for_each(|result| async move {
             if let Err(err) = result {
                 tracing::debug!(error = %err, "Policy reconcile error");
             }
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::k8sd::K8sdError;
+    use crate::metrics::Metrics;
+    use crate::workload::WorkloadError;
+
+    fn kube_error() -> kube::Error {
+        kube::Error::LinesCodecMaxLineLengthExceeded
+    }
+
+    /// The `category` label of ck8s_certs_reconcile_errors_total: one snake_case name per kind
+    /// of failure, never a message.
+    #[test]
+    fn machine_reconcile_errors_have_bounded_snake_case_categories() {
+        let cases = [
+            (machine::Error::Kube(kube_error()), "kube"),
+            (
+                machine::Error::Shard(shard::ShardError::Lease {
+                    lease: "l".into(),
+                    source: kube_error(),
+                }),
+                "kube",
+            ),
+            (
+                machine::Error::Workload(WorkloadError::Node("no node".into())),
+                "workload",
+            ),
+            (
+                machine::Error::Expiry(K8sdError::Connect {
+                    node: "n".into(),
+                    route: "r".into(),
+                    reason: "refused".into(),
+                }),
+                "connect",
+            ),
+            (
+                machine::Error::Expiry(K8sdError::Api {
+                    endpoint: "e".into(),
+                    status: 401,
+                    message: "invalid token".into(),
+                }),
+                "api",
+            ),
+            (machine::Error::NeedsLive, "internal"),
+        ];
+        for (error, category) in cases {
+            assert_eq!(error.category(), category, "{error}");
+        }
+    }
+
+    #[tokio::test]
+    async fn observed_reconciles_record_time_and_the_error_category() {
+        let metrics = Arc::new(Metrics::default());
+        let ok = observed(
+            metrics.clone(),
+            Timed::Machine,
+            async { Ok::<_, machine::Error>(controller::Action::await_change()) },
+            machine::Error::category,
+        )
+        .await;
+        assert!(ok.is_ok());
+        let failed = observed(
+            metrics.clone(),
+            Timed::Machine,
+            async {
+                Err::<controller::Action, _>(machine::Error::Workload(WorkloadError::Node(
+                    "x".into(),
+                )))
+            },
+            machine::Error::category,
+        )
+        .await;
+        assert!(failed.is_err());
+        let text = metrics.encode().unwrap();
+        for line in [
+            "ck8s_certs_reconcile_duration_seconds_count{controller=\"machine\"} 2",
+            "ck8s_certs_reconcile_errors_total{controller=\"machine\",category=\"workload\"} 1",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+    }
 }

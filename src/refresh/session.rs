@@ -1,5 +1,8 @@
 //! [`NodeApi`] and [`ApproveApi`] over a real k8sd connection. One connection carries the whole
 //! operation (plan then run); after any error it is dropped and the next call reconnects.
+//!
+//! Every call is counted and timed here, where the I/O happens (`ck8s_certs_k8sd_*` metrics),
+//! connecting included: a call that has to open the tunnel first pays for it.
 
 use std::time::Duration;
 
@@ -7,6 +10,7 @@ use super::{ApproveApi, NodeApi};
 use crate::k8sd::client::{Auth, Target};
 use crate::k8sd::wire::{ApproveRequest, PlanRequest, PlanResponse, RunRequest, RunResponse, path};
 use crate::k8sd::{Connection, Fingerprint, K8sdError, Route, Token};
+use crate::metrics::{K8sdCalls, K8sdEndpoint, k8sd_outcome};
 use ck8s_certs_api::k8sd::{CAPI_AUTH_TOKEN_HEADER, NODE_TOKEN_HEADER};
 
 /// Per-call deadlines (`--k8sd-timeout`, `--k8sd-run-timeout`).
@@ -26,6 +30,7 @@ pub struct Session {
     header: &'static str,
     timeouts: Timeouts,
     connection: Option<Connection>,
+    metrics: K8sdCalls,
 }
 
 impl Session {
@@ -36,6 +41,7 @@ impl Session {
         pin: Option<Fingerprint>,
         token: Token,
         timeouts: Timeouts,
+        metrics: K8sdCalls,
     ) -> Self {
         Self {
             target,
@@ -45,6 +51,7 @@ impl Session {
             header: NODE_TOKEN_HEADER,
             timeouts,
             connection: None,
+            metrics,
         }
     }
 
@@ -55,6 +62,7 @@ impl Session {
         pin: Option<Fingerprint>,
         token: Token,
         timeouts: Timeouts,
+        metrics: K8sdCalls,
     ) -> Self {
         Self {
             target,
@@ -64,6 +72,7 @@ impl Session {
             header: CAPI_AUTH_TOKEN_HEADER,
             timeouts,
             connection: None,
+            metrics,
         }
     }
 
@@ -106,6 +115,7 @@ impl Session {
         request: &Req,
         timeout: Duration,
     ) -> Result<Resp, K8sdError> {
+        let call = self.metrics.start(K8sdEndpoint::of_path(path));
         let token = self.token.clone();
         let header = self.header;
         let result = match self.connection().await {
@@ -124,6 +134,7 @@ impl Session {
             }
             Err(err) => Err(err),
         };
+        call.finish(k8sd_outcome(&result));
         if result.is_err() {
             self.connection = None;
         }
@@ -132,11 +143,13 @@ impl Session {
 
     /// `GET /`: does k8sd answer?
     pub async fn probe(&mut self) -> Result<(), K8sdError> {
+        let call = self.metrics.start(K8sdEndpoint::Probe);
         let timeout = self.timeouts.call;
         let result = match self.connection().await {
             Ok(connection) => connection.probe(timeout).await.map(drop),
             Err(err) => Err(err),
         };
+        call.finish(k8sd_outcome(&result));
         if result.is_err() {
             self.connection = None;
         }
@@ -167,5 +180,108 @@ impl ApproveApi for Session {
         )
         .await
         .map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+
+    fn session(address: std::net::SocketAddr, metrics: &Metrics) -> Session {
+        Session::node(
+            Target {
+                node: "n1".into(),
+                address: address.ip(),
+                port: address.port(),
+            },
+            Route::Direct { address },
+            None,
+            Token::new("secret"),
+            Timeouts {
+                call: Duration::from_millis(300),
+                run: Duration::from_millis(300),
+            },
+            metrics.k8sd.clone(),
+        )
+    }
+
+    fn sample(metrics: &Metrics, series: &str) -> Option<String> {
+        let text = metrics.encode().unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ').map(str::to_owned))
+    }
+
+    /// The metrics come from the real connection: a refused connection and a node that never
+    /// answers the TLS handshake are told apart, each under its endpoint.
+    #[tokio::test]
+    async fn calls_are_counted_where_the_io_fails() {
+        let metrics = Metrics::default();
+        // Nothing listens on a port just released.
+        let closed = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.local_addr().unwrap()
+        };
+        let mut refused = session(closed, &metrics);
+        assert!(matches!(
+            refused.plan().await,
+            Err(K8sdError::Connect { .. })
+        ));
+        // Accepts, then stays silent: the TLS handshake runs into the call deadline.
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = silent.local_addr().unwrap();
+        let held = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((stream, _)) = silent.accept().await {
+                open.push(stream);
+            }
+        });
+        let mut mute = session(address, &metrics);
+        let request = RunRequest {
+            certificates: None,
+            seed: 1,
+            expiration_seconds: 3600,
+            extra_sans: None,
+        };
+        assert!(matches!(
+            mute.run(&request).await,
+            Err(K8sdError::Timeout { .. })
+        ));
+        assert!(matches!(mute.probe().await, Err(K8sdError::Timeout { .. })));
+        held.abort();
+
+        for (series, value) in [
+            (
+                "ck8s_certs_k8sd_requests_total{endpoint=\"plan\",outcome=\"connect\"}",
+                "1",
+            ),
+            (
+                "ck8s_certs_k8sd_requests_total{endpoint=\"run\",outcome=\"timeout\"}",
+                "1",
+            ),
+            (
+                "ck8s_certs_k8sd_requests_total{endpoint=\"probe\",outcome=\"timeout\"}",
+                "1",
+            ),
+            (
+                "ck8s_certs_k8sd_request_duration_seconds_count{endpoint=\"run\"}",
+                "1",
+            ),
+        ] {
+            assert_eq!(
+                sample(&metrics, series).as_deref(),
+                Some(value),
+                "{series} in\n{}",
+                metrics.encode().unwrap()
+            );
+        }
+        // The run waited for its deadline (300 ms): its time is in the histogram.
+        let sum: f64 = sample(
+            &metrics,
+            "ck8s_certs_k8sd_request_duration_seconds_sum{endpoint=\"run\"}",
+        )
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+        assert!((0.3..5.0).contains(&sum), "{sum}");
     }
 }

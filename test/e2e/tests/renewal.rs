@@ -255,6 +255,35 @@ async fn an_automatic_policy_renews_before_expiry_without_an_annotation() {
         controller.metric("ck8s_certs_operations_in_progress").await,
         Some(0.0)
     );
+    // Every k8sd call, counted and timed where it went over the wire: the one run the node saw,
+    // the plan before it and the expiry read; and the reconciles that carried them.
+    assert_eq!(
+        controller
+            .metric("ck8s_certs_k8sd_requests_total{endpoint=\"run\",outcome=\"success\"}")
+            .await,
+        Some(runs as f64),
+        "{}",
+        controller.metrics().await
+    );
+    assert_eq!(
+        controller
+            .metric("ck8s_certs_k8sd_request_duration_seconds_count{endpoint=\"run\"}")
+            .await,
+        Some(runs as f64)
+    );
+    for series in [
+        "ck8s_certs_k8sd_requests_total{endpoint=\"plan\",outcome=\"success\"}",
+        "ck8s_certs_k8sd_requests_total{endpoint=\"certificates_expiry\",outcome=\"success\"}",
+        "ck8s_certs_k8sd_request_duration_seconds_count{endpoint=\"plan\"}",
+        "ck8s_certs_reconcile_duration_seconds_count{controller=\"machine\"}",
+        "ck8s_certs_reconcile_duration_seconds_count{controller=\"policy\"}",
+    ] {
+        assert!(
+            controller.metric(series).await.is_some_and(|v| v >= 1.0),
+            "{series} in\n{}",
+            controller.metrics().await
+        );
+    }
 }
 
 #[tokio::test]
