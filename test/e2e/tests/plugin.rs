@@ -353,4 +353,64 @@ async fn status_explain_and_renew_answer_for_a_small_fleet_and_a_reader_cannot_r
             .as_str()
         )
     );
+
+    // renew --cluster --wait: every Machine of the cluster, the control plane first.
+    let renewed = stdout(&run(
+        &env,
+        &admin,
+        &[
+            "renew",
+            "--cluster",
+            "solo",
+            "-n",
+            "fleet",
+            "--ttl",
+            "2y",
+            "--wait",
+        ],
+    ));
+    println!("{renewed}");
+    let lines: Vec<&str> = renewed.lines().collect();
+    for node in &nodes {
+        assert!(
+            lines.contains(
+                &format!(
+                    "machine.cluster.x-k8s.io/{} renewal requested (2y)",
+                    node.machine
+                )
+                .as_str()
+            ),
+            "{renewed}"
+        );
+        assert!(
+            lines.iter().any(|l| l.starts_with(&format!("{}: done, certificates expire at ", node.machine))),
+            "{renewed}"
+        );
+    }
+    let finished = |machine: &str| {
+        lines
+            .iter()
+            .position(|l| l.starts_with(&format!("{machine}: done")))
+            .unwrap()
+    };
+    let control_plane = finished(&cp.machine);
+    assert!(
+        nodes[1..]
+            .iter()
+            .all(|n| finished(&n.machine) > control_plane),
+        "the control plane first:\n{renewed}"
+    );
+    let table = stdout(&run(
+        &env,
+        &admin,
+        &["status", "-n", "fleet", "--cluster", "solo"],
+    ));
+    println!("{table}");
+    assert!(
+        table
+            .lines()
+            .skip(1)
+            .all(|l| l.contains("(manual)") && l.ends_with("Succeeded")),
+        "{table}"
+    );
 }
