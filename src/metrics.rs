@@ -217,6 +217,8 @@ impl Drop for K8sdCall {
 pub enum Controller {
     Machine,
     Policy,
+    /// The management kubeconfig reader (`ClusterCertificates`).
+    Kubeconfig,
 }
 
 impl Controller {
@@ -224,6 +226,7 @@ impl Controller {
         match self {
             Self::Machine => "machine",
             Self::Policy => "policy",
+            Self::Kubeconfig => "kubeconfig",
         }
     }
 }

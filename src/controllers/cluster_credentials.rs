@@ -61,6 +61,16 @@ pub enum Error {
     Kube(#[from] kube::Error),
 }
 
+impl Error {
+    /// The `category` label of `ck8s_certs_reconcile_errors_total`.
+    pub fn category(&self) -> &'static str {
+        match self {
+            Self::Workload(_) => "workload",
+            Self::Kube(_) => "kube",
+        }
+    }
+}
+
 pub fn error_policy(_cluster: Arc<Cluster>, error: &Error, _ctx: Arc<Context>) -> Action {
     tracing::warn!(error = %error, "Checking a management kubeconfig failed");
     Action::requeue(Duration::from_secs(60))

@@ -331,13 +331,21 @@ async fn credentials_controller<C, R>(
         let namespace = record.namespace().unwrap_or_default();
         Some(ObjectRef::new_with(&record.name_any(), capi).within(&namespace))
     };
+    let metrics = ctx.metrics.clone();
     Controller::for_stream_with(clusters, stores.clusters.clone(), capi)
         // Secret reads are few and need not be fast: keep them gentle on the API server.
         .with_config(controller::Config::default().concurrency(2))
         .graceful_shutdown_on(stop.cancelled_owned())
         .watches_stream_with(records, cluster_of_record, ())
         .run(
-            cluster_credentials::reconcile,
+            move |cluster, ctx| {
+                observed(
+                    metrics.clone(),
+                    Timed::Kubeconfig,
+                    cluster_credentials::reconcile(cluster, ctx),
+                    cluster_credentials::Error::category,
+                )
+            },
             cluster_credentials::error_policy,
             Arc::new(ctx),
         )
