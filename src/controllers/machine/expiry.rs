@@ -1,0 +1,93 @@
+//! Learning a node's certificate expiry from k8sd (`certificates-expiry`), quietly while the node
+//! is still starting.
+
+use super::*;
+
+impl Reconciler<'_> {
+    /// Reads the node's expiry through `certificates-expiry`; quiet while the node is starting.
+    pub(super) async fn read_expiry(
+        &self,
+        mut status: MachineCertificatesStatus,
+        cluster: ClusterView,
+    ) -> Result<Action, Error> {
+        let now = Self::now();
+        let role = self.role();
+        let mut node = match self.prepare(&status, role, &cluster).await {
+            Ok(node) => node,
+            Err(Failure::Workload(err)) if err.is_retryable() => {
+                return Ok(Action::requeue(Duration::from_secs(15)));
+            }
+            Err(failure) => {
+                let message = failure.message(&self.view);
+                self.set_ready(&mut status, false, why::EXPIRY_UNKNOWN, message, now)
+                    .await?;
+                return Ok(Action::requeue(Duration::from_secs(300)));
+            }
+        };
+        let timeout = self.ctx.config.timeouts.call;
+        match node
+            .session
+            .call::<_, CertificatesExpiryResponse>(
+                path::CERTIFICATES_EXPIRY,
+                &crate::k8sd::wire::CertificatesExpiryRequest {},
+                timeout,
+            )
+            .await
+        {
+            Ok(answer) => {
+                let Ok(expiry) = answer.expiry_date.parse::<Timestamp>() else {
+                    let message = format!(
+                        "k8sd on node {} answered an unreadable expiry date {:?}",
+                        node.session.target().node,
+                        answer.expiry_date
+                    );
+                    self.set_ready(
+                        &mut status,
+                        false,
+                        why::EXPIRY_UNKNOWN,
+                        message.clone(),
+                        now,
+                    )
+                    .await?;
+                    self.event(EventType::Warning, events::EXPIRY_UNKNOWN, message)
+                        .await;
+                    return Ok(Action::requeue(Duration::from_secs(300)));
+                };
+                status.expiry = Some(Time(expiry));
+                status.role = Some(role);
+                status.node_name = self.view.node_name.clone();
+                status.k8sd_fingerprint = node.session.fingerprint().map(|f| f.to_string());
+                set_condition(
+                    &mut status,
+                    conditions::READY,
+                    true,
+                    why::EXPIRY_KNOWN,
+                    format!(
+                        "Certificates expire at {}",
+                        crate::controllers::patches::rfc3339(&Time(expiry))
+                    ),
+                    now,
+                );
+                self.write_status(&status).await?;
+                self.patch_machine(&MachineChanges {
+                    expiry: status.expiry.as_ref(),
+                    ..Default::default()
+                })
+                .await?;
+                Ok(Action::requeue(self.ctx.config.resync))
+            }
+            // The node is still starting (503) or unreachable for now: try again soon, quietly.
+            Err(err) if err.is_retryable() => Ok(Action::requeue(Duration::from_secs(15))),
+            Err(err) => {
+                let message = Failure::k8sd("certificates-expiry", err).message(&self.view);
+                if status.conditions.iter().all(|c| c.message != message) {
+                    self.event(EventType::Warning, events::EXPIRY_UNKNOWN, message.clone())
+                        .await;
+                }
+                self.set_ready(&mut status, false, why::EXPIRY_UNKNOWN, message, now)
+                    .await?;
+                Ok(Action::requeue(Duration::from_secs(300)))
+            }
+        }
+    }
+}

@@ -1,0 +1,418 @@
+//! The Machine reconciler: keeps each CK8s Machine's certificate expiry known and carries out
+//! refresh requests (`v1beta2.k8sd.io/refresh-certificates`).
+//!
+//! Flow of a refresh (writes marked W):
+//! ```text
+//! trigger ─► TTL valid? ──no──► W status failed, trigger removed, Event (no k8sd call)
+//!              │yes
+//!              ▼
+//!   W Machine in-progress + Event ─► lock (CP: one per cluster; workers: bounded)
+//!   ─► plan ─► W operation {Running, seed} ─► run (∥ approve for workers)
+//!   ─► W operation {Succeeded|Failed, expiry} ─► W Machine done|failed + expiry, trigger removed
+//! ```
+//! After a crash the persisted operation decides: a finished one is only recorded on the
+//! Machine; a Running one had a `run` whose outcome is unknown, so it continues with a new
+//! `plan` and a new seed (released k8sd cannot repeat a worker seed, and after a lost answer it
+//! does not serve what it wrote), at most [`MAX_RUN_SENDS`] `run`s per operation in total. An
+//! expiry is recorded only from a `run` answer.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ck8s_certs_api::annotations::{REFRESH_CERTIFICATES, RefreshStatus};
+use ck8s_certs_api::capi::{
+    CK8S_CONFIG_GROUP, CK8S_CONFIG_KIND, CK8S_CONFIG_VERSION, CLUSTER_NAME_LABEL,
+    CONTROL_PLANE_LABEL, WATCH_FILTER_LABEL,
+};
+use ck8s_certs_api::k8sd::DEFAULT_MICROCLUSTER_PORT;
+use ck8s_certs_api::machine::{CapiVersion, Cluster, ClusterView, Machine, MachineView};
+use ck8s_certs_api::machine_certificates::{
+    MachineCertificates, MachineCertificatesSpec, MachineCertificatesStatus, Operation, Origin,
+    Phase, RenewalStatus, Role,
+};
+use ck8s_certs_api::reasons::{condition_reasons as why, conditions, events};
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::core::GroupVersionKind;
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::{Api, Client, Resource};
+use serde_json::json;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tracing::{Instrument, info, warn};
+
+use super::decide::{Step, decide};
+use super::patches::{MachineChanges, MachinePatch, machine_patch, set_condition};
+use crate::k8sd::wire::{CertificatesExpiryResponse, RunRequest, path};
+use crate::k8sd::{Fingerprint, K8sdError};
+use crate::policy::Ttl;
+use crate::refresh::NodeApi;
+use crate::refresh::flow::{self, Retry};
+use crate::refresh::session::{Session, Timeouts};
+use crate::workload::endpoint::{self, Transport};
+use crate::workload::{self, WorkloadError};
+
+mod execute;
+mod expiry;
+mod failure;
+mod locks;
+mod node;
+mod outcome;
+mod records;
+mod requests;
+mod verdict;
+
+use failure::{Failure, Wait, scopeguard, truncate};
+pub use locks::{Guard, Locks};
+
+/// `run` is sent at most this many times per operation (across retries and restarts), each time
+/// after a new `plan`. A second send only happens when the first one's outcome is unknown.
+pub const MAX_RUN_SENDS: u32 = 3;
+
+/// Field manager of our writes.
+const MANAGER: &str = "ck8s-certs";
+
+/// Settings of the reconciler, from the command line.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub transport: Transport,
+    pub timeouts: Timeouts,
+    pub retry: Retry,
+    pub max_worker_refreshes_per_cluster: usize,
+    pub max_worker_refreshes: usize,
+    /// After a control-plane `run`, how long to wait for the node's k8sd to answer again before
+    /// another control plane of that cluster may start (k8sd restarts its services).
+    pub settle_timeout: Duration,
+    /// How long a refresh waits for a node, a control plane or a workload cluster API that does
+    /// not answer (k8sd restarts services after a refresh) before it fails.
+    pub wait_timeout: Duration,
+    /// Re-check period of idle Machines.
+    pub resync: Duration,
+    /// Strict windows and backoff of automatic renewals.
+    pub renewal: crate::policy::spec::Settings,
+}
+
+/// Everything the reconciler touches.
+pub struct Context {
+    pub client: Client,
+    /// The Cluster API version Machines and Clusters are read in.
+    pub capi: CapiVersion,
+    pub workload: workload::Clients,
+    /// The watch caches (Machines, Clusters, MachineCertificates, policies).
+    pub stores: super::Stores,
+    pub recorder: Recorder,
+    pub config: Config,
+    pub locks: Locks,
+    /// Our identity among the --watch-filter shards, and what we saw of the others' Leases.
+    pub shard: super::shard::Shard,
+    pub metrics: Arc<crate::metrics::Metrics>,
+    /// Cancelled when the process is asked to stop: operations not yet started on a node are
+    /// left for the next leader; those already started finish.
+    pub stop: tokio_util::sync::CancellationToken,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API call failed: {0}")]
+    Kube(#[from] kube::Error),
+    #[error(transparent)]
+    Workload(#[from] WorkloadError),
+    #[error("reading node certificate expiry failed: {0}")]
+    Expiry(#[source] K8sdError),
+    #[error(transparent)]
+    Shard(#[from] super::shard::ShardError),
+    /// A reconcile that started from the caches reached a write: it starts over on live reads
+    /// (never seen outside `Reconciler::run`).
+    #[error("the cached state calls for action: reading it live")]
+    NeedsLive,
+}
+
+impl Error {
+    pub fn category(&self) -> &'static str {
+        match self {
+            Self::Kube(_) => "kube",
+            Self::Workload(_) => "workload",
+            Self::Expiry(e) => e.category(),
+            Self::Shard(_) => "kube",
+            Self::NeedsLive => "internal",
+        }
+    }
+}
+
+/// Requeue on errors: short for API hiccups (nothing is lost: state is in the objects).
+pub fn error_policy(_machine: Arc<Machine>, error: &Error, _ctx: Arc<Context>) -> Action {
+    warn!(error = %error, category = error.category(), "Reconcile failed");
+    Action::requeue(Duration::from_secs(15))
+}
+
+pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let view = MachineView::of(&machine);
+    if !view.is_ck8s() || ctx.stop.is_cancelled() {
+        return Ok(Action::await_change());
+    }
+    let span = tracing::info_span!(
+        "reconcile",
+        Machine = %format!("{}/{}", view.namespace, view.name),
+        Cluster = %format!("{}/{}", view.namespace, view.cluster.as_deref().unwrap_or("")),
+        seed = tracing::field::Empty,
+        step = tracing::field::Empty,
+    );
+    async {
+        ctx.stores.synced().await;
+        // The caches decide whether there is anything to do: a Machine at rest costs no request.
+        // What to do is decided on what the API server holds now (our own last write may not be
+        // in the cache yet, and a status write replaces the whole status).
+        let cached = Reconciler {
+            ctx: &ctx,
+            machine: &machine,
+            view: view.clone(),
+            mode: Mode::Cache,
+            generation: None,
+        };
+        if let Some(result) = cached.run_from_cache().await {
+            return result;
+        }
+        Reconciler {
+            ctx: &ctx,
+            machine: &machine,
+            view,
+            mode: Mode::Live,
+            generation: None,
+        }
+        .run()
+        .await
+    }
+    .instrument(span)
+    .await
+}
+
+/// Where a reconcile reads the Cluster and MachineCertificates from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// The watch caches; any write or Event stops it (`Error::NeedsLive`).
+    Cache,
+    /// The API server.
+    Live,
+}
+
+struct Reconciler<'a> {
+    ctx: &'a Context,
+    machine: &'a Machine,
+    view: MachineView,
+    mode: Mode,
+    /// The MachineCertificates' `metadata.generation` (read live): the conditions'
+    /// `observedGeneration`.
+    generation: Option<i64>,
+}
+
+/// What `prepare` found out about the node.
+struct Node {
+    session: Session,
+    cluster: String,
+    sans: Vec<String>,
+    workload: Client,
+}
+
+impl Reconciler<'_> {
+    fn now() -> Timestamp {
+        Timestamp::now()
+    }
+
+    fn role(&self) -> Role {
+        if self.view.control_plane {
+            Role::ControlPlane
+        } else {
+            Role::Worker
+        }
+    }
+
+    fn certificates(&self) -> Api<MachineCertificates> {
+        Api::namespaced(self.ctx.client.clone(), &self.view.namespace)
+    }
+
+    fn machines(&self) -> Api<Machine> {
+        Api::namespaced_with(
+            self.ctx.client.clone(),
+            &self.view.namespace,
+            &self.ctx.capi,
+        )
+    }
+
+    /// Reconciles from the caches when they show a Machine at rest; `None` when the live path
+    /// must run (no status object yet, an operation, a trigger, or a change to write).
+    async fn run_from_cache(self) -> Option<Result<Action, Error>> {
+        let mc = super::stores::get(
+            &self.ctx.stores.certificates,
+            &self.view.namespace,
+            &self.view.name,
+        )?;
+        let cluster = self.view.cluster.as_deref().and_then(|name| {
+            super::stores::get_capi(
+                &self.ctx.stores.clusters,
+                self.ctx.capi,
+                &self.view.namespace,
+                name,
+            )
+        });
+        let cluster = cluster.map(|c| ClusterView::of(&c));
+        // A status this version cannot read is read live, where it is reported.
+        let status = mc.status().ok()?;
+        let step = decide(&self.view, cluster.as_ref(), status.as_ref());
+        if !matches!(
+            step,
+            Step::Ignore | Step::Paused | Step::WaitForNode | Step::Idle
+        ) {
+            return None;
+        }
+        match self.act(cluster, status, step).await {
+            Err(Error::NeedsLive) => None,
+            result => Some(result),
+        }
+    }
+
+    /// In cache mode, stops before a side effect.
+    fn live_only(&self) -> Result<(), Error> {
+        match self.mode {
+            Mode::Cache => Err(Error::NeedsLive),
+            Mode::Live => Ok(()),
+        }
+    }
+
+    async fn run(mut self) -> Result<Action, Error> {
+        let cluster = self.cluster().await?;
+        let mc = self.machine_certificates().await?;
+        self.generation = mc.as_ref().and_then(|m| m.metadata.generation);
+        let status = mc.as_ref().and_then(|m| m.status.clone());
+        let step = decide(&self.view, cluster.as_ref(), status.as_ref());
+        self.act(cluster, status, step).await
+    }
+
+    async fn act(
+        self,
+        cluster: Option<ClusterView>,
+        status: Option<MachineCertificatesStatus>,
+        step: Step,
+    ) -> Result<Action, Error> {
+        tracing::Span::current().record("step", tracing::field::debug(&step));
+        let mut status = status.unwrap_or_default();
+        self.export_expiry(&status);
+        // Sharding: an operation another live instance carries out is left to it.
+        if let Some(retry) = super::shard::gate(
+            &self.ctx.shard,
+            &step,
+            &status,
+            &self.view.namespace,
+            &self.view.name,
+            MANAGER,
+        )
+        .await?
+        {
+            return Ok(Action::requeue(retry));
+        }
+        let now = Self::now();
+        match step {
+            Step::Ignore => Ok(Action::await_change()),
+            Step::ClusterMissing => {
+                let message = format!(
+                    "Cluster {} not found in namespace {}",
+                    self.view.cluster.as_deref().unwrap_or("<unset>"),
+                    self.view.namespace
+                );
+                self.set_ready(&mut status, false, why::EXPIRY_UNKNOWN, message, now)
+                    .await?;
+                Ok(Action::requeue(self.ctx.config.resync))
+            }
+            Step::Paused => {
+                self.set_ready(
+                    &mut status,
+                    false,
+                    why::PAUSED,
+                    "The Cluster is paused: no certificate work until it is resumed".into(),
+                    now,
+                )
+                .await?;
+                Ok(Action::await_change())
+            }
+            Step::WaitForNode => {
+                self.set_ready(
+                    &mut status,
+                    false,
+                    why::NO_NODE,
+                    "Waiting for the Machine's node (status.nodeRef)".into(),
+                    now,
+                )
+                .await?;
+                Ok(Action::await_change())
+            }
+            Step::Withdrawn => {
+                self.patch_machine(&MachineChanges {
+                    status: Some(RefreshStatus::Failed),
+                    ..Default::default()
+                })
+                .await?;
+                self.event(
+                    EventType::Warning,
+                    events::REFRESH_FAILED,
+                    "The refresh request was withdrawn before it started".into(),
+                )
+                .await;
+                Ok(Action::await_change())
+            }
+            Step::Record(op) => self.record(&op).await,
+            Step::Start { trigger } => {
+                self.start(status, trigger, cluster.unwrap_or_default())
+                    .await
+            }
+            Step::Resume(op) => self.resume(status, op, cluster.unwrap_or_default()).await,
+            Step::SyncExpiry => {
+                let expiry = status.expiry.clone();
+                self.patch_machine(&MachineChanges {
+                    expiry: expiry.as_ref(),
+                    ..Default::default()
+                })
+                .await?;
+                self.renew(status, cluster.unwrap_or_default()).await
+            }
+            Step::ReadExpiry => self.read_expiry(status, cluster.unwrap_or_default()).await,
+            Step::Idle => self.renew(status, cluster.unwrap_or_default()).await,
+        }
+    }
+
+    fn export_expiry(&self, status: &MachineCertificatesStatus) {
+        if let Some(expiry) = &status.expiry {
+            let labels = crate::metrics::MachineLabels {
+                namespace: self.view.namespace.clone(),
+                cluster: self.view.cluster.clone().unwrap_or_default(),
+                machine: self.view.name.clone(),
+                role: role_label(self.role()).to_owned(),
+            };
+            self.ctx
+                .metrics
+                .expiry
+                .get_or_create(&labels)
+                .set(expiry.0.as_millisecond() as f64 / 1000.0);
+        }
+    }
+
+    async fn cluster(&self) -> Result<Option<ClusterView>, Error> {
+        let Some(name) = self.view.cluster.as_deref() else {
+            return Ok(None);
+        };
+        let api: Api<Cluster> = Api::namespaced_with(
+            self.ctx.client.clone(),
+            &self.view.namespace,
+            &self.ctx.capi,
+        );
+        Ok(api.get_opt(name).await?.map(|c| ClusterView::of(&c)))
+    }
+}
+
+/// A role as a metric label value.
+fn role_label(role: Role) -> &'static str {
+    match role {
+        Role::ControlPlane => "control-plane",
+        Role::Worker => "worker",
+    }
+}

@@ -1,0 +1,204 @@
+//! Reaching k8sd: the node's session (endpoint, port, tokens, pinned certificate) and, for a
+//! worker, a Ready control plane's to approve its CSRs.
+
+use super::*;
+
+impl Reconciler<'_> {
+    /// Resolves the node, its tokens and SANs, and opens a session (nothing sent yet).
+    pub(super) async fn prepare(
+        &self,
+        status: &MachineCertificatesStatus,
+        role: Role,
+        cluster: &ClusterView,
+    ) -> Result<Node, Failure> {
+        let ns = &self.view.namespace;
+        let cluster_name = self.view.cluster.clone().unwrap_or_default();
+        let node_name = self.view.node_name.clone().unwrap_or_default();
+        let client = self
+            .ctx
+            .workload
+            .get(ns, &cluster_name)
+            .await
+            .map_err(Failure::Workload)?;
+        let config = self
+            .ck8s_config()
+            .await
+            .map_err(|e| Failure::Api(e.into()))?;
+        let port = config
+            .as_ref()
+            .and_then(|c| c.data.pointer("/spec/controlPlane/microclusterPort"))
+            .and_then(serde_json::Value::as_u64)
+            .and_then(|p| u16::try_from(p).ok())
+            .unwrap_or(DEFAULT_MICROCLUSTER_PORT);
+        let mut sans: Vec<String> = config
+            .as_ref()
+            .and_then(|c| c.data.pointer("/spec/controlPlane/extraSANs"))
+            .and_then(serde_json::Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str())
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default();
+        if role == Role::ControlPlane {
+            // The CK8s provider adds the CK8sConfig's name when the node joins: keep it.
+            if let Some(name) = &self.view.bootstrap_name {
+                sans.push(name.clone());
+            }
+            if let Some(host) = &cluster.endpoint_host {
+                sans.push(host.clone());
+            }
+            sans.dedup();
+        }
+        let endpoint = endpoint::resolve(
+            &client,
+            &cluster_name,
+            &node_name,
+            port,
+            self.ctx.config.transport,
+        )
+        .await
+        .map_err(Failure::Workload)?;
+        let tokens = workload::tokens(&self.ctx.client, ns, &cluster_name, &self.view.name)
+            .await
+            .map_err(Failure::Workload)?;
+        let pin = status
+            .k8sd_fingerprint
+            .as_deref()
+            .and_then(|f| f.parse::<Fingerprint>().ok());
+        let session = Session::node(
+            endpoint.target,
+            endpoint.route,
+            pin,
+            tokens.node,
+            self.ctx.config.timeouts,
+            self.ctx.metrics.k8sd.clone(),
+        );
+        Ok(Node {
+            session,
+            cluster: cluster_name,
+            sans,
+            workload: client,
+        })
+    }
+
+    pub(super) async fn ck8s_config(&self) -> Result<Option<DynamicObject>, kube::Error> {
+        let Some(name) = &self.view.bootstrap_name else {
+            return Ok(None);
+        };
+        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+            CK8S_CONFIG_GROUP,
+            CK8S_CONFIG_VERSION,
+            CK8S_CONFIG_KIND,
+        ));
+        Api::<DynamicObject>::namespaced_with(
+            self.ctx.client.clone(),
+            &self.view.namespace,
+            &resource,
+        )
+        .get_opt(name)
+        .await
+    }
+
+    /// A session to a Ready control-plane node of the same cluster that answers a probe.
+    pub(super) async fn approver(&self, cluster: &str) -> Result<Session, Failure> {
+        let ns = &self.view.namespace;
+        let client = self
+            .ctx
+            .workload
+            .get(ns, cluster)
+            .await
+            .map_err(Failure::Workload)?;
+        let tokens = workload::tokens(&self.ctx.client, ns, cluster, &self.view.name)
+            .await
+            .map_err(Failure::Workload)?;
+        // Listed, not taken from our cache: the control planes need not be in our watch scope
+        // (--watch-filter, --namespace) to approve a worker's CSRs.
+        let selector = format!("{CLUSTER_NAME_LABEL}={cluster},{CONTROL_PLANE_LABEL}");
+        let listed = self
+            .machines()
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .map_err(|e| Failure::Api(e.into()))?;
+        let mut candidates: Vec<MachineView> = listed
+            .items
+            .iter()
+            .map(MachineView::of)
+            .filter(|m| m.node_name.is_some() && !m.deleting)
+            .collect();
+        candidates.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut tried = Vec::new();
+        for machine in candidates {
+            let node = machine.node_name.clone().unwrap_or_default();
+            let config = Api::<MachineCertificates>::namespaced(self.ctx.client.clone(), ns)
+                .get_opt(&machine.name)
+                .await
+                .ok()
+                .flatten();
+            let pin = config
+                .and_then(|c| c.status)
+                .and_then(|s| s.k8sd_fingerprint)
+                .and_then(|f| f.parse::<Fingerprint>().ok());
+            let port = self.microcluster_port_of(&machine).await;
+            let Ok(endpoint) =
+                endpoint::resolve(&client, cluster, &node, port, self.ctx.config.transport).await
+            else {
+                tried.push(format!("{node} (no endpoint)"));
+                continue;
+            };
+            if !endpoint.ready {
+                tried.push(format!("{node} (not Ready)"));
+                continue;
+            }
+            let mut session = Session::approver(
+                endpoint.target,
+                endpoint.route,
+                pin,
+                tokens.capi_auth.clone(),
+                self.ctx.config.timeouts,
+                self.ctx.metrics.k8sd.clone(),
+            );
+            match session.probe().await {
+                Ok(()) => return Ok(session),
+                Err(err) => tried.push(format!("{node} ({err})")),
+            }
+        }
+        Err(Failure::Unavailable(format!(
+            "No Ready control-plane node of cluster {cluster} answered, so the worker's CSRs cannot be approved (tried: {}); check the control-plane nodes and their k8sd-proxy pods",
+            if tried.is_empty() {
+                "none found".to_owned()
+            } else {
+                tried.join(", ")
+            }
+        )))
+    }
+
+    pub(super) async fn microcluster_port_of(&self, machine: &MachineView) -> u16 {
+        let Some(name) = &machine.bootstrap_name else {
+            return DEFAULT_MICROCLUSTER_PORT;
+        };
+        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+            CK8S_CONFIG_GROUP,
+            CK8S_CONFIG_VERSION,
+            CK8S_CONFIG_KIND,
+        ));
+        Api::<DynamicObject>::namespaced_with(
+            self.ctx.client.clone(),
+            &machine.namespace,
+            &resource,
+        )
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|c| {
+            c.data
+                .pointer("/spec/controlPlane/microclusterPort")
+                .and_then(serde_json::Value::as_u64)
+        })
+        .and_then(|p| u16::try_from(p).ok())
+        .unwrap_or(DEFAULT_MICROCLUSTER_PORT)
+    }
+}

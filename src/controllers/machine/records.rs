@@ -1,0 +1,190 @@
+//! The Machine reconciler's writes: its MachineCertificates (created with the Machine as owner),
+//! the status (server-side apply of the whole status), our annotation keys on the Machine, Events.
+
+use super::*;
+
+impl Reconciler<'_> {
+    /// The Machine's MachineCertificates, created (owned by the Machine) when missing.
+    pub(super) async fn machine_certificates(&self) -> Result<Option<MachineCertificates>, Error> {
+        let api = self.certificates();
+        if let Some(existing) = api.get_opt(&self.view.name).await? {
+            // Sharding: the record follows its Machine into another shard's watch.
+            let filter = |labels: &std::collections::BTreeMap<String, String>| {
+                labels.get(WATCH_FILTER_LABEL).cloned()
+            };
+            let moved = crate::controllers::shard::label_patch(
+                filter(&self.view.labels).as_deref(),
+                existing
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(filter)
+                    .as_deref(),
+            );
+            if let Some(patch) = moved {
+                let params = PatchParams {
+                    field_manager: Some(MANAGER.into()),
+                    ..Default::default()
+                };
+                return Ok(Some(
+                    api.patch(&self.view.name, &params, &Patch::Merge(patch))
+                        .await?,
+                ));
+            }
+            return Ok(Some(existing));
+        }
+        if self.view.deleting {
+            return Ok(None);
+        }
+        let mut mc = MachineCertificates::new(
+            &self.view.name,
+            MachineCertificatesSpec {
+                cluster_name: self.view.cluster.clone().unwrap_or_default(),
+            },
+        );
+        mc.metadata.namespace = Some(self.view.namespace.clone());
+        // The cluster label for selection, the watch-filter label so a filtered controller sees it.
+        let labels = [CLUSTER_NAME_LABEL, WATCH_FILTER_LABEL]
+            .into_iter()
+            .filter_map(|key| {
+                self.view
+                    .labels
+                    .get(key)
+                    .map(|v| (key.to_owned(), v.clone()))
+            });
+        mc.metadata.labels = Some(labels.collect());
+        mc.metadata.owner_references = Some(vec![OwnerReference {
+            api_version: Machine::api_version(&self.ctx.capi).into_owned(),
+            kind: "Machine".into(),
+            name: self.view.name.clone(),
+            uid: self.view.uid.clone().unwrap_or_default(),
+            controller: Some(true),
+            // true would need update permission on machines/finalizers.
+            block_owner_deletion: None,
+        }]);
+        match api
+            .create(
+                &PostParams {
+                    field_manager: Some(MANAGER.into()),
+                    ..Default::default()
+                },
+                &mc,
+            )
+            .await
+        {
+            Ok(created) => Ok(Some(created)),
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                Ok(api.get_opt(&self.view.name).await?)
+            }
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// Writes the whole status with server-side apply: fields we no longer set (a cleared
+    /// failure history, the previous operation's error) are removed, which a merge patch of a
+    /// struct that skips `None` would silently keep.
+    pub(super) async fn write_status(
+        &self,
+        status: &MachineCertificatesStatus,
+    ) -> Result<(), Error> {
+        self.live_only()?;
+        let mut status = status.clone();
+        for condition in &mut status.conditions {
+            condition.observed_generation = self.generation;
+        }
+        let apply = json!({
+            "apiVersion": MachineCertificates::api_version(&()),
+            "kind": MachineCertificates::kind(&()),
+            "status": status,
+        });
+        self.certificates()
+            .patch_status(
+                &self.view.name,
+                &PatchParams::apply(MANAGER).force(),
+                &Patch::Apply(apply),
+            )
+            .await?;
+        Ok(())
+    }
+
+    pub(super) async fn set_ready(
+        &self,
+        status: &mut MachineCertificatesStatus,
+        ready: bool,
+        reason: &str,
+        message: String,
+        now: Timestamp,
+    ) -> Result<(), Error> {
+        let before = status.clone();
+        set_condition(status, conditions::READY, ready, reason, message, now);
+        if *status != before {
+            self.write_status(status).await?;
+        }
+        Ok(())
+    }
+
+    pub(super) async fn patch_machine(&self, changes: &MachineChanges<'_>) -> Result<(), Error> {
+        self.live_only()?;
+        match self.apply_machine_patch(changes).await {
+            Ok(()) => Ok(()),
+            // A failed `test`: the trigger changed (a new request) or the Machine was replaced.
+            // Apply the rest; the new trigger is handled by the next reconcile.
+            Err(kube::Error::Api(status))
+                if status.code == 422 && changes.remove_trigger.is_some() =>
+            {
+                let without = MachineChanges {
+                    remove_trigger: None,
+                    ..changes.clone()
+                };
+                Ok(self.apply_machine_patch(&without).await?)
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    pub(super) async fn apply_machine_patch(
+        &self,
+        changes: &MachineChanges<'_>,
+    ) -> Result<(), kube::Error> {
+        let params = PatchParams {
+            field_manager: Some(MANAGER.into()),
+            ..Default::default()
+        };
+        let machines = self.machines();
+        match machine_patch(&self.view, changes) {
+            MachinePatch::Json(ops) => {
+                let ops: json_patch::Patch =
+                    serde_json::from_value(ops).map_err(kube::Error::SerdeError)?;
+                machines
+                    .patch(&self.view.name, &params, &Patch::<()>::Json(ops))
+                    .await?;
+            }
+            MachinePatch::Merge(body) => {
+                machines
+                    .patch(&self.view.name, &params, &Patch::Merge(body))
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) async fn event(&self, type_: EventType, reason: &str, note: String) {
+        if self.mode == Mode::Cache {
+            // Unreachable: every Event follows a write or `live_only` (which stop cache mode).
+            warn!(reason, "An Event from cached state was not published");
+            return;
+        }
+        let reference = self.machine.object_ref(&self.ctx.capi);
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(truncate(note, 1000)),
+            action: "RefreshCertificates".into(),
+            secondary: None,
+        };
+        if let Err(err) = self.ctx.recorder.publish(&event, &reference).await {
+            warn!(error = %err, reason, "Publishing an Event failed");
+        }
+    }
+}

@@ -1,0 +1,219 @@
+//! Taking up a refresh request: a manual trigger (checked, or refused with a reason), an automatic
+//! renewal, or an interrupted operation resumed; control planes of a cluster go first.
+
+use super::*;
+
+impl Reconciler<'_> {
+    /// Fails a request before anything happened on the node (bad input).
+    pub(super) async fn reject(
+        &self,
+        mut status: MachineCertificatesStatus,
+        trigger: &str,
+        error: String,
+    ) -> Result<Action, Error> {
+        let now = Self::now();
+        status.operation = Some(Operation {
+            origin: Origin::Manual,
+            requested_by: self.requested_by(),
+            trigger: Some(trigger.to_owned()),
+            request: self.request(),
+            ttl: trigger.to_owned(),
+            ttl_seconds: None,
+            seed: None,
+            phase: Phase::Failed,
+            run_attempts: 0,
+            started_at: Time(now),
+            finished_at: Some(Time(now)),
+            new_expiry: None,
+            error: Some(error.clone()),
+            note: None,
+            matched_window: None,
+            bypassed_windows: false,
+            carrier: None,
+        });
+        set_condition(
+            &mut status,
+            conditions::READY,
+            false,
+            why::REFRESH_FAILED,
+            error.clone(),
+            now,
+        );
+        self.write_status(&status).await?;
+        self.patch_machine(&MachineChanges {
+            status: Some(RefreshStatus::Failed),
+            expiry: None,
+            remove_trigger: Some(trigger),
+        })
+        .await?;
+        self.event(EventType::Warning, events::REFRESH_FAILED, error)
+            .await;
+        Ok(Action::await_change())
+    }
+
+    /// The admission webhook's name for the request the trigger belongs to, if it ran.
+    pub(super) fn request(&self) -> Option<String> {
+        self.view
+            .annotation(ck8s_certs_api::annotations::REFRESH_REQUEST)
+            .map(str::to_owned)
+    }
+
+    /// The field manager that last set the trigger annotation, e.g. `kubectl-annotate`.
+    pub(super) fn requested_by(&self) -> Option<String> {
+        self.machine.trigger_manager.clone()
+    }
+
+    pub(super) async fn start(
+        self,
+        status: MachineCertificatesStatus,
+        trigger: String,
+        cluster: ClusterView,
+    ) -> Result<Action, Error> {
+        let ttl: Ttl = match trigger.parse() {
+            Ok(ttl) => ttl,
+            Err(err) => {
+                return self
+                    .reject(
+                        status,
+                        &trigger,
+                        crate::controllers::renewal::with_hint(
+                            format!("Refusing to refresh: {err}; annotate again with a valid TTL"),
+                            &crate::controllers::renewal::renew_now_hint(
+                                &self.view,
+                                &ck8s_certs_api::renewal_policy::DEFAULT_TTL.to_string(),
+                            ),
+                        ),
+                    )
+                    .await;
+            }
+        };
+        let role = self.role();
+        if role == Role::Worker
+            && let Err(err) = ttl.check_worker()
+        {
+            return self
+                .reject(
+                    status,
+                    &trigger,
+                    crate::controllers::renewal::with_hint(
+                        format!(
+                            "Refusing to refresh: {err}; annotate again with a TTL from 10m to 68y"
+                        ),
+                        &crate::controllers::renewal::renew_now_hint(
+                            &self.view,
+                            &ck8s_certs_api::renewal_policy::DEFAULT_TTL.to_string(),
+                        ),
+                    ),
+                )
+                .await;
+        }
+        let node = self.view.node_name.clone().unwrap_or_default();
+        let announcement = format!("Refreshing the certificates of node {node} for {trigger}");
+        let op = Operation {
+            request: self.request(),
+            ..Operation::pending(
+                Origin::Manual,
+                self.requested_by(),
+                Some(trigger.clone()),
+                trigger,
+                ttl.as_seconds(),
+                Time(Self::now()),
+            )
+        };
+        self.announce_and_execute(status, op, announcement, cluster)
+            .await
+    }
+
+    /// Starts an automatic renewal: the same operation as a manual refresh, origin Policy.
+    pub(super) async fn start_automatic(
+        &self,
+        status: MachineCertificatesStatus,
+        policy: &str,
+        ttl: Ttl,
+        cluster: ClusterView,
+        matched_window: Option<String>,
+        bypassed_windows: bool,
+    ) -> Result<Action, Error> {
+        let node = self.view.node_name.clone().unwrap_or_default();
+        let announcement = format!(
+            "Renewing the certificates of node {node} for {ttl}, as CertificateRenewalPolicy {policy} requires"
+        );
+        let requested_by = Some(format!("CertificateRenewalPolicy/{policy}"));
+        let op = Operation {
+            matched_window,
+            bypassed_windows,
+            ..Operation::pending(
+                Origin::Policy,
+                requested_by,
+                None,
+                ttl.to_string(),
+                ttl.as_seconds(),
+                Time(Self::now()),
+            )
+        };
+        self.announce_and_execute(status, op, announcement, cluster)
+            .await
+    }
+
+    /// Shows the Machine in-progress with an Event, then runs the operation.
+    pub(super) async fn announce_and_execute(
+        &self,
+        status: MachineCertificatesStatus,
+        op: Operation,
+        announcement: String,
+        cluster: ClusterView,
+    ) -> Result<Action, Error> {
+        if self.ctx.stop.is_cancelled() {
+            return Ok(Action::await_change());
+        }
+        self.patch_machine(&MachineChanges {
+            status: Some(RefreshStatus::InProgress),
+            ..Default::default()
+        })
+        .await?;
+        self.event(EventType::Normal, events::REFRESH_IN_PROGRESS, announcement)
+            .await;
+        self.execute(status, op, self.role(), cluster).await
+    }
+
+    pub(super) async fn resume(
+        self,
+        status: MachineCertificatesStatus,
+        op: Operation,
+        cluster: ClusterView,
+    ) -> Result<Action, Error> {
+        let role = status.role.unwrap_or(self.role());
+        info!(seed = ?op.seed, attempts = op.run_attempts, "Resuming an interrupted refresh");
+        self.execute(status, op, role, cluster).await
+    }
+
+    /// Control planes first: a worker whose cluster has a control-plane refresh requested or
+    /// running waits for it (up to `--refresh-wait-timeout`), so that a cluster annotated in one
+    /// command refreshes its control planes before its workers, whose approvals need them.
+    pub(super) async fn control_planes_first(&self) {
+        let pending = || {
+            self.ctx.stores.machines.state().iter().any(|m| {
+                let other = MachineView::of(m);
+                other.control_plane
+                    && other.name != self.view.name
+                    && other.namespace == self.view.namespace
+                    && other.cluster == self.view.cluster
+                    && other.node_name.is_some()
+                    && !other.deleting
+                    && (other.annotation(REFRESH_CERTIFICATES).is_some()
+                        || other
+                            .annotation(ck8s_certs_api::annotations::REFRESH_CERTIFICATES_STATUS)
+                            == Some(RefreshStatus::InProgress.as_str()))
+            })
+        };
+        let deadline = tokio::time::Instant::now() + self.ctx.config.wait_timeout;
+        let mut logged = false;
+        while pending() && tokio::time::Instant::now() < deadline && !self.ctx.stop.is_cancelled() {
+            if !logged {
+                info!("Waiting for the control planes of the cluster to be refreshed first");
+                logged = true;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}
