@@ -1,6 +1,7 @@
 //! Preview tests: the samples in `config/samples` at fixed instants, golden text, the JSON shape,
 //! and every way a file can be wrong.
 
+use super::load::field_problems;
 use super::*;
 use crate::policy::testing::utc;
 use serde_json::json;
