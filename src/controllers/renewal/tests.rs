@@ -1,0 +1,253 @@
+use ck8s_certs_api::machine_certificates::{Origin, Phase, WindowBypass};
+
+use super::*;
+
+fn at(second: i64) -> jiff::Timestamp {
+    jiff::Timestamp::from_second(second).unwrap()
+}
+
+fn info(name: &str, mode: Mode) -> PolicyInfo {
+    PolicyInfo {
+        name: name.into(),
+        generation: Some(3),
+        mode: Some(mode),
+        windows: Some(windows_status(&[])),
+    }
+}
+
+fn deferred(reason: &str, condition: Option<&'static str>) -> Verdict {
+    Verdict::new(
+        &info("auto", Mode::Automatic),
+        reason,
+        Some(at(5_000)),
+        "Renewal is not due".into(),
+        condition,
+    )
+}
+
+fn deferred_with_windows_ignored() -> Verdict {
+    deferred("Backoff", Some(conditions::RENEWAL_DEFERRED)).with(
+        conditions::WINDOWS_IGNORED,
+        "Automatic",
+        "windows are ignored".into(),
+    )
+}
+
+fn disabled() -> Verdict {
+    Verdict::new(
+        &info("off", Mode::Disabled),
+        "Disabled",
+        None,
+        "disabled".into(),
+        Some(conditions::RENEWAL_DISABLED),
+    )
+}
+
+fn types(status: &MachineCertificatesStatus) -> Vec<&str> {
+    status.conditions.iter().map(|c| c.type_.as_str()).collect()
+}
+
+#[test]
+fn an_unchanged_verdict_gives_an_equal_status_for_every_shape() {
+    let verdicts = [
+        Verdict::none(),
+        deferred("NotDue", None),
+        deferred_with_windows_ignored(),
+        disabled(),
+        Verdict::conflict(vec!["a".into(), "b".into()], "conflict".into()),
+    ];
+    for verdict in verdicts {
+        let first = with_verdict(&MachineCertificatesStatus::default(), &verdict, at(100));
+        let again = with_verdict(&first, &verdict, at(200));
+        assert_eq!(first, again, "{verdict:?}");
+    }
+}
+
+#[test]
+fn the_renewal_status_names_the_policy_its_generation_mode_and_windows() {
+    let status = with_verdict(
+        &MachineCertificatesStatus::default(),
+        &deferred("NotDue", None),
+        at(100),
+    );
+    let renewal = status.renewal.unwrap();
+    assert_eq!(
+        renewal.policy_ref,
+        Some(PolicyReference {
+            name: "auto".into(),
+            observed_generation: Some(3)
+        })
+    );
+    assert_eq!(renewal.policy.as_deref(), Some("Automatic"));
+    assert_eq!(
+        renewal.windows,
+        Some(WindowsStatus {
+            valid: true,
+            count: 0,
+            message: None
+        })
+    );
+    assert!(renewal.conflicting_policies.is_empty());
+    let conflict = Verdict::conflict(vec!["a".into(), "b".into()], "both".into());
+    let renewal = conflict.renewal.unwrap();
+    assert_eq!(
+        (
+            renewal.policy_ref,
+            renewal.policy,
+            renewal.conflicting_policies
+        ),
+        (None, None, vec!["a".to_owned(), "b".to_owned()])
+    );
+}
+
+#[test]
+fn not_due_is_healthy_and_shows_no_renewal_condition() {
+    let status = with_verdict(
+        &MachineCertificatesStatus::default(),
+        &deferred("NotDue", None),
+        at(100),
+    );
+    assert!(status.conditions.is_empty(), "{:?}", status.conditions);
+    assert_eq!(status.renewal.unwrap().reason, "NotDue");
+}
+
+#[test]
+fn a_new_verdict_replaces_the_old_conditions_and_keeps_other_ones() {
+    let mut status = MachineCertificatesStatus::default();
+    set_condition(
+        &mut status,
+        conditions::READY,
+        true,
+        "R",
+        "ready".into(),
+        at(1),
+    );
+    let deferred = with_verdict(&status, &deferred_with_windows_ignored(), at(100));
+    assert_eq!(deferred.conditions.len(), 3);
+    let disabled = with_verdict(&deferred, &disabled(), at(200));
+    assert_eq!(
+        types(&disabled),
+        [conditions::READY, conditions::RENEWAL_DISABLED]
+    );
+    assert_eq!(disabled.conditions[0].last_transition_time, Time(at(1)));
+    assert_eq!(disabled.conditions[1].last_transition_time, Time(at(200)));
+    let cleared = with_verdict(&disabled, &Verdict::none(), at(300));
+    assert_eq!(cleared.renewal, None);
+    assert_eq!(cleared.conditions.len(), 1);
+}
+
+#[test]
+fn a_deferral_whose_reason_changes_keeps_its_transition_time() {
+    let first = with_verdict(
+        &MachineCertificatesStatus::default(),
+        &deferred_with_windows_ignored(),
+        at(100),
+    );
+    let outside = deferred("OutsideWindow", Some(conditions::RENEWAL_DEFERRED));
+    let second = with_verdict(&first, &outside, at(200));
+    let deferred = second
+        .conditions
+        .iter()
+        .find(|c| c.type_ == conditions::RENEWAL_DEFERRED)
+        .unwrap();
+    assert_eq!(
+        (deferred.reason.as_str(), &deferred.last_transition_time),
+        ("OutsideWindow", &Time(at(100)))
+    );
+    assert!(
+        second
+            .conditions
+            .iter()
+            .all(|c| c.type_ != conditions::WINDOWS_IGNORED)
+    );
+}
+
+fn operation(bypassed_windows: bool) -> Operation {
+    Operation {
+        phase: Phase::Succeeded,
+        bypassed_windows,
+        ..Operation::pending(Origin::Policy, None, None, "1y".into(), 1, Time(at(1_000)))
+    }
+}
+
+#[test]
+fn a_window_bypass_lasts_through_verdicts_until_a_later_refresh_succeeds() {
+    let mut status = MachineCertificatesStatus {
+        last_window_bypass: Some(WindowBypass {
+            time: Time(at(1_000)),
+            expiry: None,
+            message: "bypassed".into(),
+        }),
+        ..Default::default()
+    };
+    status = with_verdict(&status, &deferred("RenewNow", None), at(1_000));
+    assert_eq!(types(&status), [conditions::RENEWAL_WINDOW_BYPASSED]);
+    // Later verdicts (the renewal done, next one not due) keep it...
+    for verdict in [deferred("NotDue", None), disabled(), Verdict::none()] {
+        status = with_verdict(&status, &verdict, at(2_000));
+        assert!(
+            types(&status).contains(&conditions::RENEWAL_WINDOW_BYPASSED),
+            "{verdict:?}"
+        );
+    }
+    // ...and so does the success of the bypassing refresh itself...
+    forget_window_bypass(&mut status, &operation(true));
+    assert!(status.last_window_bypass.is_some());
+    // ...until another one succeeds (however soon after).
+    forget_window_bypass(&mut status, &operation(false));
+    show_window_bypass(&mut status, at(5_100));
+    assert_eq!(status.last_window_bypass, None);
+    assert!(status.conditions.is_empty());
+}
+
+#[test]
+fn hints_end_messages_with_the_command_that_renews_now() {
+    let machine = MachineView {
+        namespace: "edge".into(),
+        name: "cp-0".into(),
+        ..Default::default()
+    };
+    let hint = renew_now_hint(&machine, "1y");
+    assert_eq!(
+        hint,
+        "Renew now: kubectl annotate machines.cluster.x-k8s.io cp-0 -n edge v1beta2.k8sd.io/refresh-certificates=1y --overwrite"
+    );
+    assert_eq!(
+        with_hint("Renewal is deferred.".into(), &hint),
+        format!("Renewal is deferred. {hint}")
+    );
+    assert!(with_hint("x".into(), &hint).ends_with("--overwrite"));
+}
+
+#[test]
+fn windows_are_described_and_checked() {
+    let windows: Vec<Window> = serde_json::from_value(serde_json::json!([
+        { "daysOfWeek": ["Saturday", "Sunday"], "start": "02:00", "end": "06:00", "timezone": "Europe/London" },
+        { "schedule": "0 22 * * 1-5", "duration": "4h" },
+    ]))
+    .unwrap();
+    assert_eq!(
+        describe_window(&windows, 0),
+        "windows[0] (Saturday,Sunday 02:00-06:00 Europe/London)"
+    );
+    assert_eq!(
+        describe_window(&windows, 1),
+        "windows[1] (\"0 22 * * 1-5\" for 4h UTC)"
+    );
+    assert_eq!(describe_window(&windows, 7), "windows[7]");
+    assert!(windows_status(&windows).valid);
+    let bad: Vec<Window> = serde_json::from_value(serde_json::json!([
+        { "start": "02:00", "end": "06:00", "timezone": "Mars/Olympus_Mons" },
+    ]))
+    .unwrap();
+    let status = windows_status(&bad);
+    assert!(!status.valid);
+    assert!(
+        status
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("Mars/Olympus_Mons"),
+        "{status:?}"
+    );
+}

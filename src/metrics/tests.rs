@@ -1,0 +1,198 @@
+use super::*;
+use crate::policy::DeferReason;
+
+#[test]
+fn deferral_and_bypass_counters_have_conventional_names_and_labels() {
+    let metrics = Metrics::default();
+    for reason in [
+        DeferReason::NotDue,
+        DeferReason::Backoff,
+        DeferReason::OutsideWindow,
+        DeferReason::Staggered,
+    ] {
+        metrics
+            .renewal_deferred
+            .get_or_create(&reason_label(reason.as_str()))
+            .inc();
+    }
+    metrics
+        .renewal_bypassed
+        .get_or_create(&expiry_imminent())
+        .inc();
+    let text = metrics.encode().unwrap();
+    for line in [
+        "# TYPE ck8s_certs_renewal_deferred counter",
+        "ck8s_certs_renewal_deferred_total{reason=\"not_due\"} 1",
+        "ck8s_certs_renewal_deferred_total{reason=\"backoff\"} 1",
+        "ck8s_certs_renewal_deferred_total{reason=\"outside_window\"} 1",
+        "ck8s_certs_renewal_deferred_total{reason=\"staggered\"} 1",
+        "# TYPE ck8s_certs_renewal_bypassed counter",
+        "ck8s_certs_renewal_bypassed_total{reason=\"expiry_imminent\"} 1",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing {line:?} in\n{text}"
+        );
+    }
+    // Nothing of the old names is left.
+    assert!(!text.contains("renewals_deferred"), "{text}");
+    assert!(!text.contains("window_bypass"), "{text}");
+}
+
+/// What every label value of this module must look like: bounded, snake_case.
+fn snake(value: &str) -> bool {
+    !value.is_empty()
+        && value
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}
+
+#[test]
+fn k8sd_paths_map_to_a_fixed_set_of_endpoints() {
+    use crate::k8sd::wire::path;
+    for (path, label) in [
+        (path::ROOT, "probe"),
+        (path::CERTIFICATES_EXPIRY, "certificates_expiry"),
+        (path::PLAN, "plan"),
+        (path::RUN, "run"),
+        (path::APPROVE, "approve"),
+        ("/1.0/x/capi/something-new", "other"),
+        ("/1.0/x/capi/refresh-certs/plan?x=1", "other"),
+    ] {
+        assert_eq!(K8sdEndpoint::of_path(path).as_str(), label, "{path}");
+    }
+    for endpoint in K8sdEndpoint::ALL {
+        assert!(snake(endpoint.as_str()), "{endpoint:?}");
+    }
+}
+
+#[test]
+fn k8sd_outcomes_are_success_or_an_error_category() {
+    use crate::k8sd::K8sdError;
+    use crate::k8sd::tls::Fingerprint;
+    let fingerprint: Fingerprint = "00".repeat(32).parse().unwrap();
+    let errors = [
+        K8sdError::Connect {
+            node: "n".into(),
+            route: "r".into(),
+            reason: "refused".into(),
+        },
+        K8sdError::Tls {
+            node: "n".into(),
+            source: std::io::Error::other("bad"),
+        },
+        K8sdError::PinMismatch {
+            node: "n".into(),
+            pinned: fingerprint,
+            presented: fingerprint,
+        },
+        K8sdError::Timeout {
+            node: "n".into(),
+            endpoint: "/1.0/x/capi/refresh-certs/run".into(),
+            timeout: Duration::from_secs(1),
+        },
+        K8sdError::Api {
+            endpoint: "plan".into(),
+            status: 401,
+            message: "invalid token".into(),
+        },
+        K8sdError::InvalidResponse {
+            endpoint: "run".into(),
+            reason: "x".into(),
+        },
+    ];
+    let outcomes: Vec<&str> = errors
+        .into_iter()
+        .map(|e| k8sd_outcome::<()>(&Err(e)))
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            "connect",
+            "tls",
+            "pin_mismatch",
+            "timeout",
+            "api",
+            "invalid_response"
+        ]
+    );
+    assert_eq!(k8sd_outcome(&Ok::<_, K8sdError>(())), "success");
+    assert!(snake(K8SD_CANCELLED));
+}
+
+#[test]
+fn k8sd_calls_are_counted_by_endpoint_and_outcome_and_timed_by_endpoint() {
+    let metrics = Metrics::default();
+    metrics.k8sd.start(K8sdEndpoint::Plan).finish("success");
+    metrics.k8sd.start(K8sdEndpoint::Plan).finish("timeout");
+    metrics.k8sd.start(K8sdEndpoint::Run).finish("success");
+    // A caller that stopped waiting: counted, not timed.
+    drop(metrics.k8sd.start(K8sdEndpoint::Approve));
+    let text = metrics.encode().unwrap();
+    for line in [
+        "# TYPE ck8s_certs_k8sd_requests counter",
+        "ck8s_certs_k8sd_requests_total{endpoint=\"plan\",outcome=\"success\"} 1",
+        "ck8s_certs_k8sd_requests_total{endpoint=\"plan\",outcome=\"timeout\"} 1",
+        "ck8s_certs_k8sd_requests_total{endpoint=\"run\",outcome=\"success\"} 1",
+        "ck8s_certs_k8sd_requests_total{endpoint=\"approve\",outcome=\"cancelled\"} 1",
+        "# TYPE ck8s_certs_k8sd_request_duration_seconds histogram",
+        "ck8s_certs_k8sd_request_duration_seconds_count{endpoint=\"plan\"} 2",
+        "ck8s_certs_k8sd_request_duration_seconds_count{endpoint=\"run\"} 1",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing {line:?} in\n{text}"
+        );
+    }
+    assert!(
+        !text.contains("k8sd_request_duration_seconds_count{endpoint=\"approve\"}"),
+        "{text}"
+    );
+}
+
+#[test]
+fn reconciles_are_timed_by_controller_and_errors_counted_by_category() {
+    let metrics = Metrics::default();
+    metrics.reconciled(Controller::Machine, Duration::from_millis(3), None);
+    metrics.reconciled(Controller::Machine, Duration::from_secs(2), Some("kube"));
+    metrics.reconciled(Controller::Policy, Duration::from_millis(1), Some("kube"));
+    let text = metrics.encode().unwrap();
+    for line in [
+        "# TYPE ck8s_certs_reconcile_duration_seconds histogram",
+        "ck8s_certs_reconcile_duration_seconds_count{controller=\"machine\"} 2",
+        "ck8s_certs_reconcile_duration_seconds_count{controller=\"policy\"} 1",
+        "# TYPE ck8s_certs_reconcile_errors counter",
+        "ck8s_certs_reconcile_errors_total{controller=\"machine\",category=\"kube\"} 1",
+        "ck8s_certs_reconcile_errors_total{controller=\"policy\",category=\"kube\"} 1",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing {line:?} in\n{text}"
+        );
+    }
+}
+
+#[test]
+fn counters_with_known_labels_start_at_zero_so_that_the_first_event_shows_in_increase() {
+    let text = Metrics::default().encode().unwrap();
+    for line in [
+        "ck8s_certs_renewal_deferred_total{reason=\"backoff\"} 0",
+        "ck8s_certs_renewal_deferred_total{reason=\"outside_window\"} 0",
+        "ck8s_certs_renewal_deferred_total{reason=\"staggered\"} 0",
+        "ck8s_certs_renewal_bypassed_total{reason=\"expiry_imminent\"} 0",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing {line:?} in\n{text}"
+        );
+    }
+    for name in ["started", "succeeded", "failed"] {
+        for origin in ["manual", "policy"] {
+            let line = format!("ck8s_certs_renewals_{name}_total{{origin=\"{origin}\"}} 0");
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+    }
+}
