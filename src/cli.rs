@@ -100,6 +100,12 @@ pub struct Args {
     #[arg(long, env = "CK8S_CERTS_REFRESH_WAIT_TIMEOUT", value_parser = humantime::parse_duration, default_value = "10m")]
     pub refresh_wait_timeout: Duration,
 
+    /// Finished refreshes kept per Machine as CertificateRefresh records (the audit trail of
+    /// `kubectl get certificaterefreshes`, `kubectl ck8s-certs history`); 0 keeps none. Fleet
+    /// requests of a Cluster are kept in the same number.
+    #[arg(long, env = "CK8S_CERTS_REFRESH_HISTORY", default_value_t = 10)]
+    pub refresh_history: usize,
+
     /// Warn (Event on the Cluster, `ClusterCertificates` Ready=False ExpiringSoon) this long
     /// before a certificate of a Cluster's management kubeconfig (`<cluster>-kubeconfig`)
     /// expires.

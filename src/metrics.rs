@@ -368,6 +368,7 @@ impl Default for Metrics {
         for origin in [
             ck8s_certs_api::machine_certificates::Origin::Manual,
             ck8s_certs_api::machine_certificates::Origin::Policy,
+            ck8s_certs_api::machine_certificates::Origin::Fleet,
         ] {
             let labels = self::origin(origin);
             let _ = renewals_started.get_or_create(&labels);
@@ -434,6 +435,7 @@ pub fn origin(origin: ck8s_certs_api::machine_certificates::Origin) -> OriginLab
         origin: match origin {
             Origin::Manual => "manual",
             Origin::Policy => "policy",
+            Origin::Fleet => "fleet",
         }
         .to_owned(),
     }

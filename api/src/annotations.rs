@@ -19,6 +19,15 @@ pub const CERTIFICATES_EXPIRY: &str = "machine.cluster.x-k8s.io/certificates-exp
 /// not shared with CK8s tooling.
 pub const REFRESH_REQUEST: &str = "certificates.ck8s.io/refresh-request";
 
+/// On a Machine: the fleet `CertificateRefresh` its trigger was set by (the refresh is then of
+/// origin Fleet and reported to that request); removed with the trigger. On a Cluster: the
+/// request the Cluster's own trigger last created. Ours, not shared with CK8s tooling.
+pub const FLEET_REQUEST: &str = "certificates.ck8s.io/fleet-request";
+
+/// On a Cluster: the fleet request being created from its trigger (the first of two writes, so
+/// that a restart in between creates that request, not a second one).
+pub const FLEET_REQUEST_PENDING: &str = "certificates.ck8s.io/fleet-request-pending";
+
 /// Values of [`REFRESH_CERTIFICATES_STATUS`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RefreshStatus {

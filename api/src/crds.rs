@@ -3,6 +3,7 @@
 
 use kube::CustomResourceExt;
 
+use crate::certificate_refresh::CertificateRefresh;
 use crate::cluster_certificates::ClusterCertificates;
 use crate::machine_certificates::MachineCertificates;
 use crate::renewal_policy::CertificateRenewalPolicy;
@@ -13,6 +14,7 @@ pub fn all() -> Result<Vec<(String, String)>, serde_yaml::Error> {
         MachineCertificates::crd(),
         CertificateRenewalPolicy::crd(),
         ClusterCertificates::crd(),
+        CertificateRefresh::crd(),
     ]
     .into_iter()
     .map(|crd| {

@@ -8,6 +8,7 @@
 
 pub mod annotations;
 pub mod capi;
+pub mod certificate_refresh;
 pub mod cluster_certificates;
 pub mod crds;
 pub mod duration;

@@ -20,7 +20,8 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::annotations::{
-    CERTIFICATES_EXPIRY, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS, REFRESH_REQUEST,
+    CERTIFICATES_EXPIRY, FLEET_REQUEST, FLEET_REQUEST_PENDING, REFRESH_CERTIFICATES,
+    REFRESH_CERTIFICATES_STATUS, REFRESH_REQUEST,
 };
 use crate::capi::{
     CK8S_CONFIG_GROUP, CK8S_CONFIG_KIND, CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL, GROUP,
@@ -182,12 +183,21 @@ impl CapiVersion {
 }
 
 /// The Machine annotations the controller reads; a cached [`Machine`] keeps no others.
-pub const READ_ANNOTATIONS: [&str; 5] = [
+pub const READ_ANNOTATIONS: [&str; 6] = [
     REFRESH_CERTIFICATES,
     REFRESH_CERTIFICATES_STATUS,
     CERTIFICATES_EXPIRY,
     REFRESH_REQUEST,
     PAUSED_ANNOTATION,
+    FLEET_REQUEST,
+];
+
+/// The annotations a cached Cluster keeps: its fleet refresh trigger and what became of it.
+pub const CLUSTER_READ_ANNOTATIONS: [&str; 4] = [
+    REFRESH_CERTIFICATES,
+    REFRESH_CERTIFICATES_STATUS,
+    FLEET_REQUEST,
+    FLEET_REQUEST_PENDING,
 ];
 
 /// A Machine as the controllers cache it. `metadata` keeps only the name, namespace, uid,
@@ -262,6 +272,10 @@ pub struct BootstrapRef {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Cluster {
     pub metadata: ObjectMeta,
+    /// The [`CLUSTER_READ_ANNOTATIONS`] only.
+    pub annotations: Pairs,
+    /// The field manager that last set the fleet refresh trigger.
+    pub trigger_manager: Option<String>,
     /// `spec.paused` or the `cluster.x-k8s.io/paused` annotation.
     pub paused: bool,
     /// `spec.controlPlaneEndpoint.host`, when set and not empty.
@@ -371,7 +385,12 @@ impl<'de> Deserialize<'de> for Cluster {
             .as_ref()
             .is_some_and(|a| a.contains_key(PAUSED_ANNOTATION));
         let mut meta = wire.metadata;
+        let trigger_manager = trigger_manager(&meta);
         Ok(Self {
+            annotations: Pairs::new(meta.annotations.take(), |key| {
+                CLUSTER_READ_ANNOTATIONS.contains(&key)
+            }),
+            trigger_manager,
             metadata: ObjectMeta {
                 labels: meta.labels.take().filter(|l| !l.is_empty()),
                 ..identity(&mut meta)

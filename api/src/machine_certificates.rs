@@ -162,6 +162,8 @@ pub enum Origin {
     Manual,
     /// A CertificateRenewalPolicy.
     Policy,
+    /// A CertificateRefresh of the Machine's whole cluster.
+    Fleet,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
@@ -190,6 +192,9 @@ pub struct Operation {
     /// admission webhook), which tells a new request with an equal TTL from this one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request: Option<String>,
+    /// The fleet `CertificateRefresh` this refresh is part of (origin Fleet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<String>,
     /// Requested lifetime as written (e.g. `1y`).
     pub ttl: String,
     /// Requested lifetime in seconds.
@@ -257,6 +262,7 @@ impl Operation {
             requested_by,
             trigger,
             request: None,
+            fleet: None,
             ttl,
             ttl_seconds: Some(ttl_seconds),
             seed: None,

@@ -145,6 +145,7 @@ mod tests {
             requested_by: None,
             trigger: Some(trigger.into()),
             request: None,
+            fleet: None,
             ttl: trigger.into(),
             ttl_seconds: Some(3600),
             seed: Some(42),

@@ -3,6 +3,7 @@
 
 pub mod cluster_credentials;
 pub mod decide;
+pub mod fleet;
 pub mod machine;
 pub mod patches;
 pub mod policy;
@@ -13,6 +14,7 @@ pub mod stores;
 use std::sync::Arc;
 
 use ck8s_certs_api::capi::{CLUSTER_NAME_LABEL, WATCH_FILTER_LABEL};
+use ck8s_certs_api::certificate_refresh::{CertificateRefresh, labels as refresh_labels};
 use ck8s_certs_api::cluster_certificates::ClusterCertificates;
 use ck8s_certs_api::machine::{CapiVersion, Cluster, Machine};
 use ck8s_certs_api::renewal_policy::CertificateRenewalPolicy;
@@ -103,6 +105,21 @@ pub async fn run(
     let cluster_record_events = cluster_record_watch.subscribe();
     let cluster_records_store = cluster_record_watch.store.clone();
     let certificate_events = certificate_watch.subscribe();
+    // Fleet requests (not the per-Machine records, which nothing reads back).
+    let mut request_watch = SharedWatch::<CertificateRefresh>::new();
+    let request_events = request_watch.subscribe();
+    let requests_store = request_watch.store.clone();
+    let fleet_machine_events = machine_watch.subscribe();
+    let trigger_cluster_events = cluster_watch.subscribe();
+    let mut requests_config = watcher::Config::default().labels(&match &args.watch_filter {
+        Some(filter) => format!("!{},{WATCH_FILTER_LABEL}={filter}", refresh_labels::MACHINE),
+        None => format!("!{}", refresh_labels::MACHINE),
+    });
+    requests_config.bookmarks = true;
+    let requests_api: Api<CertificateRefresh> = match &args.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
     let policy_events = policy_watch.subscribe();
     let policy_policy_events = policy_watch.subscribe();
     let policy_sibling_events = policy_watch.subscribe();
@@ -110,13 +127,16 @@ pub async fn run(
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    let watches = futures::future::join5(
-        machine_watch.run(machines, filtered.clone(), stores::keep),
-        cluster_watch.run(clusters, watcher::Config::default(), stores::keep),
-        // One per Cluster (few): not filtered, the Machines decide which shard reports a Cluster.
-        cluster_record_watch.run(cluster_records, watcher::Config::default(), stores::keep),
-        certificate_watch.run(owned, filtered.clone(), stores::keep),
-        policy_watch.run(policies_api(&client, args), filtered, stores::trim_policy),
+    let watches = futures::future::join(
+        request_watch.run(requests_api, requests_config, trim_request),
+        futures::future::join5(
+            machine_watch.run(machines, filtered.clone(), stores::keep),
+            cluster_watch.run(clusters, watcher::Config::default(), stores::keep),
+            // One per Cluster (few): not filtered, the Machines decide which shard reports a Cluster.
+            cluster_record_watch.run(cluster_records, watcher::Config::default(), stores::keep),
+            certificate_watch.run(owned, filtered.clone(), stores::keep),
+            policy_watch.run(policies_api(&client, args), filtered, stores::trim_policy),
+        ),
     );
 
     // Ready once every cache holds a full list: reconcilers then act on complete information.
@@ -149,6 +169,17 @@ pub async fn run(
             interval: args.kubeconfig_check_interval,
         },
     };
+    let fleet_ctx = Arc::new(fleet::Context {
+        client: client.clone(),
+        capi,
+        stores: stores.clone(),
+        requests: requests_store.clone(),
+        workload: crate::workload::Clients::new(client.clone()),
+        recorder: recorder.clone(),
+        wait_timeout: args.refresh_wait_timeout,
+        history: args.refresh_history,
+        watch_filter: args.watch_filter.clone(),
+    });
     let ctx = Arc::new(machine::Context {
         client: client.clone(),
         capi,
@@ -171,6 +202,7 @@ pub async fn run(
             wait_timeout: args.refresh_wait_timeout,
             resync: args.resync_period,
             renewal,
+            history: args.refresh_history,
         },
         locks: machine::Locks::new(args.max_worker_refreshes),
         shard: shard::Shard::new(client.clone(), carrier),
@@ -262,13 +294,71 @@ pub async fn run(
         cluster_record_events,
         stores.clone(),
         credentials,
-        stop,
+        stop.clone(),
+    );
+    let fleet_controllers = fleet_controllers(
+        FleetFeeds {
+            requests: request_events,
+            machines: fleet_machine_events,
+            clusters: trigger_cluster_events,
+            store: requests_store,
+        },
+        fleet_ctx,
+        stores.clone(),
+        stop.clone(),
     );
     tokio::select! {
-        _ = futures::future::join3(machine_controller, policy_controller, credentials_controller) => {}
+        _ = futures::future::join4(machine_controller, policy_controller, credentials_controller, fleet_controllers) => {}
         _ = watches => tracing::error!("The watches ended unexpectedly"),
     }
     readiness.abort();
+}
+
+/// The streams the fleet controllers are fed.
+struct FleetFeeds<R, M, C> {
+    requests: R,
+    machines: M,
+    clusters: C,
+    store: Store<CertificateRefresh>,
+}
+
+/// Runs the fleet controllers once the caches are synced: the requests, and the Cluster
+/// triggers that create them.
+async fn fleet_controllers<R, M, C>(
+    feeds: FleetFeeds<R, M, C>,
+    ctx: Arc<fleet::Context>,
+    stores: Stores,
+    stop: CancellationToken,
+) where
+    R: futures::Stream<Item = Result<CertificateRefresh, watcher::Error>> + Send + 'static,
+    M: futures::Stream<Item = Result<Machine, watcher::Error>> + Send + 'static,
+    C: futures::Stream<Item = Result<Cluster, watcher::Error>> + Send + 'static,
+{
+    tokio::select! {
+        () = stores.synced() => {}
+        () = stop.cancelled() => return,
+    }
+    let capi = ctx.capi;
+    let store = feeds.store.clone();
+    let requests = Controller::for_stream(feeds.requests, feeds.store)
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .watches_stream_with(
+            feeds.machines,
+            move |machine: Machine| fleet::requests_of_machine(&store, &machine),
+            capi,
+        )
+        .run(fleet::reconcile, fleet::error_policy, ctx.clone())
+        .for_each(|_| async {});
+    let triggers = Controller::for_stream_with(feeds.clusters, stores.clusters.clone(), capi)
+        .graceful_shutdown_on(stop.cancelled_owned())
+        .run(fleet::trigger::reconcile, fleet::trigger::error_policy, ctx)
+        .for_each(|_| async {});
+    futures::future::join(requests, triggers).await;
+}
+
+/// A fleet request as cached: without `managedFields`.
+fn trim_request(request: &mut CertificateRefresh) {
+    request.metadata.managed_fields = None;
 }
 
 /// Runs one reconcile, recording its wall time and, when it fails, its error's category

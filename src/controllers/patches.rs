@@ -5,7 +5,8 @@
 use std::collections::BTreeMap;
 
 use ck8s_certs_api::annotations::{
-    CERTIFICATES_EXPIRY, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS, RefreshStatus,
+    CERTIFICATES_EXPIRY, FLEET_REQUEST, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS,
+    RefreshStatus,
 };
 use ck8s_certs_api::machine::MachineView;
 use ck8s_certs_api::machine_certificates::MachineCertificatesStatus;
@@ -33,6 +34,9 @@ pub struct MachineChanges<'a> {
     pub expiry: Option<&'a Time>,
     /// Remove the trigger if it still has exactly this value.
     pub remove_trigger: Option<&'a str>,
+    /// Remove the fleet request's mark (`certificates.ck8s.io/fleet-request`), which the Machine
+    /// as we saw it carries.
+    pub remove_fleet: bool,
 }
 
 /// How to apply [`MachineChanges`].
@@ -55,7 +59,7 @@ pub fn machine_patch(machine: &MachineView, changes: &MachineChanges<'_>) -> Mac
     if let Some(expiry) = changes.expiry {
         set.insert(CERTIFICATES_EXPIRY, rfc3339(expiry));
     }
-    if machine.annotations.is_empty() && changes.remove_trigger.is_none() {
+    if machine.annotations.is_empty() && changes.remove_trigger.is_none() && !changes.remove_fleet {
         return MachinePatch::Merge(
             json!({ "metadata": { "uid": machine.uid, "annotations": set } }),
         );
@@ -67,6 +71,9 @@ pub fn machine_patch(machine: &MachineView, changes: &MachineChanges<'_>) -> Mac
     if let Some(trigger) = changes.remove_trigger {
         ops.push(json!({ "op": "test", "path": pointer(REFRESH_CERTIFICATES), "value": trigger }));
         ops.push(json!({ "op": "remove", "path": pointer(REFRESH_CERTIFICATES) }));
+    }
+    if changes.remove_fleet && machine.annotation(FLEET_REQUEST).is_some() {
+        ops.push(json!({ "op": "remove", "path": pointer(FLEET_REQUEST) }));
     }
     MachinePatch::Json(Value::Array(ops))
 }
@@ -136,6 +143,7 @@ mod tests {
                 status: Some(RefreshStatus::Done),
                 expiry: Some(&expiry),
                 remove_trigger: Some("1y"),
+                remove_fleet: false,
             },
         );
         assert_eq!(

@@ -57,6 +57,7 @@ use crate::workload::{self, WorkloadError};
 mod execute;
 mod expiry;
 mod failure;
+pub mod history;
 mod locks;
 mod node;
 mod outcome;
@@ -92,6 +93,8 @@ pub struct Config {
     pub resync: Duration,
     /// Strict windows and backoff of automatic renewals.
     pub renewal: crate::policy::spec::Settings,
+    /// Finished refresh records kept per Machine (`--refresh-history`; 0: none).
+    pub history: usize,
 }
 
 /// Everything the reconciler touches.

@@ -106,6 +106,7 @@ impl Reconciler<'_> {
     /// Shows a finished operation on the Machine (idempotent: also used after a crash).
     pub(super) async fn record(&self, op: &Operation) -> Result<Action, Error> {
         let succeeded = op.phase == Phase::Succeeded;
+        self.keep_history(op).await?;
         let current_trigger = self.view.annotation(REFRESH_CERTIFICATES);
         let remove = op
             .trigger
@@ -123,6 +124,13 @@ impl Reconciler<'_> {
                 None
             },
             remove_trigger: remove,
+            // The fleet's mark goes with the trigger it came with.
+            remove_fleet: remove.is_some()
+                && op.fleet.is_some()
+                && self
+                    .view
+                    .annotation(ck8s_certs_api::annotations::FLEET_REQUEST)
+                    == op.fleet.as_deref(),
         })
         .await?;
         if succeeded {

@@ -13,10 +13,11 @@ impl Reconciler<'_> {
     ) -> Result<Action, Error> {
         let now = Self::now();
         status.operation = Some(Operation {
-            origin: Origin::Manual,
+            origin: self.origin(),
             requested_by: self.requested_by(),
             trigger: Some(trigger.to_owned()),
             request: self.request(),
+            fleet: self.fleet(),
             ttl: trigger.to_owned(),
             ttl_seconds: None,
             seed: None,
@@ -40,15 +41,35 @@ impl Reconciler<'_> {
             now,
         );
         self.write_status(&status).await?;
+        if let Some(op) = &status.operation {
+            self.keep_history(op).await?;
+        }
         self.patch_machine(&MachineChanges {
             status: Some(RefreshStatus::Failed),
             expiry: None,
             remove_trigger: Some(trigger),
+            remove_fleet: self.fleet().is_some(),
         })
         .await?;
         self.event(EventType::Warning, events::REFRESH_FAILED, error)
             .await;
         Ok(Action::await_change())
+    }
+
+    /// The fleet request that set the trigger, if one did.
+    pub(super) fn fleet(&self) -> Option<String> {
+        self.view
+            .annotation(ck8s_certs_api::annotations::FLEET_REQUEST)
+            .map(str::to_owned)
+    }
+
+    /// Fleet when a fleet request set the trigger, else Manual.
+    fn origin(&self) -> Origin {
+        if self.fleet().is_some() {
+            Origin::Fleet
+        } else {
+            Origin::Manual
+        }
     }
 
     /// The admission webhook's name for the request the trigger belongs to, if it ran.
@@ -60,7 +81,10 @@ impl Reconciler<'_> {
 
     /// The field manager that last set the trigger annotation, e.g. `kubectl-annotate`.
     pub(super) fn requested_by(&self) -> Option<String> {
-        self.machine.trigger_manager.clone()
+        match self.fleet() {
+            Some(fleet) => Some(format!("CertificateRefresh/{fleet}")),
+            None => self.machine.trigger_manager.clone(),
+        }
     }
 
     pub(super) async fn start(
@@ -111,8 +135,9 @@ impl Reconciler<'_> {
         let announcement = format!("Refreshing the certificates of node {node} for {trigger}");
         let op = Operation {
             request: self.request(),
+            fleet: self.fleet(),
             ..Operation::pending(
-                Origin::Manual,
+                self.origin(),
                 self.requested_by(),
                 Some(trigger.clone()),
                 trigger,

@@ -1,0 +1,461 @@
+//! Fleet refreshes: `CertificateRefresh` requests for a whole cluster (or one Machine, when made
+//! by hand), carried out by handing each Machine the refresh trigger in the order [`plan`]
+//! decides; the Machine controller does each refresh exactly as for a manual one and reports it
+//! back through the Machine's `MachineCertificates` (its operation names the request).
+//!
+//! Crash safety: a Machine is marked Running in the request's status before its trigger is set,
+//! and a Machine found Running without the trigger after a restart is handed it again only when
+//! a live read shows that its refresh never started. [`trigger`] turns the annotation on a
+//! Cluster into a request.
+
+pub mod plan;
+#[cfg(test)]
+mod tests;
+pub mod trigger;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ck8s_certs_api::annotations::{
+    FLEET_REQUEST, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS, RefreshStatus,
+};
+use ck8s_certs_api::capi::CLUSTER_NAME_LABEL;
+use ck8s_certs_api::certificate_refresh::{CertificateRefresh, MachinePhase, RequestPhase, Role};
+use ck8s_certs_api::machine::{CapiVersion, Cluster, Machine, MachineView};
+use ck8s_certs_api::machine_certificates::{MachineCertificates, Phase};
+use jiff::Timestamp;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
+use tracing::{info, warn};
+
+use self::plan::{MachineState, Outcome, World};
+use super::Stores;
+use super::stores::{get, get_capi};
+
+const MANAGER: &str = "ck8s-certs";
+
+/// How often a request that is not finished is looked at again, besides the Machine changes
+/// that wake it.
+const POLL: Duration = Duration::from_secs(5);
+
+/// A refresh handed over this long ago whose Machine's cache still shows nothing of it is
+/// checked live (a restart between the status write and the trigger).
+const HAND_OVER_GRACE: jiff::SignedDuration = jiff::SignedDuration::from_secs(30);
+
+pub struct Context {
+    pub client: Client,
+    pub capi: CapiVersion,
+    pub stores: Stores,
+    pub requests: Store<CertificateRefresh>,
+    pub workload: crate::workload::Clients,
+    pub recorder: Recorder,
+    /// How long to wait for a cluster API that does not answer after a control plane's refresh.
+    pub wait_timeout: Duration,
+    /// Finished fleet requests kept per Cluster.
+    pub history: usize,
+    /// `--watch-filter`: only Clusters with this label are ours.
+    pub watch_filter: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API call failed: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+pub fn error_policy(_: Arc<CertificateRefresh>, err: &Error, _: Arc<Context>) -> Action {
+    warn!(error = %err, "Fleet refresh step failed; retrying");
+    Action::requeue(POLL)
+}
+
+pub async fn reconcile(
+    request: Arc<CertificateRefresh>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let namespace = request.namespace().unwrap_or_default();
+    let name = request.name_any();
+    let old = request.status.clone().unwrap_or_default();
+    if old.phase.is_some_and(RequestPhase::is_finished) {
+        return Ok(Action::await_change());
+    }
+    let now = Timestamp::now();
+    let mut world = World {
+        machines: machines(&ctx, &request, &namespace, &name),
+        earlier: earlier(&ctx.requests, &request),
+        api_answers: None,
+        wait_timeout: ctx.wait_timeout,
+        now,
+    };
+    let mut next = plan::plan(&request.spec, &old, &world);
+    if next.needs_api {
+        world.api_answers =
+            Some(api_answers(&ctx, &namespace, cluster_of(&ctx, &request).as_deref()).await);
+        next = plan::plan(&request.spec, &old, &world);
+    }
+    let api: Api<CertificateRefresh> = Api::namespaced(ctx.client.clone(), &namespace);
+    if next.status != old {
+        let patch = json!({
+            "apiVersion": CertificateRefresh::api_version(&()),
+            "kind": CertificateRefresh::kind(&()),
+            "status": next.status,
+        });
+        api.patch_status(
+            &name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(patch),
+        )
+        .await?;
+    }
+    for machine in &next.hand {
+        let entry = next.status.machines.iter().find(|m| &m.name == machine);
+        let handed_before = old
+            .machines
+            .iter()
+            .any(|m| &m.name == machine && m.phase == MachinePhase::Running);
+        if handed_before {
+            let since = entry
+                .and_then(|e| e.started_at.as_ref())
+                .map(|t| now.duration_since(t.0))
+                .unwrap_or_default();
+            if since < HAND_OVER_GRACE || started_live(&ctx, &namespace, machine, &name).await? {
+                continue;
+            }
+            info!(
+                request = name,
+                machine, "Handing the refresh over again: it never started"
+            );
+        }
+        hand_over(&ctx, &namespace, machine, &request.spec.ttl, &name).await?;
+    }
+    let target = event_target(&ctx, &request, &namespace);
+    for note in &next.notes {
+        publish(&ctx.recorder, &target, note).await;
+    }
+    let finished = next.status.phase.filter(|p| p.is_finished());
+    if let Some(phase) = finished {
+        info!(
+            request = name,
+            ?phase,
+            message = next.status.message,
+            "Fleet refresh finished"
+        );
+        if let Some(cluster) = &request.spec.target.cluster {
+            mirror_on_cluster(&ctx, &namespace, cluster, &name, phase).await?;
+            prune(&api, cluster, ctx.history).await;
+        }
+        return Ok(Action::await_change());
+    }
+    Ok(Action::requeue(POLL))
+}
+
+/// The cluster a request's Machines belong to.
+fn cluster_of(ctx: &Context, request: &CertificateRefresh) -> Option<String> {
+    if let Some(cluster) = &request.spec.target.cluster {
+        return Some(cluster.clone());
+    }
+    let namespace = request.namespace().unwrap_or_default();
+    let machine = request.spec.target.machine.as_deref()?;
+    get_capi(&ctx.stores.machines, ctx.capi, &namespace, machine)
+        .and_then(|m| MachineView::of(&m).cluster)
+}
+
+/// What the caches show of the target's CK8s Machines; `None` when the target is not there.
+fn machines(
+    ctx: &Context,
+    request: &CertificateRefresh,
+    namespace: &str,
+    name: &str,
+) -> Option<Vec<MachineState>> {
+    let views: Vec<MachineView> = match (&request.spec.target.cluster, &request.spec.target.machine)
+    {
+        (Some(cluster), _) => {
+            get_capi(&ctx.stores.clusters, ctx.capi, namespace, cluster)?;
+            ctx.stores
+                .machines
+                .state()
+                .iter()
+                .map(|m| MachineView::of(m))
+                .filter(|v| v.namespace == namespace && v.cluster.as_deref() == Some(cluster))
+                .collect()
+        }
+        (None, Some(machine)) => vec![MachineView::of(
+            get_capi(&ctx.stores.machines, ctx.capi, namespace, machine)?.as_ref(),
+        )],
+        (None, None) => return None,
+    };
+    Some(
+        views
+            .into_iter()
+            .filter(|v| v.is_ck8s() && !v.deleting)
+            .map(|v| state_of(ctx, &v, name))
+            .collect(),
+    )
+}
+
+fn state_of(ctx: &Context, view: &MachineView, request: &str) -> MachineState {
+    let ours = view.annotation(FLEET_REQUEST) == Some(request);
+    let operation = get(&ctx.stores.certificates, &view.namespace, &view.name)
+        .and_then(|c| c.status().ok().flatten())
+        .and_then(|s| s.operation);
+    let mine = operation
+        .as_ref()
+        .filter(|op| op.fleet.as_deref() == Some(request));
+    let outcome = mine.filter(|op| op.is_finished() && !ours).map(|op| {
+        if op.phase == Phase::Succeeded {
+            Outcome::Succeeded {
+                expiry: op.new_expiry.clone(),
+            }
+        } else {
+            Outcome::Failed {
+                error: op.error.clone().unwrap_or_default(),
+            }
+        }
+    });
+    let in_flight = view.annotation(REFRESH_CERTIFICATES).is_some()
+        || view.annotation(REFRESH_CERTIFICATES_STATUS) == Some(RefreshStatus::InProgress.as_str())
+        || operation.as_ref().is_some_and(|op| !op.is_finished());
+    MachineState {
+        name: view.name.clone(),
+        role: if view.control_plane {
+            Role::ControlPlane
+        } else {
+            Role::Worker
+        },
+        node: view.node_name.is_some(),
+        busy: in_flight && !ours && mine.is_none(),
+        handed: ours || mine.is_some(),
+        outcome,
+    }
+}
+
+/// The earliest unfinished request of the same cluster, if it is not `request`.
+fn earlier(requests: &Store<CertificateRefresh>, request: &CertificateRefresh) -> Option<String> {
+    let cluster = request.spec.target.cluster.as_ref()?;
+    let namespace = request.namespace();
+    let key = |r: &CertificateRefresh| (r.creation_timestamp().map(|t| t.0), r.name_any());
+    requests
+        .state()
+        .iter()
+        .filter(|r| r.namespace() == namespace && r.spec.target.cluster.as_ref() == Some(cluster))
+        .filter(|r| {
+            !r.status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .is_some_and(RequestPhase::is_finished)
+        })
+        .min_by_key(|r| key(r))
+        .map(|r| r.name_any())
+        .filter(|first| *first != request.name_any())
+}
+
+/// Whether the workload cluster's API server answers (`/version`, bounded).
+async fn api_answers(ctx: &Context, namespace: &str, cluster: Option<&str>) -> bool {
+    let Some(cluster) = cluster else {
+        return false;
+    };
+    let client = match ctx.workload.get(namespace, cluster).await {
+        Ok(client) => client,
+        Err(err) => {
+            info!(cluster, error = %err, "The cluster API cannot be reached");
+            return false;
+        }
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(10), client.apiserver_version()).await,
+        Ok(Ok(_))
+    )
+}
+
+/// Whether the Machine's refresh for `request` started (live reads: the Machine carries the
+/// trigger, or its MachineCertificates has the request's operation).
+async fn started_live(
+    ctx: &Context,
+    namespace: &str,
+    machine: &str,
+    request: &str,
+) -> Result<bool, Error> {
+    // The Machine first: its trigger goes only after the operation is recorded.
+    let machines: Api<Machine> = Api::namespaced_with(ctx.client.clone(), namespace, &ctx.capi);
+    let Some(live) = machines.get_opt(machine).await? else {
+        return Ok(true);
+    };
+    if MachineView::of(&live).annotation(FLEET_REQUEST) == Some(request) {
+        return Ok(true);
+    }
+    let certificates: Api<MachineCertificates> = Api::namespaced(ctx.client.clone(), namespace);
+    let recorded = certificates
+        .get_opt(machine)
+        .await?
+        .and_then(|c| c.status)
+        .and_then(|s| s.operation)
+        .is_some_and(|op| op.fleet.as_deref() == Some(request));
+    Ok(recorded)
+}
+
+/// Sets the trigger (and the request's mark) on a Machine.
+async fn hand_over(
+    ctx: &Context,
+    namespace: &str,
+    machine: &str,
+    ttl: &str,
+    request: &str,
+) -> Result<(), Error> {
+    let machines: Api<Machine> = Api::namespaced_with(ctx.client.clone(), namespace, &ctx.capi);
+    let patch = json!({ "metadata": { "annotations": {
+        REFRESH_CERTIFICATES: ttl,
+        FLEET_REQUEST: request,
+    }}});
+    match machines
+        .patch(machine, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+    {
+        Ok(_) => {
+            info!(request, machine, ttl, "Handed the refresh to the Machine");
+            Ok(())
+        }
+        // Gone meanwhile: the next step skips it.
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// The Cluster of a fleet request (or the Machine of a one-Machine request) Events go to.
+fn event_target(
+    ctx: &Context,
+    request: &CertificateRefresh,
+    namespace: &str,
+) -> k8s_openapi::api::core::v1::ObjectReference {
+    if let Some(cluster) = &request.spec.target.cluster
+        && let Some(cached) = get_capi(&ctx.stores.clusters, ctx.capi, namespace, cluster)
+    {
+        return cached.object_ref(&ctx.capi);
+    }
+    if let Some(machine) = &request.spec.target.machine
+        && let Some(cached) = get_capi(&ctx.stores.machines, ctx.capi, namespace, machine)
+    {
+        return cached.object_ref(&ctx.capi);
+    }
+    request.object_ref(&())
+}
+
+async fn publish(
+    recorder: &Recorder,
+    target: &k8s_openapi::api::core::v1::ObjectReference,
+    note: &plan::Note,
+) {
+    let event = Event {
+        type_: if note.warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: note.reason.to_owned(),
+        note: Some(note.message.chars().take(1000).collect()),
+        action: "RefreshCertificates".into(),
+        secondary: None,
+    };
+    if let Err(err) = recorder.publish(&event, target).await {
+        warn!(error = %err, reason = note.reason, "Publishing an Event failed");
+    }
+}
+
+/// The outcome on the Cluster whose trigger created the request, as on a Machine.
+async fn mirror_on_cluster(
+    ctx: &Context,
+    namespace: &str,
+    cluster: &str,
+    request: &str,
+    phase: RequestPhase,
+) -> Result<(), Error> {
+    let Some(cached) = get_capi(&ctx.stores.clusters, ctx.capi, namespace, cluster) else {
+        return Ok(());
+    };
+    if cached.annotations.get(FLEET_REQUEST) != Some(request) {
+        return Ok(());
+    }
+    let status = if phase == RequestPhase::Succeeded {
+        RefreshStatus::Done
+    } else {
+        RefreshStatus::Failed
+    };
+    if cached.annotations.get(REFRESH_CERTIFICATES_STATUS) == Some(status.as_str()) {
+        return Ok(());
+    }
+    let clusters: Api<Cluster> = Api::namespaced_with(ctx.client.clone(), namespace, &ctx.capi);
+    let patch =
+        json!({ "metadata": { "annotations": { REFRESH_CERTIFICATES_STATUS: status.as_str() }}});
+    match clusters
+        .patch(cluster, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// Drops a cluster's oldest finished fleet requests beyond `keep` (housekeeping: a failure
+/// only leaves one too many).
+async fn prune(api: &Api<CertificateRefresh>, cluster: &str, keep: usize) {
+    let selector = format!(
+        "{CLUSTER_NAME_LABEL}={cluster},!{}",
+        ck8s_certs_api::certificate_refresh::labels::MACHINE
+    );
+    let list = match api.list(&ListParams::default().labels(&selector)).await {
+        Ok(list) => list,
+        Err(err) => {
+            warn!(error = %err, "Could not list the fleet requests to prune them");
+            return;
+        }
+    };
+    let finished = list
+        .items
+        .into_iter()
+        .filter(|r| r.spec.target.cluster.as_deref() == Some(cluster))
+        .filter(|r| {
+            r.status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .is_some_and(RequestPhase::is_finished)
+        })
+        .filter_map(|r| {
+            Some((
+                r.metadata.name.clone()?,
+                r.metadata.creation_timestamp.as_ref()?.0,
+            ))
+        })
+        .collect();
+    for old in super::machine::history::beyond(finished, keep.max(1)) {
+        if let Err(err) = api.delete(&old, &DeleteParams::background()).await {
+            warn!(request = old, error = %err, "Could not delete an old fleet request");
+        }
+    }
+}
+
+/// The unfinished requests a Machine's change may move on (those of its cluster or itself).
+pub fn requests_of_machine(
+    requests: &Store<CertificateRefresh>,
+    machine: &Machine,
+) -> Vec<ObjectRef<CertificateRefresh>> {
+    let view = MachineView::of(machine);
+    requests
+        .state()
+        .iter()
+        .filter(|r| r.namespace().as_deref() == Some(view.namespace.as_str()))
+        .filter(|r| {
+            !r.status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .is_some_and(RequestPhase::is_finished)
+        })
+        .filter(|r| {
+            r.spec.target.machine.as_deref() == Some(view.name.as_str())
+                || (r.spec.target.cluster.is_some() && r.spec.target.cluster == view.cluster)
+        })
+        .map(|r| ObjectRef::from_obj(r.as_ref()))
+        .collect()
+}

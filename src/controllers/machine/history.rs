@@ -1,0 +1,173 @@
+//! The audit trail: every finished refresh of a Machine leaves a `CertificateRefresh` record
+//! (target the Machine, owned by it), and the last `--refresh-history` records per Machine are
+//! kept. Written before the Machine shows the outcome, so a crash in between records it on the
+//! next reconcile (the same name: the create is idempotent).
+
+use ck8s_certs_api::certificate_refresh::{
+    CertificateRefresh, CertificateRefreshSpec, CertificateRefreshStatus, MachinePhase,
+    MachineProgress, RequestPhase, Target, labels,
+};
+use kube::api::{DeleteParams, ObjectMeta};
+
+use super::*;
+
+/// A record's name: the Machine's and the operation's start (unique per Machine: one operation
+/// at a time, and a start is recorded to the second).
+pub fn record_name(machine: &str, op: &Operation) -> String {
+    // Object names are at most 253 characters; Machine names may be as long.
+    let machine: String = machine.chars().take(230).collect();
+    format!("{machine}-{}", op.started_at.0.as_second())
+}
+
+/// The record of a finished operation (its status goes in a second write).
+pub fn record(view: &MachineView, capi: CapiVersion, op: &Operation) -> CertificateRefresh {
+    let mut labels: std::collections::BTreeMap<String, String> =
+        [CLUSTER_NAME_LABEL, WATCH_FILTER_LABEL]
+            .into_iter()
+            .filter_map(|key| view.labels.get(key).map(|v| (key.to_owned(), v.clone())))
+            .collect();
+    labels.insert(labels::MACHINE.to_owned(), label_value(&view.name));
+    if let Some(fleet) = &op.fleet {
+        labels.insert(labels::FLEET.to_owned(), label_value(fleet));
+    }
+    CertificateRefresh {
+        metadata: ObjectMeta {
+            name: Some(record_name(&view.name, op)),
+            namespace: Some(view.namespace.clone()),
+            labels: Some(labels),
+            owner_references: Some(vec![OwnerReference {
+                api_version: Machine::api_version(&capi).into_owned(),
+                kind: "Machine".into(),
+                name: view.name.clone(),
+                uid: view.uid.clone().unwrap_or_default(),
+                controller: Some(true),
+                block_owner_deletion: None,
+            }]),
+            ..Default::default()
+        },
+        spec: CertificateRefreshSpec {
+            target: Target {
+                machine: Some(view.name.clone()),
+                cluster: None,
+            },
+            ttl: op.ttl.clone(),
+            origin: op.origin,
+            requested_by: op.requested_by.clone(),
+            max_parallel_workers: None,
+            continue_on_failure: false,
+            suspend: false,
+        },
+        status: None,
+    }
+}
+
+/// The status of a finished operation's record.
+pub fn record_status(machine: &str, role: Role, op: &Operation) -> CertificateRefreshStatus {
+    let succeeded = op.phase == Phase::Succeeded;
+    let message = if succeeded {
+        op.note.clone()
+    } else {
+        op.error.clone()
+    };
+    CertificateRefreshStatus {
+        phase: Some(if succeeded {
+            RequestPhase::Succeeded
+        } else {
+            RequestPhase::Failed
+        }),
+        machines: vec![MachineProgress {
+            name: machine.to_owned(),
+            role,
+            phase: if succeeded {
+                MachinePhase::Succeeded
+            } else {
+                MachinePhase::Failed
+            },
+            started_at: Some(op.started_at.clone()),
+            finished_at: op.finished_at.clone(),
+            new_expiry: op.new_expiry.clone(),
+            message: message.clone(),
+        }],
+        progress: Some("1/1".into()),
+        started_at: Some(op.started_at.clone()),
+        finished_at: op.finished_at.clone(),
+        new_expiry: op.new_expiry.clone(),
+        message,
+    }
+}
+
+/// Label values are at most 63 characters; longer names are cut (selection is then by prefix
+/// only, which the record's spec.target names in full).
+pub fn label_value(name: &str) -> String {
+    name.chars().take(63).collect()
+}
+
+/// Of records `(name, created)`, those beyond the newest `keep`.
+pub fn beyond(mut records: Vec<(String, Timestamp)>, keep: usize) -> Vec<String> {
+    records.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| b.0.cmp(&a.0)));
+    records
+        .into_iter()
+        .skip(keep)
+        .map(|(name, _)| name)
+        .collect()
+}
+
+impl Reconciler<'_> {
+    /// Records a finished operation and drops the Machine's oldest records beyond
+    /// `--refresh-history` (0: no records).
+    pub(super) async fn keep_history(&self, op: &Operation) -> Result<(), Error> {
+        let keep = self.ctx.config.history;
+        if keep == 0 || !op.is_finished() {
+            return Ok(());
+        }
+        let api: Api<CertificateRefresh> =
+            Api::namespaced(self.ctx.client.clone(), &self.view.namespace);
+        let record = record(&self.view, self.ctx.capi, op);
+        let name = record.metadata.name.clone().unwrap_or_default();
+        let params = PostParams {
+            field_manager: Some(MANAGER.into()),
+            ..Default::default()
+        };
+        match api.create(&params, &record).await {
+            Ok(_) => {}
+            // Recorded before a crash: the status write below is the same again.
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(err) => return Err(err.into()),
+        }
+        let status = json!({
+            "apiVersion": CertificateRefresh::api_version(&()),
+            "kind": CertificateRefresh::kind(&()),
+            "status": record_status(&self.view.name, self.role(), op),
+        });
+        api.patch_status(
+            &name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(status),
+        )
+        .await?;
+        // Pruning is housekeeping: a failure leaves one record too many until the next refresh.
+        let selector = format!("{}={}", labels::MACHINE, label_value(&self.view.name));
+        match api
+            .list_metadata(&ListParams::default().labels(&selector))
+            .await
+        {
+            Ok(list) => {
+                let records = list
+                    .items
+                    .into_iter()
+                    .filter_map(|r| {
+                        let created = r.metadata.creation_timestamp.as_ref()?.0;
+                        Some((r.metadata.name?, created))
+                    })
+                    .collect();
+                for old in beyond(records, keep) {
+                    if let Err(err) = api.delete(&old, &DeleteParams::background()).await {
+                        warn!(record = old, error = %err, "Could not delete an old refresh record");
+                    }
+                }
+            }
+            Err(err) => warn!(error = %err, "Could not list the refresh records to prune them"),
+        }
+        Ok(())
+    }
+}
