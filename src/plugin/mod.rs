@@ -7,9 +7,11 @@
 //! - `explain <machine>`: why a renewal is deferred or failing, which policy governs it and what
 //!   happens next;
 //! - `renew <machine>… | --cluster <c>`: the same request as the annotation, optionally waiting;
+//! - `history [<machine>] [--cluster <c>]`: the refreshes recorded, newest first;
 //! - `policy preview`: what a policy file would decide, offline.
 
 mod explain;
+mod history;
 mod output;
 mod renew;
 mod status;
@@ -69,6 +71,9 @@ pub enum PluginCommand {
     /// Renew the certificates of Machines now (the `v1beta2.k8sd.io/refresh-certificates`
     /// annotation), optionally waiting for the outcome.
     Renew(renew::RenewArgs),
+    /// Who refreshed what, when, with which TTL, and how it went (the CertificateRefresh
+    /// records, newest first).
+    History(history::HistoryArgs),
     /// CertificateRenewalPolicy files, offline.
     #[command(subcommand)]
     Policy(PolicyCommand),
@@ -185,6 +190,7 @@ async fn run(args: PluginArgs) -> Result<(), PluginError> {
         PluginCommand::Status(status) => status::run(&session, status, &mut out).await,
         PluginCommand::Explain(explain) => explain::run(&session, explain, &mut out).await,
         PluginCommand::Renew(renew) => renew::run(&session, renew, &mut out).await,
+        PluginCommand::History(history) => history::run(&session, history, &mut out).await,
         PluginCommand::Policy(_) => Ok(()),
     }
 }

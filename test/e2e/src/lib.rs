@@ -708,7 +708,12 @@ extern "C" fn stop_shared() {
 /// the spawning thread. When the test process exits, that thread dies and the kernel kills
 /// every child.
 pub async fn shared() -> Arc<Environment> {
-    let result = tokio::task::spawn_blocking(|| {
+    shared_with(EnvSpec::standard).await
+}
+
+/// [`shared`] with another environment: the first call of the test binary decides which.
+pub async fn shared_with(spec: fn() -> EnvSpec) -> Arc<Environment> {
+    let result = tokio::task::spawn_blocking(move || {
         SHARED
             .get_or_init(|| {
                 let _ = rustls::crypto::ring::default_provider().install_default();
@@ -726,7 +731,7 @@ pub async fn shared() -> Arc<Environment> {
                                 return;
                             }
                         };
-                        let env = runtime.block_on(Environment::start(EnvSpec::standard()));
+                        let env = runtime.block_on(Environment::start(spec()));
                         // Statics are never dropped: stop the environment when the test
                         // binary exits normally (a killed one relies on the parent-death
                         // signal, and its folder is removed by the next start).

@@ -9,13 +9,14 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use ck8s_certs_api::annotations::REFRESH_CERTIFICATES;
+use ck8s_certs_api::certificate_refresh::CertificateRefresh;
 use ck8s_certs_api::machine_certificates::MachineCertificatesStatus;
 use ck8s_certs_e2e::fixtures::NodeInfo;
 use ck8s_certs_e2e::{Binaries, Environment, shared};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{ListParams, PostParams};
 use serde_json::json;
 
 const TIMEOUT: Duration = Duration::from_secs(90);
@@ -413,4 +414,41 @@ async fn status_explain_and_renew_answer_for_a_small_fleet_and_a_reader_cannot_r
             .all(|l| l.contains("(manual)") && l.ends_with("Succeeded")),
         "{table}"
     );
+
+    // history: the worker's two refreshes, newest first, exactly as recorded.
+    let history = stdout(&run(
+        &env,
+        &viewer,
+        &["history", &worker.machine, "-n", "fleet"],
+    ));
+    println!("{history}");
+    let records: Api<CertificateRefresh> =
+        Api::namespaced(env.management().await.unwrap(), "fleet");
+    let mut recorded = records
+        .list(
+            &ListParams::default()
+                .labels(&format!("certificates.ck8s.io/machine={}", worker.machine)),
+        )
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(recorded.len(), 2, "{recorded:?}");
+    recorded.sort_by_key(|r| std::cmp::Reverse(r.status.as_ref().unwrap().started_at.clone()));
+    let width = worker.machine.len().max("TARGET".len());
+    let mut expected = vec![format!(
+        "NAMESPACE  {:<width$}  TTL  ORIGIN  REQUESTED BY        STARTED               RESULT     NEW EXPIRY",
+        "TARGET"
+    )];
+    for record in &recorded {
+        let status = record.status.as_ref().unwrap();
+        expected.push(format!(
+            "fleet      {:<width$}  {}   Manual  kubectl-ck8s-certs  {}  Succeeded  {}",
+            worker.machine,
+            record.spec.ttl,
+            when(status.started_at.as_ref().unwrap().0),
+            when(status.new_expiry.as_ref().unwrap().0),
+        ));
+    }
+    assert_eq!(history.lines().collect::<Vec<_>>(), expected, "{history}");
+    assert_eq!(recorded[0].spec.ttl, "2y");
 }

@@ -1,0 +1,244 @@
+//! `kubectl ck8s-certs history [<machine>] [--cluster <c>]`: who refreshed what, when, with which
+//! TTL, and how it went: the CertificateRefresh records (one per finished Machine refresh, the
+//! last `--refresh-history` kept per Machine) and the fleet requests, newest first.
+
+use std::io::Write;
+
+use ck8s_certs_api::capi::CLUSTER_NAME_LABEL;
+use ck8s_certs_api::certificate_refresh::{CertificateRefresh, labels};
+use jiff::Timestamp;
+use kube::api::ListParams;
+use kube::{Api, ResourceExt};
+use serde::Serialize;
+
+use super::output::{Cell, Tone, table, when};
+use super::{Format, PluginError, Session};
+
+#[derive(Debug, clap::Args)]
+pub struct HistoryArgs {
+    /// Only this Machine's refreshes.
+    pub machine: Option<String>,
+    /// Only the refreshes of this Cluster's Machines, and its fleet requests.
+    #[arg(long)]
+    pub cluster: Option<String>,
+    /// Every namespace.
+    #[arg(short = 'A', long)]
+    pub all_namespaces: bool,
+    #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
+    pub output: Format,
+}
+
+/// One refresh (also its JSON/YAML form).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Entry {
+    pub namespace: String,
+    pub name: String,
+    /// The Machine, or `cluster/<name>` for a fleet request.
+    pub target: String,
+    pub ttl: String,
+    pub origin: String,
+    pub requested_by: Option<String>,
+    pub started: Option<Timestamp>,
+    pub finished: Option<Timestamp>,
+    /// Pending, Running, Suspended, Succeeded or Failed.
+    pub result: String,
+    /// Fleet requests: finished Machines of all.
+    pub progress: Option<String>,
+    pub new_expiry: Option<Timestamp>,
+    pub message: Option<String>,
+}
+
+const HEADERS: [&str; 8] = [
+    "NAMESPACE",
+    "TARGET",
+    "TTL",
+    "ORIGIN",
+    "REQUESTED BY",
+    "STARTED",
+    "RESULT",
+    "NEW EXPIRY",
+];
+
+pub fn entry(request: &CertificateRefresh) -> Entry {
+    let status = request.status.clone().unwrap_or_default();
+    let spec = &request.spec;
+    Entry {
+        namespace: request.namespace().unwrap_or_default(),
+        name: request.name_any(),
+        target: match (&spec.target.machine, &spec.target.cluster) {
+            (Some(machine), _) => machine.clone(),
+            (None, Some(cluster)) => format!("cluster/{cluster}"),
+            (None, None) => "-".into(),
+        },
+        ttl: spec.ttl.clone(),
+        origin: format!("{:?}", spec.origin),
+        requested_by: spec.requested_by.clone(),
+        started: status
+            .started_at
+            .map(|t| t.0)
+            .or_else(|| request.creation_timestamp().map(|t| t.0)),
+        finished: status.finished_at.map(|t| t.0),
+        result: status
+            .phase
+            .map_or_else(|| "Pending".to_owned(), |p| format!("{p:?}")),
+        progress: status.progress,
+        new_expiry: status.new_expiry.map(|t| t.0),
+        message: status.message,
+    }
+}
+
+fn cells(entry: &Entry) -> Vec<Cell> {
+    let tone = match entry.result.as_str() {
+        "Failed" => Tone::Bad,
+        "Succeeded" => Tone::Plain,
+        _ => Tone::Warning,
+    };
+    let result = match (&entry.progress, entry.target.starts_with("cluster/")) {
+        (Some(progress), true) => format!("{} {progress}", entry.result),
+        _ => entry.result.clone(),
+    };
+    vec![
+        Cell::plain(&entry.namespace),
+        Cell::plain(&entry.target),
+        Cell::plain(&entry.ttl),
+        Cell::plain(&entry.origin),
+        Cell::plain(entry.requested_by.as_deref().unwrap_or("-")),
+        Cell::plain(entry.started.map_or_else(|| "-".into(), when)),
+        Cell::with(result, tone),
+        Cell::plain(entry.new_expiry.map_or_else(|| "-".into(), when)),
+    ]
+}
+
+/// The requests in scope, newest first.
+pub async fn entries(session: &Session, args: &HistoryArgs) -> Result<Vec<Entry>, PluginError> {
+    let api: Api<CertificateRefresh> = if args.all_namespaces {
+        Api::all(session.client.clone())
+    } else {
+        Api::namespaced(session.client.clone(), &session.namespace)
+    };
+    let mut params = ListParams::default();
+    if let Some(machine) = &args.machine {
+        params = params.labels(&format!("{}={machine}", labels::MACHINE));
+    } else if let Some(cluster) = &args.cluster {
+        params = params.labels(&format!("{CLUSTER_NAME_LABEL}={cluster}"));
+    }
+    let mut entries: Vec<Entry> = api
+        .list(&params)
+        .await?
+        .items
+        .iter()
+        .filter(|r| {
+            args.machine
+                .as_ref()
+                .is_none_or(|m| r.spec.target.machine.as_ref() == Some(m))
+        })
+        .map(entry)
+        .collect();
+    entries.sort_by(|a, b| (b.started, &b.name).cmp(&(a.started, &a.name)));
+    Ok(entries)
+}
+
+pub async fn run(
+    session: &Session,
+    args: &HistoryArgs,
+    out: &mut impl Write,
+) -> Result<(), PluginError> {
+    let entries = entries(session, args).await?;
+    let io = |e: std::io::Error| PluginError::Failed(e.to_string());
+    let failed = |e: String| PluginError::Failed(e);
+    match args.output {
+        Format::Json => writeln!(
+            out,
+            "{}",
+            serde_json::to_string_pretty(&entries).map_err(|e| failed(e.to_string()))?
+        )
+        .map_err(io)?,
+        Format::Yaml => write!(
+            out,
+            "{}",
+            serde_yaml::to_string(&entries).map_err(|e| failed(e.to_string()))?
+        )
+        .map_err(io)?,
+        Format::Table if entries.is_empty() => {
+            writeln!(out, "No refreshes recorded.").map_err(io)?
+        }
+        Format::Table => {
+            let rows: Vec<Vec<Cell>> = entries.iter().map(cells).collect();
+            table(out, &HEADERS, &rows, super::output::colour()).map_err(io)?;
+            for entry in entries.iter().filter(|e| e.result == "Failed") {
+                if let Some(message) = &entry.message {
+                    writeln!(out, "\n{} {}: {message}", entry.target, entry.name).map_err(io)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use ck8s_certs_api::certificate_refresh::{
+        CertificateRefreshSpec, CertificateRefreshStatus, Origin, RequestPhase, Target,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    use super::*;
+
+    fn at(second: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + second).unwrap()
+    }
+
+    fn request(
+        name: &str,
+        machine: Option<&str>,
+        phase: RequestPhase,
+        start: i64,
+    ) -> CertificateRefresh {
+        let mut request = CertificateRefresh::new(
+            name,
+            CertificateRefreshSpec {
+                target: Target {
+                    machine: machine.map(str::to_owned),
+                    cluster: machine.is_none().then(|| "c".to_owned()),
+                },
+                ttl: "1y".into(),
+                origin: if machine.is_some() {
+                    Origin::Fleet
+                } else {
+                    Origin::Manual
+                },
+                requested_by: Some("kubectl-annotate".into()),
+                max_parallel_workers: None,
+                continue_on_failure: false,
+                suspend: false,
+            },
+        );
+        request.metadata.namespace = Some("ns".into());
+        request.status = Some(CertificateRefreshStatus {
+            phase: Some(phase),
+            progress: Some("2/3".into()),
+            started_at: Some(Time(at(start))),
+            message: Some("disk full".into()),
+            ..Default::default()
+        });
+        request
+    }
+
+    #[test]
+    fn a_table_of_refreshes_with_the_failures_explained() {
+        let entries = [
+            entry(&request("c-1", None, RequestPhase::Running, 10)),
+            entry(&request("m-1", Some("m"), RequestPhase::Failed, 5)),
+        ];
+        let rows: Vec<Vec<Cell>> = entries.iter().map(cells).collect();
+        let mut out = Vec::new();
+        table(&mut out, &HEADERS, &rows, false).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "NAMESPACE  TARGET     TTL  ORIGIN  REQUESTED BY      STARTED               RESULT       NEW EXPIRY\n\
+             ns         cluster/c  1y   Manual  kubectl-annotate  2027-01-15T08:00:10Z  Running 2/3  -\n\
+             ns         m          1y   Fleet   kubectl-annotate  2027-01-15T08:00:05Z  Failed       -\n"
+        );
+    }
+}

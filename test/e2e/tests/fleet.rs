@@ -1,0 +1,571 @@
+//! Fleet refreshes: `kubectl annotate cluster <c> v1beta2.k8sd.io/refresh-certificates=1y` (or a
+//! CertificateRefresh made by hand) refreshes every CK8s Machine of the cluster: control planes
+//! one at a time, then workers at most `maxParallelWorkers` at once; a failure stops it unless
+//! `continueOnFailure`; bad input is refused before anything starts; a second request of a
+//! cluster waits for the first; a restarted controller carries on without refreshing a Machine
+//! twice. Every Machine refresh leaves one record (the history).
+//!
+//! One environment for this file: the standard clusters, `trio` with a fourth worker. Each test
+//! owns whole clusters (a fleet request works on all of a cluster's Machines).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use ck8s_certs::k8sd::wire::path;
+use ck8s_certs_api::annotations::{
+    FLEET_REQUEST, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS,
+};
+use ck8s_certs_api::capi::{self, WATCH_FILTER_LABEL};
+use ck8s_certs_api::certificate_refresh::{
+    CertificateRefresh, CertificateRefreshSpec, MachinePhase, Origin, RequestPhase, Target, labels,
+};
+use ck8s_certs_e2e::fixtures::{NodeInfo, Role};
+use ck8s_certs_e2e::sim::{CallRecord, Endpoint, Fault};
+use ck8s_certs_e2e::{EnvSpec, Environment, shared_with};
+use k8s_openapi::api::core::v1::Event;
+use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::core::GroupVersionKind;
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use std::sync::Arc;
+
+const TIMEOUT: Duration = Duration::from_secs(240);
+
+fn spec() -> EnvSpec {
+    let mut spec = EnvSpec::standard();
+    for cluster in &mut spec.clusters {
+        if cluster.name == "trio" {
+            cluster.workers = 4;
+        }
+    }
+    spec
+}
+
+async fn env() -> Arc<Environment> {
+    shared_with(spec).await
+}
+
+fn clusters_api(env: &Environment, client: kube::Client, namespace: &str) -> Api<DynamicObject> {
+    let version = env.spec.capi_version.storage_version();
+    Api::namespaced_with(
+        client,
+        namespace,
+        &ApiResource::from_gvk(&GroupVersionKind::gvk(capi::GROUP, version, "Cluster")),
+    )
+}
+
+/// Labels a cluster and its Machines for the controller with `filter`.
+async fn isolate_cluster(env: &Environment, cluster: &str, filter: &str) -> Vec<NodeInfo> {
+    let nodes = env.cluster(cluster).nodes.clone();
+    for node in &nodes {
+        env.isolate(node, filter).await;
+    }
+    let namespace = env.cluster(cluster).spec.namespace.clone();
+    clusters_api(env, env.management().await.unwrap(), &namespace)
+        .patch(
+            cluster,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "labels": { WATCH_FILTER_LABEL: filter } } })),
+        )
+        .await
+        .unwrap();
+    nodes
+}
+
+async fn annotate_cluster(env: &Environment, cluster: &str, ttl: &str) {
+    let namespace = env.cluster(cluster).spec.namespace.clone();
+    clusters_api(env, env.management().await.unwrap(), &namespace)
+        .patch(
+            cluster,
+            &PatchParams {
+                field_manager: Some("kubectl-annotate".into()),
+                ..Default::default()
+            },
+            &Patch::Merge(json!({ "metadata": { "annotations": { REFRESH_CERTIFICATES: ttl } } })),
+        )
+        .await
+        .unwrap();
+}
+
+async fn cluster_annotations(env: &Environment, cluster: &str) -> BTreeMap<String, String> {
+    let namespace = env.cluster(cluster).spec.namespace.clone();
+    clusters_api(env, env.management().await.unwrap(), &namespace)
+        .get(cluster)
+        .await
+        .unwrap()
+        .metadata
+        .annotations
+        .unwrap_or_default()
+}
+
+fn requests(client: kube::Client, namespace: &str) -> Api<CertificateRefresh> {
+    Api::namespaced(client, namespace)
+}
+
+/// Waits for the request the Cluster's trigger created, then for it to finish.
+async fn finished_request_of_cluster(env: &Environment, cluster: &str) -> CertificateRefresh {
+    let deadline = Instant::now() + TIMEOUT;
+    let name = loop {
+        if let Some(name) = cluster_annotations(env, cluster).await.get(FLEET_REQUEST) {
+            break name.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no request for cluster {cluster}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    finished(env, &env.cluster(cluster).spec.namespace.clone(), &name).await
+}
+
+async fn finished(env: &Environment, namespace: &str, name: &str) -> CertificateRefresh {
+    let api = requests(env.management().await.unwrap(), namespace);
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let request = api.get(name).await.unwrap();
+        if request
+            .status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .is_some_and(RequestPhase::is_finished)
+        {
+            return request;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "request {name} did not finish: {:?}",
+            request.status
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+async fn runs(env: &Environment, node: &NodeInfo) -> Vec<CallRecord> {
+    env.sim
+        .calls(&node.cluster, &node.node)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.path == path::RUN && c.method == "POST")
+        .collect()
+}
+
+fn started(call: &CallRecord) -> jiff::Timestamp {
+    call.started_at.parse().unwrap()
+}
+
+fn ended(call: &CallRecord) -> jiff::Timestamp {
+    started(call) + jiff::SignedDuration::from_secs_f64(call.duration_ms / 1000.0)
+}
+
+/// The Machine records of `node`, newest first.
+async fn records(env: &Environment, node: &NodeInfo) -> Vec<CertificateRefresh> {
+    let api = requests(env.management().await.unwrap(), &node.namespace);
+    let mut list = api
+        .list(&ListParams::default().labels(&format!("{}={}", labels::MACHINE, node.machine)))
+        .await
+        .unwrap()
+        .items;
+    list.sort_by_key(|r| std::cmp::Reverse(r.creation_timestamp()));
+    list
+}
+
+async fn cluster_event_reasons(env: &Environment, namespace: &str, cluster: &str) -> Vec<String> {
+    let events: Api<Event> = Api::namespaced(env.management().await.unwrap(), namespace);
+    events
+        .list(&ListParams::default().fields(&format!(
+            "involvedObject.name={cluster},involvedObject.kind=Cluster"
+        )))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect()
+}
+
+/// Control-plane runs never overlap and each starts after the previous one ended; worker runs
+/// start after every control plane's and never more than `parallel` overlap.
+fn assert_order(control_planes: &[CallRecord], workers: &[CallRecord], parallel: usize) {
+    let mut cps: Vec<&CallRecord> = control_planes.iter().collect();
+    cps.sort_by_key(|c| started(c));
+    for pair in cps.windows(2) {
+        assert!(
+            started(pair[1]) >= ended(pair[0]),
+            "control planes overlapped: {} and {}",
+            pair[0].node,
+            pair[1].node
+        );
+    }
+    let last_cp = cps.iter().map(|c| ended(c)).max().unwrap();
+    for worker in workers {
+        assert!(
+            started(worker) >= last_cp,
+            "worker {} ran before the control planes finished",
+            worker.node
+        );
+        let overlapping = workers
+            .iter()
+            .filter(|w| started(w) <= started(worker) && ended(w) > started(worker))
+            .count();
+        assert!(overlapping <= parallel, "{overlapping} workers ran at once");
+    }
+}
+
+async fn assert_fleet_refreshed(env: &Environment, cluster: &str, request: &CertificateRefresh) {
+    let status = request.status.clone().unwrap();
+    let nodes = env.cluster(cluster).nodes.clone();
+    assert_eq!(status.phase, Some(RequestPhase::Succeeded), "{status:?}");
+    assert_eq!(status.progress, Some(format!("{n}/{n}", n = nodes.len())));
+    assert!(
+        status
+            .machines
+            .iter()
+            .all(|m| m.phase == MachinePhase::Succeeded && m.new_expiry.is_some())
+    );
+    let (mut cp_runs, mut worker_runs) = (Vec::new(), Vec::new());
+    for node in &nodes {
+        let annotations = env.machine_annotations(node).await;
+        assert_eq!(
+            annotations
+                .get(REFRESH_CERTIFICATES_STATUS)
+                .map(String::as_str),
+            Some("done"),
+            "{}",
+            node.machine
+        );
+        assert!(
+            !annotations.contains_key(REFRESH_CERTIFICATES)
+                && !annotations.contains_key(FLEET_REQUEST)
+        );
+        let node_runs = runs(env, node).await;
+        assert_eq!(node_runs.len(), 1, "{} refreshed once", node.machine);
+        match node.role {
+            Role::ControlPlane => cp_runs.extend(node_runs),
+            Role::Worker => worker_runs.extend(node_runs),
+        }
+        // One record, of origin Fleet, naming the request.
+        let records = records(env, node).await;
+        assert_eq!(records.len(), 1, "{}: {records:?}", node.machine);
+        assert_eq!(records[0].spec.origin, Origin::Fleet);
+        assert_eq!(
+            records[0].labels().get(labels::FLEET).map(String::as_str),
+            Some(request.name_any().as_str())
+        );
+        assert_eq!(
+            records[0].spec.requested_by,
+            Some(format!("CertificateRefresh/{}", request.name_any()))
+        );
+        assert_eq!(
+            records[0].status.as_ref().unwrap().phase,
+            Some(RequestPhase::Succeeded)
+        );
+    }
+    assert_order(&cp_runs, &worker_runs, 2);
+}
+
+#[tokio::test]
+async fn a_cluster_annotation_refreshes_control_planes_one_at_a_time_then_workers_two_at_a_time() {
+    let env = env().await;
+    isolate_cluster(&env, "trio", "fleet-trio").await;
+    let _controller = env.start_controller("fleet-trio", &[]);
+    annotate_cluster(&env, "trio", "1y").await;
+    let request = finished_request_of_cluster(&env, "trio").await;
+    assert_eq!(
+        request.spec.requested_by.as_deref(),
+        Some("kubectl-annotate")
+    );
+    assert_eq!(request.spec.target.cluster.as_deref(), Some("trio"));
+    assert_fleet_refreshed(&env, "trio", &request).await;
+    // The Cluster shows the outcome like a Machine does, the trigger is gone.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let annotations = cluster_annotations(&env, "trio").await;
+        if annotations
+            .get(REFRESH_CERTIFICATES_STATUS)
+            .map(String::as_str)
+            == Some("done")
+        {
+            assert!(!annotations.contains_key(REFRESH_CERTIFICATES));
+            break;
+        }
+        assert!(Instant::now() < deadline, "{annotations:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let reasons = cluster_event_reasons(&env, "fleet", "trio").await;
+    for reason in [
+        "CertificatesFleetRefreshRequested",
+        "CertificatesFleetRefreshStarted",
+        "CertificatesFleetMachineRefreshed",
+        "CertificatesFleetRefreshSucceeded",
+    ] {
+        assert!(
+            reasons.iter().any(|r| r == reason),
+            "{reason} in {reasons:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_single_control_plane_cluster_waits_for_its_api_before_the_workers() {
+    let env = env().await;
+    isolate_cluster(&env, "solo", "fleet-solo").await;
+    let _controller = env.start_controller("fleet-solo", &[]);
+    annotate_cluster(&env, "solo", "1y").await;
+    let request = finished_request_of_cluster(&env, "solo").await;
+    assert_fleet_refreshed(&env, "solo", &request).await;
+    // Its only control plane took the workload API down with it; the workers started after.
+    assert!(env.apiserver_restarts("solo") >= 1);
+}
+
+#[tokio::test]
+async fn a_failure_stops_the_fleet_and_continue_on_failure_carries_on() {
+    let env = env().await;
+    let nodes = isolate_cluster(&env, "beta", "fleet-beta").await;
+    let _controller = env.start_controller("fleet-beta", &[]);
+    let failing = env.cluster("beta").node("beta-cp-0").clone();
+    let fault = env
+        .sim
+        .inject(
+            &Fault::error(500, "failed to generate certificates: disk full")
+                .on(&failing)
+                .at(Endpoint::Run),
+        )
+        .await
+        .unwrap();
+    annotate_cluster(&env, "beta", "1y").await;
+    let stopped = finished_request_of_cluster(&env, "beta").await;
+    let status = stopped.status.clone().unwrap();
+    assert_eq!(status.phase, Some(RequestPhase::Failed));
+    assert!(
+        status.message.as_deref().unwrap().contains("beta-cp-0"),
+        "{status:?}"
+    );
+    let phase_of = |name: &str| {
+        status
+            .machines
+            .iter()
+            .find(|m| m.name == name)
+            .unwrap()
+            .phase
+    };
+    assert_eq!(phase_of("beta-cp-0"), MachinePhase::Failed);
+    for node in nodes.iter().filter(|n| n.machine != "beta-cp-0") {
+        assert_eq!(
+            phase_of(&node.machine),
+            MachinePhase::Skipped,
+            "{}",
+            node.machine
+        );
+        assert!(
+            runs(&env, node).await.is_empty(),
+            "{} was not refreshed",
+            node.machine
+        );
+    }
+    assert_eq!(
+        cluster_annotations(&env, "beta")
+            .await
+            .get(REFRESH_CERTIFICATES_STATUS)
+            .map(String::as_str),
+        Some("failed")
+    );
+    assert!(
+        cluster_event_reasons(&env, "fleet", "beta")
+            .await
+            .iter()
+            .any(|r| r == "CertificatesFleetRefreshFailed")
+    );
+
+    // The same with continueOnFailure, made by hand: every other Machine is refreshed.
+    let api = requests(env.management().await.unwrap(), "fleet");
+    let mut request = CertificateRefresh::new(
+        "beta-continue",
+        CertificateRefreshSpec {
+            target: Target {
+                machine: None,
+                cluster: Some("beta".into()),
+            },
+            ttl: "1y".into(),
+            origin: Origin::Manual,
+            requested_by: None,
+            max_parallel_workers: None,
+            continue_on_failure: true,
+            suspend: false,
+        },
+    );
+    request.metadata.labels =
+        Some([(WATCH_FILTER_LABEL.to_owned(), "fleet-beta".to_owned())].into());
+    api.create(&PostParams::default(), &request).await.unwrap();
+    let carried = finished(&env, "fleet", "beta-continue")
+        .await
+        .status
+        .unwrap();
+    assert_eq!(carried.phase, Some(RequestPhase::Failed));
+    assert_eq!(
+        carried.message.as_deref(),
+        Some("1 Machine(s) failed, 3 refreshed, 0 skipped")
+    );
+    for node in nodes.iter().filter(|n| n.machine != "beta-cp-0") {
+        assert_eq!(runs(&env, node).await.len(), 1, "{}", node.machine);
+    }
+    // The spec cannot be changed, but for suspend.
+    let changed = api
+        .patch(
+            "beta-continue",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "ttl": "2y" } })),
+        )
+        .await;
+    assert!(changed.is_err(), "the spec is immutable");
+    env.sim.clear_fault(&fault).await.unwrap();
+}
+
+#[tokio::test]
+async fn bad_input_and_overlapping_requests_get_a_clear_answer() {
+    let env = env().await;
+    let nodes = isolate_cluster(&env, "gamma", "fleet-gamma").await;
+    let _controller = env.start_controller("fleet-gamma", &[]);
+
+    // A bad TTL: refused before anything starts, on the Cluster too.
+    annotate_cluster(&env, "gamma", "forever").await;
+    let refused = finished_request_of_cluster(&env, "gamma")
+        .await
+        .status
+        .unwrap();
+    assert_eq!(refused.phase, Some(RequestPhase::Failed));
+    assert!(
+        refused
+            .message
+            .as_deref()
+            .unwrap()
+            .starts_with("Refused before anything started"),
+        "{refused:?}"
+    );
+    assert!(refused.machines.is_empty());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cluster_annotations(&env, "gamma")
+        .await
+        .get(REFRESH_CERTIFICATES_STATUS)
+        .map(String::as_str)
+        != Some("failed")
+    {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(
+        cluster_event_reasons(&env, "edge", "gamma")
+            .await
+            .iter()
+            .any(|r| r == "CertificatesFleetRefreshRefused")
+    );
+    for node in &nodes {
+        assert!(runs(&env, node).await.is_empty());
+    }
+
+    let api = requests(env.management().await.unwrap(), "edge");
+    let create = |name: &str, cluster: &str| {
+        let mut request = CertificateRefresh::new(
+            name,
+            CertificateRefreshSpec {
+                target: Target {
+                    machine: None,
+                    cluster: Some(cluster.into()),
+                },
+                ttl: "1y".into(),
+                origin: Origin::Manual,
+                requested_by: None,
+                max_parallel_workers: Some(1),
+                continue_on_failure: false,
+                suspend: false,
+            },
+        );
+        request.metadata.labels =
+            Some([(WATCH_FILTER_LABEL.to_owned(), "fleet-gamma".to_owned())].into());
+        request
+    };
+    // A cluster that does not exist.
+    api.create(
+        &PostParams::default(),
+        &create("nowhere", "no-such-cluster"),
+    )
+    .await
+    .unwrap();
+    let nowhere = finished(&env, "edge", "nowhere").await.status.unwrap();
+    assert_eq!(nowhere.phase, Some(RequestPhase::Failed));
+    assert_eq!(
+        nowhere.message.as_deref(),
+        Some("Refused: Cluster no-such-cluster does not exist")
+    );
+
+    // Two requests of one cluster: the second waits for the first, no node runs two at once.
+    api.create(&PostParams::default(), &create("first", "gamma"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    api.create(&PostParams::default(), &create("second", "gamma"))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let second = api.get("second").await.unwrap().status.unwrap_or_default();
+        if second.phase == Some(RequestPhase::Pending) {
+            assert!(
+                second
+                    .message
+                    .as_deref()
+                    .unwrap()
+                    .contains("CertificateRefresh first"),
+                "{second:?}"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "{second:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let first = finished(&env, "edge", "first").await.status.unwrap();
+    let second = finished(&env, "edge", "second").await.status.unwrap();
+    assert_eq!(
+        (first.phase, second.phase),
+        (Some(RequestPhase::Succeeded), Some(RequestPhase::Succeeded))
+    );
+    assert!(second.started_at.unwrap().0 >= first.finished_at.unwrap().0);
+    for node in &nodes {
+        let node_runs = runs(&env, node).await;
+        assert_eq!(node_runs.len(), 2, "{}", node.machine);
+        assert!(started(&node_runs[1]) >= ended(&node_runs[0]));
+        assert_eq!(records(&env, node).await.len(), 2);
+    }
+}
+
+#[tokio::test]
+async fn a_controller_killed_mid_fleet_resumes_without_refreshing_a_machine_twice() {
+    let env = env().await;
+    let nodes = isolate_cluster(&env, "alpha", "fleet-alpha").await;
+    let controller = env.start_controller("fleet-alpha", &[]);
+    annotate_cluster(&env, "alpha", "1y").await;
+    // Killed once the first control plane is done, mid-fleet.
+    let first = env.cluster("alpha").node("alpha-cp-0").clone();
+    let annotations = env.wait_for_refresh(&first, TIMEOUT).await;
+    assert_eq!(annotations[REFRESH_CERTIFICATES_STATUS], "done");
+    controller.crash();
+    let _restarted = env.start_controller("fleet-alpha", &[]);
+    let request = finished_request_of_cluster(&env, "alpha").await;
+    assert_eq!(
+        request.status.as_ref().unwrap().phase,
+        Some(RequestPhase::Succeeded)
+    );
+    for node in &nodes {
+        assert_eq!(
+            records(&env, node).await.len(),
+            1,
+            "{} refreshed once",
+            node.machine
+        );
+        assert_eq!(
+            env.machine_annotations(node).await[REFRESH_CERTIFICATES_STATUS],
+            "done"
+        );
+    }
+    assert_eq!(runs(&env, &first).await.len(), 1);
+}
