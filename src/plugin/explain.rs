@@ -197,27 +197,13 @@ pub async fn run(
         status,
         cluster_certificates,
     };
-    let failed = |e: String| PluginError::Failed(e);
-    match args.output {
-        Format::Json => writeln!(
-            out,
-            "{}",
-            serde_json::to_string_pretty(&explanation).map_err(|e| failed(e.to_string()))?
-        ),
-        Format::Yaml => write!(
-            out,
-            "{}",
-            serde_yaml::to_string(&explanation).map_err(|e| failed(e.to_string()))?
-        ),
-        Format::Table => {
-            let mut result = Ok(());
-            for line in lines(&explanation, Timestamp::now()) {
-                result = result.and(writeln!(out, "{line}"));
-            }
-            result
-        }
+    if super::output::structured(out, args.output, &explanation)? {
+        return Ok(());
     }
-    .map_err(|e| failed(e.to_string()))
+    for line in lines(&explanation, Timestamp::now()) {
+        writeln!(out, "{line}").map_err(|e| PluginError::Failed(e.to_string()))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -145,32 +145,18 @@ pub async fn run(
     out: &mut impl Write,
 ) -> Result<(), PluginError> {
     let entries = entries(session, args).await?;
+    if super::output::structured(out, args.output, &entries)? {
+        return Ok(());
+    }
     let io = |e: std::io::Error| PluginError::Failed(e.to_string());
-    let failed = |e: String| PluginError::Failed(e);
-    match args.output {
-        Format::Json => writeln!(
-            out,
-            "{}",
-            serde_json::to_string_pretty(&entries).map_err(|e| failed(e.to_string()))?
-        )
-        .map_err(io)?,
-        Format::Yaml => write!(
-            out,
-            "{}",
-            serde_yaml::to_string(&entries).map_err(|e| failed(e.to_string()))?
-        )
-        .map_err(io)?,
-        Format::Table if entries.is_empty() => {
-            writeln!(out, "No refreshes recorded.").map_err(io)?
-        }
-        Format::Table => {
-            let rows: Vec<Vec<Cell>> = entries.iter().map(cells).collect();
-            table(out, &HEADERS, &rows, super::output::colour()).map_err(io)?;
-            for entry in entries.iter().filter(|e| e.result == "Failed") {
-                if let Some(message) = &entry.message {
-                    writeln!(out, "\n{} {}: {message}", entry.target, entry.name).map_err(io)?;
-                }
-            }
+    if entries.is_empty() {
+        return writeln!(out, "No refreshes recorded.").map_err(io);
+    }
+    let rows: Vec<Vec<Cell>> = entries.iter().map(cells).collect();
+    table(out, &HEADERS, &rows, super::output::colour()).map_err(io)?;
+    for entry in entries.iter().filter(|e| e.result == "Failed") {
+        if let Some(message) = &entry.message {
+            writeln!(out, "\n{} {}: {message}", entry.target, entry.name).map_err(io)?;
         }
     }
     Ok(())

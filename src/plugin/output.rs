@@ -113,6 +113,25 @@ pub fn short(duration: SignedDuration) -> String {
     }
 }
 
+/// Writes `rows` as JSON or YAML and returns true; false for a table (the caller draws it).
+pub fn structured<T: serde::Serialize>(
+    out: &mut impl Write,
+    format: super::Format,
+    rows: &T,
+) -> Result<bool, super::PluginError> {
+    let failed = |e: String| super::PluginError::Failed(e);
+    let text = match format {
+        super::Format::Table => return Ok(false),
+        super::Format::Json => {
+            serde_json::to_string_pretty(rows).map_err(|e| failed(e.to_string()))? + "\n"
+        }
+        super::Format::Yaml => serde_yaml::to_string(rows).map_err(|e| failed(e.to_string()))?,
+    };
+    out.write_all(text.as_bytes())
+        .map_err(|e| failed(e.to_string()))?;
+    Ok(true)
+}
+
 /// RFC 3339 in UTC, seconds.
 pub fn when(at: Timestamp) -> String {
     at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()

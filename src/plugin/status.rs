@@ -191,34 +191,16 @@ pub async fn run(
     out: &mut impl Write,
 ) -> Result<(), PluginError> {
     let rows = rows(session, args).await?;
-    let io = |e: std::io::Error| PluginError::Failed(e.to_string());
-    match args.output {
-        Format::Json => {
-            writeln!(
-                out,
-                "{}",
-                serde_json::to_string_pretty(&rows)
-                    .map_err(|e| PluginError::Failed(e.to_string()))?
-            )
-            .map_err(io)?;
-        }
-        Format::Yaml => {
-            write!(
-                out,
-                "{}",
-                serde_yaml::to_string(&rows).map_err(|e| PluginError::Failed(e.to_string()))?
-            )
-            .map_err(io)?;
-        }
-        Format::Table if rows.is_empty() => {
-            writeln!(out, "No CK8s Machines found.").map_err(io)?;
-        }
-        Format::Table => {
-            let now = Timestamp::now();
-            let cells: Vec<Vec<Cell>> = rows.iter().map(|r| cells(r, now)).collect();
-            table(out, &HEADERS, &cells, super::output::colour()).map_err(io)?;
-        }
+    if super::output::structured(out, args.output, &rows)? {
+        return Ok(());
     }
+    let io = |e: std::io::Error| PluginError::Failed(e.to_string());
+    if rows.is_empty() {
+        return writeln!(out, "No CK8s Machines found.").map_err(io);
+    }
+    let now = Timestamp::now();
+    let cells: Vec<Vec<Cell>> = rows.iter().map(|r| cells(r, now)).collect();
+    table(out, &HEADERS, &cells, super::output::colour()).map_err(io)?;
     Ok(())
 }
 

@@ -299,8 +299,15 @@ async fn refresh_costs() {
             object_writes, 6,
             "2 Machine patches + 2 status writes + the record's create and status: {writes:?}"
         );
-        for write in ["create certificaterefreshes", "patch certificaterefreshes/status"] {
-            assert_eq!(writes.iter().filter(|w| *w == write).count(), 1, "{writes:?}");
+        for write in [
+            "create certificaterefreshes",
+            "patch certificaterefreshes/status",
+        ] {
+            assert_eq!(
+                writes.iter().filter(|w| *w == write).count(),
+                1,
+                "{writes:?}"
+            );
         }
     }
     println!(
