@@ -313,6 +313,10 @@ fn the_release_is_config_default_for_an_addon_provider_of_contract_v1beta1() {
             "CustomResourceDefinition",
             "clustercertificates.certificates.ck8s.io",
         ),
+        (
+            "CustomResourceDefinition",
+            "certificaterefreshes.certificates.ck8s.io",
+        ),
         ("ServiceAccount", SERVICE_ACCOUNT),
         ("ClusterRole", "ck8s-certs-manager-role"),
         ("ClusterRoleBinding", "ck8s-certs-manager-rolebinding"),
