@@ -140,11 +140,13 @@ pub async fn run(
     );
 
     // Ready once every cache holds a full list: reconcilers then act on complete information.
+    let (synced_tx, synced_rx) = tokio::sync::watch::channel(false);
     let readiness = {
         let stores = stores.clone();
         tokio::spawn(async move {
             stores.synced().await;
             tracing::info!("Caches synced: reconciling");
+            synced_tx.send_replace(true);
             health.set_ready(true);
         })
     };
@@ -179,6 +181,7 @@ pub async fn run(
         wait_timeout: args.refresh_wait_timeout,
         history: args.refresh_history,
         watch_filter: args.watch_filter.clone(),
+        synced: synced_rx,
     });
     let ctx = Arc::new(machine::Context {
         client: client.clone(),
@@ -322,8 +325,8 @@ struct FleetFeeds<R, M, C> {
     store: Store<CertificateRefresh>,
 }
 
-/// Runs the fleet controllers once the caches are synced: the requests, and the Cluster
-/// triggers that create them.
+/// Runs the fleet controllers: the requests, and the Cluster triggers that create them (both
+/// act only once the caches are synced).
 async fn fleet_controllers<R, M, C>(
     feeds: FleetFeeds<R, M, C>,
     ctx: Arc<fleet::Context>,
@@ -334,10 +337,9 @@ async fn fleet_controllers<R, M, C>(
     M: futures::Stream<Item = Result<Machine, watcher::Error>> + Send + 'static,
     C: futures::Stream<Item = Result<Cluster, watcher::Error>> + Send + 'static,
 {
-    tokio::select! {
-        () = stores.synced() => {}
-        () = stop.cancelled() => return,
-    }
+    // The subscriptions are read from the start: a watch waits for a subscriber that falls
+    // behind, so one not read until the caches are synced would keep them from ever syncing
+    // (a kind with more objects than the subscription's buffer). Reconciles wait instead.
     let capi = ctx.capi;
     let store = feeds.store.clone();
     let requests = Controller::for_stream(feeds.requests, feeds.store)

@@ -59,6 +59,13 @@ pub struct Context {
     pub history: usize,
     /// `--watch-filter`: only Clusters with this label are ours.
     pub watch_filter: Option<String>,
+    /// True once every cache holds a full list: a request is planned on complete information.
+    pub synced: tokio::sync::watch::Receiver<bool>,
+}
+
+/// Until the caches are synced, a reconcile comes back later.
+fn not_synced(ctx: &Context) -> Option<Action> {
+    (!*ctx.synced.borrow()).then(|| Action::requeue(Duration::from_secs(1)))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -76,6 +83,9 @@ pub async fn reconcile(
     request: Arc<CertificateRefresh>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
+    if let Some(later) = not_synced(&ctx) {
+        return Ok(later);
+    }
     let namespace = request.namespace().unwrap_or_default();
     let name = request.name_any();
     let old = request.status.clone().unwrap_or_default();

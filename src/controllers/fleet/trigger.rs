@@ -84,6 +84,9 @@ pub fn error_policy(_: Arc<Cluster>, err: &Error, _: Arc<Context>) -> Action {
 }
 
 pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if let Some(later) = super::not_synced(&ctx) {
+        return Ok(later);
+    }
     let annotations = &cluster.annotations;
     let trigger = annotations.get(REFRESH_CERTIFICATES);
     let pending = annotations.get(FLEET_REQUEST_PENDING);
