@@ -5,6 +5,10 @@
 # as the runtime image. The registry and target folders are BuildKit cache mounts: rebuilds only
 # compile what changed.
 FROM docker.io/library/rust:1.95.0-slim-bookworm AS builder
+# make: tikv-jemalloc-sys builds jemalloc (the controller's allocator) with configure and make.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends make \
+ && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \

@@ -1,17 +1,20 @@
 //! Prometheus metrics (`--metrics-bind-address`, path `/metrics`). Labels are bounded: origin,
 //! reason, role, endpoint, outcome, controller and category are small fixed sets; the
 //! per-machine expiry gauge is the one per-object family, because "what expires when" is what the
-//! fleet dashboard needs. `config/monitoring` holds the alerts and dashboard built on them.
+//! fleet dashboard needs, and it is read from the controller's caches when scraped
+//! ([`MachineExpiries`]). `config/monitoring` holds the alerts and dashboard built on them.
 //!
 //! Names follow Prometheus conventions: the `ck8s_certs` prefix comes from the registry, and
 //! counters get their `_total` suffix from the encoder, so `renewal_deferred` is exported as
 //! `ck8s_certs_renewal_deferred_total`. Label values are snake_case (`outside_window`).
 
-use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -24,6 +27,104 @@ pub struct MachineLabels {
     pub cluster: String,
     pub machine: String,
     pub role: String,
+}
+
+/// `certificate_expiry_timestamp_seconds`: one series per CK8s Machine whose expiry is known,
+/// read on each scrape from an [`ExpirySource`] (the controller's watch caches). Kept as a
+/// family of gauges instead, the series cost ~200 bytes a Machine (labels, gauge, map slot) and
+/// outlived deleted Machines (docs/performance.md, step 3).
+#[derive(Clone, Debug, Default)]
+pub struct MachineExpiries {
+    source: Arc<RwLock<Option<Arc<dyn ExpirySource>>>>,
+}
+
+/// One series of [`MachineExpiries`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MachineExpiry<'a> {
+    pub namespace: &'a str,
+    pub cluster: &'a str,
+    pub machine: &'a str,
+    /// `control-plane` or `worker`.
+    pub role: &'a str,
+    /// NotAfter, Unix seconds.
+    pub expiry: f64,
+}
+
+/// Where [`MachineExpiries`] reads its series from.
+pub trait ExpirySource: std::fmt::Debug + Send + Sync + 'static {
+    /// Whether there is no series at all (the family is then left out, like an empty one).
+    fn is_empty(&self) -> bool;
+    fn for_each(&self, series: &mut dyn FnMut(MachineExpiry<'_>));
+}
+
+/// Fixed series: for tests and examples.
+impl ExpirySource for Vec<(MachineLabels, f64)> {
+    fn is_empty(&self) -> bool {
+        <[_]>::is_empty(self)
+    }
+
+    fn for_each(&self, series: &mut dyn FnMut(MachineExpiry<'_>)) {
+        for (labels, expiry) in self {
+            series(MachineExpiry {
+                namespace: &labels.namespace,
+                cluster: &labels.cluster,
+                machine: &labels.machine,
+                role: &labels.role,
+                expiry: *expiry,
+            });
+        }
+    }
+}
+
+impl MachineExpiries {
+    /// Exports the series of `source` from now on (instead of any earlier source's).
+    pub fn read_from(&self, source: impl ExpirySource) {
+        *self.source.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(source));
+    }
+
+    fn source(&self) -> Option<Arc<dyn ExpirySource>> {
+        // A poisoned lock only means a panic while replacing the source: the value is whole.
+        self.source
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl Collector for MachineExpiries {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(source) = self.source() else {
+            return Ok(());
+        };
+        if source.is_empty() {
+            return Ok(());
+        }
+        let mut metric = encoder.encode_descriptor(
+            "certificate_expiry_timestamp_seconds",
+            // The registry ends the help of the metrics it holds with a period; collectors
+            // write theirs as given.
+            "NotAfter of a node's certificates, as a Unix timestamp.",
+            None,
+            MetricType::Gauge,
+        )?;
+        let mut result = Ok(());
+        source.for_each(&mut |series| {
+            if result.is_err() {
+                return;
+            }
+            // The label names and order of `MachineLabels`.
+            let labels = [
+                ("namespace", series.namespace),
+                ("cluster", series.cluster),
+                ("machine", series.machine),
+                ("role", series.role),
+            ];
+            result = metric
+                .encode_family(&labels)
+                .and_then(|mut gauge| gauge.encode_gauge(&series.expiry));
+        });
+        result
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -234,7 +335,7 @@ impl Controller {
 /// Every metric the controller exports.
 pub struct Metrics {
     registry: Registry,
-    pub expiry: Family<MachineLabels, Gauge<f64, AtomicU64>>,
+    pub expiry: MachineExpiries,
     /// NotAfter of each Cluster's `<cluster>-kubeconfig` certificates.
     pub kubeconfig_expiry: Family<KubeconfigLabels, Gauge<f64, AtomicU64>>,
     pub renewals_started: Family<OriginLabels, Counter>,
@@ -257,12 +358,8 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("ck8s_certs");
-        let expiry = Family::<MachineLabels, Gauge<f64, AtomicU64>>::default();
-        registry.register(
-            "certificate_expiry_timestamp_seconds",
-            "NotAfter of a node's certificates, as a Unix timestamp",
-            expiry.clone(),
-        );
+        let expiry = MachineExpiries::default();
+        registry.register_collector(Box::new(expiry.clone()));
         let kubeconfig_expiry = Family::<KubeconfigLabels, Gauge<f64, AtomicU64>>::default();
         registry.register(
             "kubeconfig_expiry_timestamp_seconds",

@@ -30,15 +30,15 @@ fn populated() -> Metrics {
             certificate: "client".into(),
         })
         .set(1.0);
-    metrics
-        .expiry
-        .get_or_create(&MachineLabels {
+    metrics.expiry.read_from(vec![(
+        MachineLabels {
             namespace: "fleet".into(),
             cluster: "alpha".into(),
             machine: "alpha-cp-0".into(),
             role: "control-plane".into(),
-        })
-        .set(1.0);
+        },
+        1.0,
+    )]);
     metrics
         .refresh_duration
         .get_or_create(&RefreshLabels {

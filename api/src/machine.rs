@@ -106,16 +106,20 @@ impl MachineView {
 
     /// Bootstrapped by the CK8s bootstrap provider.
     pub fn is_ck8s(&self) -> bool {
-        self.bootstrap_kind.as_deref() == Some(CK8S_CONFIG_KIND)
-            && self
-                .bootstrap_group
-                .as_deref()
-                .is_none_or(|g| g == CK8S_CONFIG_GROUP)
+        is_ck8s(
+            self.bootstrap_kind.as_deref(),
+            self.bootstrap_group.as_deref(),
+        )
     }
 
     pub fn annotation(&self, key: &str) -> Option<&str> {
         self.annotations.get(key).map(String::as_str)
     }
+}
+
+/// A bootstrap reference to a CK8sConfig (the group may be left out).
+fn is_ck8s(kind: Option<&str>, group: Option<&str>) -> bool {
+    kind == Some(CK8S_CONFIG_KIND) && group.is_none_or(|g| g == CK8S_CONFIG_GROUP)
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -218,6 +222,17 @@ pub struct Machine {
     /// The field manager that last set the refresh trigger (from `managedFields`), e.g.
     /// `kubectl-annotate`: reported on the refresh.
     pub trigger_manager: Option<String>,
+}
+
+impl Machine {
+    /// Bootstrapped by the CK8s bootstrap provider (what [`MachineView::is_ck8s`] says of its
+    /// view).
+    pub fn is_ck8s(&self) -> bool {
+        is_ck8s(
+            self.bootstrap.kind.as_deref(),
+            self.bootstrap.group.as_deref(),
+        )
+    }
 }
 
 /// Labels or annotations, sorted by key. A cached Machine has a handful; a `BTreeMap` would

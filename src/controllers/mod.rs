@@ -13,7 +13,7 @@ pub mod stores;
 
 use std::sync::Arc;
 
-use ck8s_certs_api::capi::{CLUSTER_NAME_LABEL, WATCH_FILTER_LABEL};
+use ck8s_certs_api::capi::{CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL, WATCH_FILTER_LABEL};
 use ck8s_certs_api::certificate_refresh::{CertificateRefresh, labels as refresh_labels};
 use ck8s_certs_api::cluster_certificates::ClusterCertificates;
 use ck8s_certs_api::machine::{CapiVersion, Cluster, Machine};
@@ -39,7 +39,7 @@ use stores::SharedWatch;
 pub struct Stores {
     pub machines: Store<Machine>,
     pub clusters: Store<Cluster>,
-    pub certificates: Store<stores::CachedCertificates>,
+    pub certificates: stores::CertificateStore,
     pub policies: Store<DynamicObject>,
 }
 
@@ -48,7 +48,7 @@ impl Stores {
     pub async fn synced(&self) {
         synced(&self.machines).await;
         synced(&self.clusters).await;
-        synced(&self.certificates).await;
+        self.certificates.synced().await;
         synced(&self.policies).await;
     }
 }
@@ -88,7 +88,7 @@ pub async fn run(
     // reports on) the Machines of the shard whose label it carries (docs/sharding.md).
     let mut machine_watch = SharedWatch::<Machine>::with(capi);
     let mut cluster_watch = SharedWatch::<Cluster>::with(capi);
-    let mut certificate_watch = SharedWatch::<stores::CachedCertificates>::new();
+    let mut certificate_watch = SharedWatch::in_cache(stores::CertificateWriter::new());
     let mut cluster_record_watch = SharedWatch::<ClusterCertificates>::new();
     let policy_resource = ApiResource::erase::<CertificateRenewalPolicy>(&());
     let mut policy_watch = SharedWatch::<DynamicObject>::with(policy_resource.clone());
@@ -211,6 +211,11 @@ pub async fn run(
         shard: shard::Shard::new(client.clone(), carrier),
         metrics: metrics.clone(),
         stop: stop.clone(),
+    });
+    // The expiry metric is read from the caches when scraped.
+    metrics.expiry.read_from(CachedExpiries {
+        machines: stores.machines.clone(),
+        certificates: stores.certificates.clone(),
     });
     let metrics_of_policies = metrics;
     // A policy change re-checks every Machine of its namespace.
@@ -361,6 +366,64 @@ async fn fleet_controllers<R, M, C>(
 /// A fleet request as cached: without `managedFields`.
 fn trim_request(request: &mut CertificateRefresh) {
     request.metadata.managed_fields = None;
+}
+
+/// The series of `certificate_expiry_timestamp_seconds`: each CK8s Machine in the cache whose
+/// MachineCertificates' status knows its expiry (what each Machine's reconcile exported before
+/// the series were read from the caches; a deleted Machine's series now goes with it).
+struct CachedExpiries {
+    machines: Store<Machine>,
+    certificates: stores::CertificateStore,
+}
+
+impl CachedExpiries {
+    fn series(&self) -> impl Iterator<Item = (Arc<Machine>, f64)> + '_ {
+        self.machines
+            .state()
+            .into_iter()
+            .filter(|machine| machine.is_ck8s())
+            .filter_map(|machine| {
+                let meta = &machine.metadata;
+                let (namespace, name) = (meta.namespace.as_deref()?, meta.name.as_deref()?);
+                let expiry = self.certificates.get(namespace, name)?.expiry()?;
+                Some((machine, expiry.as_millisecond() as f64 / 1000.0))
+            })
+    }
+}
+
+impl std::fmt::Debug for CachedExpiries {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachedExpiries").finish_non_exhaustive()
+    }
+}
+
+impl crate::metrics::ExpirySource for CachedExpiries {
+    fn is_empty(&self) -> bool {
+        self.series().next().is_none()
+    }
+
+    fn for_each(&self, each: &mut dyn FnMut(crate::metrics::MachineExpiry<'_>)) {
+        use ck8s_certs_api::machine_certificates::Role;
+        for (machine, expiry) in self.series() {
+            let meta = &machine.metadata;
+            // As the Machine's view has it (`MachineView::of`).
+            let cluster = machine
+                .cluster_name
+                .as_deref()
+                .or_else(|| machine.labels.get(CLUSTER_NAME_LABEL));
+            let role = match machine.labels.contains_key(CONTROL_PLANE_LABEL) {
+                true => Role::ControlPlane,
+                false => Role::Worker,
+            };
+            each(crate::metrics::MachineExpiry {
+                namespace: meta.namespace.as_deref().unwrap_or_default(),
+                cluster: cluster.unwrap_or_default(),
+                machine: meta.name.as_deref().unwrap_or_default(),
+                role: machine::role_label(role),
+                expiry,
+            });
+        }
+    }
 }
 
 /// Runs one reconcile, recording its wall time and, when it fails, its error's category

@@ -7,13 +7,14 @@
 //! straight into the few fields the controllers read); of MachineCertificates and policies,
 //! `managedFields` and `kubectl.kubernetes.io/last-applied-configuration` are dropped.
 
+use std::borrow::Cow;
+use std::collections::HashMap;
 use std::future::Future;
+use std::sync::{Arc, PoisonError, RwLock};
 
 use ck8s_certs_api::machine::CapiVersion;
-use std::borrow::Cow;
-
 use ck8s_certs_api::machine_certificates::{MachineCertificates, MachineCertificatesStatus};
-use futures::{Stream, StreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::NamespaceResourceScope;
 use kube::api::DynamicObject;
 use kube::core::ObjectMeta;
@@ -26,21 +27,41 @@ use serde::Deserialize;
 /// Changed objects a subscriber may fall behind by before the watch waits for it.
 const BUFFER: usize = 1024;
 
+/// Where a [`SharedWatch`] keeps the objects it sees, and what it hands to readers.
+pub trait Cache<K>: Send + 'static {
+    type Reader: Clone;
+    fn reader(&self) -> Self::Reader;
+    fn apply(&mut self, event: &watcher::Event<K>);
+}
+
+/// kube-runtime's reflector store: what the controllers' `Controller`s read their objects from.
+impl<K> Cache<K> for Writer<K>
+where
+    K: Resource + Clone + Send + Sync + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    type Reader = Store<K>;
+
+    fn reader(&self) -> Store<K> {
+        self.as_reader()
+    }
+
+    fn apply(&mut self, event: &watcher::Event<K>) {
+        self.apply_watcher_event(event);
+    }
+}
+
 /// One watch of a kind: its cache, and the controllers it feeds. (kube-runtime's shared streams
 /// need a static type; this fans out dynamic objects too.)
-pub struct SharedWatch<K>
-where
-    K: Resource + Clone + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone,
-{
-    pub store: Store<K>,
-    writer: Writer<K>,
+pub struct SharedWatch<K, C: Cache<K> = Writer<K>> {
+    pub store: C::Reader,
+    cache: C,
     subscribers: Vec<tokio::sync::mpsc::Sender<K>>,
 }
 
 impl<K> SharedWatch<K>
 where
-    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    K: Resource + Clone + Send + Sync + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone + Default + Send + Sync,
 {
     pub fn new() -> Self {
@@ -50,14 +71,20 @@ where
 
 impl<K> SharedWatch<K>
 where
-    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    K: Resource + Clone + Send + Sync + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
 {
     pub fn with(dyntype: K::DynamicType) -> Self {
-        let writer = Writer::new(dyntype);
+        Self::in_cache(Writer::new(dyntype))
+    }
+}
+
+impl<K: Send + 'static, C: Cache<K>> SharedWatch<K, C> {
+    /// A watch that keeps its objects in `cache`.
+    pub fn in_cache(cache: C) -> Self {
         Self {
-            store: writer.as_reader(),
-            writer,
+            store: cache.reader(),
+            cache,
             subscribers: Vec::new(),
         }
     }
@@ -65,14 +92,20 @@ where
     /// The changed objects (after the cache took them), for one more controller.
     pub fn subscribe(
         &mut self,
-    ) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static + use<K> {
+    ) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static + use<K, C> {
         let (tx, rx) = tokio::sync::mpsc::channel(BUFFER);
         self.subscribers.push(tx);
         futures::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|object| (Ok(object), rx))
         })
     }
+}
 
+impl<K, C> SharedWatch<K, C>
+where
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    C: Cache<K>,
+{
     /// Runs the watch (forever): list, then watch, trimming each object before it is cached
     /// and passed on.
     pub fn run(
@@ -81,11 +114,11 @@ where
         config: watcher::Config,
         trim: fn(&mut K),
     ) -> impl Future<Output = ()> + Send + 'static {
-        let subscribers = self.subscribers;
+        let (subscribers, mut cache) = (self.subscribers, self.cache);
         watcher(api, config)
             .default_backoff()
             .modify(trim)
-            .reflect(self.writer)
+            .inspect_ok(move |event| cache.apply(event))
             .applied_objects()
             .for_each(move |object| {
                 let subscribers = subscribers.clone();
@@ -108,7 +141,7 @@ where
 
 impl<K> Default for SharedWatch<K>
 where
-    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    K: Resource + Clone + Send + Sync + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone + Default + Send + Sync,
 {
     fn default() -> Self {
@@ -122,19 +155,16 @@ pub fn get_capi<K>(
     version: CapiVersion,
     namespace: &str,
     name: &str,
-) -> Option<std::sync::Arc<K>>
+) -> Option<Arc<K>>
 where
     K: Resource<DynamicType = CapiVersion> + Clone + 'static,
 {
     store.get(&ObjectRef::new_with(name, version).within(namespace))
 }
 
-/// Looks up `namespace/name` in a cache of a static kind.
-pub fn get<K>(store: &Store<K>, namespace: &str, name: &str) -> Option<std::sync::Arc<K>>
-where
-    K: Resource<DynamicType = ()> + Clone + 'static,
-{
-    store.get(&ObjectRef::new(name).within(namespace))
+/// Looks up the status of the MachineCertificates `namespace/name` in the cache.
+pub fn get(store: &CertificateStore, namespace: &str, name: &str) -> Option<Arc<CachedStatus>> {
+    store.get(namespace, name)
 }
 
 /// Metadata the controllers never read.
@@ -148,21 +178,44 @@ fn trim_metadata(meta: &mut ObjectMeta) {
 /// Nothing to trim: the kind is decoded compactly.
 pub fn keep<K>(_: &mut K) {}
 
-/// A MachineCertificates as the Machine controller caches it: its identity, and its status as
-/// compact JSON, decoded when a reconcile reads it (about half the memory of the decoded
-/// status, and a reconcile reads a Machine's status at most a few times an hour at rest).
-/// Labels and owner references are not kept: writes are server-side applies of the status,
-/// labels are checked on live reads, and its Machine is the one of the same name.
+/// A MachineCertificates as its watch decodes it: name, namespace and resourceVersion (the
+/// watch resumes from it), and the status as [`CachedStatus`], which is all the cache keeps of it
+/// (see [`CertificateStore`]). Labels and owner references are not kept: writes are server-side
+/// applies of the status, labels are checked on live reads, and its Machine is the one of the
+/// same name.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct CachedCertificates {
     pub metadata: ObjectMeta,
-    status: Option<Box<str>>,
+    status: Arc<CachedStatus>,
 }
 
 impl CachedCertificates {
     /// The status as stored; `Err` only for a status this version cannot read.
     pub fn status(&self) -> Result<Option<MachineCertificatesStatus>, serde_json::Error> {
-        self.status.as_deref().map(serde_json::from_str).transpose()
+        self.status.status()
+    }
+}
+
+/// A MachineCertificates' status as the cache keeps it: compact JSON, decoded when a reconcile
+/// reads it (about half the memory of the decoded status, and a reconcile reads a Machine's
+/// status at most a few times an hour at rest), and its expiry for the expiry metric.
+#[derive(Debug, Default, PartialEq)]
+pub struct CachedStatus {
+    json: Option<Box<str>>,
+    /// `status.expiry`, Unix milliseconds.
+    expiry_ms: Option<i64>,
+}
+
+impl CachedStatus {
+    /// The status as stored; `Err` only for a status this version cannot read.
+    pub fn status(&self) -> Result<Option<MachineCertificatesStatus>, serde_json::Error> {
+        self.json.as_deref().map(serde_json::from_str).transpose()
+    }
+
+    /// `status.expiry`, when known.
+    pub fn expiry(&self) -> Option<jiff::Timestamp> {
+        self.expiry_ms
+            .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
     }
 }
 
@@ -199,7 +252,12 @@ impl<'de> Deserialize<'de> for CachedCertificates {
             status: Option<MachineCertificatesStatus>,
         }
         let wire = Wire::deserialize(deserializer)?;
-        let status = wire
+        let expiry_ms = wire
+            .status
+            .as_ref()
+            .and_then(|status| status.expiry.as_ref())
+            .map(|expiry| expiry.0.as_millisecond());
+        let json = wire
             .status
             .map(|status| serde_json::to_string(&status).map(String::into_boxed_str))
             .transpose()
@@ -209,12 +267,130 @@ impl<'de> Deserialize<'de> for CachedCertificates {
             metadata: ObjectMeta {
                 name: meta.name,
                 namespace: meta.namespace,
-                uid: meta.uid,
                 resource_version: meta.resource_version,
                 ..ObjectMeta::default()
             },
-            status,
+            status: Arc::new(CachedStatus { json, expiry_ms }),
         })
+    }
+}
+
+/// Statuses by name, in one namespace.
+type ByName = HashMap<Box<str>, Arc<CachedStatus>>;
+
+/// The MachineCertificates cache, read by namespace and name: the status of each (a
+/// [`CachedStatus`]), under its name, under its namespace (namespaces are few, each stored once).
+/// kube-runtime's store would also keep, per object, a key of four strings (name, namespace, uid
+/// and resourceVersion) and the object's `ObjectMeta` (344 bytes, nearly all empty): with one
+/// MachineCertificates per Machine, that was a fifth of the controller's memory at 5,000
+/// Machines (docs/performance.md, step 3).
+#[derive(Clone)]
+pub struct CertificateStore {
+    entries: Arc<RwLock<HashMap<Box<str>, ByName>>>,
+    ready: tokio::sync::watch::Receiver<bool>,
+}
+
+impl CertificateStore {
+    pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<CachedStatus>> {
+        // A poisoned lock only means a writer panicked mid-update of a plain map: still readable.
+        let entries = self.entries.read().unwrap_or_else(PoisonError::into_inner);
+        entries.get(namespace)?.get(name).cloned()
+    }
+
+    /// Waits until the cache holds a full list; never returns once its writer is gone (the
+    /// watch stopped, and with it the controller).
+    pub async fn synced(&self) {
+        let mut ready = self.ready.clone();
+        if ready.wait_for(|ready| *ready).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Fills a [`CertificateStore`] from its watch.
+pub struct CertificateWriter {
+    entries: Arc<RwLock<HashMap<Box<str>, ByName>>>,
+    /// A (re)list being received: it replaces the cache when complete.
+    buffer: HashMap<Box<str>, ByName>,
+    ready: tokio::sync::watch::Sender<bool>,
+}
+
+impl CertificateWriter {
+    /// An empty cache (not ready until its watch has listed).
+    pub fn new() -> Self {
+        Self {
+            entries: Arc::default(),
+            buffer: HashMap::new(),
+            ready: tokio::sync::watch::channel(false).0,
+        }
+    }
+
+    fn insert(map: &mut HashMap<Box<str>, ByName>, object: &CachedCertificates) {
+        let (Some(namespace), Some(name)) = (&object.metadata.namespace, &object.metadata.name)
+        else {
+            return;
+        };
+        let status = Arc::clone(&object.status);
+        match map.get_mut(namespace.as_str()) {
+            Some(names) => {
+                names.insert(name.as_str().into(), status);
+            }
+            None => {
+                let names = HashMap::from([(name.as_str().into(), status)]);
+                map.insert(namespace.as_str().into(), names);
+            }
+        }
+    }
+
+    fn entries(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<Box<str>, ByName>> {
+        // See `CertificateStore::get`.
+        self.entries.write().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Default for CertificateWriter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Cache<CachedCertificates> for CertificateWriter {
+    type Reader = CertificateStore;
+
+    fn reader(&self) -> CertificateStore {
+        CertificateStore {
+            entries: Arc::clone(&self.entries),
+            ready: self.ready.subscribe(),
+        }
+    }
+
+    /// What kube-runtime's reflector store does with each event.
+    fn apply(&mut self, event: &watcher::Event<CachedCertificates>) {
+        match event {
+            watcher::Event::Apply(object) => Self::insert(&mut self.entries(), object),
+            watcher::Event::Delete(object) => {
+                let meta = &object.metadata;
+                let (Some(namespace), Some(name)) = (&meta.namespace, &meta.name) else {
+                    return;
+                };
+                let mut entries = self.entries();
+                if let Some(names) = entries.get_mut(namespace.as_str()) {
+                    names.remove(name.as_str());
+                    if names.is_empty() {
+                        entries.remove(namespace.as_str());
+                    }
+                }
+            }
+            watcher::Event::Init => self.buffer = HashMap::new(),
+            watcher::Event::InitApply(object) => Self::insert(&mut self.buffer, object),
+            watcher::Event::InitDone => {
+                let listed = std::mem::take(&mut self.buffer);
+                // The previous contents are dropped outside the lock.
+                let previous = std::mem::replace(&mut *self.entries(), listed);
+                drop(previous);
+                self.ready.send_replace(true);
+            }
+        }
     }
 }
 
@@ -248,25 +424,90 @@ mod tests {
             (
                 meta.name.as_deref(),
                 meta.namespace.as_deref(),
-                meta.uid.as_deref(),
                 meta.resource_version.as_deref()
             ),
-            (Some("m"), Some("ns"), Some("u"), Some("9"))
+            (Some("m"), Some("ns"), Some("9"))
         );
         assert_eq!(
             (
+                &meta.uid,
                 &meta.labels,
                 &meta.owner_references,
                 &meta.managed_fields,
                 meta.generation
             ),
-            (&None, &None, &None, None)
+            (&None, &None, &None, &None, None)
         );
         assert_eq!(cached.status().expect("status"), decoded.status);
+        assert_eq!(
+            cached.status.expiry().map(|t| t.to_string()).as_deref(),
+            Some("2027-01-01T00:00:00Z")
+        );
         let bare: CachedCertificates =
             serde_json::from_str(r#"{"metadata":{"name":"m"},"spec":{"clusterName":"c"}}"#)
                 .expect("cached");
         assert_eq!(bare.status().expect("status"), None);
+        assert_eq!(bare.status.expiry(), None);
+    }
+
+    fn certificates(namespace: &str, name: &str, node: &str) -> CachedCertificates {
+        serde_json::from_value(json!({
+            "metadata": { "name": name, "namespace": namespace, "resourceVersion": "1" },
+            "status": { "role": "Worker", "nodeName": node }
+        }))
+        .expect("cached")
+    }
+
+    fn node_in(store: &CertificateStore, namespace: &str, name: &str) -> Option<String> {
+        let status = store.get(namespace, name)?.status().expect("status")?;
+        status.node_name
+    }
+
+    /// The certificate cache follows its watch like kube-runtime's store: a (re)list replaces
+    /// the contents when it is complete, changes and deletions apply at once, and it is ready
+    /// from the first complete list on.
+    #[tokio::test]
+    async fn the_certificate_cache_follows_its_watch() {
+        use watcher::Event;
+        let mut writer = CertificateWriter::new();
+        let store = writer.reader();
+        let synced = {
+            let store = store.clone();
+            tokio::spawn(async move { store.synced().await })
+        };
+        writer.apply(&Event::Init);
+        writer.apply(&Event::InitApply(certificates("a", "m1", "n1")));
+        writer.apply(&Event::InitApply(certificates("b", "m1", "n2")));
+        assert_eq!(
+            node_in(&store, "a", "m1"),
+            None,
+            "a list is used once complete"
+        );
+        assert!(!synced.is_finished());
+        writer.apply(&Event::InitDone);
+        tokio::time::timeout(std::time::Duration::from_secs(5), synced)
+            .await
+            .expect("ready after the first list")
+            .expect("task");
+        assert_eq!(node_in(&store, "a", "m1").as_deref(), Some("n1"));
+        assert_eq!(node_in(&store, "b", "m1").as_deref(), Some("n2"));
+
+        writer.apply(&Event::Apply(certificates("a", "m1", "n3")));
+        writer.apply(&Event::Apply(certificates("a", "m2", "n4")));
+        assert_eq!(node_in(&store, "a", "m1").as_deref(), Some("n3"));
+        assert_eq!(node_in(&store, "a", "m2").as_deref(), Some("n4"));
+        writer.apply(&Event::Delete(certificates("b", "m1", "n2")));
+        assert!(store.get("b", "m1").is_none());
+        assert!(store.get("c", "m1").is_none());
+
+        // A relist: what it no longer lists is gone once it completes.
+        writer.apply(&Event::Init);
+        writer.apply(&Event::InitApply(certificates("a", "m2", "n5")));
+        assert_eq!(node_in(&store, "a", "m1").as_deref(), Some("n3"));
+        writer.apply(&Event::InitDone);
+        assert!(store.get("a", "m1").is_none());
+        assert_eq!(node_in(&store, "a", "m2").as_deref(), Some("n5"));
+        store.synced().await;
     }
 
     #[test]

@@ -196,3 +196,57 @@ fn counters_with_known_labels_start_at_zero_so_that_the_first_event_shows_in_inc
         }
     }
 }
+
+/// The expiry series read from a source are encoded exactly as the family of gauges they
+/// replaced encoded them, and an empty source leaves the family out like an empty family.
+#[test]
+fn expiry_series_encode_like_the_family_of_gauges() {
+    let series = vec![
+        (
+            MachineLabels {
+                namespace: "fleet".into(),
+                cluster: "alpha".into(),
+                machine: "alpha-cp-0".into(),
+                role: "control-plane".into(),
+            },
+            1_798_761_600.0,
+        ),
+        (
+            MachineLabels {
+                namespace: "fleet".into(),
+                cluster: "beta".into(),
+                machine: "beta-md-0-w1".into(),
+                role: "worker".into(),
+            },
+            1_798_761_600.5,
+        ),
+    ];
+    let mut registry = Registry::with_prefix("ck8s_certs");
+    let family = Family::<MachineLabels, Gauge<f64, AtomicU64>>::default();
+    registry.register(
+        "certificate_expiry_timestamp_seconds",
+        "NotAfter of a node's certificates, as a Unix timestamp",
+        family.clone(),
+    );
+    for (labels, expiry) in &series {
+        family.get_or_create(labels).set(*expiry);
+    }
+    let mut expected = String::new();
+    prometheus_client::encoding::text::encode(&mut expected, &registry).unwrap();
+
+    let metrics = Metrics::default();
+    let text = metrics.encode().unwrap();
+    assert!(!text.contains("certificate_expiry"), "{text}");
+    metrics.expiry.read_from(series);
+    let text = metrics.encode().unwrap();
+    let expected: Vec<&str> = expected.lines().filter(|l| *l != "# EOF").collect();
+    assert_eq!(expected.len(), 4, "{expected:?}");
+    for line in expected {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing {line:?} in\n{text}"
+        );
+    }
+    metrics.expiry.read_from(Vec::new());
+    assert!(!metrics.encode().unwrap().contains("certificate_expiry"));
+}

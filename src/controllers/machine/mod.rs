@@ -300,7 +300,6 @@ impl Reconciler<'_> {
     ) -> Result<Action, Error> {
         tracing::Span::current().record("step", tracing::field::debug(&step));
         let mut status = status.unwrap_or_default();
-        self.export_expiry(&status);
         // Sharding: an operation another live instance carries out is left to it.
         if let Some(retry) = super::shard::gate(
             &self.ctx.shard,
@@ -383,22 +382,6 @@ impl Reconciler<'_> {
         }
     }
 
-    fn export_expiry(&self, status: &MachineCertificatesStatus) {
-        if let Some(expiry) = &status.expiry {
-            let labels = crate::metrics::MachineLabels {
-                namespace: self.view.namespace.clone(),
-                cluster: self.view.cluster.clone().unwrap_or_default(),
-                machine: self.view.name.clone(),
-                role: role_label(self.role()).to_owned(),
-            };
-            self.ctx
-                .metrics
-                .expiry
-                .get_or_create(&labels)
-                .set(expiry.0.as_millisecond() as f64 / 1000.0);
-        }
-    }
-
     async fn cluster(&self) -> Result<Option<ClusterView>, Error> {
         let Some(name) = self.view.cluster.as_deref() else {
             return Ok(None);
@@ -413,7 +396,7 @@ impl Reconciler<'_> {
 }
 
 /// A role as a metric label value.
-fn role_label(role: Role) -> &'static str {
+pub(crate) fn role_label(role: Role) -> &'static str {
     match role {
         Role::ControlPlane => "control-plane",
         Role::Worker => "worker",
