@@ -85,7 +85,15 @@ impl Reconciler<'_> {
     }
 
     pub(super) async fn ck8s_config(&self) -> Result<Option<DynamicObject>, kube::Error> {
-        let Some(name) = &self.view.bootstrap_name else {
+        self.ck8s_config_of(&self.view).await
+    }
+
+    /// The CK8sConfig `machine` was bootstrapped from, if it names one and it is there.
+    async fn ck8s_config_of(
+        &self,
+        machine: &MachineView,
+    ) -> Result<Option<DynamicObject>, kube::Error> {
+        let Some(name) = &machine.bootstrap_name else {
             return Ok(None);
         };
         let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
@@ -95,7 +103,7 @@ impl Reconciler<'_> {
         ));
         Api::<DynamicObject>::namespaced_with(
             self.ctx.client.clone(),
-            &self.view.namespace,
+            &machine.namespace,
             &resource,
         )
         .get_opt(name)
@@ -176,29 +184,16 @@ impl Reconciler<'_> {
     }
 
     pub(super) async fn microcluster_port_of(&self, machine: &MachineView) -> u16 {
-        let Some(name) = &machine.bootstrap_name else {
-            return DEFAULT_MICROCLUSTER_PORT;
-        };
-        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
-            CK8S_CONFIG_GROUP,
-            CK8S_CONFIG_VERSION,
-            CK8S_CONFIG_KIND,
-        ));
-        Api::<DynamicObject>::namespaced_with(
-            self.ctx.client.clone(),
-            &machine.namespace,
-            &resource,
-        )
-        .get_opt(name)
-        .await
-        .ok()
-        .flatten()
-        .and_then(|c| {
-            c.data
-                .pointer("/spec/controlPlane/microclusterPort")
-                .and_then(serde_json::Value::as_u64)
-        })
-        .and_then(|p| u16::try_from(p).ok())
-        .unwrap_or(DEFAULT_MICROCLUSTER_PORT)
+        self.ck8s_config_of(machine)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|c| {
+                c.data
+                    .pointer("/spec/controlPlane/microclusterPort")
+                    .and_then(serde_json::Value::as_u64)
+            })
+            .and_then(|p| u16::try_from(p).ok())
+            .unwrap_or(DEFAULT_MICROCLUSTER_PORT)
     }
 }
