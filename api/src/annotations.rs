@@ -28,6 +28,10 @@ pub const FLEET_REQUEST: &str = "certificates.ck8s.io/fleet-request";
 /// that a restart in between creates that request, not a second one).
 pub const FLEET_REQUEST_PENDING: &str = "certificates.ck8s.io/fleet-request-pending";
 
+/// On a fleet `CertificateRefresh`: its final phase, set when it ends. `clusterctl move` does not
+/// carry status; a moved request is known finished by this and never runs again.
+pub const REQUEST_OUTCOME: &str = "certificates.ck8s.io/outcome";
+
 /// Values of [`REFRESH_CERTIFICATES_STATUS`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RefreshStatus {

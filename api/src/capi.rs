@@ -17,6 +17,19 @@ pub const CONTROL_PLANE_LABEL: &str = "cluster.x-k8s.io/control-plane";
 /// Annotation that pauses reconciliation of a CAPI object (the same as `Cluster.spec.paused`).
 pub const PAUSED_ANNOTATION: &str = "cluster.x-k8s.io/paused";
 
+/// clusterctl's annotation: `clusterctl move` pauses the Cluster, then waits until no object it
+/// moves carries this. We set it on a Machine while its refresh runs on the node, and on a fleet
+/// `CertificateRefresh` until it ends (a move does not carry status, so its progress would be
+/// lost).
+pub const BLOCK_MOVE_ANNOTATION: &str = "clusterctl.cluster.x-k8s.io/block-move";
+
+/// Our value of [`BLOCK_MOVE_ANNOTATION`]: we remove the annotation only when it is ours.
+pub const BLOCK_MOVE_OWNER: &str = "ck8s-certs";
+
+/// clusterctl's label on a CRD whose objects `clusterctl move` moves even when no Cluster owns
+/// them (renewal policies).
+pub const CLUSTERCTL_MOVE_LABEL: &str = "clusterctl.cluster.x-k8s.io/move";
+
 /// Label selecting which controller instance handles an object (`--watch-filter`).
 pub const WATCH_FILTER_LABEL: &str = "cluster.x-k8s.io/watch-filter";
 

@@ -134,6 +134,45 @@ impl RequestPhase {
     pub fn is_finished(self) -> bool {
         matches!(self, Self::Succeeded | Self::Failed)
     }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "Pending",
+            Self::Running => "Running",
+            Self::Suspended => "Suspended",
+            Self::Succeeded => "Succeeded",
+            Self::Failed => "Failed",
+        }
+    }
+
+    /// A finished phase by name (the [`crate::annotations::REQUEST_OUTCOME`] annotation).
+    pub fn finished_from(name: &str) -> Option<Self> {
+        [Self::Succeeded, Self::Failed]
+            .into_iter()
+            .find(|p| p.as_str() == name)
+    }
+}
+
+impl CertificateRefresh {
+    /// The phase it ended in: from the status, or, when the status is gone (`clusterctl move`
+    /// does not carry it), from the [`crate::annotations::REQUEST_OUTCOME`] annotation.
+    pub fn outcome(&self) -> Option<RequestPhase> {
+        self.status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .filter(|p| p.is_finished())
+            .or_else(|| {
+                self.metadata
+                    .annotations
+                    .as_ref()?
+                    .get(crate::annotations::REQUEST_OUTCOME)
+                    .and_then(|name| RequestPhase::finished_from(name))
+            })
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.outcome().is_some()
+    }
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]

@@ -24,8 +24,8 @@ use crate::annotations::{
     REFRESH_CERTIFICATES_STATUS, REFRESH_REQUEST,
 };
 use crate::capi::{
-    CK8S_CONFIG_GROUP, CK8S_CONFIG_KIND, CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL, GROUP,
-    PAUSED_ANNOTATION,
+    BLOCK_MOVE_ANNOTATION, CK8S_CONFIG_GROUP, CK8S_CONFIG_KIND, CLUSTER_NAME_LABEL,
+    CONTROL_PLANE_LABEL, GROUP, PAUSED_ANNOTATION,
 };
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -187,13 +187,14 @@ impl CapiVersion {
 }
 
 /// The Machine annotations the controller reads; a cached [`Machine`] keeps no others.
-pub const READ_ANNOTATIONS: [&str; 6] = [
+pub const READ_ANNOTATIONS: [&str; 7] = [
     REFRESH_CERTIFICATES,
     REFRESH_CERTIFICATES_STATUS,
     CERTIFICATES_EXPIRY,
     REFRESH_REQUEST,
     PAUSED_ANNOTATION,
     FLEET_REQUEST,
+    BLOCK_MOVE_ANNOTATION,
 ];
 
 /// The annotations a cached Cluster keeps: its fleet refresh trigger and what became of it.

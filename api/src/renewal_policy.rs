@@ -106,6 +106,9 @@ pub mod reasons {
     singular = "certificaterenewalpolicy",
     shortname = "crp",
     category = "cluster-api",
+    // No Cluster owns a policy: without this, `clusterctl move` would leave the policies behind
+    // and the moved Machines would go without renewals.
+    label("clusterctl.cluster.x-k8s.io/move", ""),
     namespaced,
     doc = "When ck8s-certs renews the node certificates of the Machines it selects on its own: at any time, inside maintenance windows, or never. Without a policy, Machines are renewed only on request (the v1beta2.k8sd.io/refresh-certificates annotation).",
     status = "CertificateRenewalPolicyStatus",

@@ -17,7 +17,8 @@ pub enum Step {
     Ignore,
     /// The Machine's Cluster is not there (yet).
     ClusterMissing,
-    /// The Cluster is paused: hands off.
+    /// The Cluster is paused: nothing new starts. (An operation already on the node is still
+    /// finished and shown: it holds clusterctl's block-move, and a move waits for it.)
     Paused,
     /// No node yet: nothing to talk to.
     WaitForNode,
@@ -49,9 +50,14 @@ pub fn decide(
     let Some(cluster) = cluster else {
         return Step::ClusterMissing;
     };
-    if cluster.paused {
+    let step = decide_unpaused(machine, status);
+    if cluster.paused && !matches!(step, Step::Resume(_) | Step::Record(_)) {
         return Step::Paused;
     }
+    step
+}
+
+fn decide_unpaused(machine: &MachineView, status: Option<&MachineCertificatesStatus>) -> Step {
     let operation = status.and_then(|s| s.operation.as_ref());
     if let Some(op) = operation
         && !op.is_finished()
@@ -206,6 +212,47 @@ mod tests {
         let mut nodeless = machine(&[(REFRESH_CERTIFICATES, "1y")]);
         nodeless.node_name = None;
         assert_eq!(decide(&nodeless, Some(&LIVE), None), Step::WaitForNode);
+    }
+
+    #[test]
+    fn a_paused_cluster_finishes_what_runs_on_the_node_and_starts_nothing() {
+        let paused = ClusterView {
+            labels: BTreeMap::new(),
+            paused: true,
+            endpoint_host: None,
+        };
+        let m = machine(&[
+            (REFRESH_CERTIFICATES, "1y"),
+            (REFRESH_CERTIFICATES_STATUS, "in-progress"),
+        ]);
+        // Past `plan`: the node is mid-refresh, and block-move holds a move until it ends.
+        let running = op(Phase::Running, "1y");
+        assert_eq!(
+            decide(
+                &m,
+                Some(&paused),
+                Some(&status(Some(running.clone()), None))
+            ),
+            Step::Resume(running)
+        );
+        // Finished, not yet shown on the Machine: shown (which releases block-move).
+        let done = op(Phase::Succeeded, "1y");
+        assert_eq!(
+            decide(&m, Some(&paused), Some(&status(Some(done.clone()), None))),
+            Step::Record(done)
+        );
+        // Only claimed (nothing ran on the node): it waits for the Cluster to be resumed.
+        let pending = op(Phase::Pending, "1y");
+        assert_eq!(
+            decide(&m, Some(&paused), Some(&status(Some(pending), None))),
+            Step::Paused
+        );
+        // At rest: nothing to do, paused or not.
+        let idle = machine(&[(CERTIFICATES_EXPIRY, EXPIRY_TEXT)]);
+        assert_eq!(
+            decide(&idle, Some(&paused), Some(&status(None, Some(EXPIRY)))),
+            Step::Paused
+        );
     }
 
     #[test]

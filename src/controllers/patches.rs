@@ -8,6 +8,7 @@ use ck8s_certs_api::annotations::{
     CERTIFICATES_EXPIRY, FLEET_REQUEST, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS,
     RefreshStatus,
 };
+use ck8s_certs_api::capi::{BLOCK_MOVE_ANNOTATION, BLOCK_MOVE_OWNER};
 use ck8s_certs_api::machine::MachineView;
 use ck8s_certs_api::machine_certificates::MachineCertificatesStatus;
 use jiff::Timestamp;
@@ -28,9 +29,15 @@ fn pointer(key: &str) -> String {
 }
 
 /// What to change on the Machine.
+///
+/// clusterctl's block-move annotation follows the status: set with `in-progress`, removed (when
+/// ours) with `done` or `failed`, so that a `clusterctl move` waits for a refresh on the node.
 #[derive(Clone, Debug, Default)]
 pub struct MachineChanges<'a> {
     pub status: Option<RefreshStatus>,
+    /// Remove our block-move annotation without a status change (the Cluster was paused before
+    /// anything ran on the node).
+    pub release_move: bool,
     pub expiry: Option<&'a Time>,
     /// Remove the trigger if it still has exactly this value.
     pub remove_trigger: Option<&'a str>,
@@ -56,10 +63,19 @@ pub fn machine_patch(machine: &MachineView, changes: &MachineChanges<'_>) -> Mac
     if let Some(status) = changes.status {
         set.insert(REFRESH_CERTIFICATES_STATUS, status.as_str().to_owned());
     }
+    if changes.status == Some(RefreshStatus::InProgress) {
+        set.insert(BLOCK_MOVE_ANNOTATION, BLOCK_MOVE_OWNER.to_owned());
+    }
+    let release_move = (changes.release_move
+        || changes
+            .status
+            .is_some_and(|s| s != RefreshStatus::InProgress))
+        && machine.annotation(BLOCK_MOVE_ANNOTATION) == Some(BLOCK_MOVE_OWNER);
     if let Some(expiry) = changes.expiry {
         set.insert(CERTIFICATES_EXPIRY, rfc3339(expiry));
     }
     if machine.annotations.is_empty() && changes.remove_trigger.is_none() && !changes.remove_fleet {
+        // (No annotations: no block-move of ours to release either.)
         return MachinePatch::Merge(
             json!({ "metadata": { "uid": machine.uid, "annotations": set } }),
         );
@@ -74,6 +90,12 @@ pub fn machine_patch(machine: &MachineView, changes: &MachineChanges<'_>) -> Mac
     }
     if changes.remove_fleet && machine.annotation(FLEET_REQUEST).is_some() {
         ops.push(json!({ "op": "remove", "path": pointer(FLEET_REQUEST) }));
+    }
+    if release_move {
+        // Only ours: a block-move another provider set meanwhile fails the test, and the retry
+        // sees it.
+        ops.push(json!({ "op": "test", "path": pointer(BLOCK_MOVE_ANNOTATION), "value": BLOCK_MOVE_OWNER }));
+        ops.push(json!({ "op": "remove", "path": pointer(BLOCK_MOVE_ANNOTATION) }));
     }
     MachinePatch::Json(Value::Array(ops))
 }
@@ -143,7 +165,7 @@ mod tests {
                 status: Some(RefreshStatus::Done),
                 expiry: Some(&expiry),
                 remove_trigger: Some("1y"),
-                remove_fleet: false,
+                ..Default::default()
             },
         );
         assert_eq!(
@@ -154,6 +176,62 @@ mod tests {
                 { "op": "add", "path": "/metadata/annotations/v1beta2.k8sd.io~1refresh-certificates-status", "value": "done" },
                 { "op": "test", "path": "/metadata/annotations/v1beta2.k8sd.io~1refresh-certificates", "value": "1y" },
                 { "op": "remove", "path": "/metadata/annotations/v1beta2.k8sd.io~1refresh-certificates" }
+            ]))
+        );
+    }
+
+    #[test]
+    fn block_move_is_set_with_in_progress_and_released_with_the_outcome_when_ours() {
+        let started = machine_patch(
+            &view(&[(REFRESH_CERTIFICATES, "1y")]),
+            &MachineChanges {
+                status: Some(RefreshStatus::InProgress),
+                ..Default::default()
+            },
+        );
+        assert_eq!(
+            started,
+            MachinePatch::Json(json!([
+                { "op": "test", "path": "/metadata/uid", "value": "u-1" },
+                { "op": "add", "path": "/metadata/annotations/clusterctl.cluster.x-k8s.io~1block-move", "value": "ck8s-certs" },
+                { "op": "add", "path": "/metadata/annotations/v1beta2.k8sd.io~1refresh-certificates-status", "value": "in-progress" }
+            ]))
+        );
+        let release = json!([
+            { "op": "test", "path": "/metadata/uid", "value": "u-1" },
+            { "op": "add", "path": "/metadata/annotations/v1beta2.k8sd.io~1refresh-certificates-status", "value": "failed" },
+            { "op": "test", "path": "/metadata/annotations/clusterctl.cluster.x-k8s.io~1block-move", "value": "ck8s-certs" },
+            { "op": "remove", "path": "/metadata/annotations/clusterctl.cluster.x-k8s.io~1block-move" }
+        ]);
+        let failed = MachineChanges {
+            status: Some(RefreshStatus::Failed),
+            ..Default::default()
+        };
+        assert_eq!(
+            machine_patch(&view(&[(BLOCK_MOVE_ANNOTATION, BLOCK_MOVE_OWNER)]), &failed),
+            MachinePatch::Json(release)
+        );
+        // Another provider's block-move is not ours to remove.
+        assert_eq!(
+            machine_patch(&view(&[(BLOCK_MOVE_ANNOTATION, "capd")]), &failed),
+            MachinePatch::Json(json!([
+                { "op": "test", "path": "/metadata/uid", "value": "u-1" },
+                { "op": "add", "path": "/metadata/annotations/v1beta2.k8sd.io~1refresh-certificates-status", "value": "failed" }
+            ]))
+        );
+        // Paused before the node was touched: released, the status left as it is.
+        assert_eq!(
+            machine_patch(
+                &view(&[(BLOCK_MOVE_ANNOTATION, BLOCK_MOVE_OWNER)]),
+                &MachineChanges {
+                    release_move: true,
+                    ..Default::default()
+                }
+            ),
+            MachinePatch::Json(json!([
+                { "op": "test", "path": "/metadata/uid", "value": "u-1" },
+                { "op": "test", "path": "/metadata/annotations/clusterctl.cluster.x-k8s.io~1block-move", "value": "ck8s-certs" },
+                { "op": "remove", "path": "/metadata/annotations/clusterctl.cluster.x-k8s.io~1block-move" }
             ]))
         );
     }

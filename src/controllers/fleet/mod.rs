@@ -17,11 +17,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ck8s_certs_api::annotations::{
-    FLEET_REQUEST, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS, RefreshStatus,
+    FLEET_REQUEST, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS, REQUEST_OUTCOME,
+    RefreshStatus,
 };
-use ck8s_certs_api::capi::CLUSTER_NAME_LABEL;
+use ck8s_certs_api::capi::{BLOCK_MOVE_ANNOTATION, BLOCK_MOVE_OWNER, CLUSTER_NAME_LABEL};
 use ck8s_certs_api::certificate_refresh::{CertificateRefresh, MachinePhase, RequestPhase, Role};
-use ck8s_certs_api::machine::{CapiVersion, Cluster, Machine, MachineView};
+use ck8s_certs_api::machine::{CapiVersion, Cluster, ClusterView, Machine, MachineView};
 use ck8s_certs_api::machine_certificates::{MachineCertificates, Phase};
 use jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
@@ -89,24 +90,33 @@ pub async fn reconcile(
     let namespace = request.namespace().unwrap_or_default();
     let name = request.name_any();
     let old = request.status.clone().unwrap_or_default();
-    if old.phase.is_some_and(RequestPhase::is_finished) {
+    let api: Api<CertificateRefresh> = Api::namespaced(ctx.client.clone(), &namespace);
+    if let Some(phase) = request.outcome() {
+        if old.phase.is_none() {
+            restore_status(&api, &name, phase).await?;
+        }
+        release_move(&api, &request, phase).await?;
         return Ok(Action::await_change());
     }
+    hold_move(&api, &request).await?;
     let now = Timestamp::now();
+    let cluster = cluster_of(&ctx, &request);
     let mut world = World {
         machines: machines(&ctx, &request, &namespace, &name),
         earlier: earlier(&ctx.requests, &request),
+        paused: cluster.as_deref().is_some_and(|c| {
+            get_capi(&ctx.stores.clusters, ctx.capi, &namespace, c)
+                .is_some_and(|c| ClusterView::of(&c).paused)
+        }),
         api_answers: None,
         wait_timeout: ctx.wait_timeout,
         now,
     };
     let mut next = plan::plan(&request.spec, &old, &world);
     if next.needs_api {
-        world.api_answers =
-            Some(api_answers(&ctx, &namespace, cluster_of(&ctx, &request).as_deref()).await);
+        world.api_answers = Some(api_answers(&ctx, &namespace, cluster.as_deref()).await);
         next = plan::plan(&request.spec, &old, &world);
     }
-    let api: Api<CertificateRefresh> = Api::namespaced(ctx.client.clone(), &namespace);
     if next.status != old {
         let patch = json!({
             "apiVersion": CertificateRefresh::api_version(&()),
@@ -153,6 +163,7 @@ pub async fn reconcile(
             message = next.status.message,
             "Fleet refresh finished"
         );
+        release_move(&api, &request, phase).await?;
         if let Some(cluster) = &request.spec.target.cluster {
             mirror_on_cluster(&ctx, &namespace, cluster, &name, phase).await?;
             prune(&api, cluster, ctx.history).await;
@@ -160,6 +171,87 @@ pub async fn reconcile(
         return Ok(Action::await_change());
     }
     Ok(Action::requeue(POLL))
+}
+
+/// While a request is unfinished it carries clusterctl's block-move: `clusterctl move` does not
+/// carry status, so a request moved mid-way would lose its progress and start over.
+async fn hold_move(
+    api: &Api<CertificateRefresh>,
+    request: &CertificateRefresh,
+) -> Result<(), Error> {
+    if request.annotations().contains_key(BLOCK_MOVE_ANNOTATION) {
+        return Ok(());
+    }
+    let patch =
+        json!({ "metadata": { "annotations": { BLOCK_MOVE_ANNOTATION: BLOCK_MOVE_OWNER } } });
+    patch_request(api, &request.name_any(), patch).await
+}
+
+/// A finished request: releases the block-move (when ours) and records the outcome where a
+/// move keeps it (an annotation).
+async fn release_move(
+    api: &Api<CertificateRefresh>,
+    request: &CertificateRefresh,
+    phase: RequestPhase,
+) -> Result<(), Error> {
+    let annotations = request.annotations();
+    let ours = annotations.get(BLOCK_MOVE_ANNOTATION).map(String::as_str) == Some(BLOCK_MOVE_OWNER);
+    if !ours && annotations.get(REQUEST_OUTCOME).map(String::as_str) == Some(phase.as_str()) {
+        return Ok(());
+    }
+    let mut changes = serde_json::Map::new();
+    changes.insert(REQUEST_OUTCOME.into(), json!(phase.as_str()));
+    if ours {
+        changes.insert(BLOCK_MOVE_ANNOTATION.into(), serde_json::Value::Null);
+    }
+    let patch = json!({ "metadata": { "annotations": changes } });
+    patch_request(api, &request.name_any(), patch).await
+}
+
+async fn patch_request(
+    api: &Api<CertificateRefresh>,
+    name: &str,
+    patch: serde_json::Value,
+) -> Result<(), Error> {
+    let params = PatchParams {
+        field_manager: Some(MANAGER.into()),
+        ..Default::default()
+    };
+    match api.patch(name, &params, &Patch::Merge(patch)).await {
+        Ok(_) => Ok(()),
+        // Deleted meanwhile: nothing left to block or record.
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// A finished request that arrived without its status (`clusterctl move`): the phase, from its
+/// outcome annotation, and where the details are.
+async fn restore_status(
+    api: &Api<CertificateRefresh>,
+    name: &str,
+    phase: RequestPhase,
+) -> Result<(), Error> {
+    let status = ck8s_certs_api::certificate_refresh::CertificateRefreshStatus {
+        phase: Some(phase),
+        message: Some(format!(
+            "{} before it was moved to this management cluster; clusterctl move does not carry status, so the per-Machine detail is in the Machines' own CertificateRefresh records",
+            phase.as_str()
+        )),
+        ..Default::default()
+    };
+    let patch = json!({
+        "apiVersion": CertificateRefresh::api_version(&()),
+        "kind": CertificateRefresh::kind(&()),
+        "status": status,
+    });
+    api.patch_status(
+        name,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(patch),
+    )
+    .await?;
+    Ok(())
 }
 
 /// The cluster a request's Machines belong to.
@@ -251,12 +343,7 @@ fn earlier(requests: &Store<CertificateRefresh>, request: &CertificateRefresh) -
         .state()
         .iter()
         .filter(|r| r.namespace() == namespace && r.spec.target.cluster.as_ref() == Some(cluster))
-        .filter(|r| {
-            !r.status
-                .as_ref()
-                .and_then(|s| s.phase)
-                .is_some_and(RequestPhase::is_finished)
-        })
+        .filter(|r| !r.is_finished())
         .min_by_key(|r| key(r))
         .map(|r| r.name_any())
         .filter(|first| *first != request.name_any())
@@ -426,12 +513,7 @@ async fn prune(api: &Api<CertificateRefresh>, cluster: &str, keep: usize) {
         .items
         .into_iter()
         .filter(|r| r.spec.target.cluster.as_deref() == Some(cluster))
-        .filter(|r| {
-            r.status
-                .as_ref()
-                .and_then(|s| s.phase)
-                .is_some_and(RequestPhase::is_finished)
-        })
+        .filter(|r| r.is_finished())
         .filter_map(|r| {
             Some((
                 r.metadata.name.clone()?,
@@ -456,12 +538,7 @@ pub fn requests_of_machine(
         .state()
         .iter()
         .filter(|r| r.namespace().as_deref() == Some(view.namespace.as_str()))
-        .filter(|r| {
-            !r.status
-                .as_ref()
-                .and_then(|s| s.phase)
-                .is_some_and(RequestPhase::is_finished)
-        })
+        .filter(|r| !r.is_finished())
         .filter(|r| {
             r.spec.target.machine.as_deref() == Some(view.name.as_str())
                 || (r.spec.target.cluster.is_some() && r.spec.target.cluster == view.cluster)

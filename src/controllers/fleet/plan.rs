@@ -45,6 +45,8 @@ pub struct World {
     pub machines: Option<Vec<MachineState>>,
     /// An earlier unfinished request of the same cluster, which runs first.
     pub earlier: Option<String>,
+    /// The Cluster is paused (`spec.paused`, or the paused annotation): no Machine starts.
+    pub paused: bool,
     /// Whether the cluster API answered just now (`None`: not asked).
     pub api_answers: Option<bool>,
     /// How long to wait for the cluster API after a control plane's refresh.
@@ -170,6 +172,12 @@ pub fn plan(spec: &CertificateRefreshSpec, old: &CertificateRefreshStatus, world
         return progress(plan);
     }
     plan.status.phase = Some(RequestPhase::Running);
+    if world.paused {
+        plan.status.message = Some(format!(
+            "Paused with its Cluster: {running} running Machine(s) finish, no other starts until the Cluster is resumed"
+        ));
+        return progress(plan);
+    }
     start_next(&mut plan, spec, world, now);
     progress(plan)
 }

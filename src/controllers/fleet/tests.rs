@@ -54,6 +54,7 @@ fn world(machines: Vec<MachineState>, api: Option<bool>, now: i64) -> World {
     World {
         machines: Some(machines),
         earlier: None,
+        paused: false,
         api_answers: api,
         wait_timeout: Duration::from_secs(600),
         now: at(now),
@@ -302,6 +303,49 @@ fn suspend_starts_nothing_and_a_restart_hands_over_again() {
     }
     let quiet = plan(&suspended, &first.status, &world(handed, Some(true), 5));
     assert!(quiet.hand.is_empty());
+}
+
+#[test]
+fn a_paused_cluster_lets_the_running_machine_finish_and_starts_no_other() {
+    let machines = vec![machine("w-0", Role::Worker), machine("w-1", Role::Worker)];
+    let one_at_a_time = CertificateRefreshSpec {
+        max_parallel_workers: Some(1),
+        ..spec("1y")
+    };
+    let first = plan(
+        &one_at_a_time,
+        &Default::default(),
+        &world(machines.clone(), Some(true), 0),
+    );
+    assert_eq!(first.hand, vec!["w-0"]);
+    let mut done = machines;
+    done[0].handed = true;
+    done[0].outcome = Some(Outcome::Succeeded { expiry: None });
+    let paused = World {
+        paused: true,
+        ..world(done.clone(), Some(true), 5)
+    };
+    let next = plan(&one_at_a_time, &first.status, &paused);
+    assert_eq!(
+        phases(&next),
+        vec![
+            ("w-0", MachinePhase::Succeeded),
+            ("w-1", MachinePhase::Pending)
+        ]
+    );
+    assert!(next.hand.is_empty());
+    assert_eq!(next.status.phase, Some(RequestPhase::Running));
+    assert!(
+        next.status
+            .message
+            .as_deref()
+            .is_some_and(|m| m.starts_with("Paused with its Cluster")),
+        "{:?}",
+        next.status.message
+    );
+    // Resumed: the next one starts.
+    let resumed = plan(&one_at_a_time, &next.status, &world(done, Some(true), 10));
+    assert_eq!(resumed.hand, vec!["w-1"]);
 }
 
 #[test]

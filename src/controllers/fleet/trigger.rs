@@ -14,7 +14,9 @@ use ck8s_certs_api::annotations::{
     FLEET_REQUEST, FLEET_REQUEST_PENDING, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS,
     RefreshStatus,
 };
-use ck8s_certs_api::capi::{CLUSTER_NAME_LABEL, WATCH_FILTER_LABEL};
+use ck8s_certs_api::capi::{
+    BLOCK_MOVE_ANNOTATION, BLOCK_MOVE_OWNER, CLUSTER_NAME_LABEL, WATCH_FILTER_LABEL,
+};
 use ck8s_certs_api::certificate_refresh::{
     CertificateRefresh, CertificateRefreshSpec, Origin, Target,
 };
@@ -139,6 +141,14 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
             name: Some(request.clone()),
             namespace: Some(namespace.clone()),
             labels: Some(labels),
+            // Held from the start: a move must not carry a request whose progress it drops.
+            annotations: Some(
+                [(
+                    BLOCK_MOVE_ANNOTATION.to_owned(),
+                    BLOCK_MOVE_OWNER.to_owned(),
+                )]
+                .into(),
+            ),
             owner_references: Some(vec![OwnerReference {
                 api_version: Cluster::api_version(&ctx.capi).into_owned(),
                 kind: "Cluster".into(),

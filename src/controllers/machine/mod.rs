@@ -22,8 +22,8 @@ use std::time::Duration;
 
 use ck8s_certs_api::annotations::{REFRESH_CERTIFICATES, RefreshStatus};
 use ck8s_certs_api::capi::{
-    CK8S_CONFIG_GROUP, CK8S_CONFIG_KIND, CK8S_CONFIG_VERSION, CLUSTER_NAME_LABEL,
-    CONTROL_PLANE_LABEL, WATCH_FILTER_LABEL,
+    BLOCK_MOVE_ANNOTATION, BLOCK_MOVE_OWNER, CK8S_CONFIG_GROUP, CK8S_CONFIG_KIND,
+    CK8S_CONFIG_VERSION, CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL, WATCH_FILTER_LABEL,
 };
 use ck8s_certs_api::k8sd::DEFAULT_MICROCLUSTER_PORT;
 use ck8s_certs_api::machine::{CapiVersion, Cluster, ClusterView, Machine, MachineView};
@@ -327,6 +327,14 @@ impl Reconciler<'_> {
                 Ok(Action::requeue(self.ctx.config.resync))
             }
             Step::Paused => {
+                // Announced but not started on the node: nothing for a move to wait for.
+                if self.view.annotation(BLOCK_MOVE_ANNOTATION) == Some(BLOCK_MOVE_OWNER) {
+                    self.patch_machine(&MachineChanges {
+                        release_move: true,
+                        ..Default::default()
+                    })
+                    .await?;
+                }
                 self.set_ready(
                     &mut status,
                     false,

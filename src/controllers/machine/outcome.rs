@@ -131,6 +131,7 @@ impl Reconciler<'_> {
                     .view
                     .annotation(ck8s_certs_api::annotations::FLEET_REQUEST)
                     == op.fleet.as_deref(),
+            ..Default::default()
         })
         .await?;
         if succeeded {

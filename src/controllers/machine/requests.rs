@@ -46,9 +46,9 @@ impl Reconciler<'_> {
         }
         self.patch_machine(&MachineChanges {
             status: Some(RefreshStatus::Failed),
-            expiry: None,
             remove_trigger: Some(trigger),
             remove_fleet: self.fleet().is_some(),
+            ..Default::default()
         })
         .await?;
         self.event(EventType::Warning, events::REFRESH_FAILED, error)
