@@ -26,6 +26,11 @@ pub const BLOCK_MOVE_ANNOTATION: &str = "clusterctl.cluster.x-k8s.io/block-move"
 /// Our value of [`BLOCK_MOVE_ANNOTATION`]: we remove the annotation only when it is ours.
 pub const BLOCK_MOVE_OWNER: &str = "ck8s-certs";
 
+/// Set by `clusterctl move` on each object it is about to delete from the source management
+/// cluster: a Machine carrying it is treated as being deleted (nothing starts, nothing is
+/// created for it).
+pub const DELETE_FOR_MOVE_ANNOTATION: &str = "clusterctl.cluster.x-k8s.io/delete-for-move";
+
 /// clusterctl's label on a CRD whose objects `clusterctl move` moves even when no Cluster owns
 /// them (renewal policies).
 pub const CLUSTERCTL_MOVE_LABEL: &str = "clusterctl.cluster.x-k8s.io/move";

@@ -25,7 +25,7 @@ use crate::annotations::{
 };
 use crate::capi::{
     BLOCK_MOVE_ANNOTATION, CK8S_CONFIG_GROUP, CK8S_CONFIG_KIND, CLUSTER_NAME_LABEL,
-    CONTROL_PLANE_LABEL, GROUP, PAUSED_ANNOTATION,
+    CONTROL_PLANE_LABEL, DELETE_FOR_MOVE_ANNOTATION, GROUP, PAUSED_ANNOTATION,
 };
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -75,9 +75,13 @@ impl MachineView {
                 .pointer("/nodeRef/name")
                 .and_then(Value::as_str)
                 .map(str::to_owned),
+            deleting: meta.deletion_timestamp.is_some()
+                || meta
+                    .annotations
+                    .as_ref()
+                    .is_some_and(|a| a.contains_key(DELETE_FOR_MOVE_ANNOTATION)),
             annotations: meta.annotations.clone().unwrap_or_default(),
             labels,
-            deleting: meta.deletion_timestamp.is_some(),
         }
     }
 
@@ -98,9 +102,13 @@ impl MachineView {
             bootstrap_group: machine.bootstrap.group.clone(),
             bootstrap_name: machine.bootstrap.name.clone(),
             node_name: machine.node_name.clone(),
+            deleting: meta.deletion_timestamp.is_some()
+                || machine
+                    .annotations
+                    .get(DELETE_FOR_MOVE_ANNOTATION)
+                    .is_some(),
             annotations: machine.annotations.to_map(),
             labels,
-            deleting: meta.deletion_timestamp.is_some(),
         }
     }
 
@@ -187,7 +195,7 @@ impl CapiVersion {
 }
 
 /// The Machine annotations the controller reads; a cached [`Machine`] keeps no others.
-pub const READ_ANNOTATIONS: [&str; 7] = [
+pub const READ_ANNOTATIONS: [&str; 8] = [
     REFRESH_CERTIFICATES,
     REFRESH_CERTIFICATES_STATUS,
     CERTIFICATES_EXPIRY,
@@ -195,6 +203,7 @@ pub const READ_ANNOTATIONS: [&str; 7] = [
     PAUSED_ANNOTATION,
     FLEET_REQUEST,
     BLOCK_MOVE_ANNOTATION,
+    DELETE_FOR_MOVE_ANNOTATION,
 ];
 
 /// The annotations a cached Cluster keeps: its fleet refresh trigger and what became of it.

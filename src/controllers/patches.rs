@@ -100,6 +100,46 @@ pub fn machine_patch(machine: &MachineView, changes: &MachineChanges<'_>) -> Mac
     MachinePatch::Json(Value::Array(ops))
 }
 
+/// The Machine as [`machine_patch`] leaves it (the annotations we change), for the writes that
+/// follow in the same reconcile.
+pub fn patched(machine: &MachineView, changes: &MachineChanges<'_>) -> MachineView {
+    let mut after = machine.clone();
+    let annotations = &mut after.annotations;
+    if let Some(status) = changes.status {
+        annotations.insert(
+            REFRESH_CERTIFICATES_STATUS.to_owned(),
+            status.as_str().to_owned(),
+        );
+        if status == RefreshStatus::InProgress {
+            annotations.insert(
+                BLOCK_MOVE_ANNOTATION.to_owned(),
+                BLOCK_MOVE_OWNER.to_owned(),
+            );
+        }
+    }
+    let release = changes.release_move
+        || changes
+            .status
+            .is_some_and(|s| s != RefreshStatus::InProgress);
+    if release
+        && annotations.get(BLOCK_MOVE_ANNOTATION).map(String::as_str) == Some(BLOCK_MOVE_OWNER)
+    {
+        annotations.remove(BLOCK_MOVE_ANNOTATION);
+    }
+    if let Some(expiry) = changes.expiry {
+        annotations.insert(CERTIFICATES_EXPIRY.to_owned(), rfc3339(expiry));
+    }
+    if let Some(trigger) = changes.remove_trigger
+        && annotations.get(REFRESH_CERTIFICATES).map(String::as_str) == Some(trigger)
+    {
+        annotations.remove(REFRESH_CERTIFICATES);
+    }
+    if changes.remove_fleet {
+        annotations.remove(FLEET_REQUEST);
+    }
+    after
+}
+
 /// Sets a condition, keeping `lastTransitionTime` when the status did not change.
 pub fn set_condition(
     status: &mut MachineCertificatesStatus,
@@ -210,6 +250,27 @@ mod tests {
         assert_eq!(
             machine_patch(&view(&[(BLOCK_MOVE_ANNOTATION, BLOCK_MOVE_OWNER)]), &failed),
             MachinePatch::Json(release)
+        );
+        // In one reconcile, the final patch sees what the announcement set.
+        let announced = patched(
+            &view(&[(REFRESH_CERTIFICATES, "1y")]),
+            &MachineChanges {
+                status: Some(RefreshStatus::InProgress),
+                ..Default::default()
+            },
+        );
+        assert_eq!(
+            announced.annotation(BLOCK_MOVE_ANNOTATION),
+            Some(BLOCK_MOVE_OWNER)
+        );
+        let MachinePatch::Json(ops) = machine_patch(&announced, &failed) else {
+            panic!("a JSON patch");
+        };
+        assert_eq!(
+            ops.as_array().and_then(|ops| ops.last()),
+            Some(
+                &json!({ "op": "remove", "path": "/metadata/annotations/clusterctl.cluster.x-k8s.io~1block-move" })
+            )
         );
         // Another provider's block-move is not ours to remove.
         assert_eq!(

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	apiv1 "github.com/canonical/k8s-snap-api/api/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -263,15 +264,28 @@ func (s *Simulator) authenticate(ctx context.Context, n *node, got, header, key 
 		return 0, ""
 	}
 	// Not confirmed by the cache (none yet, a rotated token, a missing Secret): ask.
-	secret, err := s.mgmt.CoreV1().Secrets(n.cluster.cfg.Namespace).Get(ctx, name, metav1.GetOptions{})
+	namespace := n.cluster.cfg.Namespace
+	secret, err := s.mgmt.CoreV1().Secrets(namespace).Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		// Gone from this management cluster (moved): k8sd still has the tokens it was given.
+		if want, ok := s.tokens.remembered(namespace, name, key); ok {
+			if subtle.ConstantTimeCompare(want, []byte(got)) == 1 {
+				return 0, ""
+			}
+			return http.StatusUnauthorized, "invalid token"
+		}
+	}
 	if err != nil {
-		return http.StatusInternalServerError, fmt.Sprintf("failed to check token: failed to read Secret %s/%s: %v", n.cluster.cfg.Namespace, name, err)
+		return http.StatusInternalServerError, fmt.Sprintf("failed to check token: failed to read Secret %s/%s: %v", namespace, name, err)
 	}
 	want, ok := secret.Data[key]
 	if !ok {
 		if sd, found := secret.StringData[key]; found {
 			want, ok = []byte(sd), true
 		}
+	}
+	if ok {
+		s.tokens.remember(namespace, name, key, want)
 	}
 	if !ok || len(want) == 0 || subtle.ConstantTimeCompare(want, []byte(got)) != 1 {
 		return http.StatusUnauthorized, "invalid token"

@@ -83,11 +83,17 @@ func TestAuthentication(t *testing.T) {
 		t.Errorf("rotated token: %d %s", r.status, r.body)
 	}
 
-	// No Secret: 500.
+	// The Secret gone from the management cluster (`clusterctl move`): k8sd keeps the tokens
+	// it had, like its own database.
 	if err := e.mgmt.CoreV1().Secrets("fleet").Delete(context.Background(), "alpha-token", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	r := e.do(t, cp, "POST", pathExpiry, "{}", "node-token", "rotated")
+	if r := e.do(t, cp, "POST", pathExpiry, "{}", "node-token", "rotated"); r.status != 200 {
+		t.Errorf("known token, no Secret: %d %s", r.status, r.body)
+	}
+	check("wrong token, no Secret", e.do(t, cp, "POST", pathExpiry, "{}", "node-token", tokCP0), 401, "invalid token")
+	// A token never seen, and no Secret: 500.
+	r := e.do(t, "alpha-w-0-vm", "POST", pathExpiry, "{}", "node-token", tokW0)
 	if r.status != 500 || !strings.Contains(r.body, "alpha-token") {
 		t.Errorf("no secret: %d %s", r.status, r.body)
 	}

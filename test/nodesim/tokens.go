@@ -23,6 +23,28 @@ type tokenCache struct {
 
 	mu     sync.Mutex
 	lister corelisters.SecretLister // nil until the informer synced
+	// The last value seen of each token (namespace/name/key): real k8sd keeps its tokens in its
+	// own database, so a token Secret gone from this management cluster (moved to another by
+	// `clusterctl move`) does not unauthenticate the nodes.
+	known map[string][]byte
+}
+
+// remember records a token value seen in the management cluster.
+func (c *tokenCache) remember(namespace, name, key string, value []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.known == nil {
+		c.known = map[string][]byte{}
+	}
+	c.known[namespace+"/"+name+"/"+key] = value
+}
+
+// remembered returns the last value seen of a token.
+func (c *tokenCache) remembered(namespace, name, key string) ([]byte, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	v, ok := c.known[namespace+"/"+name+"/"+key]
+	return v, ok
 }
 
 func newTokenCache(cfg *Config) *tokenCache {
@@ -79,6 +101,7 @@ func (c *tokenCache) lookup(namespace, name, key string) ([]byte, bool) {
 		return nil, false
 	}
 	if v, ok := secret.Data[key]; ok {
+		c.remember(namespace, name, key, v)
 		return v, true
 	}
 	return nil, false

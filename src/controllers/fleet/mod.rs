@@ -98,9 +98,9 @@ pub async fn reconcile(
         release_move(&api, &request, phase).await?;
         return Ok(Action::await_change());
     }
-    hold_move(&api, &request).await?;
-    let now = Timestamp::now();
     let cluster = cluster_of(&ctx, &request);
+    hold_move(&ctx, &api, &request, cluster.as_deref()).await?;
+    let now = Timestamp::now();
     let mut world = World {
         machines: machines(&ctx, &request, &namespace, &name),
         earlier: earlier(&ctx.requests, &request),
@@ -174,17 +174,34 @@ pub async fn reconcile(
 }
 
 /// While a request is unfinished it carries clusterctl's block-move: `clusterctl move` does not
-/// carry status, so a request moved mid-way would lose its progress and start over.
+/// carry status, so a request moved mid-way would lose its progress and start over. A request
+/// made by hand is also adopted by its Cluster (as CAPI adopts a stand-alone Machine), so that
+/// it moves and goes away with it.
 async fn hold_move(
+    ctx: &Context,
     api: &Api<CertificateRefresh>,
     request: &CertificateRefresh,
+    cluster: Option<&str>,
 ) -> Result<(), Error> {
-    if request.annotations().contains_key(BLOCK_MOVE_ANNOTATION) {
+    let mut metadata = serde_json::Map::new();
+    if !request.annotations().contains_key(BLOCK_MOVE_ANNOTATION) {
+        metadata.insert(
+            "annotations".into(),
+            json!({ BLOCK_MOVE_ANNOTATION: BLOCK_MOVE_OWNER }),
+        );
+    }
+    let namespace = request.namespace().unwrap_or_default();
+    if request.owner_references().is_empty()
+        && let Some(owner) = cluster
+            .and_then(|c| get_capi(&ctx.stores.clusters, ctx.capi, &namespace, c))
+            .and_then(|c| c.controller_owner_ref(&ctx.capi))
+    {
+        metadata.insert("ownerReferences".into(), json!([owner]));
+    }
+    if metadata.is_empty() {
         return Ok(());
     }
-    let patch =
-        json!({ "metadata": { "annotations": { BLOCK_MOVE_ANNOTATION: BLOCK_MOVE_OWNER } } });
-    patch_request(api, &request.name_any(), patch).await
+    patch_request(api, &request.name_any(), json!({ "metadata": metadata })).await
 }
 
 /// A finished request: releases the block-move (when ours) and records the outcome where a

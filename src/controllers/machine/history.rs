@@ -113,6 +113,33 @@ pub fn beyond(mut records: Vec<(String, Timestamp)>, keep: usize) -> Vec<String>
 }
 
 impl Reconciler<'_> {
+    fn records(&self) -> Api<CertificateRefresh> {
+        Api::namespaced(self.ctx.client.clone(), &self.view.namespace)
+    }
+
+    /// Creates the record of an operation that starts on the node. It exists while the refresh
+    /// runs, so `clusterctl move` (which finds objects before it waits for our block-move) takes
+    /// it along; [`Self::keep_history`] writes its outcome.
+    pub(super) async fn open_record(&self, op: &Operation) -> Result<(), Error> {
+        if self.ctx.config.history == 0 {
+            return Ok(());
+        }
+        let params = PostParams {
+            field_manager: Some(MANAGER.into()),
+            ..Default::default()
+        };
+        match self
+            .records()
+            .create(&params, &record(&self.view, self.ctx.capi, op))
+            .await
+        {
+            Ok(_) => Ok(()),
+            // Created before a crash.
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+            Err(err) => Err(err.into()),
+        }
+    }
+
     /// Records a finished operation and drops the Machine's oldest records beyond
     /// `--refresh-history` (0: no records).
     pub(super) async fn keep_history(&self, op: &Operation) -> Result<(), Error> {
@@ -120,31 +147,24 @@ impl Reconciler<'_> {
         if keep == 0 || !op.is_finished() {
             return Ok(());
         }
-        let api: Api<CertificateRefresh> =
-            Api::namespaced(self.ctx.client.clone(), &self.view.namespace);
-        let record = record(&self.view, self.ctx.capi, op);
-        let name = record.metadata.name.clone().unwrap_or_default();
-        let params = PostParams {
-            field_manager: Some(MANAGER.into()),
-            ..Default::default()
-        };
-        match api.create(&params, &record).await {
-            Ok(_) => {}
-            // Recorded before a crash: the status write below is the same again.
-            Err(kube::Error::Api(status)) if status.code == 409 => {}
-            Err(err) => return Err(err.into()),
-        }
+        let api = self.records();
+        let name = record_name(&self.view.name, op);
         let status = json!({
             "apiVersion": CertificateRefresh::api_version(&()),
             "kind": CertificateRefresh::kind(&()),
             "status": record_status(&self.view.name, self.role(), op),
         });
-        api.patch_status(
-            &name,
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(status),
-        )
-        .await?;
+        let params = PatchParams::apply(MANAGER).force();
+        let patch = Patch::Apply(status);
+        match api.patch_status(&name, &params, &patch).await {
+            Ok(_) => {}
+            // Not opened: refused before it started, or opened by an older version.
+            Err(kube::Error::Api(status)) if status.code == 404 => {
+                self.open_record(op).await?;
+                api.patch_status(&name, &params, &patch).await?;
+            }
+            Err(err) => return Err(err.into()),
+        }
         // Pruning is housekeeping: a failure leaves one record too many until the next refresh.
         let selector = format!("{}={}", labels::MACHINE, label_value(&self.view.name));
         match api

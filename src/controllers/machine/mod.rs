@@ -285,9 +285,14 @@ impl Reconciler<'_> {
 
     async fn run(mut self) -> Result<Action, Error> {
         let cluster = self.cluster().await?;
-        let mc = self.machine_certificates().await?;
-        self.generation = mc.as_ref().and_then(|m| m.metadata.generation);
-        let status = mc.as_ref().and_then(|m| m.status.clone());
+        // Nothing is created for a paused Cluster: `clusterctl move` pauses it, then deletes our
+        // objects before their Machines; one created in between would be left behind.
+        let create = !cluster.as_ref().is_some_and(|c| c.paused);
+        let Some(mc) = self.machine_certificates(create).await? else {
+            return Ok(Action::await_change());
+        };
+        self.generation = mc.metadata.generation;
+        let status = mc.status;
         let step = decide(&self.view, cluster.as_ref(), status.as_ref());
         self.act(cluster, status, step).await
     }

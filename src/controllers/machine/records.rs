@@ -4,8 +4,12 @@
 use super::*;
 
 impl Reconciler<'_> {
-    /// The Machine's MachineCertificates, created (owned by the Machine) when missing.
-    pub(super) async fn machine_certificates(&self) -> Result<Option<MachineCertificates>, Error> {
+    /// The Machine's MachineCertificates, created (owned by the Machine) when missing and
+    /// `create`.
+    pub(super) async fn machine_certificates(
+        &self,
+        create: bool,
+    ) -> Result<Option<MachineCertificates>, Error> {
         let api = self.certificates();
         if let Some(existing) = api.get_opt(&self.view.name).await? {
             // Sharding: the record follows its Machine into another shard's watch.
@@ -33,7 +37,7 @@ impl Reconciler<'_> {
             }
             return Ok(Some(existing));
         }
-        if self.view.deleting {
+        if self.view.deleting || !create {
             return Ok(None);
         }
         let mut mc = MachineCertificates::new(

@@ -42,6 +42,7 @@ impl Reconciler<'_> {
         );
         self.write_status(&status).await?;
         if let Some(op) = &status.operation {
+            self.open_record(op).await?;
             self.keep_history(op).await?;
         }
         self.patch_machine(&MachineChanges {
@@ -191,14 +192,21 @@ impl Reconciler<'_> {
         if self.ctx.stop.is_cancelled() {
             return Ok(Action::await_change());
         }
-        self.patch_machine(&MachineChanges {
+        let announce = MachineChanges {
             status: Some(RefreshStatus::InProgress),
             ..Default::default()
-        })
-        .await?;
-        self.event(EventType::Normal, events::REFRESH_IN_PROGRESS, announcement)
+        };
+        self.patch_machine(&announce).await?;
+        // The final patch releases the block-move this one set: it must see it.
+        let announced = Reconciler {
+            view: crate::controllers::patches::patched(&self.view, &announce),
+            ..*self
+        };
+        announced.open_record(&op).await?;
+        announced
+            .event(EventType::Normal, events::REFRESH_IN_PROGRESS, announcement)
             .await;
-        self.execute(status, op, self.role(), cluster).await
+        announced.execute(status, op, self.role(), cluster).await
     }
 
     pub(super) async fn resume(

@@ -231,13 +231,29 @@ impl Environment {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Controller {
+        self.spawn_controller(&self.controller_kubeconfig, filter, extra, env)
+    }
+
+    /// [`Self::start_controller`] on the second management cluster ([`crate::MoveTarget`]).
+    pub fn start_controller_on_move_target(&self, filter: &str, extra: &[&str]) -> Controller {
+        let target = self.move_target.as_ref().expect("a move target");
+        self.spawn_controller(&target.controller_kubeconfig, filter, extra, &[])
+    }
+
+    fn spawn_controller(
+        &self,
+        kubeconfig: &Path,
+        filter: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Controller {
         let health_port = controlplane::free_port().expect("free port");
         let metrics_port = controlplane::free_port().expect("free port");
         let mut command =
             std::process::Command::new(Binaries::controller().expect("controller binary"));
         command
             .arg("--kubeconfig")
-            .arg(&self.controller_kubeconfig)
+            .arg(kubeconfig)
             .arg("--watch-filter")
             .arg(filter)
             .arg("--health-bind-address")
@@ -287,6 +303,33 @@ impl Environment {
             json!({ "metadata": { "labels": { WATCH_FILTER_LABEL: filter } } }),
         )
         .await;
+    }
+
+    /// Labels a Cluster and its Machines for the controller with `filter`.
+    pub async fn isolate_cluster(&self, cluster: &str, filter: &str) -> Vec<NodeInfo> {
+        let nodes = self.cluster(cluster).nodes.clone();
+        for node in &nodes {
+            self.isolate(node, filter).await;
+        }
+        let namespace = self.cluster(cluster).spec.namespace.clone();
+        self.cluster_api(self.management().await.expect("client"), &namespace)
+            .patch(
+                cluster,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "metadata": { "labels": { WATCH_FILTER_LABEL: filter } } })),
+            )
+            .await
+            .expect("label the Cluster");
+        nodes
+    }
+
+    pub fn cluster_api(&self, client: Client, namespace: &str) -> Api<DynamicObject> {
+        let resource = ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
+            ck8s_certs_api::capi::GROUP,
+            self.spec.capi_version.storage_version(),
+            "Cluster",
+        ));
+        Api::namespaced_with(client, namespace, &resource)
     }
 
     pub fn machine_api(&self, client: Client, namespace: &str) -> Api<DynamicObject> {

@@ -90,10 +90,20 @@ pub fn read_dir(dir: &Path) -> Result<Vec<CustomResourceDefinition>, Error> {
 }
 
 /// Creates the CRDs and waits until the API server serves them.
+/// clusterctl's label on every object it installs.
+pub const CLUSTERCTL_LABEL: &str = "clusterctl.cluster.x-k8s.io";
+
 pub async fn install(client: &Client, crds: Vec<CustomResourceDefinition>) -> Result<(), Error> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let mut names = Vec::new();
-    for crd in crds {
+    for mut crd in crds {
+        // As `clusterctl init` installs them: `clusterctl move` moves the kinds of the CRDs
+        // with this label.
+        crd.metadata
+            .labels
+            .get_or_insert_default()
+            .entry(CLUSTERCTL_LABEL.to_owned())
+            .or_default();
         let name = crd.metadata.name.clone().unwrap_or_default();
         api.create(&PostParams::default(), &crd)
             .await

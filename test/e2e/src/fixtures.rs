@@ -1,7 +1,7 @@
 //! What a CK8s fleet under Cluster API looks like, as objects.
 //!
 //! Management cluster, per workload cluster: a Cluster, Machines (control planes and workers,
-//! labelled, with a `CK8sConfig` bootstrap configRef and a `status.nodeRef`), their CK8sConfigs
+//! labelled, owned by the Cluster, with a `CK8sConfig` bootstrap configRef and a `status.nodeRef`), their CK8sConfigs
 //! (owned by the Machine), and the Secrets `<cluster>-kubeconfig` and `<cluster>-token`.
 //! Workload cluster: a Ready Node per Machine (its own loopback InternalIP, kubelet port) and a
 //! Running `k8sd-proxy` pod on each node. Machine and node names differ on purpose (the node is
@@ -139,6 +139,54 @@ async fn create_dynamic(
         .map_err(Error::Kube)
 }
 
+/// A provisioned Machine's status, as CAPI's Machine controller writes it.
+fn machine_status(v1beta2: bool, node: &NodeInfo) -> serde_json::Value {
+    let node_ref = if v1beta2 {
+        json!({ "name": node.node })
+    } else {
+        json!({ "apiVersion": "v1", "kind": "Node", "name": node.node })
+    };
+    json!({
+        "nodeRef": node_ref,
+        "phase": "Running",
+        "addresses": [{ "type": "InternalIP", "address": node.address.to_string() }]
+    })
+}
+
+/// Writes the status CAPI's controllers rebuild after `clusterctl move` (which does not carry
+/// status): the Machines' (node) and the Cluster's (provisioned, control plane initialized: what
+/// `clusterctl move` checks before it starts).
+pub async fn write_provisioned_status(
+    client: &Client,
+    capi_version: &CapiVersion,
+    cluster: &str,
+    nodes: &[NodeInfo],
+) -> Result<(), Error> {
+    let version = capi_version.storage_version();
+    let v1beta2 = version == "v1beta2";
+    for node in nodes {
+        let machines = dynamic_api(client, capi::GROUP, version, "Machine", &node.namespace);
+        patch_status(&machines, &node.machine, machine_status(v1beta2, node)).await?;
+    }
+    let Some(namespace) = nodes.first().map(|n| n.namespace.as_str()) else {
+        return Ok(());
+    };
+    let clusters = dynamic_api(client, capi::GROUP, version, "Cluster", namespace);
+    let now = jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    let condition = json!({
+        "type": "ControlPlaneInitialized", "status": "True", "reason": "Initialized",
+        "message": "", "lastTransitionTime": now
+    });
+    let status = if v1beta2 {
+        json!({ "initialization": { "infrastructureProvisioned": true, "controlPlaneInitialized": true }, "conditions": [condition] })
+    } else {
+        json!({ "infrastructureReady": true, "controlPlaneReady": true })
+    };
+    patch_status(&clusters, cluster, status).await
+}
+
 async fn patch_status(
     api: &Api<DynamicObject>,
     name: &str,
@@ -188,7 +236,7 @@ pub async fn create_management_objects(
     let cluster_label = json!({ capi::CLUSTER_NAME_LABEL: spec.name });
 
     let clusters = dynamic_api(client, capi::GROUP, version, "Cluster", ns);
-    create_dynamic(
+    let cluster = create_dynamic(
         &clusters,
         json!({
             "apiVersion": format!("{}/{version}", capi::GROUP), "kind": "Cluster",
@@ -229,7 +277,15 @@ pub async fn create_management_objects(
             &machines,
             json!({
                 "apiVersion": format!("{}/{version}", capi::GROUP), "kind": "Machine",
-                "metadata": { "name": node.machine, "namespace": ns, "labels": labels, "annotations": machine_annotations },
+                "metadata": {
+                    "name": node.machine, "namespace": ns, "labels": labels, "annotations": machine_annotations,
+                    // As CAPI's Machine controller adopts a Machine that no MachineSet or control
+                    // plane owns (`clusterctl move` follows these).
+                    "ownerReferences": [{
+                        "apiVersion": format!("{}/{version}", capi::GROUP), "kind": "Cluster",
+                        "name": spec.name, "uid": cluster.metadata.uid
+                    }]
+                },
                 "spec": {
                     "clusterName": spec.name,
                     "version": "v1.34.4",
@@ -239,21 +295,7 @@ pub async fn create_management_objects(
             }),
         )
         .await?;
-        let node_ref = if v1beta2 {
-            json!({ "name": node.node })
-        } else {
-            json!({ "apiVersion": "v1", "kind": "Node", "name": node.node })
-        };
-        patch_status(
-            &machines,
-            &node.machine,
-            json!({
-                "nodeRef": node_ref,
-                "phase": "Running",
-                "addresses": [{ "type": "InternalIP", "address": node.address.to_string() }]
-            }),
-        )
-        .await?;
+        patch_status(&machines, &node.machine, machine_status(v1beta2, node)).await?;
 
         let mut control_plane = serde_json::Map::new();
         if let Some(port) = spec.microcluster_port {
@@ -304,8 +346,16 @@ pub async fn create_management_objects(
         ),
         (k8sd::token_secret_name(&spec.name), token_data),
     ] {
+        // Owned as the CK8s control plane provider owns them (through its control plane object,
+        // itself owned by the Cluster): `clusterctl move` takes them along.
         let secret: Secret = serde_json::from_value(json!({
-            "metadata": { "name": name, "namespace": ns, "labels": { capi::CLUSTER_NAME_LABEL: spec.name } },
+            "metadata": {
+                "name": name, "namespace": ns, "labels": { capi::CLUSTER_NAME_LABEL: spec.name },
+                "ownerReferences": [{
+                    "apiVersion": format!("{}/{version}", capi::GROUP), "kind": "Cluster",
+                    "name": spec.name, "uid": cluster.metadata.uid, "controller": true
+                }]
+            },
             "type": "cluster.x-k8s.io/secret",
             "stringData": data
         }))

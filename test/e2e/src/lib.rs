@@ -98,6 +98,31 @@ pub fn pinned_version(key: &str) -> Option<String> {
         })
 }
 
+/// A pinned tool (kubectl, clusterctl, promtool): `$var`, else `<cache>/bin/<name>-<version>`
+/// as hack/lib.sh builds it (`make tools promtool`; `make e2e` does).
+pub fn tool(var: &str, name: &str, version_key: &str) -> PathBuf {
+    let path = std::env::var_os(var).map(PathBuf::from).unwrap_or_else(|| {
+        let cache = std::env::var_os("CK8S_CERTS_CACHE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                std::env::var_os("XDG_CACHE_HOME")
+                    .map(PathBuf::from)
+                    .unwrap_or_else(|| {
+                        PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache")
+                    })
+                    .join("ck8s-certs")
+            });
+        let version = pinned_version(version_key).expect("hack/versions.env pins the tool");
+        cache.join("bin").join(format!("{name}-{version}"))
+    });
+    assert!(
+        path.is_file(),
+        "{} is missing: run `make tools promtool` (make e2e does)",
+        path.display()
+    );
+    path
+}
+
 /// Paths of the environment's executables.
 #[derive(Clone, Debug)]
 pub struct Binaries {
@@ -192,6 +217,9 @@ pub struct EnvSpec {
     pub audit: controlplane::Audit,
     /// Annotations every Machine is created with (e.g. a known certificate expiry).
     pub machine_annotations: BTreeMap<String, String>,
+    /// A second management cluster (an empty kube-apiserver with the same CRDs), the target of
+    /// `clusterctl move`.
+    pub move_target: bool,
 }
 
 impl EnvSpec {
@@ -251,6 +279,7 @@ impl EnvSpec {
             workload_servers: None,
             audit: controlplane::Audit::Writes,
             machine_annotations: BTreeMap::new(),
+            move_target: false,
         }
     }
 
@@ -305,6 +334,14 @@ pub struct Measurements {
     pub rss_kib: BTreeMap<String, u64>,
 }
 
+/// A second management cluster: the same CRDs and controller identity, no objects.
+pub struct MoveTarget {
+    /// Admin.
+    pub kubeconfig: PathBuf,
+    /// The controller's ServiceAccount there.
+    pub controller_kubeconfig: PathBuf,
+}
+
 pub struct Environment {
     pub spec: EnvSpec,
     pub dir: PathBuf,
@@ -313,6 +350,8 @@ pub struct Environment {
     /// Kubeconfig with the controller's ServiceAccount token (the rights of `config/rbac`).
     pub controller_kubeconfig: PathBuf,
     pub clusters: Vec<WorkloadCluster>,
+    /// The second management cluster ([`EnvSpec::move_target`]).
+    pub move_target: Option<MoveTarget>,
     pub sim: SimControl,
     pub measurements: Measurements,
     processes: Arc<Processes>,
@@ -388,7 +427,18 @@ impl Environment {
                 &bins, &pki, &etcd_url, &name, &dir, spec.audit,
             )?);
         }
-        for server in &mut servers {
+        let mut move_target = match spec.move_target {
+            true => Some(ApiServer::start(
+                &bins,
+                &pki,
+                &etcd_url,
+                "move-target",
+                &dir,
+                spec.audit,
+            )?),
+            false => None,
+        };
+        for server in servers.iter_mut().chain(move_target.as_mut()) {
             server.wait_ready(Duration::from_secs(90)).await?;
         }
         let control_planes_ready = started.elapsed();
@@ -412,6 +462,21 @@ impl Environment {
         crds.extend(crds::read_dir(
             &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/crd/bases"),
         )?);
+        let mut target_controller_kubeconfig = None;
+        if let Some(target) = &move_target {
+            let client = target.client().await?;
+            crds::install(&client, crds.clone()).await?;
+            let target_dir = dir.join("move-target");
+            std::fs::create_dir_all(&target_dir).map_err(|e| Error::io(&target_dir, e))?;
+            let (path, _) = controller::service_account_kubeconfig(
+                &client,
+                target.port,
+                &pki.ca.pem,
+                &target_dir,
+            )
+            .await?;
+            target_controller_kubeconfig = Some(path);
+        }
         crds::install(&mgmt, crds).await?;
         let (controller_kubeconfig, _) =
             controller::service_account_kubeconfig(&mgmt, management.port, &pki.ca.pem, &dir)
@@ -468,6 +533,16 @@ impl Environment {
         for server in servers {
             processes.push(server.process);
         }
+        let move_target =
+            move_target
+                .zip(target_controller_kubeconfig)
+                .map(|(target, controller_kubeconfig)| {
+                    processes.push(target.process);
+                    MoveTarget {
+                        kubeconfig: target.kubeconfig,
+                        controller_kubeconfig,
+                    }
+                });
 
         let mut command = std::process::Command::new(&bins.nodesim);
         command.arg("--config").arg(&config_path);
@@ -494,6 +569,7 @@ impl Environment {
             management_kubeconfig,
             controller_kubeconfig,
             clusters,
+            move_target,
             sim: SimControl::new(control),
             measurements,
             processes,

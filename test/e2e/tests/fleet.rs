@@ -15,7 +15,7 @@ use ck8s_certs::k8sd::wire::path;
 use ck8s_certs_api::annotations::{
     FLEET_REQUEST, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS,
 };
-use ck8s_certs_api::capi::{self, WATCH_FILTER_LABEL};
+use ck8s_certs_api::capi::WATCH_FILTER_LABEL;
 use ck8s_certs_api::certificate_refresh::{
     CertificateRefresh, CertificateRefreshSpec, MachinePhase, Origin, RequestPhase, Target, labels,
 };
@@ -23,8 +23,7 @@ use ck8s_certs_e2e::fixtures::{NodeInfo, Role};
 use ck8s_certs_e2e::sim::{CallRecord, Endpoint, Fault};
 use ck8s_certs_e2e::{EnvSpec, Environment, shared_with};
 use k8s_openapi::api::core::v1::Event;
-use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use kube::core::GroupVersionKind;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use std::sync::Arc;
@@ -45,36 +44,9 @@ async fn env() -> Arc<Environment> {
     shared_with(spec).await
 }
 
-fn clusters_api(env: &Environment, client: kube::Client, namespace: &str) -> Api<DynamicObject> {
-    let version = env.spec.capi_version.storage_version();
-    Api::namespaced_with(
-        client,
-        namespace,
-        &ApiResource::from_gvk(&GroupVersionKind::gvk(capi::GROUP, version, "Cluster")),
-    )
-}
-
-/// Labels a cluster and its Machines for the controller with `filter`.
-async fn isolate_cluster(env: &Environment, cluster: &str, filter: &str) -> Vec<NodeInfo> {
-    let nodes = env.cluster(cluster).nodes.clone();
-    for node in &nodes {
-        env.isolate(node, filter).await;
-    }
-    let namespace = env.cluster(cluster).spec.namespace.clone();
-    clusters_api(env, env.management().await.unwrap(), &namespace)
-        .patch(
-            cluster,
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "metadata": { "labels": { WATCH_FILTER_LABEL: filter } } })),
-        )
-        .await
-        .unwrap();
-    nodes
-}
-
 async fn annotate_cluster(env: &Environment, cluster: &str, ttl: &str) {
     let namespace = env.cluster(cluster).spec.namespace.clone();
-    clusters_api(env, env.management().await.unwrap(), &namespace)
+    env.cluster_api(env.management().await.unwrap(), &namespace)
         .patch(
             cluster,
             &PatchParams {
@@ -89,7 +61,7 @@ async fn annotate_cluster(env: &Environment, cluster: &str, ttl: &str) {
 
 async fn cluster_annotations(env: &Environment, cluster: &str) -> BTreeMap<String, String> {
     let namespace = env.cluster(cluster).spec.namespace.clone();
-    clusters_api(env, env.management().await.unwrap(), &namespace)
+    env.cluster_api(env.management().await.unwrap(), &namespace)
         .get(cluster)
         .await
         .unwrap()
@@ -267,7 +239,7 @@ async fn assert_fleet_refreshed(env: &Environment, cluster: &str, request: &Cert
 #[tokio::test]
 async fn a_cluster_annotation_refreshes_control_planes_one_at_a_time_then_workers_two_at_a_time() {
     let env = env().await;
-    isolate_cluster(&env, "trio", "fleet-trio").await;
+    env.isolate_cluster("trio", "fleet-trio").await;
     let _controller = env.start_controller("fleet-trio", &[]);
     annotate_cluster(&env, "trio", "1y").await;
     let request = finished_request_of_cluster(&env, "trio").await;
@@ -309,7 +281,7 @@ async fn a_cluster_annotation_refreshes_control_planes_one_at_a_time_then_worker
 #[tokio::test]
 async fn a_single_control_plane_cluster_waits_for_its_api_before_the_workers() {
     let env = env().await;
-    isolate_cluster(&env, "solo", "fleet-solo").await;
+    env.isolate_cluster("solo", "fleet-solo").await;
     let _controller = env.start_controller("fleet-solo", &[]);
     annotate_cluster(&env, "solo", "1y").await;
     let request = finished_request_of_cluster(&env, "solo").await;
@@ -321,7 +293,7 @@ async fn a_single_control_plane_cluster_waits_for_its_api_before_the_workers() {
 #[tokio::test]
 async fn a_failure_stops_the_fleet_and_continue_on_failure_carries_on() {
     let env = env().await;
-    let nodes = isolate_cluster(&env, "beta", "fleet-beta").await;
+    let nodes = env.isolate_cluster("beta", "fleet-beta").await;
     let _controller = env.start_controller("fleet-beta", &[]);
     let failing = env.cluster("beta").node("beta-cp-0").clone();
     let fault = env
@@ -424,7 +396,7 @@ async fn a_failure_stops_the_fleet_and_continue_on_failure_carries_on() {
 #[tokio::test]
 async fn bad_input_and_overlapping_requests_get_a_clear_answer() {
     let env = env().await;
-    let nodes = isolate_cluster(&env, "gamma", "fleet-gamma").await;
+    let nodes = env.isolate_cluster("gamma", "fleet-gamma").await;
     let _controller = env.start_controller("fleet-gamma", &[]);
 
     // A bad TTL: refused before anything starts, on the Cluster too.
@@ -541,7 +513,7 @@ async fn bad_input_and_overlapping_requests_get_a_clear_answer() {
 #[tokio::test]
 async fn a_controller_killed_mid_fleet_resumes_without_refreshing_a_machine_twice() {
     let env = env().await;
-    let nodes = isolate_cluster(&env, "alpha", "fleet-alpha").await;
+    let nodes = env.isolate_cluster("alpha", "fleet-alpha").await;
     let controller = env.start_controller("fleet-alpha", &[]);
     annotate_cluster(&env, "alpha", "1y").await;
     // Killed once the first control plane is done, mid-fleet.

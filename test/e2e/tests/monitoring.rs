@@ -13,36 +13,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use ck8s_certs_e2e::manifests;
-use ck8s_certs_e2e::pinned_version;
+use ck8s_certs_e2e::tool;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::ResourceExt;
 use kube::api::DynamicObject;
 
 const NAMESPACE: &str = "ck8s-certs-system";
-
-/// A pinned tool: `$var`, else `<cache>/bin/<name>-<version>` as hack/lib.sh builds it.
-fn tool(var: &str, name: &str, version_key: &str) -> PathBuf {
-    let path = std::env::var_os(var).map(PathBuf::from).unwrap_or_else(|| {
-        let cache = std::env::var_os("CK8S_CERTS_CACHE")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| {
-                std::env::var_os("XDG_CACHE_HOME")
-                    .map(PathBuf::from)
-                    .unwrap_or_else(|| {
-                        PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache")
-                    })
-                    .join("ck8s-certs")
-            });
-        let version = pinned_version(version_key).expect("hack/versions.env pins the tool");
-        cache.join("bin").join(format!("{name}-{version}"))
-    });
-    assert!(
-        path.is_file(),
-        "{} is missing: run `make tools promtool` (make e2e does)",
-        path.display()
-    );
-    path
-}
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use ck8s_certs_e2e::manifests::{self, Applier, describe};
 use ck8s_certs_e2e::process::Process;
-use ck8s_certs_e2e::{Binaries, controlplane, pinned_version, shared};
+use ck8s_certs_e2e::{Binaries, controlplane, shared, tool};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
@@ -62,30 +62,6 @@ const FIXED_ENV: &[(&str, &str)] = &[
 
 fn version() -> String {
     format!("v{}", env!("CARGO_PKG_VERSION"))
-}
-
-/// A pinned tool: `$var`, else `<cache>/bin/<name>-<version>` as hack/lib.sh builds it.
-fn tool(var: &str, name: &str, version_key: &str) -> PathBuf {
-    let path = std::env::var_os(var).map(PathBuf::from).unwrap_or_else(|| {
-        let cache = std::env::var_os("CK8S_CERTS_CACHE")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| {
-                std::env::var_os("XDG_CACHE_HOME")
-                    .map(PathBuf::from)
-                    .unwrap_or_else(|| {
-                        PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache")
-                    })
-                    .join("ck8s-certs")
-            });
-        let version = pinned_version(version_key).expect("hack/versions.env pins the tool");
-        cache.join("bin").join(format!("{name}-{version}"))
-    });
-    assert!(
-        path.is_file(),
-        "{} is missing: run `make tools` (make e2e does)",
-        path.display()
-    );
-    path
 }
 
 fn read(path: &Path) -> String {
