@@ -14,6 +14,12 @@ pub const CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
 /// Label present (any value) on control-plane Machines.
 pub const CONTROL_PLANE_LABEL: &str = "cluster.x-k8s.io/control-plane";
 
+/// Label CAPI sets on the Machines of a MachineDeployment: its name.
+pub const DEPLOYMENT_NAME_LABEL: &str = "cluster.x-k8s.io/deployment-name";
+
+/// Label control plane providers set on their Machines: the control plane object's name.
+pub const CONTROL_PLANE_NAME_LABEL: &str = "cluster.x-k8s.io/control-plane-name";
+
 /// Annotation that pauses reconciliation of a CAPI object (the same as `Cluster.spec.paused`).
 pub const PAUSED_ANNOTATION: &str = "cluster.x-k8s.io/paused";
 

@@ -12,7 +12,7 @@
 //!
 //! The spec is immutable but for `suspend`.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -51,7 +51,8 @@ pub const DEFAULT_MAX_PARALLEL_WORKERS: u32 = 2;
 )]
 #[serde(rename_all = "camelCase")]
 pub struct CertificateRefreshSpec {
-    /// What to refresh: one Machine, or every CK8s Machine of a Cluster (of this namespace).
+    /// What to refresh: one Machine, or every CK8s Machine of a Cluster, a MachineDeployment, a
+    /// control plane or a label selector (of this namespace).
     pub target: Target,
     /// How long the new certificates are valid, such as `1y` or `90d` (what the
     /// `v1beta2.k8sd.io/refresh-certificates` annotation takes).
@@ -79,10 +80,10 @@ pub struct CertificateRefreshSpec {
     pub suspend: bool,
 }
 
-#[derive(KubeSchema, Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(KubeSchema, Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[x_kube(
-    validation = Rule::new("has(self.machine) != has(self.cluster)")
-        .message("set exactly one of machine and cluster")
+    validation = Rule::new("[has(self.machine), has(self.cluster), has(self.machineDeployment), has(self.controlPlane), has(self.selector)].filter(x, x).size() == 1")
+        .message("set exactly one of machine, cluster, machineDeployment, controlPlane and selector")
         .reason(Reason::FieldValueInvalid)
 )]
 #[serde(rename_all = "camelCase")]
@@ -93,6 +94,18 @@ pub struct Target {
     /// Every CK8s Machine of this Cluster of this namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<String>,
+    /// Every CK8s Machine of this MachineDeployment of this namespace (the Machines labelled
+    /// `cluster.x-k8s.io/deployment-name=<name>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine_deployment: Option<String>,
+    /// Every CK8s Machine of this control plane object (e.g. a CK8sControlPlane) of this
+    /// namespace (the Machines labelled `cluster.x-k8s.io/control-plane-name=<name>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_plane: Option<String>,
+    /// Every CK8s Machine of this namespace whose labels match; they must all belong to one
+    /// Cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<LabelSelector>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]

@@ -5,7 +5,7 @@
 use std::io::Write;
 
 use ck8s_certs_api::capi::CLUSTER_NAME_LABEL;
-use ck8s_certs_api::certificate_refresh::{CertificateRefresh, labels};
+use ck8s_certs_api::certificate_refresh::{CertificateRefresh, Target, labels};
 use jiff::Timestamp;
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
@@ -66,11 +66,7 @@ pub fn entry(request: &CertificateRefresh) -> Entry {
     Entry {
         namespace: request.namespace().unwrap_or_default(),
         name: request.name_any(),
-        target: match (&spec.target.machine, &spec.target.cluster) {
-            (Some(machine), _) => machine.clone(),
-            (None, Some(cluster)) => format!("cluster/{cluster}"),
-            (None, None) => "-".into(),
-        },
+        target: target(&spec.target),
         ttl: spec.ttl.clone(),
         origin: format!("{:?}", spec.origin),
         requested_by: spec.requested_by.clone(),
@@ -79,12 +75,41 @@ pub fn entry(request: &CertificateRefresh) -> Entry {
             .map(|t| t.0)
             .or_else(|| request.creation_timestamp().map(|t| t.0)),
         finished: status.finished_at.map(|t| t.0),
-        result: status
-            .phase
-            .map_or_else(|| "Pending".to_owned(), |p| format!("{p:?}")),
+        // A Machine's record is created when its refresh starts and finished with its status.
+        result: status.phase.map_or_else(
+            || match spec.target.machine {
+                Some(_) => "Running".to_owned(),
+                None => "Pending".to_owned(),
+            },
+            |p| format!("{p:?}"),
+        ),
         progress: status.progress,
         new_expiry: status.new_expiry.map(|t| t.0),
         message: status.message,
+    }
+}
+
+/// A Machine by its name; a fleet target as `<kind>/<name>`.
+fn target(target: &Target) -> String {
+    let kinds = [
+        ("cluster", &target.cluster),
+        ("machinedeployment", &target.machine_deployment),
+        ("controlplane", &target.control_plane),
+    ];
+    if let Some(machine) = &target.machine {
+        return machine.clone();
+    }
+    if let Some((kind, Some(name))) = kinds.into_iter().find(|(_, name)| name.is_some()) {
+        return format!("{kind}/{name}");
+    }
+    match &target.selector {
+        Some(selector) => format!(
+            "selector/{}",
+            crate::policy::spec::compile_selector("selector", selector)
+                .map(|s| s.to_string())
+                .unwrap_or_else(|_| "invalid".into())
+        ),
+        None => "-".into(),
     }
 }
 
@@ -94,7 +119,7 @@ fn cells(entry: &Entry) -> Vec<Cell> {
         "Succeeded" => Tone::Plain,
         _ => Tone::Warning,
     };
-    let result = match (&entry.progress, entry.target.starts_with("cluster/")) {
+    let result = match (&entry.progress, entry.target.contains('/')) {
         (Some(progress), true) => format!("{} {progress}", entry.result),
         _ => entry.result.clone(),
     };
@@ -187,6 +212,7 @@ mod tests {
                 target: Target {
                     machine: machine.map(str::to_owned),
                     cluster: machine.is_none().then(|| "c".to_owned()),
+                    ..Default::default()
                 },
                 ttl: "1y".into(),
                 origin: if machine.is_some() {

@@ -264,8 +264,9 @@ pub struct SelectorError {
     pub problem: String,
 }
 
-/// Checks a selector as the API server's `ValidateLabelSelector` does, then compiles it.
-fn compile_selector(
+/// Checks a selector as the API server's `ValidateLabelSelector` does, then compiles it;
+/// `field` names it in the errors.
+pub fn compile_selector(
     field: &'static str,
     selector: &LabelSelector,
 ) -> Result<Selector, Vec<SelectorError>> {

@@ -9,6 +9,7 @@
 //! Cluster into a request.
 
 pub mod plan;
+pub mod scope;
 #[cfg(test)]
 mod tests;
 pub mod trigger;
@@ -34,6 +35,7 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use self::plan::{MachineState, Outcome, World};
+use self::scope::Scope;
 use super::Stores;
 use super::stores::{get, get_capi};
 
@@ -98,12 +100,20 @@ pub async fn reconcile(
         release_move(&api, &request, phase).await?;
         return Ok(Action::await_change());
     }
-    let cluster = cluster_of(&ctx, &request);
+    let views = target_views(&ctx, &request);
+    let clusters = views.as_deref().map(clusters_of).unwrap_or_default();
+    let cluster = request
+        .spec
+        .target
+        .cluster
+        .clone()
+        .or_else(|| clusters.first().cloned());
     hold_move(&ctx, &api, &request, cluster.as_deref()).await?;
     let now = Timestamp::now();
     let mut world = World {
-        machines: machines(&ctx, &request, &namespace, &name),
-        earlier: earlier(&ctx.requests, &request),
+        machines: views.map(|views| views.iter().map(|v| state_of(&ctx, v, &name)).collect()),
+        clusters,
+        earlier: earlier(&ctx, &request, cluster.as_deref()),
         paused: cluster.as_deref().is_some_and(|c| {
             get_capi(&ctx.stores.clusters, ctx.capi, &namespace, c)
                 .is_some_and(|c| ClusterView::of(&c).paused)
@@ -271,48 +281,55 @@ async fn restore_status(
     Ok(())
 }
 
-/// The cluster a request's Machines belong to.
-fn cluster_of(ctx: &Context, request: &CertificateRefresh) -> Option<String> {
-    if let Some(cluster) = &request.spec.target.cluster {
-        return Some(cluster.clone());
-    }
+/// The target's CK8s Machines that are not being deleted, as the caches show them; `None` when
+/// the target (its Cluster, or its one Machine) is not there or names nothing.
+fn target_views(ctx: &Context, request: &CertificateRefresh) -> Option<Vec<MachineView>> {
     let namespace = request.namespace().unwrap_or_default();
-    let machine = request.spec.target.machine.as_deref()?;
-    get_capi(&ctx.stores.machines, ctx.capi, &namespace, machine)
-        .and_then(|m| MachineView::of(&m).cluster)
-}
-
-/// What the caches show of the target's CK8s Machines; `None` when the target is not there.
-fn machines(
-    ctx: &Context,
-    request: &CertificateRefresh,
-    namespace: &str,
-    name: &str,
-) -> Option<Vec<MachineState>> {
-    let views: Vec<MachineView> = match (&request.spec.target.cluster, &request.spec.target.machine)
-    {
-        (Some(cluster), _) => {
-            get_capi(&ctx.stores.clusters, ctx.capi, namespace, cluster)?;
-            ctx.stores
-                .machines
-                .state()
-                .iter()
-                .map(|m| MachineView::of(m))
-                .filter(|v| v.namespace == namespace && v.cluster.as_deref() == Some(cluster))
-                .collect()
-        }
-        (None, Some(machine)) => vec![MachineView::of(
-            get_capi(&ctx.stores.machines, ctx.capi, namespace, machine)?.as_ref(),
+    let scope = Scope::of(&request.spec.target).ok()?;
+    let views: Vec<MachineView> = match &scope {
+        Scope::Machine(machine) => vec![MachineView::of(
+            get_capi(&ctx.stores.machines, ctx.capi, &namespace, machine)?.as_ref(),
         )],
-        (None, None) => return None,
+        Scope::Cluster(cluster) => {
+            get_capi(&ctx.stores.clusters, ctx.capi, &namespace, cluster)?;
+            namespace_views(ctx, &namespace, &scope)
+        }
+        _ => namespace_views(ctx, &namespace, &scope),
     };
     Some(
         views
             .into_iter()
             .filter(|v| v.is_ck8s() && !v.deleting)
-            .map(|v| state_of(ctx, &v, name))
             .collect(),
     )
+}
+
+fn namespace_views(ctx: &Context, namespace: &str, scope: &Scope) -> Vec<MachineView> {
+    ctx.stores
+        .machines
+        .state()
+        .iter()
+        .map(|m| MachineView::of(m))
+        .filter(|v| v.namespace == namespace && scope.selects(v))
+        .collect()
+}
+
+/// The cluster a request's Machines belong to (the first one's, if a selector spans several:
+/// such a request is refused).
+fn cluster_of(ctx: &Context, request: &CertificateRefresh) -> Option<String> {
+    if let Some(cluster) = &request.spec.target.cluster {
+        return Some(cluster.clone());
+    }
+    target_views(ctx, request)?
+        .into_iter()
+        .find_map(|v| v.cluster)
+}
+
+/// The distinct clusters of some Machines.
+fn clusters_of(views: &[MachineView]) -> Vec<String> {
+    let clusters: std::collections::BTreeSet<String> =
+        views.iter().filter_map(|v| v.cluster.clone()).collect();
+    clusters.into_iter().collect()
 }
 
 fn state_of(ctx: &Context, view: &MachineView, request: &str) -> MachineState {
@@ -351,16 +368,21 @@ fn state_of(ctx: &Context, view: &MachineView, request: &str) -> MachineState {
     }
 }
 
-/// The earliest unfinished request of the same cluster, if it is not `request`.
-fn earlier(requests: &Store<CertificateRefresh>, request: &CertificateRefresh) -> Option<String> {
-    let cluster = request.spec.target.cluster.as_ref()?;
+/// The earliest unfinished multi-Machine request of the same cluster, if it is not `request`
+/// (a one-Machine request waits for its Machine instead).
+fn earlier(ctx: &Context, request: &CertificateRefresh, cluster: Option<&str>) -> Option<String> {
+    let cluster = cluster?;
+    if !Scope::of(&request.spec.target).is_ok_and(|s| s.is_fleet()) {
+        return None;
+    }
     let namespace = request.namespace();
     let key = |r: &CertificateRefresh| (r.creation_timestamp().map(|t| t.0), r.name_any());
-    requests
+    ctx.requests
         .state()
         .iter()
-        .filter(|r| r.namespace() == namespace && r.spec.target.cluster.as_ref() == Some(cluster))
-        .filter(|r| !r.is_finished())
+        .filter(|r| r.namespace() == namespace && !r.is_finished())
+        .filter(|r| Scope::of(&r.spec.target).is_ok_and(|s| s.is_fleet()))
+        .filter(|r| cluster_of(ctx, r).as_deref() == Some(cluster))
         .min_by_key(|r| key(r))
         .map(|r| r.name_any())
         .filter(|first| *first != request.name_any())
@@ -443,8 +465,8 @@ fn event_target(
     request: &CertificateRefresh,
     namespace: &str,
 ) -> k8s_openapi::api::core::v1::ObjectReference {
-    if let Some(cluster) = &request.spec.target.cluster
-        && let Some(cached) = get_capi(&ctx.stores.clusters, ctx.capi, namespace, cluster)
+    if let Some(cluster) = cluster_of(ctx, request)
+        && let Some(cached) = get_capi(&ctx.stores.clusters, ctx.capi, namespace, &cluster)
     {
         return cached.object_ref(&ctx.capi);
     }
@@ -556,10 +578,7 @@ pub fn requests_of_machine(
         .iter()
         .filter(|r| r.namespace().as_deref() == Some(view.namespace.as_str()))
         .filter(|r| !r.is_finished())
-        .filter(|r| {
-            r.spec.target.machine.as_deref() == Some(view.name.as_str())
-                || (r.spec.target.cluster.is_some() && r.spec.target.cluster == view.cluster)
-        })
+        .filter(|r| Scope::of(&r.spec.target).is_ok_and(|s| s.selects(&view)))
         .map(|r| ObjectRef::from_obj(r.as_ref()))
         .collect()
 }

@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use ck8s_certs_api::capi::CLUSTER_NAME_LABEL;
 use ck8s_certs_api::certificate_refresh::{
     CertificateRefreshSpec, CertificateRefreshStatus, DEFAULT_MAX_PARALLEL_WORKERS, MachinePhase,
     MachineProgress, RequestPhase, Role,
@@ -15,6 +16,8 @@ use ck8s_certs_api::certificate_refresh::{
 use ck8s_certs_api::duration::Ttl;
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::scope::Scope;
 
 /// What the caches show of one Machine of the request's target.
 #[derive(Clone, Debug, PartialEq)]
@@ -43,6 +46,8 @@ pub struct World {
     /// The target's CK8s Machines that are not being deleted; `None` when the target (the
     /// Cluster, or the Machine) is not there.
     pub machines: Option<Vec<MachineState>>,
+    /// The distinct Clusters of those Machines (a request refreshes one cluster's).
+    pub clusters: Vec<String>,
     /// An earlier unfinished request of the same cluster, which runs first.
     pub earlier: Option<String>,
     /// The Cluster is paused (`spec.paused`, or the paused annotation): no Machine starts.
@@ -184,13 +189,7 @@ pub fn plan(spec: &CertificateRefreshSpec, old: &CertificateRefreshStatus, world
 
 /// Checks a new request: a TTL the Machines accept, a target with CK8s Machines.
 fn accept(spec: &CertificateRefreshSpec, world: &World) -> Result<(), String> {
-    let target = match (&spec.target.cluster, &spec.target.machine) {
-        (Some(cluster), _) => format!("Cluster {cluster}"),
-        (None, Some(machine)) => format!("Machine {machine}"),
-        (None, None) => {
-            return Err("Refused: spec.target names neither a cluster nor a Machine".into());
-        }
-    };
+    let target = Scope::of(&spec.target)?.describe();
     let ttl: Ttl = spec.ttl.parse().map_err(|err| {
         format!("Refused before anything started: {err}; create a new request with a valid TTL such as 1y")
     })?;
@@ -200,6 +199,13 @@ fn accept(spec: &CertificateRefreshSpec, world: &World) -> Result<(), String> {
     if machines.is_empty() {
         return Err(format!(
             "Nothing to refresh: {target} has no CK8s Machines (bootstrapped by CK8sConfig)"
+        ));
+    }
+    if world.clusters.len() > 1 {
+        return Err(format!(
+            "Refused: {target} takes Machines of {} Clusters ({}); a request refreshes the Machines of one cluster: narrow it, e.g. with the label {CLUSTER_NAME_LABEL}",
+            world.clusters.len(),
+            world.clusters.join(", ")
         ));
     }
     if machines.iter().any(|m| m.role == Role::Worker)

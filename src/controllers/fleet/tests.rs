@@ -5,6 +5,7 @@ use ck8s_certs_api::certificate_refresh::{
     Target,
 };
 use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::plan::{MachineState, Outcome, Plan, World, plan};
 use super::trigger::{Step, step};
@@ -16,8 +17,8 @@ fn at(seconds: i64) -> Timestamp {
 fn spec(ttl: &str) -> CertificateRefreshSpec {
     CertificateRefreshSpec {
         target: Target {
-            machine: None,
             cluster: Some("c".into()),
+            ..Default::default()
         },
         ttl: ttl.into(),
         origin: Origin::Manual,
@@ -53,6 +54,7 @@ fn fleet() -> Vec<MachineState> {
 fn world(machines: Vec<MachineState>, api: Option<bool>, now: i64) -> World {
     World {
         machines: Some(machines),
+        clusters: vec!["c".into()],
         earlier: None,
         paused: false,
         api_answers: api,
@@ -303,6 +305,44 @@ fn suspend_starts_nothing_and_a_restart_hands_over_again() {
     }
     let quiet = plan(&suspended, &first.status, &world(handed, Some(true), 5));
     assert!(quiet.hand.is_empty());
+}
+
+#[test]
+fn a_target_spanning_clusters_is_refused_before_anything_starts() {
+    let selector = CertificateRefreshSpec {
+        target: Target {
+            selector: Some(LabelSelector {
+                match_labels: Some([("tier".to_owned(), "edge".to_owned())].into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..spec("1y")
+    };
+    let spanning = World {
+        clusters: vec!["a".into(), "b".into()],
+        ..world(fleet(), Some(true), 0)
+    };
+    let refused = plan(&selector, &Default::default(), &spanning);
+    assert_eq!(refused.status.phase, Some(RequestPhase::Failed));
+    assert_eq!(
+        refused.status.message.as_deref(),
+        Some(
+            r#"Refused: the selector "tier=edge" takes Machines of 2 Clusters (a, b); a request refreshes the Machines of one cluster: narrow it, e.g. with the label cluster.x-k8s.io/cluster-name"#
+        )
+    );
+    assert!(refused.hand.is_empty());
+    let nothing = plan(
+        &selector,
+        &Default::default(),
+        &world(Vec::new(), Some(true), 0),
+    );
+    assert_eq!(
+        nothing.status.message.as_deref(),
+        Some(
+            r#"Nothing to refresh: the selector "tier=edge" has no CK8s Machines (bootstrapped by CK8sConfig)"#
+        )
+    );
 }
 
 #[test]

@@ -161,8 +161,8 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         },
         spec: CertificateRefreshSpec {
             target: Target {
-                machine: None,
                 cluster: Some(name.clone()),
+                ..Default::default()
             },
             ttl: ttl.clone(),
             origin: Origin::Manual,

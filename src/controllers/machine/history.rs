@@ -48,7 +48,7 @@ pub fn record(view: &MachineView, capi: CapiVersion, op: &Operation) -> Certific
         spec: CertificateRefreshSpec {
             target: Target {
                 machine: Some(view.name.clone()),
-                cluster: None,
+                ..Default::default()
             },
             ttl: op.ttl.clone(),
             origin: op.origin,

@@ -258,9 +258,17 @@ pub async fn create_management_objects(
         ns,
     );
     for node in nodes {
+        // As CAPI and the control plane provider label them.
         let mut labels = json!({ capi::CLUSTER_NAME_LABEL: spec.name });
-        if node.role == Role::ControlPlane {
-            labels[capi::CONTROL_PLANE_LABEL] = json!("");
+        match node.role {
+            Role::ControlPlane => {
+                labels[capi::CONTROL_PLANE_LABEL] = json!("");
+                labels[capi::CONTROL_PLANE_NAME_LABEL] =
+                    json!(format!("{}-control-plane", spec.name));
+            }
+            Role::Worker => {
+                labels[capi::DEPLOYMENT_NAME_LABEL] = json!(format!("{}-md-0", spec.name));
+            }
         }
         let (config_ref, infra_ref) = if v1beta2 {
             (

@@ -37,6 +37,13 @@ fn spec() -> EnvSpec {
             cluster.workers = 4;
         }
     }
+    // For the MachineDeployment, control plane and selector targets.
+    let mut delta = spec.clusters[0].clone();
+    delta.name = "delta".into();
+    delta.machine_prefix = "delta".into();
+    delta.workers = 3;
+    delta.endpoint_host = "delta.k8s.example.internal".into();
+    spec.clusters.push(delta);
     spec
 }
 
@@ -169,10 +176,10 @@ fn assert_order(control_planes: &[CallRecord], workers: &[CallRecord], parallel:
             pair[1].node
         );
     }
-    let last_cp = cps.iter().map(|c| ended(c)).max().unwrap();
+    let last_cp = cps.iter().map(|c| ended(c)).max();
     for worker in workers {
         assert!(
-            started(worker) >= last_cp,
+            last_cp.is_none_or(|last| started(worker) >= last),
             "worker {} ran before the control planes finished",
             worker.node
         );
@@ -355,8 +362,8 @@ async fn a_failure_stops_the_fleet_and_continue_on_failure_carries_on() {
         "beta-continue",
         CertificateRefreshSpec {
             target: Target {
-                machine: None,
                 cluster: Some("beta".into()),
+                ..Default::default()
             },
             ttl: "1y".into(),
             origin: Origin::Manual,
@@ -441,8 +448,8 @@ async fn bad_input_and_overlapping_requests_get_a_clear_answer() {
             name,
             CertificateRefreshSpec {
                 target: Target {
-                    machine: None,
                     cluster: Some(cluster.into()),
+                    ..Default::default()
                 },
                 ttl: "1y".into(),
                 origin: Origin::Manual,
@@ -540,4 +547,141 @@ async fn a_controller_killed_mid_fleet_resumes_without_refreshing_a_machine_twic
         );
     }
     assert_eq!(runs(&env, &first).await.len(), 1);
+}
+
+/// A request by hand in namespace `fleet`, for the controller with `filter`.
+fn request_for(name: &str, target: serde_json::Value, filter: &str) -> CertificateRefresh {
+    serde_json::from_value(json!({
+        "apiVersion": "certificates.ck8s.io/v1alpha1", "kind": "CertificateRefresh",
+        "metadata": { "name": name, "labels": { WATCH_FILTER_LABEL: filter } },
+        "spec": { "target": target, "ttl": "1y", "origin": "Manual" },
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn machine_deployment_control_plane_and_selector_targets() {
+    let env = env().await;
+    let nodes = env.isolate_cluster("delta", "fleet-delta").await;
+    let _controller = env.start_controller("fleet-delta", &[]);
+    let api = requests(env.management().await.unwrap(), "fleet");
+    let (cps, workers): (Vec<NodeInfo>, Vec<NodeInfo>) = nodes
+        .into_iter()
+        .partition(|n| n.role == Role::ControlPlane);
+    let run_counts = async |nodes: &[NodeInfo]| {
+        let mut counts = Vec::new();
+        for node in nodes {
+            counts.push(runs(&env, node).await.len());
+        }
+        counts
+    };
+
+    // The MachineDeployment's workers, two at a time; the control planes untouched.
+    api.create(
+        &PostParams::default(),
+        &request_for(
+            "delta-workers",
+            json!({ "machineDeployment": "delta-md-0" }),
+            "fleet-delta",
+        ),
+    )
+    .await
+    .unwrap();
+    let status = finished(&env, "fleet", "delta-workers")
+        .await
+        .status
+        .unwrap();
+    assert_eq!(status.phase, Some(RequestPhase::Succeeded), "{status:?}");
+    assert_eq!(status.progress.as_deref(), Some("3/3"));
+    assert_eq!(run_counts(&workers).await, vec![1, 1, 1]);
+    assert_eq!(run_counts(&cps).await, vec![0, 0]);
+    let mut worker_runs = Vec::new();
+    for worker in &workers {
+        worker_runs.extend(runs(&env, worker).await);
+    }
+    assert_order(&[], &worker_runs, 2);
+
+    // The control plane object's Machines, one at a time.
+    api.create(
+        &PostParams::default(),
+        &request_for(
+            "delta-control-plane",
+            json!({ "controlPlane": "delta-control-plane" }),
+            "fleet-delta",
+        ),
+    )
+    .await
+    .unwrap();
+    let status = finished(&env, "fleet", "delta-control-plane")
+        .await
+        .status
+        .unwrap();
+    assert_eq!(status.phase, Some(RequestPhase::Succeeded), "{status:?}");
+    assert_eq!(status.progress.as_deref(), Some("2/2"));
+    let mut cp_runs = Vec::new();
+    for cp in &cps {
+        cp_runs.extend(runs(&env, cp).await);
+    }
+    assert_eq!(cp_runs.len(), 2);
+    assert_order(&cp_runs, &[], 1);
+
+    // A selector: the Machines it matches; one that matches nothing ends at once and says so;
+    // an invalid one is refused before anything starts.
+    api.create(
+        &PostParams::default(),
+        &request_for(
+            "delta-one",
+            json!({ "selector": { "matchLabels": { "cluster.x-k8s.io/cluster-name": "delta", "cluster.x-k8s.io/deployment-name": "delta-md-0" }, "matchExpressions": [{ "key": "cluster.x-k8s.io/control-plane", "operator": "DoesNotExist" }] } }),
+            "fleet-delta",
+        ),
+    )
+    .await
+    .unwrap();
+    let status = finished(&env, "fleet", "delta-one").await.status.unwrap();
+    assert_eq!(status.phase, Some(RequestPhase::Succeeded), "{status:?}");
+    assert_eq!(run_counts(&workers).await, vec![2, 2, 2]);
+    for (name, selector, message) in [
+        (
+            "delta-nothing",
+            json!({ "matchLabels": { "e2e-tier": "none" } }),
+            r#"Nothing to refresh: the selector "e2e-tier=none" has no CK8s Machines (bootstrapped by CK8sConfig)"#,
+        ),
+        (
+            "delta-invalid",
+            json!({ "matchExpressions": [{ "key": "e2e-tier", "operator": "In" }] }),
+            "Refused: spec.target.selector.matchExpressions[0].values: must be non-empty when the operator is In; create a new request with a valid selector",
+        ),
+    ] {
+        api.create(
+            &PostParams::default(),
+            &request_for(name, json!({ "selector": selector }), "fleet-delta"),
+        )
+        .await
+        .unwrap();
+        let status = finished(&env, "fleet", name).await.status.unwrap();
+        assert_eq!(status.phase, Some(RequestPhase::Failed));
+        assert_eq!(status.message.as_deref(), Some(message));
+        assert!(status.machines.is_empty());
+    }
+    assert_eq!(run_counts(&workers).await, vec![2, 2, 2]);
+    assert_eq!(run_counts(&cps).await, vec![1, 1]);
+
+    // Two targets at once: the API server refuses the request.
+    let both = api
+        .create(
+            &PostParams::default(),
+            &request_for(
+                "delta-both",
+                json!({ "cluster": "delta", "machineDeployment": "delta-md-0" }),
+                "fleet-delta",
+            ),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        both.to_string().contains(
+            "set exactly one of machine, cluster, machineDeployment, controlPlane and selector"
+        ),
+        "{both}"
+    );
 }
