@@ -8,7 +8,7 @@
 //! `policy preview` subcommand; `main` picks one of the two.
 
 pub mod admission;
-pub mod capi;
+pub mod capi_version;
 pub mod cli;
 pub mod controllers;
 pub mod failpoint;
@@ -36,7 +36,7 @@ pub enum Error {
     #[error("reaching the management cluster's API server failed: {0}")]
     Connect(#[source] kube::Error),
     #[error(transparent)]
-    Capi(#[from] capi::DiscoveryError),
+    Capi(#[from] capi_version::DiscoveryError),
     #[error("serving health or metrics endpoints on {address} failed: {source}")]
     Health {
         address: std::net::SocketAddr,
@@ -76,7 +76,7 @@ pub async fn run(args: cli::Args) -> Result<(), Error> {
         false => None,
     };
     let version = client.apiserver_version().await.map_err(Error::Connect)?;
-    let machines = capi::discover(&client).await?;
+    let machines = capi_version::discover(&client).await?;
     tracing::info!(
         kubernetes = %version.git_version,
         machine_api = %format!("{}/{}", ck8s_certs_api::capi::GROUP, machines.as_str()),

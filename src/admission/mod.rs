@@ -9,7 +9,7 @@
 //! sets or changes `v1beta2.k8sd.io/refresh-certificates`,
 //! - `v1beta2.k8sd.io/refresh-certificates-status: in-progress`, and
 //! - `certificates.ck8s.io/refresh-request: <admission request UID>`, which names the request
-//!   (the operation record keeps it; see `controllers::decide`).
+//!   (the operation record keeps it; see `controllers::machine::step`).
 //!
 //! The MutatingWebhookConfiguration (`config/webhook`) limits calls to writes that set or change
 //! the trigger (`matchConditions`) and uses `failurePolicy: Fail`: while no replica serves the

@@ -2,12 +2,11 @@
 //! carries out refresh requests, recording everything in the Machine's `MachineCertificates`.
 
 pub mod cluster_credentials;
-pub mod decide;
 pub mod fleet;
+pub mod governing_policy;
 pub mod machine;
 pub mod patches;
-pub mod policy;
-pub mod renewal;
+pub mod policy_status;
 pub mod shard;
 pub mod stores;
 
@@ -555,7 +554,7 @@ where
         move |machine: Machine| policies_of_namespace(machine.namespace())
     };
     let of_sibling = move |policy: DynamicObject| policies_of_namespace(policy.namespace());
-    let ctx = Arc::new(policy::Context {
+    let ctx = Arc::new(policy_status::Context {
         client: client.clone(),
         machines: feeds.stores.machines.clone(),
         clusters: feeds.stores.clusters.clone(),
@@ -570,11 +569,11 @@ where
                 observed(
                     metrics.clone(),
                     Timed::Policy,
-                    policy::reconcile(object, ctx),
+                    policy_status::reconcile(object, ctx),
                     |_: &kube::Error| "kube",
                 )
             },
-            policy::error_policy,
+            policy_status::error_policy,
             ctx,
         )
         .for_each(|result| async move {

@@ -32,7 +32,7 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 
-use super::decide::Step;
+use super::machine::step::Step;
 use crate::leader::{Claim, claim};
 
 /// How soon an instance that leaves an operation to another carrier looks again.

@@ -102,7 +102,7 @@ pub enum PluginError {
     #[error("loading the kubeconfig failed: {0}")]
     Kubeconfig(String),
     #[error(transparent)]
-    Discovery(#[from] crate::capi::DiscoveryError),
+    Discovery(#[from] crate::capi_version::DiscoveryError),
     #[error("{0}")]
     Forbidden(String),
     #[error("{0}")]
@@ -175,7 +175,7 @@ async fn connect(args: &PluginArgs) -> Result<Session, PluginError> {
         .clone()
         .unwrap_or_else(|| config.default_namespace.clone());
     let client = Client::try_from(config).map_err(|e| PluginError::Kubeconfig(e.to_string()))?;
-    let capi = crate::capi::discover(&client).await?;
+    let capi = crate::capi_version::discover(&client).await?;
     Ok(Session {
         client,
         namespace,

@@ -43,7 +43,7 @@ use serde_json::json;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{Instrument, info, warn};
 
-use super::decide::{Step, decide};
+use self::step::{Step, decide};
 use super::patches::{MachineChanges, MachinePatch, machine_patch, set_condition};
 use crate::k8sd::wire::{CertificatesExpiryResponse, RunRequest, path};
 use crate::k8sd::{Fingerprint, K8sdError};
@@ -63,6 +63,7 @@ mod node;
 mod outcome;
 mod records;
 mod requests;
+pub mod step;
 mod verdict;
 
 use failure::{Failure, Wait, scopeguard, truncate};

@@ -44,8 +44,8 @@ impl Reconciler<'_> {
                 // Any success ends the backoff, and an earlier fail-safe bypass is history.
                 status.failed_attempts = None;
                 status.last_failure_time = None;
-                crate::controllers::renewal::forget_window_bypass(&mut status, &op);
-                crate::controllers::renewal::show_window_bypass(&mut status, now);
+                crate::controllers::governing_policy::forget_window_bypass(&mut status, &op);
+                crate::controllers::governing_policy::show_window_bypass(&mut status, now);
                 status.expiry = op.new_expiry.clone();
                 set_condition(
                     &mut status,
@@ -74,9 +74,9 @@ impl Reconciler<'_> {
                     status.last_failure_time = Some(Time(now));
                 }
                 op.phase = Phase::Failed;
-                let message = crate::controllers::renewal::with_hint(
+                let message = crate::controllers::governing_policy::with_hint(
                     failure.message(&self.view),
-                    &crate::controllers::renewal::renew_now_hint(&self.view, &op.ttl),
+                    &crate::controllers::governing_policy::renew_now_hint(&self.view, &op.ttl),
                 );
                 op.error = Some(message.clone());
                 set_condition(

@@ -101,9 +101,9 @@ impl Reconciler<'_> {
                     .reject(
                         status,
                         &trigger,
-                        crate::controllers::renewal::with_hint(
+                        crate::controllers::governing_policy::with_hint(
                             format!("Refusing to refresh: {err}; annotate again with a valid TTL"),
-                            &crate::controllers::renewal::renew_now_hint(
+                            &crate::controllers::governing_policy::renew_now_hint(
                                 &self.view,
                                 &ck8s_certs_api::renewal_policy::DEFAULT_TTL.to_string(),
                             ),
@@ -120,11 +120,11 @@ impl Reconciler<'_> {
                 .reject(
                     status,
                     &trigger,
-                    crate::controllers::renewal::with_hint(
+                    crate::controllers::governing_policy::with_hint(
                         format!(
                             "Refusing to refresh: {err}; annotate again with a TTL from 10m to 68y"
                         ),
-                        &crate::controllers::renewal::renew_now_hint(
+                        &crate::controllers::governing_policy::renew_now_hint(
                             &self.view,
                             &ck8s_certs_api::renewal_policy::DEFAULT_TTL.to_string(),
                         ),

@@ -11,14 +11,15 @@ impl Reconciler<'_> {
         mut status: MachineCertificatesStatus,
         cluster: ClusterView,
     ) -> Result<Action, Error> {
-        use crate::controllers::renewal::{CONFIG_INVALID, Governing, Verdict, with_hint};
+        use crate::controllers::governing_policy::{CONFIG_INVALID, Governing, Verdict, with_hint};
         use crate::policy::{Decision, DeferReason, RenewReason};
         let now = Self::now();
         let resync = self.ctx.config.resync;
-        let hint = |ttl: &str| crate::controllers::renewal::renew_now_hint(&self.view, ttl);
+        let hint =
+            |ttl: &str| crate::controllers::governing_policy::renew_now_hint(&self.view, ttl);
         let default_ttl = ck8s_certs_api::renewal_policy::DEFAULT_TTL.to_string();
         let warn_invalid = Some((EventType::Warning, events::RENEWAL_CONFIG_INVALID));
-        let governing = crate::controllers::renewal::governing(
+        let governing = crate::controllers::governing_policy::governing(
             &self.ctx.stores.policies,
             &self.view.namespace,
             Some(&cluster.labels),
@@ -138,10 +139,10 @@ impl Reconciler<'_> {
                         .inc();
                 }
                 let matched_window = renewal.window.map(|index| {
-                    crate::controllers::renewal::describe_window(&policy.windows, index)
+                    crate::controllers::governing_policy::describe_window(&policy.windows, index)
                 });
                 let bypassed = renewal.reason == RenewReason::FailSafeBypass;
-                let status = crate::controllers::renewal::with_verdict(
+                let status = crate::controllers::governing_policy::with_verdict(
                     &status,
                     &windows_ignored(verdict),
                     now,
@@ -208,11 +209,11 @@ impl Reconciler<'_> {
     pub(super) async fn show_verdict(
         &self,
         current: &MachineCertificatesStatus,
-        verdict: crate::controllers::renewal::Verdict,
+        verdict: crate::controllers::governing_policy::Verdict,
         announce: Option<(EventType, &str)>,
         now: Timestamp,
     ) -> Result<(), Error> {
-        let desired = crate::controllers::renewal::with_verdict(current, &verdict, now);
+        let desired = crate::controllers::governing_policy::with_verdict(current, &verdict, now);
         if desired != *current {
             self.write_status(&desired).await?;
         }

@@ -16,7 +16,7 @@ use kube::{Api, ResourceExt};
 async fn management_fixtures_match_a_ck8s_fleet_in_the_served_machine_version() {
     let env = shared().await;
     let mgmt = env.management().await.unwrap();
-    let version = ck8s_certs::capi::discover(&mgmt).await.unwrap();
+    let version = ck8s_certs::capi_version::discover(&mgmt).await.unwrap();
     let served = ApiResource::from_gvk(&GroupVersionKind::gvk(
         capi::GROUP,
         version.as_str(),

@@ -45,7 +45,7 @@ fn selector_of(object: &DynamicObject) -> Option<spec::MachineSelector> {
     let raw = serde_json::to_value(object).ok()?;
     match serde_json::from_value::<CertificateRenewalPolicy>(raw.clone()) {
         Ok(policy) => spec::selector(&policy.spec).ok(),
-        Err(_) => super::renewal::readable_selector(&raw),
+        Err(_) => super::governing_policy::readable_selector(&raw),
     }
 }
 
@@ -84,7 +84,7 @@ pub async fn reconcile(
             false,
             format!("Renewal policy cannot be read: {err}"),
             None,
-            super::renewal::readable_selector(&raw),
+            super::governing_policy::readable_selector(&raw),
         ),
     };
 
