@@ -15,5 +15,6 @@ pub mod duration;
 pub mod k8sd;
 pub mod machine;
 pub mod machine_certificates;
+pub mod machine_deployment;
 pub mod reasons;
 pub mod renewal_policy;

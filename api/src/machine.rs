@@ -251,7 +251,7 @@ impl Machine {
 pub struct Pairs(Box<[(Box<str>, Box<str>)]>);
 
 impl Pairs {
-    fn new(map: Option<BTreeMap<String, String>>, keep: impl Fn(&str) -> bool) -> Self {
+    pub(crate) fn new(map: Option<BTreeMap<String, String>>, keep: impl Fn(&str) -> bool) -> Self {
         let pairs = map.into_iter().flatten().filter(|(key, _)| keep(key));
         Self(pairs.map(|(k, v)| (k.into(), v.into())).collect())
     }
@@ -337,11 +337,12 @@ macro_rules! capi_resource {
 }
 capi_resource!(Machine, "Machine", "machines");
 capi_resource!(Cluster, "Cluster", "clusters");
+pub(crate) use capi_resource;
 
 /// The identity of an object: name, namespace, uid, resourceVersion and deletionTimestamp.
 /// Whatever else it carries (labels, annotations, managed fields, owner references,
 /// finalizers) is left to the caller or dropped.
-fn identity(meta: &mut ObjectMeta) -> ObjectMeta {
+pub(crate) fn identity(meta: &mut ObjectMeta) -> ObjectMeta {
     ObjectMeta {
         name: meta.name.take(),
         namespace: meta.namespace.take(),
@@ -353,7 +354,7 @@ fn identity(meta: &mut ObjectMeta) -> ObjectMeta {
 }
 
 /// The manager of the `managedFields` entry that owns the refresh trigger.
-fn trigger_manager(meta: &ObjectMeta) -> Option<String> {
+pub(crate) fn trigger_manager(meta: &ObjectMeta) -> Option<String> {
     let key = format!("f:{REFRESH_CERTIFICATES}");
     meta.managed_fields.as_ref()?.iter().find_map(|entry| {
         let fields = entry.fields_v1.as_ref()?;

@@ -16,6 +16,7 @@ use ck8s_certs_api::capi::{CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL, WATCH_FILTER
 use ck8s_certs_api::certificate_refresh::{CertificateRefresh, labels as refresh_labels};
 use ck8s_certs_api::cluster_certificates::ClusterCertificates;
 use ck8s_certs_api::machine::{CapiVersion, Cluster, Machine};
+use ck8s_certs_api::machine_deployment::MachineDeployment;
 use ck8s_certs_api::renewal_policy::CertificateRenewalPolicy;
 use futures::StreamExt;
 use kube::api::{ApiResource, DynamicObject};
@@ -38,6 +39,8 @@ use stores::SharedWatch;
 pub struct Stores {
     pub machines: Store<Machine>,
     pub clusters: Store<Cluster>,
+    /// For their fleet refresh trigger.
+    pub deployments: Store<MachineDeployment>,
     pub certificates: stores::CertificateStore,
     pub policies: Store<DynamicObject>,
 }
@@ -47,6 +50,7 @@ impl Stores {
     pub async fn synced(&self) {
         synced(&self.machines).await;
         synced(&self.clusters).await;
+        synced(&self.deployments).await;
         self.certificates.synced().await;
         synced(&self.policies).await;
     }
@@ -87,6 +91,7 @@ pub async fn run(
     // reports on) the Machines of the shard whose label it carries (docs/sharding.md).
     let mut machine_watch = SharedWatch::<Machine>::with(capi);
     let mut cluster_watch = SharedWatch::<Cluster>::with(capi);
+    let mut deployment_watch = SharedWatch::<MachineDeployment>::with(capi);
     let mut certificate_watch = SharedWatch::in_cache(stores::CertificateWriter::new());
     let mut cluster_record_watch = SharedWatch::<ClusterCertificates>::new();
     let policy_resource = ApiResource::erase::<CertificateRenewalPolicy>(&());
@@ -94,6 +99,7 @@ pub async fn run(
     let stores = Stores {
         machines: machine_watch.store.clone(),
         clusters: cluster_watch.store.clone(),
+        deployments: deployment_watch.store.clone(),
         certificates: certificate_watch.store.clone(),
         policies: policy_watch.store.clone(),
     };
@@ -110,6 +116,11 @@ pub async fn run(
     let requests_store = request_watch.store.clone();
     let fleet_machine_events = machine_watch.subscribe();
     let trigger_cluster_events = cluster_watch.subscribe();
+    let trigger_deployment_events = deployment_watch.subscribe();
+    let deployments: Api<MachineDeployment> = match &args.namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &capi),
+        None => Api::all_with(client.clone(), &capi),
+    };
     let mut requests_config = watcher::Config::default().labels(&match &args.watch_filter {
         Some(filter) => format!("!{},{WATCH_FILTER_LABEL}={filter}", refresh_labels::MACHINE),
         None => format!("!{}", refresh_labels::MACHINE),
@@ -126,8 +137,10 @@ pub async fn run(
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    let watches = futures::future::join(
+    let watches = futures::future::join3(
         request_watch.run(requests_api, requests_config, trim_request),
+        // Few, and cached compactly: not filtered, the trigger checks the label.
+        deployment_watch.run(deployments, watcher::Config::default(), stores::keep),
         futures::future::join5(
             machine_watch.run(machines, filtered.clone(), stores::keep),
             cluster_watch.run(clusters, watcher::Config::default(), stores::keep),
@@ -308,6 +321,7 @@ pub async fn run(
             requests: request_events,
             machines: fleet_machine_events,
             clusters: trigger_cluster_events,
+            deployments: trigger_deployment_events,
             store: requests_store,
         },
         fleet_ctx,
@@ -322,17 +336,18 @@ pub async fn run(
 }
 
 /// The streams the fleet controllers are fed.
-struct FleetFeeds<R, M, C> {
+struct FleetFeeds<R, M, C, D> {
     requests: R,
     machines: M,
     clusters: C,
+    deployments: D,
     store: Store<CertificateRefresh>,
 }
 
 /// Runs the fleet controllers: the requests, and the Cluster triggers that create them (both
 /// act only once the caches are synced).
-async fn fleet_controllers<R, M, C>(
-    feeds: FleetFeeds<R, M, C>,
+async fn fleet_controllers<R, M, C, D>(
+    feeds: FleetFeeds<R, M, C, D>,
     ctx: Arc<fleet::Context>,
     stores: Stores,
     stop: CancellationToken,
@@ -340,6 +355,7 @@ async fn fleet_controllers<R, M, C>(
     R: futures::Stream<Item = Result<CertificateRefresh, watcher::Error>> + Send + 'static,
     M: futures::Stream<Item = Result<Machine, watcher::Error>> + Send + 'static,
     C: futures::Stream<Item = Result<Cluster, watcher::Error>> + Send + 'static,
+    D: futures::Stream<Item = Result<MachineDeployment, watcher::Error>> + Send + 'static,
 {
     // The subscriptions are read from the start: a watch waits for a subscriber that falls
     // behind, so one not read until the caches are synced would keep them from ever syncing
@@ -356,10 +372,23 @@ async fn fleet_controllers<R, M, C>(
         .run(fleet::reconcile, fleet::error_policy, ctx.clone())
         .for_each(|_| async {});
     let triggers = Controller::for_stream_with(feeds.clusters, stores.clusters.clone(), capi)
-        .graceful_shutdown_on(stop.cancelled_owned())
-        .run(fleet::trigger::reconcile, fleet::trigger::error_policy, ctx)
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(
+            fleet::trigger::reconcile,
+            fleet::trigger::error_policy,
+            ctx.clone(),
+        )
         .for_each(|_| async {});
-    futures::future::join(requests, triggers).await;
+    let deployment_triggers =
+        Controller::for_stream_with(feeds.deployments, stores.deployments.clone(), capi)
+            .graceful_shutdown_on(stop.cancelled_owned())
+            .run(
+                fleet::trigger::reconcile_deployment,
+                fleet::trigger::error_policy,
+                ctx,
+            )
+            .for_each(|_| async {});
+    futures::future::join3(requests, triggers, deployment_triggers).await;
 }
 
 /// A fleet request as cached: without `managedFields`.

@@ -23,9 +23,10 @@ use ck8s_certs_api::annotations::{
 };
 use ck8s_certs_api::capi::{BLOCK_MOVE_ANNOTATION, BLOCK_MOVE_OWNER, CLUSTER_NAME_LABEL};
 use ck8s_certs_api::certificate_refresh::{CertificateRefresh, MachinePhase, RequestPhase, Role};
-use ck8s_certs_api::machine::{CapiVersion, Cluster, ClusterView, Machine, MachineView};
+use ck8s_certs_api::machine::{CapiVersion, ClusterView, Machine, MachineView};
 use ck8s_certs_api::machine_certificates::{MachineCertificates, Phase};
 use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
@@ -174,9 +175,15 @@ pub async fn reconcile(
             "Fleet refresh finished"
         );
         release_move(&api, &request, phase).await?;
-        if let Some(cluster) = &request.spec.target.cluster {
-            mirror_on_cluster(&ctx, &namespace, cluster, &name, phase).await?;
-            prune(&api, cluster, ctx.history).await;
+        if let Some(owner) = request
+            .owner_references()
+            .iter()
+            .find(|o| o.controller == Some(true))
+        {
+            mirror_on_trigger(&ctx, &namespace, owner, &name, phase).await?;
+            if let Some(cluster) = &cluster {
+                prune(&api, cluster, &owner.uid, ctx.history).await;
+            }
         }
         return Ok(Action::await_change());
     }
@@ -204,7 +211,7 @@ async fn hold_move(
     if request.owner_references().is_empty()
         && let Some(owner) = cluster
             .and_then(|c| get_capi(&ctx.stores.clusters, ctx.capi, &namespace, c))
-            .and_then(|c| c.controller_owner_ref(&ctx.capi))
+            .and_then(|c| owner_ref(c.as_ref(), &ctx.capi))
     {
         metadata.insert("ownerReferences".into(), json!([owner]));
     }
@@ -212,6 +219,14 @@ async fn hold_move(
         return Ok(());
     }
     patch_request(api, &request.name_any(), json!({ "metadata": metadata })).await
+}
+
+/// `object` as a request's controlling owner. Without `blockOwnerDeletion`: that would need
+/// update rights on the owner's finalizers.
+pub fn owner_ref<K: Resource>(object: &K, dt: &K::DynamicType) -> Option<OwnerReference> {
+    let mut owner = object.controller_owner_ref(dt)?;
+    owner.block_owner_deletion = None;
+    Some(owner)
 }
 
 /// A finished request: releases the block-move (when ours) and records the outcome where a
@@ -465,6 +480,21 @@ fn event_target(
     request: &CertificateRefresh,
     namespace: &str,
 ) -> k8s_openapi::api::core::v1::ObjectReference {
+    // The object whose trigger created it (or which adopted it).
+    if let Some(owner) = request
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true))
+    {
+        return k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some(owner.api_version.clone()),
+            kind: Some(owner.kind.clone()),
+            name: Some(owner.name.clone()),
+            namespace: Some(namespace.to_owned()),
+            uid: Some(owner.uid.clone()),
+            ..Default::default()
+        };
+    }
     if let Some(cluster) = cluster_of(ctx, request)
         && let Some(cached) = get_capi(&ctx.stores.clusters, ctx.capi, namespace, &cluster)
     {
@@ -499,18 +529,26 @@ async fn publish(
     }
 }
 
-/// The outcome on the Cluster whose trigger created the request, as on a Machine.
-async fn mirror_on_cluster(
+/// The outcome on the Cluster or MachineDeployment whose trigger created the request, as on a
+/// Machine.
+async fn mirror_on_trigger(
     ctx: &Context,
     namespace: &str,
-    cluster: &str,
+    owner: &OwnerReference,
     request: &str,
     phase: RequestPhase,
 ) -> Result<(), Error> {
-    let Some(cached) = get_capi(&ctx.stores.clusters, ctx.capi, namespace, cluster) else {
+    let annotations = match owner.kind.as_str() {
+        "Cluster" => get_capi(&ctx.stores.clusters, ctx.capi, namespace, &owner.name)
+            .map(|c| c.annotations.clone()),
+        "MachineDeployment" => get_capi(&ctx.stores.deployments, ctx.capi, namespace, &owner.name)
+            .map(|d| d.annotations.clone()),
+        _ => None,
+    };
+    let Some(annotations) = annotations else {
         return Ok(());
     };
-    if cached.annotations.get(FLEET_REQUEST) != Some(request) {
+    if annotations.get(FLEET_REQUEST) != Some(request) {
         return Ok(());
     }
     let status = if phase == RequestPhase::Succeeded {
@@ -518,14 +556,14 @@ async fn mirror_on_cluster(
     } else {
         RefreshStatus::Failed
     };
-    if cached.annotations.get(REFRESH_CERTIFICATES_STATUS) == Some(status.as_str()) {
+    if annotations.get(REFRESH_CERTIFICATES_STATUS) == Some(status.as_str()) {
         return Ok(());
     }
-    let clusters: Api<Cluster> = Api::namespaced_with(ctx.client.clone(), namespace, &ctx.capi);
+    let objects = trigger::dynamic(ctx, namespace, &owner.kind);
     let patch =
         json!({ "metadata": { "annotations": { REFRESH_CERTIFICATES_STATUS: status.as_str() }}});
-    match clusters
-        .patch(cluster, &PatchParams::default(), &Patch::Merge(patch))
+    match objects
+        .patch(&owner.name, &PatchParams::default(), &Patch::Merge(patch))
         .await
     {
         Ok(_) => Ok(()),
@@ -534,9 +572,9 @@ async fn mirror_on_cluster(
     }
 }
 
-/// Drops a cluster's oldest finished fleet requests beyond `keep` (housekeeping: a failure
-/// only leaves one too many).
-async fn prune(api: &Api<CertificateRefresh>, cluster: &str, keep: usize) {
+/// Drops the oldest finished fleet requests of one owner (a Cluster, a MachineDeployment) beyond
+/// `keep` (housekeeping: a failure only leaves one too many).
+async fn prune(api: &Api<CertificateRefresh>, cluster: &str, owner: &str, keep: usize) {
     let selector = format!(
         "{CLUSTER_NAME_LABEL}={cluster},!{}",
         ck8s_certs_api::certificate_refresh::labels::MACHINE
@@ -551,7 +589,7 @@ async fn prune(api: &Api<CertificateRefresh>, cluster: &str, keep: usize) {
     let finished = list
         .items
         .into_iter()
-        .filter(|r| r.spec.target.cluster.as_deref() == Some(cluster))
+        .filter(|r| r.owner_references().iter().any(|o| o.uid == owner))
         .filter(|r| r.is_finished())
         .filter_map(|r| {
             Some((

@@ -8,7 +8,7 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::plan::{MachineState, Outcome, Plan, World, plan};
-use super::trigger::{Step, step};
+use super::trigger::{Step, request_name, step};
 
 fn at(seconds: i64) -> Timestamp {
     Timestamp::from_second(1_800_000_000 + seconds).unwrap()
@@ -389,25 +389,41 @@ fn a_paused_cluster_lets_the_running_machine_finish_and_starts_no_other() {
 }
 
 #[test]
+fn two_triggers_in_one_second_name_two_requests() {
+    let now = at(0);
+    let first = request_name("c", None, now);
+    assert_eq!(first, format!("c-{}", now.as_second()));
+    let second = request_name("c", Some(&first), now);
+    assert_eq!(second, format!("c-{}", now.as_second() + 1));
+    assert_eq!(
+        request_name("c", Some(&second), now),
+        format!("c-{}", now.as_second() + 2)
+    );
+    // Another object's name, or an older one, does not hold it back.
+    assert_eq!(request_name("c", Some("c-md-0-5"), now), first);
+    assert_eq!(request_name("c", Some("c-5"), now), first);
+}
+
+#[test]
 fn the_cluster_trigger_is_taken_in_two_steps() {
     let now = at(0);
-    assert_eq!(step("c", None, None, now), Step::Nothing);
+    assert_eq!(step("c", None, None, None, now), Step::Nothing);
     assert_eq!(
-        step("c", Some("1y"), None, now),
+        step("c", Some("1y"), None, None, now),
         Step::Reserve {
             ttl: "1y".into(),
             name: format!("c-{}", now.as_second())
         }
     );
     assert_eq!(
-        step("c", Some("1y"), Some("c-1"), now),
+        step("c", Some("1y"), Some("c-1"), None, now),
         Step::Create {
             ttl: "1y".into(),
             name: "c-1".into()
         }
     );
     assert_eq!(
-        step("c", None, Some("c-1"), now),
+        step("c", None, Some("c-1"), None, now),
         Step::Withdraw { name: "c-1".into() }
     );
 }

@@ -1,12 +1,13 @@
-//! `kubectl annotate cluster <c> v1beta2.k8sd.io/refresh-certificates=<ttl>`: one fleet
-//! `CertificateRefresh` per annotation, in two Cluster writes so that a restart between them
-//! creates that request and not a second one:
-//! 1. the request's name is set aside on the Cluster (`certificates.ck8s.io/fleet-request-pending`);
+//! `kubectl annotate cluster <c> v1beta2.k8sd.io/refresh-certificates=<ttl>` (or the same on a
+//! MachineDeployment): one fleet `CertificateRefresh` per annotation, owned by the annotated
+//! object, in two writes on it so that a restart between them creates that request and not a
+//! second one:
+//! 1. the request's name is set aside on the object (`certificates.ck8s.io/fleet-request-pending`);
 //! 2. the request is created (an existing one of that name is the same), then the trigger is
 //!    replaced by `certificates.ck8s.io/fleet-request: <name>` and `in-progress`.
 //!
 //! The request checks its TTL and its Machines itself (a bad TTL fails it at once, with an
-//! Event on the Cluster and `failed` in the Cluster's status annotation).
+//! Event on the annotated object and `failed` in its status annotation).
 
 use std::sync::Arc;
 
@@ -14,22 +15,28 @@ use ck8s_certs_api::annotations::{
     FLEET_REQUEST, FLEET_REQUEST_PENDING, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS,
     RefreshStatus,
 };
+use ck8s_certs_api::capi::GROUP;
 use ck8s_certs_api::capi::{
     BLOCK_MOVE_ANNOTATION, BLOCK_MOVE_OWNER, CLUSTER_NAME_LABEL, WATCH_FILTER_LABEL,
 };
 use ck8s_certs_api::certificate_refresh::{
     CertificateRefresh, CertificateRefreshSpec, Origin, Target,
 };
-use ck8s_certs_api::machine::Cluster;
+use ck8s_certs_api::machine::{Cluster, Pairs};
+use ck8s_certs_api::machine_deployment::MachineDeployment;
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{ApiResource, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::core::GroupVersionKind;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
-use super::{Context, Error, MANAGER};
+use crate::controllers::stores::get_capi;
+
+use super::{Context, Error, MANAGER, owner_ref};
 
 /// What to do about a Cluster's annotations.
 #[derive(Debug, PartialEq, Eq)]
@@ -51,17 +58,20 @@ pub enum Step {
     },
 }
 
-/// The pure decision on a Cluster's trigger annotations; `now` names a new request.
+/// The pure decision on an object's trigger annotations; `now` names a new request, after
+/// `last` (the request its trigger last created), so that two triggers in one second get two
+/// requests.
 pub fn step(
-    cluster: &str,
+    object: &str,
     trigger: Option<&str>,
     pending: Option<&str>,
+    last: Option<&str>,
     now: jiff::Timestamp,
 ) -> Step {
     match (trigger, pending) {
         (Some(ttl), None) => Step::Reserve {
             ttl: ttl.to_owned(),
-            name: request_name(cluster, now),
+            name: request_name(object, last, now),
         },
         (Some(ttl), Some(name)) => Step::Create {
             ttl: ttl.to_owned(),
@@ -74,69 +84,179 @@ pub fn step(
     }
 }
 
-/// `<cluster>-<unix seconds>` (names at most 253 characters).
-pub fn request_name(cluster: &str, now: jiff::Timestamp) -> String {
-    let cluster: String = cluster.chars().take(230).collect();
-    format!("{cluster}-{}", now.as_second())
+/// `<object>-<unix seconds>`, later than `last` (names at most 253 characters).
+pub fn request_name(object: &str, last: Option<&str>, now: jiff::Timestamp) -> String {
+    let object: String = object.chars().take(230).collect();
+    let after_last = last
+        .and_then(|l| l.strip_prefix(&format!("{object}-")))
+        .and_then(|secs| secs.parse::<i64>().ok())
+        .map_or(i64::MIN, |secs| secs.saturating_add(1));
+    format!("{object}-{}", now.as_second().max(after_last))
 }
 
-pub fn error_policy(_: Arc<Cluster>, err: &Error, _: Arc<Context>) -> Action {
-    warn!(error = %err, "Handling a Cluster's refresh trigger failed; retrying");
+pub fn error_policy<K>(_: Arc<K>, err: &Error, _: Arc<Context>) -> Action {
+    warn!(error = %err, "Handling a fleet refresh trigger failed; retrying");
     Action::requeue(std::time::Duration::from_secs(5))
 }
 
+/// An object whose annotation asks for a fleet refresh, as the handler needs it.
+struct Triggered<'a> {
+    /// To patch its annotations.
+    api: Api<DynamicObject>,
+    kind: &'static str,
+    namespace: String,
+    name: String,
+    uid: String,
+    labels: &'a std::collections::BTreeMap<String, String>,
+    annotations: &'a Pairs,
+    trigger_manager: Option<String>,
+    /// The Cluster whose Machines it names.
+    cluster: String,
+    /// Paused (itself or its Cluster), or being deleted: nothing starts.
+    idle: bool,
+    target: Target,
+    owner: OwnerReference,
+    reference: ObjectReference,
+}
+
+/// `kubectl annotate cluster …`.
 pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Error> {
     if let Some(later) = super::not_synced(&ctx) {
         return Ok(later);
     }
-    let annotations = &cluster.annotations;
+    let name = cluster.name_any();
+    let empty = Default::default();
+    let Some(owner) = owner_ref(cluster.as_ref(), &ctx.capi) else {
+        return Ok(Action::await_change());
+    };
+    handle(
+        &ctx,
+        Triggered {
+            api: dynamic(&ctx, &cluster.namespace().unwrap_or_default(), "Cluster"),
+            kind: "Cluster",
+            namespace: cluster.namespace().unwrap_or_default(),
+            uid: cluster.uid().unwrap_or_default(),
+            labels: cluster.metadata.labels.as_ref().unwrap_or(&empty),
+            annotations: &cluster.annotations,
+            trigger_manager: cluster.trigger_manager.clone(),
+            idle: cluster.paused || cluster.metadata.deletion_timestamp.is_some(),
+            target: Target {
+                cluster: Some(name.clone()),
+                ..Default::default()
+            },
+            owner,
+            reference: cluster.object_ref(&ctx.capi),
+            cluster: name.clone(),
+            name,
+        },
+    )
+    .await
+}
+
+/// `kubectl annotate machinedeployment …`.
+pub async fn reconcile_deployment(
+    deployment: Arc<MachineDeployment>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    if let Some(later) = super::not_synced(&ctx) {
+        return Ok(later);
+    }
+    let namespace = deployment.namespace().unwrap_or_default();
+    let name = deployment.name_any();
+    let empty = Default::default();
+    let (Some(owner), Some(cluster)) = (
+        owner_ref(deployment.as_ref(), &ctx.capi),
+        deployment.cluster_name.clone(),
+    ) else {
+        return Ok(Action::await_change());
+    };
+    let cluster_paused =
+        get_capi(&ctx.stores.clusters, ctx.capi, &namespace, &cluster).is_some_and(|c| c.paused);
+    handle(
+        &ctx,
+        Triggered {
+            api: dynamic(&ctx, &namespace, "MachineDeployment"),
+            kind: "MachineDeployment",
+            uid: deployment.uid().unwrap_or_default(),
+            labels: deployment.metadata.labels.as_ref().unwrap_or(&empty),
+            annotations: &deployment.annotations,
+            trigger_manager: deployment.trigger_manager.clone(),
+            idle: deployment.paused
+                || cluster_paused
+                || deployment.metadata.deletion_timestamp.is_some(),
+            target: Target {
+                machine_deployment: Some(name.clone()),
+                ..Default::default()
+            },
+            owner,
+            reference: deployment.object_ref(&ctx.capi),
+            cluster,
+            namespace,
+            name,
+        },
+    )
+    .await
+}
+
+/// A CAPI object of `kind` in the served version, to patch.
+pub(super) fn dynamic(ctx: &Context, namespace: &str, kind: &str) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk(GROUP, ctx.capi.as_str(), kind);
+    Api::namespaced_with(ctx.client.clone(), namespace, &ApiResource::from_gvk(&gvk))
+}
+
+async fn handle(ctx: &Context, object: Triggered<'_>) -> Result<Action, Error> {
+    let annotations = object.annotations;
     let trigger = annotations.get(REFRESH_CERTIFICATES);
     let pending = annotations.get(FLEET_REQUEST_PENDING);
-    if cluster.paused || cluster.metadata.deletion_timestamp.is_some() {
+    if object.idle {
         return Ok(Action::await_change());
     }
     if let Some(filter) = &ctx.watch_filter
-        && cluster.labels().get(WATCH_FILTER_LABEL) != Some(filter)
+        && object.labels.get(WATCH_FILTER_LABEL) != Some(filter)
     {
         return Ok(Action::await_change());
     }
-    let namespace = cluster.namespace().unwrap_or_default();
-    let name = cluster.name_any();
-    let clusters: Api<Cluster> = Api::namespaced_with(ctx.client.clone(), &namespace, &ctx.capi);
-    let uid = cluster.uid().unwrap_or_default();
-    let (ttl, request) = match step(&name, trigger, pending, jiff::Timestamp::now()) {
+    let Triggered {
+        api: objects,
+        namespace,
+        name,
+        uid,
+        ..
+    } = &object;
+    let last = annotations.get(FLEET_REQUEST);
+    let (ttl, request) = match step(name, trigger, pending, last, jiff::Timestamp::now()) {
         Step::Nothing => return Ok(Action::await_change()),
         Step::Withdraw { name: request } => {
             let ops = vec![
-                test("/metadata/uid", &uid),
+                test("/metadata/uid", uid),
                 test(&pointer(FLEET_REQUEST_PENDING), &request),
                 json!({ "op": "remove", "path": pointer(FLEET_REQUEST_PENDING) }),
             ];
-            patch(&clusters, &name, ops).await?;
+            patch(objects, name, ops).await?;
             return Ok(Action::await_change());
         }
         Step::Reserve { ttl, name: request } => {
             let ops = vec![
-                test("/metadata/uid", &uid),
+                test("/metadata/uid", uid),
                 test(&pointer(REFRESH_CERTIFICATES), &ttl),
                 json!({ "op": "add", "path": pointer(FLEET_REQUEST_PENDING), "value": request }),
             ];
-            if !patch(&clusters, &name, ops).await? {
+            if !patch(objects, name, ops).await? {
                 return Ok(Action::await_change());
             }
             (ttl, request)
         }
         Step::Create { ttl, name: request } => (ttl, request),
     };
-    let api: Api<CertificateRefresh> = Api::namespaced(ctx.client.clone(), &namespace);
-    let mut labels: std::collections::BTreeMap<String, String> = cluster
-        .labels()
+    let api: Api<CertificateRefresh> = Api::namespaced(ctx.client.clone(), namespace);
+    let mut labels: std::collections::BTreeMap<String, String> = object
+        .labels
         .iter()
         .filter(|(k, _)| k.as_str() == WATCH_FILTER_LABEL)
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    labels.insert(CLUSTER_NAME_LABEL.to_owned(), name.clone());
-    let object = CertificateRefresh {
+    labels.insert(CLUSTER_NAME_LABEL.to_owned(), object.cluster.clone());
+    let request_object = CertificateRefresh {
         metadata: ObjectMeta {
             name: Some(request.clone()),
             namespace: Some(namespace.clone()),
@@ -149,24 +269,14 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
                 )]
                 .into(),
             ),
-            owner_references: Some(vec![OwnerReference {
-                api_version: Cluster::api_version(&ctx.capi).into_owned(),
-                kind: "Cluster".into(),
-                name: name.clone(),
-                uid: uid.clone(),
-                controller: Some(true),
-                block_owner_deletion: None,
-            }]),
+            owner_references: Some(vec![object.owner.clone()]),
             ..Default::default()
         },
         spec: CertificateRefreshSpec {
-            target: Target {
-                cluster: Some(name.clone()),
-                ..Default::default()
-            },
+            target: object.target.clone(),
             ttl: ttl.clone(),
             origin: Origin::Manual,
-            requested_by: cluster.trigger_manager.clone(),
+            requested_by: object.trigger_manager.clone(),
             max_parallel_workers: None,
             continue_on_failure: false,
             suspend: false,
@@ -177,35 +287,48 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         field_manager: Some(MANAGER.into()),
         ..Default::default()
     };
-    match api.create(&params, &object).await {
+    match api.create(&params, &request_object).await {
         Ok(_) => {}
-        Err(kube::Error::Api(status)) if status.code == 409 => {}
+        // Created before a restart: the same request. A request of that name of another object
+        // (a Cluster and a MachineDeployment of one name): reserve another name.
+        Err(kube::Error::Api(status)) if status.code == 409 => {
+            let existing = api.get_opt(&request).await?;
+            if !existing.is_some_and(|r| r.owner_references().iter().any(|o| o.uid == *uid)) {
+                let ops = vec![
+                    test("/metadata/uid", uid),
+                    test(&pointer(FLEET_REQUEST_PENDING), &request),
+                    json!({ "op": "remove", "path": pointer(FLEET_REQUEST_PENDING) }),
+                ];
+                patch(objects, name, ops).await?;
+                return Ok(Action::requeue(std::time::Duration::from_secs(1)));
+            }
+        }
         Err(err) => return Err(err.into()),
     }
     let ops = vec![
-        test("/metadata/uid", &uid),
+        test("/metadata/uid", uid),
         test(&pointer(REFRESH_CERTIFICATES), &ttl),
         json!({ "op": "remove", "path": pointer(REFRESH_CERTIFICATES) }),
         json!({ "op": "remove", "path": pointer(FLEET_REQUEST_PENDING) }),
         json!({ "op": "add", "path": pointer(FLEET_REQUEST), "value": request }),
         json!({ "op": "add", "path": pointer(REFRESH_CERTIFICATES_STATUS), "value": RefreshStatus::InProgress.as_str() }),
     ];
-    if patch(&clusters, &name, ops).await? {
-        info!(cluster = name, request, ttl, "Fleet refresh requested");
+    if patch(objects, name, ops).await? {
+        info!(
+            kind = object.kind,
+            name, request, ttl, "Fleet refresh requested"
+        );
         let event = Event {
             type_: EventType::Normal,
             reason: "CertificatesFleetRefreshRequested".into(),
             note: Some(format!(
-                "CertificateRefresh {request} refreshes the certificates of the cluster's Machines for {ttl}; follow it with `kubectl get certificaterefresh {request} -n {namespace}`"
+                "CertificateRefresh {request} refreshes the certificates of the {}'s Machines for {ttl}; follow it with `kubectl get certificaterefresh {request} -n {namespace}`",
+                object.kind
             )),
             action: "RefreshCertificates".into(),
             secondary: None,
         };
-        if let Err(err) = ctx
-            .recorder
-            .publish(&event, &cluster.object_ref(&ctx.capi))
-            .await
-        {
+        if let Err(err) = ctx.recorder.publish(&event, &object.reference).await {
             warn!(error = %err, "Publishing an Event failed");
         }
     }
@@ -223,17 +346,17 @@ fn test(path: &str, value: &str) -> Value {
     json!({ "op": "test", "path": path, "value": value })
 }
 
-/// Applies a guarded JSON Patch; `false` when a guard failed (the Cluster changed meanwhile: the
-/// next reconcile sees the change) or the Cluster is gone.
-async fn patch(clusters: &Api<Cluster>, name: &str, ops: Vec<Value>) -> Result<bool, Error> {
+/// Applies a guarded JSON Patch; `false` when a guard failed (the object changed meanwhile: the
+/// next reconcile sees the change) or the object is gone.
+async fn patch(objects: &Api<DynamicObject>, name: &str, ops: Vec<Value>) -> Result<bool, Error> {
     let patch: json_patch::Patch = match serde_json::from_value(Value::Array(ops)) {
         Ok(patch) => patch,
         Err(err) => {
-            warn!(error = %err, "Building a Cluster patch failed");
+            warn!(error = %err, "Building a trigger patch failed");
             return Ok(false);
         }
     };
-    match clusters
+    match objects
         .patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))
         .await
     {

@@ -305,21 +305,24 @@ impl Environment {
         .await;
     }
 
-    /// Labels a Cluster and its Machines for the controller with `filter`.
+    /// Labels a Cluster, its MachineDeployment and its Machines for the controller with `filter`.
     pub async fn isolate_cluster(&self, cluster: &str, filter: &str) -> Vec<NodeInfo> {
         let nodes = self.cluster(cluster).nodes.clone();
         for node in &nodes {
             self.isolate(node, filter).await;
         }
         let namespace = self.cluster(cluster).spec.namespace.clone();
-        self.cluster_api(self.management().await.expect("client"), &namespace)
-            .patch(
-                cluster,
-                &PatchParams::default(),
-                &Patch::Merge(json!({ "metadata": { "labels": { WATCH_FILTER_LABEL: filter } } })),
-            )
+        let client = self.management().await.expect("client");
+        let label =
+            Patch::Merge(json!({ "metadata": { "labels": { WATCH_FILTER_LABEL: filter } } }));
+        self.cluster_api(client.clone(), &namespace)
+            .patch(cluster, &PatchParams::default(), &label)
             .await
             .expect("label the Cluster");
+        self.machine_deployment_api(client, &namespace)
+            .patch(&format!("{cluster}-md-0"), &PatchParams::default(), &label)
+            .await
+            .expect("label the MachineDeployment");
         nodes
     }
 
@@ -328,6 +331,15 @@ impl Environment {
             ck8s_certs_api::capi::GROUP,
             self.spec.capi_version.storage_version(),
             "Cluster",
+        ));
+        Api::namespaced_with(client, namespace, &resource)
+    }
+
+    pub fn machine_deployment_api(&self, client: Client, namespace: &str) -> Api<DynamicObject> {
+        let resource = ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
+            ck8s_certs_api::capi::GROUP,
+            self.spec.capi_version.storage_version(),
+            "MachineDeployment",
         ));
         Api::namespaced_with(client, namespace, &resource)
     }

@@ -1,6 +1,7 @@
 //! What a CK8s fleet under Cluster API looks like, as objects.
 //!
-//! Management cluster, per workload cluster: a Cluster, Machines (control planes and workers,
+//! Management cluster, per workload cluster: a Cluster, a MachineDeployment `<cluster>-md-0`
+//! (its workers), Machines (control planes and workers,
 //! labelled, owned by the Cluster, with a `CK8sConfig` bootstrap configRef and a `status.nodeRef`), their CK8sConfigs
 //! (owned by the Machine), and the Secrets `<cluster>-kubeconfig` and `<cluster>-token`.
 //! Workload cluster: a Ready Node per Machine (its own loopback InternalIP, kubelet port) and a
@@ -249,6 +250,50 @@ pub async fn create_management_objects(
     )
     .await?;
 
+    // Its workers' MachineDeployment (no controller acts on it: its Machines are made below).
+    let deployment = format!("{}-md-0", spec.name);
+    let (config_template, infra_template) = if v1beta2 {
+        (
+            json!({ "apiGroup": capi::CK8S_CONFIG_GROUP, "kind": "CK8sConfigTemplate", "name": deployment }),
+            json!({ "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachineTemplate", "name": deployment }),
+        )
+    } else {
+        (
+            json!({ "apiVersion": format!("{}/{}", capi::CK8S_CONFIG_GROUP, capi::CK8S_CONFIG_VERSION), "kind": "CK8sConfigTemplate", "name": deployment }),
+            json!({ "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "DockerMachineTemplate", "name": deployment }),
+        )
+    };
+    let deployment_labels =
+        json!({ capi::CLUSTER_NAME_LABEL: spec.name, capi::DEPLOYMENT_NAME_LABEL: deployment });
+    create_dynamic(
+        &dynamic_api(client, capi::GROUP, version, "MachineDeployment", ns),
+        json!({
+            "apiVersion": format!("{}/{version}", capi::GROUP), "kind": "MachineDeployment",
+            "metadata": {
+                "name": deployment, "namespace": ns, "labels": { capi::CLUSTER_NAME_LABEL: spec.name },
+                "ownerReferences": [{
+                    "apiVersion": format!("{}/{version}", capi::GROUP), "kind": "Cluster",
+                    "name": spec.name, "uid": cluster.metadata.uid
+                }]
+            },
+            "spec": {
+                "clusterName": spec.name,
+                "replicas": spec.workers,
+                "selector": { "matchLabels": deployment_labels },
+                "template": {
+                    "metadata": { "labels": deployment_labels },
+                    "spec": {
+                        "clusterName": spec.name,
+                        "version": "v1.34.4",
+                        "bootstrap": { "configRef": config_template },
+                        "infrastructureRef": infra_template
+                    }
+                }
+            }
+        }),
+    )
+    .await?;
+
     let machines = dynamic_api(client, capi::GROUP, version, "Machine", ns);
     let configs = dynamic_api(
         client,
@@ -267,7 +312,7 @@ pub async fn create_management_objects(
                     json!(format!("{}-control-plane", spec.name));
             }
             Role::Worker => {
-                labels[capi::DEPLOYMENT_NAME_LABEL] = json!(format!("{}-md-0", spec.name));
+                labels[capi::DEPLOYMENT_NAME_LABEL] = json!(deployment);
             }
         }
         let (config_ref, infra_ref) = if v1beta2 {

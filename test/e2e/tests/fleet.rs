@@ -666,6 +666,96 @@ async fn machine_deployment_control_plane_and_selector_targets() {
     assert_eq!(run_counts(&workers).await, vec![2, 2, 2]);
     assert_eq!(run_counts(&cps).await, vec![1, 1]);
 
+    // The annotation on the MachineDeployment: a bad TTL is refused there, before anything
+    // starts; a good one refreshes its workers and shows the outcome there.
+    let deployments = env.machine_deployment_api(env.management().await.unwrap(), "fleet");
+    for (ttl, outcome) in [("forever", "failed"), ("1y", "done")] {
+        deployments
+            .patch(
+                "delta-md-0",
+                &PatchParams {
+                    field_manager: Some("kubectl-annotate".into()),
+                    ..Default::default()
+                },
+                &Patch::Merge(
+                    json!({ "metadata": { "annotations": { REFRESH_CERTIFICATES: ttl } } }),
+                ),
+            )
+            .await
+            .unwrap();
+        let deadline = Instant::now() + TIMEOUT;
+        let annotations = loop {
+            let annotations = deployments
+                .get("delta-md-0")
+                .await
+                .unwrap()
+                .metadata
+                .annotations
+                .unwrap_or_default();
+            if !annotations.contains_key(REFRESH_CERTIFICATES)
+                && annotations
+                    .get(REFRESH_CERTIFICATES_STATUS)
+                    .map(String::as_str)
+                    == Some(outcome)
+            {
+                break annotations;
+            }
+            assert!(Instant::now() < deadline, "{ttl}: {annotations:?}");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        };
+        let request = finished(&env, "fleet", &annotations[FLEET_REQUEST]).await;
+        assert_eq!(
+            request.spec.target.machine_deployment.as_deref(),
+            Some("delta-md-0")
+        );
+        assert_eq!(
+            request.spec.requested_by.as_deref(),
+            Some("kubectl-annotate")
+        );
+        assert_eq!(
+            request.owner_references()[0].kind,
+            "MachineDeployment",
+            "owned by what it was asked on"
+        );
+        let status = request.status.unwrap();
+        if outcome == "failed" {
+            assert!(
+                status
+                    .message
+                    .as_deref()
+                    .is_some_and(|m| m.starts_with("Refused before anything started")),
+                "{status:?}"
+            );
+            assert_eq!(run_counts(&workers).await, vec![2, 2, 2]);
+        } else {
+            assert_eq!(status.progress.as_deref(), Some("3/3"));
+            assert_eq!(run_counts(&workers).await, vec![3, 3, 3]);
+        }
+    }
+    let events: Api<Event> = Api::namespaced(env.management().await.unwrap(), "fleet");
+    let reasons: Vec<String> = events
+        .list(
+            &ListParams::default()
+                .fields("involvedObject.name=delta-md-0,involvedObject.kind=MachineDeployment"),
+        )
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect();
+    for reason in [
+        "CertificatesFleetRefreshRequested",
+        "CertificatesFleetRefreshRefused",
+        "CertificatesFleetRefreshSucceeded",
+    ] {
+        assert!(
+            reasons.iter().any(|r| r == reason),
+            "{reason} in {reasons:?}"
+        );
+    }
+    assert_eq!(run_counts(&cps).await, vec![1, 1]);
+
     // Two targets at once: the API server refuses the request.
     let both = api
         .create(

@@ -40,11 +40,16 @@ async fn a_paused_cluster_is_left_alone_until_it_is_resumed() {
         &ApiResource::from_gvk(&GroupVersionKind::gvk(capi::GROUP, version, "Cluster")),
     );
     let pause = |paused: bool| json!({ "spec": { "paused": paused } });
+    // Known before the pause: on a paused Cluster nothing is created, not even its
+    // MachineCertificates (`clusterctl move` pauses, then deletes them before the Machine).
+    let _controller = env.start_controller("paused", &[]);
+    env.wait_for_machine(&node, TIMEOUT, |a| a.contains_key(CERTIFICATES_EXPIRY))
+        .await;
     clusters
         .patch("beta", &PatchParams::default(), &Patch::Merge(pause(true)))
         .await
         .unwrap();
-    let _controller = env.start_controller("paused", &[]);
+    env.sim.clear_calls("beta", &node.node).await.unwrap();
     env.annotate_refresh(&node, "1y").await;
 
     let start = Instant::now();
@@ -65,17 +70,20 @@ async fn a_paused_cluster_is_left_alone_until_it_is_resumed() {
         Some("1y")
     );
     assert!(!annotations.contains_key(REFRESH_CERTIFICATES_STATUS));
-    let status = env
-        .machine_certificates(&node)
-        .await
-        .unwrap()
-        .status
-        .unwrap();
-    assert!(
-        status.conditions.iter().any(|c| c.reason == "Paused"),
-        "{:?}",
-        status.conditions
-    );
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let status = env
+            .machine_certificates(&node)
+            .await
+            .unwrap()
+            .status
+            .unwrap();
+        if status.conditions.iter().any(|c| c.reason == "Paused") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{:?}", status.conditions);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 
     clusters
         .patch("beta", &PatchParams::default(), &Patch::Merge(pause(false)))

@@ -1,0 +1,104 @@
+//! A CAPI MachineDeployment as the fleet trigger caches it: its identity, labels (the watch
+//! filter), its Cluster, the fleet annotations and the manager of its refresh trigger. Nothing
+//! else of the object is kept.
+
+use std::borrow::Cow;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Resource;
+use kube::core::DynamicResourceScope;
+use serde::Deserialize;
+
+use crate::capi::{CLUSTER_NAME_LABEL, GROUP, PAUSED_ANNOTATION};
+use crate::machine::{
+    CLUSTER_READ_ANNOTATIONS, CapiVersion, Pairs, capi_resource, identity, trigger_manager,
+};
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MachineDeployment {
+    /// The identity and labels.
+    pub metadata: ObjectMeta,
+    /// The [`CLUSTER_READ_ANNOTATIONS`] only: its fleet refresh trigger and what became of it.
+    pub annotations: Pairs,
+    /// The field manager that last set the fleet refresh trigger.
+    pub trigger_manager: Option<String>,
+    /// `spec.clusterName`, else the `cluster.x-k8s.io/cluster-name` label.
+    pub cluster_name: Option<String>,
+    /// The `cluster.x-k8s.io/paused` annotation.
+    pub paused: bool,
+}
+
+capi_resource!(MachineDeployment, "MachineDeployment", "machinedeployments");
+
+impl<'de> Deserialize<'de> for MachineDeployment {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Wire {
+            #[serde(default)]
+            metadata: ObjectMeta,
+            #[serde(default)]
+            spec: Spec,
+        }
+        #[derive(Default, Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Spec {
+            #[serde(default)]
+            cluster_name: Option<String>,
+        }
+        let Wire { mut metadata, spec } = Wire::deserialize(deserializer)?;
+        let trigger_manager = trigger_manager(&metadata);
+        let paused = metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(PAUSED_ANNOTATION));
+        let cluster_name = spec.cluster_name.or_else(|| {
+            metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(CLUSTER_NAME_LABEL).cloned())
+        });
+        Ok(Self {
+            annotations: Pairs::new(metadata.annotations.take(), |key| {
+                CLUSTER_READ_ANNOTATIONS.contains(&key)
+            }),
+            trigger_manager,
+            cluster_name,
+            paused,
+            metadata: ObjectMeta {
+                labels: metadata.labels.take().filter(|l| !l.is_empty()),
+                ..identity(&mut metadata)
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::annotations::REFRESH_CERTIFICATES;
+
+    #[test]
+    fn keeps_its_cluster_trigger_and_manager_only() {
+        let md: MachineDeployment = serde_json::from_value(json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
+            "metadata": {
+                "name": "md-0", "namespace": "ns", "uid": "u",
+                "labels": { "cluster.x-k8s.io/watch-filter": "a" },
+                "annotations": { REFRESH_CERTIFICATES: "1y", "other": "x", PAUSED_ANNOTATION: "" },
+                "managedFields": [{ "manager": "kubectl-annotate", "operation": "Update", "fieldsType": "FieldsV1",
+                    "fieldsV1": { "f:metadata": { "f:annotations": { "f:v1beta2.k8sd.io/refresh-certificates": {} } } } }]
+            },
+            "spec": { "clusterName": "c", "replicas": 3, "template": { "spec": { "clusterName": "c" } } }
+        }))
+        .unwrap();
+        assert_eq!(md.cluster_name.as_deref(), Some("c"));
+        assert_eq!(md.annotations.get(REFRESH_CERTIFICATES), Some("1y"));
+        assert_eq!(md.annotations.len(), 1);
+        assert_eq!(md.trigger_manager.as_deref(), Some("kubectl-annotate"));
+        assert!(md.paused);
+        assert_eq!(md.metadata.uid.as_deref(), Some("u"));
+        assert!(md.metadata.managed_fields.is_none() && md.metadata.annotations.is_none());
+    }
+}
