@@ -8,7 +8,9 @@
 //! a live read shows that its refresh never started. [`trigger`] turns the annotation on a
 //! Cluster into a request.
 
+mod moves;
 pub mod plan;
+mod report;
 pub mod scope;
 #[cfg(test)]
 mod tests;
@@ -18,24 +20,24 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ck8s_certs_api::annotations::{
-    FLEET_REQUEST, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS, REQUEST_OUTCOME,
-    RefreshStatus,
+    FLEET_REQUEST, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS, RefreshStatus,
 };
-use ck8s_certs_api::capi::{BLOCK_MOVE_ANNOTATION, BLOCK_MOVE_OWNER, CLUSTER_NAME_LABEL};
-use ck8s_certs_api::certificate_refresh::{CertificateRefresh, MachinePhase, RequestPhase, Role};
+use ck8s_certs_api::certificate_refresh::{CertificateRefresh, MachinePhase, Role};
 use ck8s_certs_api::machine::{CapiVersion, ClusterView, Machine, MachineView};
 use ck8s_certs_api::machine_certificates::{MachineCertificates, Phase};
 use jiff::Timestamp;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use tracing::{info, warn};
 
+pub use self::moves::owner_ref;
+use self::moves::{hold_move, release_move, restore_status};
 use self::plan::{MachineState, Outcome, World};
+use self::report::{event_target, mirror_on_trigger, prune, publish};
 use self::scope::Scope;
 use super::Stores;
 use super::stores::{get, get_capi};
@@ -188,112 +190,6 @@ pub async fn reconcile(
         return Ok(Action::await_change());
     }
     Ok(Action::requeue(POLL))
-}
-
-/// While a request is unfinished it carries clusterctl's block-move: `clusterctl move` does not
-/// carry status, so a request moved mid-way would lose its progress and start over. A request
-/// made by hand is also adopted by its Cluster (as CAPI adopts a stand-alone Machine), so that
-/// it moves and goes away with it.
-async fn hold_move(
-    ctx: &Context,
-    api: &Api<CertificateRefresh>,
-    request: &CertificateRefresh,
-    cluster: Option<&str>,
-) -> Result<(), Error> {
-    let mut metadata = serde_json::Map::new();
-    if !request.annotations().contains_key(BLOCK_MOVE_ANNOTATION) {
-        metadata.insert(
-            "annotations".into(),
-            json!({ BLOCK_MOVE_ANNOTATION: BLOCK_MOVE_OWNER }),
-        );
-    }
-    let namespace = request.namespace().unwrap_or_default();
-    if request.owner_references().is_empty()
-        && let Some(owner) = cluster
-            .and_then(|c| get_capi(&ctx.stores.clusters, ctx.capi, &namespace, c))
-            .and_then(|c| owner_ref(c.as_ref(), &ctx.capi))
-    {
-        metadata.insert("ownerReferences".into(), json!([owner]));
-    }
-    if metadata.is_empty() {
-        return Ok(());
-    }
-    patch_request(api, &request.name_any(), json!({ "metadata": metadata })).await
-}
-
-/// `object` as a request's controlling owner. Without `blockOwnerDeletion`: that would need
-/// update rights on the owner's finalizers.
-pub fn owner_ref<K: Resource>(object: &K, dt: &K::DynamicType) -> Option<OwnerReference> {
-    let mut owner = object.controller_owner_ref(dt)?;
-    owner.block_owner_deletion = None;
-    Some(owner)
-}
-
-/// A finished request: releases the block-move (when ours) and records the outcome where a
-/// move keeps it (an annotation).
-async fn release_move(
-    api: &Api<CertificateRefresh>,
-    request: &CertificateRefresh,
-    phase: RequestPhase,
-) -> Result<(), Error> {
-    let annotations = request.annotations();
-    let ours = annotations.get(BLOCK_MOVE_ANNOTATION).map(String::as_str) == Some(BLOCK_MOVE_OWNER);
-    if !ours && annotations.get(REQUEST_OUTCOME).map(String::as_str) == Some(phase.as_str()) {
-        return Ok(());
-    }
-    let mut changes = serde_json::Map::new();
-    changes.insert(REQUEST_OUTCOME.into(), json!(phase.as_str()));
-    if ours {
-        changes.insert(BLOCK_MOVE_ANNOTATION.into(), serde_json::Value::Null);
-    }
-    let patch = json!({ "metadata": { "annotations": changes } });
-    patch_request(api, &request.name_any(), patch).await
-}
-
-async fn patch_request(
-    api: &Api<CertificateRefresh>,
-    name: &str,
-    patch: serde_json::Value,
-) -> Result<(), Error> {
-    let params = PatchParams {
-        field_manager: Some(MANAGER.into()),
-        ..Default::default()
-    };
-    match api.patch(name, &params, &Patch::Merge(patch)).await {
-        Ok(_) => Ok(()),
-        // Deleted meanwhile: nothing left to block or record.
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-        Err(err) => Err(err.into()),
-    }
-}
-
-/// A finished request that arrived without its status (`clusterctl move`): the phase, from its
-/// outcome annotation, and where the details are.
-async fn restore_status(
-    api: &Api<CertificateRefresh>,
-    name: &str,
-    phase: RequestPhase,
-) -> Result<(), Error> {
-    let status = ck8s_certs_api::certificate_refresh::CertificateRefreshStatus {
-        phase: Some(phase),
-        message: Some(format!(
-            "{} before it was moved to this management cluster; clusterctl move does not carry status, so the per-Machine detail is in the Machines' own CertificateRefresh records",
-            phase.as_str()
-        )),
-        ..Default::default()
-    };
-    let patch = json!({
-        "apiVersion": CertificateRefresh::api_version(&()),
-        "kind": CertificateRefresh::kind(&()),
-        "status": status,
-    });
-    api.patch_status(
-        name,
-        &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(patch),
-    )
-    .await?;
-    Ok(())
 }
 
 /// The target's CK8s Machines that are not being deleted, as the caches show them; `None` when
@@ -471,137 +367,6 @@ async fn hand_over(
         // Gone meanwhile: the next step skips it.
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
         Err(err) => Err(err.into()),
-    }
-}
-
-/// The Cluster of a fleet request (or the Machine of a one-Machine request) Events go to.
-fn event_target(
-    ctx: &Context,
-    request: &CertificateRefresh,
-    namespace: &str,
-) -> k8s_openapi::api::core::v1::ObjectReference {
-    // The object whose trigger created it (or which adopted it).
-    if let Some(owner) = request
-        .owner_references()
-        .iter()
-        .find(|o| o.controller == Some(true))
-    {
-        return k8s_openapi::api::core::v1::ObjectReference {
-            api_version: Some(owner.api_version.clone()),
-            kind: Some(owner.kind.clone()),
-            name: Some(owner.name.clone()),
-            namespace: Some(namespace.to_owned()),
-            uid: Some(owner.uid.clone()),
-            ..Default::default()
-        };
-    }
-    if let Some(cluster) = cluster_of(ctx, request)
-        && let Some(cached) = get_capi(&ctx.stores.clusters, ctx.capi, namespace, &cluster)
-    {
-        return cached.object_ref(&ctx.capi);
-    }
-    if let Some(machine) = &request.spec.target.machine
-        && let Some(cached) = get_capi(&ctx.stores.machines, ctx.capi, namespace, machine)
-    {
-        return cached.object_ref(&ctx.capi);
-    }
-    request.object_ref(&())
-}
-
-async fn publish(
-    recorder: &Recorder,
-    target: &k8s_openapi::api::core::v1::ObjectReference,
-    note: &plan::Note,
-) {
-    let event = Event {
-        type_: if note.warning {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        },
-        reason: note.reason.to_owned(),
-        note: Some(note.message.chars().take(1000).collect()),
-        action: "RefreshCertificates".into(),
-        secondary: None,
-    };
-    if let Err(err) = recorder.publish(&event, target).await {
-        warn!(error = %err, reason = note.reason, "Publishing an Event failed");
-    }
-}
-
-/// The outcome on the Cluster or MachineDeployment whose trigger created the request, as on a
-/// Machine.
-async fn mirror_on_trigger(
-    ctx: &Context,
-    namespace: &str,
-    owner: &OwnerReference,
-    request: &str,
-    phase: RequestPhase,
-) -> Result<(), Error> {
-    let annotations = match owner.kind.as_str() {
-        "Cluster" => get_capi(&ctx.stores.clusters, ctx.capi, namespace, &owner.name)
-            .map(|c| c.annotations.clone()),
-        "MachineDeployment" => get_capi(&ctx.stores.deployments, ctx.capi, namespace, &owner.name)
-            .map(|d| d.annotations.clone()),
-        _ => None,
-    };
-    let Some(annotations) = annotations else {
-        return Ok(());
-    };
-    if annotations.get(FLEET_REQUEST) != Some(request) {
-        return Ok(());
-    }
-    let status = if phase == RequestPhase::Succeeded {
-        RefreshStatus::Done
-    } else {
-        RefreshStatus::Failed
-    };
-    if annotations.get(REFRESH_CERTIFICATES_STATUS) == Some(status.as_str()) {
-        return Ok(());
-    }
-    let objects = trigger::dynamic(ctx, namespace, &owner.kind);
-    let patch =
-        json!({ "metadata": { "annotations": { REFRESH_CERTIFICATES_STATUS: status.as_str() }}});
-    match objects
-        .patch(&owner.name, &PatchParams::default(), &Patch::Merge(patch))
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-        Err(err) => Err(err.into()),
-    }
-}
-
-/// Drops the oldest finished fleet requests of one owner (a Cluster, a MachineDeployment) beyond
-/// `keep` (housekeeping: a failure only leaves one too many).
-async fn prune(api: &Api<CertificateRefresh>, cluster: &str, owner: &str, keep: usize) {
-    let selector = format!(
-        "{CLUSTER_NAME_LABEL}={cluster},!{}",
-        ck8s_certs_api::certificate_refresh::labels::MACHINE
-    );
-    let list = match api.list(&ListParams::default().labels(&selector)).await {
-        Ok(list) => list,
-        Err(err) => {
-            warn!(error = %err, "Could not list the fleet requests to prune them");
-            return;
-        }
-    };
-    let finished = list
-        .items
-        .into_iter()
-        .filter(|r| r.owner_references().iter().any(|o| o.uid == owner))
-        .filter(|r| r.is_finished())
-        .filter_map(|r| {
-            Some((
-                r.metadata.name.clone()?,
-                r.metadata.creation_timestamp.as_ref()?.0,
-            ))
-        })
-        .collect();
-    for old in super::machine::history::beyond(finished, keep.max(1)) {
-        if let Err(err) = api.delete(&old, &DeleteParams::background()).await {
-            warn!(request = old, error = %err, "Could not delete an old fleet request");
-        }
     }
 }
 
