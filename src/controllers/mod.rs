@@ -2,9 +2,11 @@
 //! carries out refresh requests, recording everything in the Machine's `MachineCertificates`.
 
 pub mod cluster_credentials;
+mod feeds;
 pub mod fleet;
 pub mod governing_policy;
 pub mod machine;
+mod observe;
 pub mod patches;
 pub mod policy_status;
 pub mod shard;
@@ -32,6 +34,11 @@ use crate::health::Health;
 use crate::metrics::{Controller as Timed, Metrics};
 use crate::refresh::flow::Retry;
 use crate::refresh::session::Timeouts;
+use feeds::{
+    FleetFeeds, PolicyFeeds, credentials_controller, fleet_controllers, policies_api,
+    policy_controller, trim_request,
+};
+use observe::{CachedExpiries, observed};
 use stores::SharedWatch;
 
 /// The watch caches the reconcilers read (see [`stores`]).
@@ -335,143 +342,6 @@ pub async fn run(
     readiness.abort();
 }
 
-/// The streams the fleet controllers are fed.
-struct FleetFeeds<R, M, C, D> {
-    requests: R,
-    machines: M,
-    clusters: C,
-    deployments: D,
-    store: Store<CertificateRefresh>,
-}
-
-/// Runs the fleet controllers: the requests, and the Cluster triggers that create them (both
-/// act only once the caches are synced).
-async fn fleet_controllers<R, M, C, D>(
-    feeds: FleetFeeds<R, M, C, D>,
-    ctx: Arc<fleet::Context>,
-    stores: Stores,
-    stop: CancellationToken,
-) where
-    R: futures::Stream<Item = Result<CertificateRefresh, watcher::Error>> + Send + 'static,
-    M: futures::Stream<Item = Result<Machine, watcher::Error>> + Send + 'static,
-    C: futures::Stream<Item = Result<Cluster, watcher::Error>> + Send + 'static,
-    D: futures::Stream<Item = Result<MachineDeployment, watcher::Error>> + Send + 'static,
-{
-    // The subscriptions are read from the start: a watch waits for a subscriber that falls
-    // behind, so one not read until the caches are synced would keep them from ever syncing
-    // (a kind with more objects than the subscription's buffer). Reconciles wait instead.
-    let capi = ctx.capi;
-    let store = feeds.store.clone();
-    let requests = Controller::for_stream(feeds.requests, feeds.store)
-        .graceful_shutdown_on(stop.clone().cancelled_owned())
-        .watches_stream_with(
-            feeds.machines,
-            move |machine: Machine| fleet::requests_of_machine(&store, &machine),
-            capi,
-        )
-        .run(fleet::reconcile, fleet::error_policy, ctx.clone())
-        .for_each(|_| async {});
-    let triggers = Controller::for_stream_with(feeds.clusters, stores.clusters.clone(), capi)
-        .graceful_shutdown_on(stop.clone().cancelled_owned())
-        .run(
-            fleet::trigger::reconcile,
-            fleet::trigger::error_policy,
-            ctx.clone(),
-        )
-        .for_each(|_| async {});
-    let deployment_triggers =
-        Controller::for_stream_with(feeds.deployments, stores.deployments.clone(), capi)
-            .graceful_shutdown_on(stop.cancelled_owned())
-            .run(
-                fleet::trigger::reconcile_deployment,
-                fleet::trigger::error_policy,
-                ctx,
-            )
-            .for_each(|_| async {});
-    futures::future::join3(requests, triggers, deployment_triggers).await;
-}
-
-/// A fleet request as cached: without `managedFields`.
-fn trim_request(request: &mut CertificateRefresh) {
-    request.metadata.managed_fields = None;
-}
-
-/// The series of `certificate_expiry_timestamp_seconds`: each CK8s Machine in the cache whose
-/// MachineCertificates' status knows its expiry (what each Machine's reconcile exported before
-/// the series were read from the caches; a deleted Machine's series now goes with it).
-struct CachedExpiries {
-    machines: Store<Machine>,
-    certificates: stores::CertificateStore,
-}
-
-impl CachedExpiries {
-    fn series(&self) -> impl Iterator<Item = (Arc<Machine>, f64)> + '_ {
-        self.machines
-            .state()
-            .into_iter()
-            .filter(|machine| machine.is_ck8s())
-            .filter_map(|machine| {
-                let meta = &machine.metadata;
-                let (namespace, name) = (meta.namespace.as_deref()?, meta.name.as_deref()?);
-                let expiry = self.certificates.get(namespace, name)?.expiry()?;
-                Some((machine, expiry.as_millisecond() as f64 / 1000.0))
-            })
-    }
-}
-
-impl std::fmt::Debug for CachedExpiries {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CachedExpiries").finish_non_exhaustive()
-    }
-}
-
-impl crate::metrics::ExpirySource for CachedExpiries {
-    fn is_empty(&self) -> bool {
-        self.series().next().is_none()
-    }
-
-    fn for_each(&self, each: &mut dyn FnMut(crate::metrics::MachineExpiry<'_>)) {
-        use ck8s_certs_api::machine_certificates::Role;
-        for (machine, expiry) in self.series() {
-            let meta = &machine.metadata;
-            // As the Machine's view has it (`MachineView::of`).
-            let cluster = machine
-                .cluster_name
-                .as_deref()
-                .or_else(|| machine.labels.get(CLUSTER_NAME_LABEL));
-            let role = match machine.labels.contains_key(CONTROL_PLANE_LABEL) {
-                true => Role::ControlPlane,
-                false => Role::Worker,
-            };
-            each(crate::metrics::MachineExpiry {
-                namespace: meta.namespace.as_deref().unwrap_or_default(),
-                cluster: cluster.unwrap_or_default(),
-                machine: meta.name.as_deref().unwrap_or_default(),
-                role: machine::role_label(role),
-                expiry,
-            });
-        }
-    }
-}
-
-/// Runs one reconcile, recording its wall time and, when it fails, its error's category
-/// (`ck8s_certs_reconcile_duration_seconds`, `ck8s_certs_reconcile_errors_total`).
-async fn observed<E>(
-    metrics: Arc<Metrics>,
-    controller: Timed,
-    reconcile: impl std::future::Future<Output = Result<controller::Action, E>>,
-    category: fn(&E) -> &'static str,
-) -> Result<controller::Action, E> {
-    let started = std::time::Instant::now();
-    let result = reconcile.await;
-    metrics.reconciled(
-        controller,
-        started.elapsed(),
-        result.as_ref().err().map(category),
-    );
-    result
-}
-
 /// Waits until `store` holds a full list. The Controller itself also waits on the store, and a
 /// store wakes only one waiter (kube-runtime's DelayedInit keeps one waker), so this polls.
 async fn synced<K>(store: &Store<K>)
@@ -492,124 +362,6 @@ where
             return;
         }
     }
-}
-
-/// Checks each Cluster's management kubeconfig ([`cluster_credentials`]), once every cache is
-/// synced (which Clusters have CK8s Machines is read from the Machine cache).
-async fn credentials_controller<C, R>(
-    clusters: C,
-    records: R,
-    stores: Stores,
-    ctx: cluster_credentials::Context,
-    stop: CancellationToken,
-) where
-    C: futures::Stream<Item = Result<Cluster, watcher::Error>> + Send + 'static,
-    R: futures::Stream<Item = Result<ClusterCertificates, watcher::Error>> + Send + 'static,
-{
-    stores.synced().await;
-    synced(&ctx.records).await;
-    let capi = ctx.capi;
-    // A record changed or deleted by someone else is set right from the last reading.
-    let cluster_of_record = move |record: ClusterCertificates| {
-        let namespace = record.namespace().unwrap_or_default();
-        Some(ObjectRef::new_with(&record.name_any(), capi).within(&namespace))
-    };
-    let metrics = ctx.metrics.clone();
-    Controller::for_stream_with(clusters, stores.clusters.clone(), capi)
-        // Secret reads are few and need not be fast: keep them gentle on the API server.
-        .with_config(controller::Config::default().concurrency(2))
-        .graceful_shutdown_on(stop.cancelled_owned())
-        .watches_stream_with(records, cluster_of_record, ())
-        .run(
-            move |cluster, ctx| {
-                observed(
-                    metrics.clone(),
-                    Timed::Kubeconfig,
-                    cluster_credentials::reconcile(cluster, ctx),
-                    cluster_credentials::Error::category,
-                )
-            },
-            cluster_credentials::error_policy,
-            Arc::new(ctx),
-        )
-        .for_each(|_| async {})
-        .await;
-}
-
-fn policies_api(client: &Client, args: &Args) -> Api<DynamicObject> {
-    let resource = ApiResource::erase::<CertificateRenewalPolicy>(&());
-    match &args.namespace {
-        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
-        None => Api::all_with(client.clone(), &resource),
-    }
-}
-
-/// What the policy controller is fed from the shared watches.
-struct PolicyFeeds<P, M> {
-    policies: P,
-    /// The same policies again: a change re-checks the other policies of its namespace.
-    siblings: P,
-    machines: M,
-    stores: Stores,
-}
-
-/// Reports on every CertificateRenewalPolicy. A Machine or policy change re-checks the policies
-/// of that namespace.
-fn policy_controller<P, M>(
-    client: &Client,
-    capi: CapiVersion,
-    metrics: Arc<Metrics>,
-    feeds: PolicyFeeds<P, M>,
-    stop: CancellationToken,
-) -> impl std::future::Future<Output = ()> + use<P, M>
-where
-    P: futures::Stream<Item = Result<DynamicObject, watcher::Error>> + Send + 'static,
-    M: futures::Stream<Item = Result<Machine, watcher::Error>> + Send + 'static,
-{
-    let resource = ApiResource::erase::<CertificateRenewalPolicy>(&());
-    let policies_of_namespace = {
-        let (store, resource) = (feeds.stores.policies.clone(), resource.clone());
-        move |namespace: Option<String>| {
-            store
-                .state()
-                .into_iter()
-                .filter(|p| p.namespace() == namespace)
-                .map(|p| ObjectRef::from_obj_with(p.as_ref(), resource.clone()))
-                .collect::<Vec<_>>()
-        }
-    };
-    let of_machine = {
-        let policies_of_namespace = policies_of_namespace.clone();
-        move |machine: Machine| policies_of_namespace(machine.namespace())
-    };
-    let of_sibling = move |policy: DynamicObject| policies_of_namespace(policy.namespace());
-    let ctx = Arc::new(policy_status::Context {
-        client: client.clone(),
-        machines: feeds.stores.machines.clone(),
-        clusters: feeds.stores.clusters.clone(),
-        policies: feeds.stores.policies.clone(),
-    });
-    Controller::for_stream_with(feeds.policies, feeds.stores.policies, resource.clone())
-        .graceful_shutdown_on(stop.cancelled_owned())
-        .watches_stream_with(feeds.machines, of_machine, capi)
-        .watches_stream_with(feeds.siblings, of_sibling, resource.clone())
-        .run(
-            move |object, ctx| {
-                observed(
-                    metrics.clone(),
-                    Timed::Policy,
-                    policy_status::reconcile(object, ctx),
-                    |_: &kube::Error| "kube",
-                )
-            },
-            policy_status::error_policy,
-            ctx,
-        )
-        .for_each(|result| async move {
-            if let Err(err) = result {
-                tracing::debug!(error = %err, "Policy reconcile error");
-            }
-        })
 }
 
 #[cfg(test)]

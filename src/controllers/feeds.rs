@@ -1,0 +1,184 @@
+//! How the fleet, policy and credential controllers are fed from the shared watches: each is a
+//! kube-runtime Controller over its subscriptions, started at once and reconciling only once
+//! the caches are synced.
+
+use super::*;
+
+/// The streams the fleet controllers are fed.
+pub(super) struct FleetFeeds<R, M, C, D> {
+    pub(super) requests: R,
+    pub(super) machines: M,
+    pub(super) clusters: C,
+    pub(super) deployments: D,
+    pub(super) store: Store<CertificateRefresh>,
+}
+
+/// Runs the fleet controllers: the requests, and the Cluster triggers that create them (both
+/// act only once the caches are synced).
+pub(super) async fn fleet_controllers<R, M, C, D>(
+    feeds: FleetFeeds<R, M, C, D>,
+    ctx: Arc<fleet::Context>,
+    stores: Stores,
+    stop: CancellationToken,
+) where
+    R: futures::Stream<Item = Result<CertificateRefresh, watcher::Error>> + Send + 'static,
+    M: futures::Stream<Item = Result<Machine, watcher::Error>> + Send + 'static,
+    C: futures::Stream<Item = Result<Cluster, watcher::Error>> + Send + 'static,
+    D: futures::Stream<Item = Result<MachineDeployment, watcher::Error>> + Send + 'static,
+{
+    // The subscriptions are read from the start: a watch waits for a subscriber that falls
+    // behind, so one not read until the caches are synced would keep them from ever syncing
+    // (a kind with more objects than the subscription's buffer). Reconciles wait instead.
+    let capi = ctx.capi;
+    let store = feeds.store.clone();
+    let requests = Controller::for_stream(feeds.requests, feeds.store)
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .watches_stream_with(
+            feeds.machines,
+            move |machine: Machine| fleet::requests_of_machine(&store, &machine),
+            capi,
+        )
+        .run(fleet::reconcile, fleet::error_policy, ctx.clone())
+        .for_each(|_| async {});
+    let triggers = Controller::for_stream_with(feeds.clusters, stores.clusters.clone(), capi)
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(
+            fleet::trigger::reconcile,
+            fleet::trigger::error_policy,
+            ctx.clone(),
+        )
+        .for_each(|_| async {});
+    let deployment_triggers =
+        Controller::for_stream_with(feeds.deployments, stores.deployments.clone(), capi)
+            .graceful_shutdown_on(stop.cancelled_owned())
+            .run(
+                fleet::trigger::reconcile_deployment,
+                fleet::trigger::error_policy,
+                ctx,
+            )
+            .for_each(|_| async {});
+    futures::future::join3(requests, triggers, deployment_triggers).await;
+}
+
+/// A fleet request as cached: without `managedFields`.
+pub(super) fn trim_request(request: &mut CertificateRefresh) {
+    request.metadata.managed_fields = None;
+}
+
+/// Checks each Cluster's management kubeconfig ([`cluster_credentials`]), once every cache is
+/// synced (which Clusters have CK8s Machines is read from the Machine cache).
+pub(super) async fn credentials_controller<C, R>(
+    clusters: C,
+    records: R,
+    stores: Stores,
+    ctx: cluster_credentials::Context,
+    stop: CancellationToken,
+) where
+    C: futures::Stream<Item = Result<Cluster, watcher::Error>> + Send + 'static,
+    R: futures::Stream<Item = Result<ClusterCertificates, watcher::Error>> + Send + 'static,
+{
+    stores.synced().await;
+    synced(&ctx.records).await;
+    let capi = ctx.capi;
+    // A record changed or deleted by someone else is set right from the last reading.
+    let cluster_of_record = move |record: ClusterCertificates| {
+        let namespace = record.namespace().unwrap_or_default();
+        Some(ObjectRef::new_with(&record.name_any(), capi).within(&namespace))
+    };
+    let metrics = ctx.metrics.clone();
+    Controller::for_stream_with(clusters, stores.clusters.clone(), capi)
+        // Secret reads are few and need not be fast: keep them gentle on the API server.
+        .with_config(controller::Config::default().concurrency(2))
+        .graceful_shutdown_on(stop.cancelled_owned())
+        .watches_stream_with(records, cluster_of_record, ())
+        .run(
+            move |cluster, ctx| {
+                observed(
+                    metrics.clone(),
+                    Timed::Kubeconfig,
+                    cluster_credentials::reconcile(cluster, ctx),
+                    cluster_credentials::Error::category,
+                )
+            },
+            cluster_credentials::error_policy,
+            Arc::new(ctx),
+        )
+        .for_each(|_| async {})
+        .await;
+}
+
+pub(super) fn policies_api(client: &Client, args: &Args) -> Api<DynamicObject> {
+    let resource = ApiResource::erase::<CertificateRenewalPolicy>(&());
+    match &args.namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+        None => Api::all_with(client.clone(), &resource),
+    }
+}
+
+/// What the policy controller is fed from the shared watches.
+pub(super) struct PolicyFeeds<P, M> {
+    pub(super) policies: P,
+    /// The same policies again: a change re-checks the other policies of its namespace.
+    pub(super) siblings: P,
+    pub(super) machines: M,
+    pub(super) stores: Stores,
+}
+
+/// Reports on every CertificateRenewalPolicy. A Machine or policy change re-checks the policies
+/// of that namespace.
+pub(super) fn policy_controller<P, M>(
+    client: &Client,
+    capi: CapiVersion,
+    metrics: Arc<Metrics>,
+    feeds: PolicyFeeds<P, M>,
+    stop: CancellationToken,
+) -> impl std::future::Future<Output = ()> + use<P, M>
+where
+    P: futures::Stream<Item = Result<DynamicObject, watcher::Error>> + Send + 'static,
+    M: futures::Stream<Item = Result<Machine, watcher::Error>> + Send + 'static,
+{
+    let resource = ApiResource::erase::<CertificateRenewalPolicy>(&());
+    let policies_of_namespace = {
+        let (store, resource) = (feeds.stores.policies.clone(), resource.clone());
+        move |namespace: Option<String>| {
+            store
+                .state()
+                .into_iter()
+                .filter(|p| p.namespace() == namespace)
+                .map(|p| ObjectRef::from_obj_with(p.as_ref(), resource.clone()))
+                .collect::<Vec<_>>()
+        }
+    };
+    let of_machine = {
+        let policies_of_namespace = policies_of_namespace.clone();
+        move |machine: Machine| policies_of_namespace(machine.namespace())
+    };
+    let of_sibling = move |policy: DynamicObject| policies_of_namespace(policy.namespace());
+    let ctx = Arc::new(policy_status::Context {
+        client: client.clone(),
+        machines: feeds.stores.machines.clone(),
+        clusters: feeds.stores.clusters.clone(),
+        policies: feeds.stores.policies.clone(),
+    });
+    Controller::for_stream_with(feeds.policies, feeds.stores.policies, resource.clone())
+        .graceful_shutdown_on(stop.cancelled_owned())
+        .watches_stream_with(feeds.machines, of_machine, capi)
+        .watches_stream_with(feeds.siblings, of_sibling, resource.clone())
+        .run(
+            move |object, ctx| {
+                observed(
+                    metrics.clone(),
+                    Timed::Policy,
+                    policy_status::reconcile(object, ctx),
+                    |_: &kube::Error| "kube",
+                )
+            },
+            policy_status::error_policy,
+            ctx,
+        )
+        .for_each(|result| async move {
+            if let Err(err) = result {
+                tracing::debug!(error = %err, "Policy reconcile error");
+            }
+        })
+}

@@ -1,0 +1,80 @@
+//! What the controllers export about themselves: the certificate expiry series, read from the
+//! caches when scraped, and each reconcile's time and error category.
+
+use super::*;
+
+/// The series of `certificate_expiry_timestamp_seconds`: each CK8s Machine in the cache whose
+/// MachineCertificates' status knows its expiry (what each Machine's reconcile exported before
+/// the series were read from the caches; a deleted Machine's series now goes with it).
+pub(super) struct CachedExpiries {
+    pub(super) machines: Store<Machine>,
+    pub(super) certificates: stores::CertificateStore,
+}
+
+impl CachedExpiries {
+    fn series(&self) -> impl Iterator<Item = (Arc<Machine>, f64)> + '_ {
+        self.machines
+            .state()
+            .into_iter()
+            .filter(|machine| machine.is_ck8s())
+            .filter_map(|machine| {
+                let meta = &machine.metadata;
+                let (namespace, name) = (meta.namespace.as_deref()?, meta.name.as_deref()?);
+                let expiry = self.certificates.get(namespace, name)?.expiry()?;
+                Some((machine, expiry.as_millisecond() as f64 / 1000.0))
+            })
+    }
+}
+
+impl std::fmt::Debug for CachedExpiries {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachedExpiries").finish_non_exhaustive()
+    }
+}
+
+impl crate::metrics::ExpirySource for CachedExpiries {
+    fn is_empty(&self) -> bool {
+        self.series().next().is_none()
+    }
+
+    fn for_each(&self, each: &mut dyn FnMut(crate::metrics::MachineExpiry<'_>)) {
+        use ck8s_certs_api::machine_certificates::Role;
+        for (machine, expiry) in self.series() {
+            let meta = &machine.metadata;
+            // As the Machine's view has it (`MachineView::of`).
+            let cluster = machine
+                .cluster_name
+                .as_deref()
+                .or_else(|| machine.labels.get(CLUSTER_NAME_LABEL));
+            let role = match machine.labels.contains_key(CONTROL_PLANE_LABEL) {
+                true => Role::ControlPlane,
+                false => Role::Worker,
+            };
+            each(crate::metrics::MachineExpiry {
+                namespace: meta.namespace.as_deref().unwrap_or_default(),
+                cluster: cluster.unwrap_or_default(),
+                machine: meta.name.as_deref().unwrap_or_default(),
+                role: machine::role_label(role),
+                expiry,
+            });
+        }
+    }
+}
+
+/// Runs one reconcile, recording its wall time and, when it fails, its error's category
+/// (`ck8s_certs_reconcile_duration_seconds`, `ck8s_certs_reconcile_errors_total`).
+pub(super) async fn observed<E>(
+    metrics: Arc<Metrics>,
+    controller: Timed,
+    reconcile: impl std::future::Future<Output = Result<controller::Action, E>>,
+    category: fn(&E) -> &'static str,
+) -> Result<controller::Action, E> {
+    let started = std::time::Instant::now();
+    let result = reconcile.await;
+    metrics.reconciled(
+        controller,
+        started.elapsed(),
+        result.as_ref().err().map(category),
+    );
+    result
+}
