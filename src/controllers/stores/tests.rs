@@ -1,0 +1,128 @@
+use super::*;
+use kube::api::DynamicObject;
+use serde_json::json;
+
+#[test]
+fn cached_certificates_keep_identity_and_status() {
+    let full = json!({
+        "apiVersion": "certificates.ck8s.io/v1alpha1", "kind": "MachineCertificates",
+        "metadata": { "name": "m", "namespace": "ns", "uid": "u", "resourceVersion": "9",
+            "generation": 1, "creationTimestamp": "2026-01-01T00:00:00Z",
+            "labels": { "cluster.x-k8s.io/cluster-name": "c" },
+            "ownerReferences": [{ "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine", "name": "m", "uid": "mu" }],
+            "managedFields": [{ "manager": "ck8s-certs", "operation": "Apply", "fieldsV1": { "f:status": {} } }] },
+        "spec": { "clusterName": "c" },
+        "status": { "role": "Worker", "nodeName": "n1", "expiry": "2027-01-01T00:00:00Z",
+            "conditions": [{ "type": "Ready", "status": "True", "reason": "ExpiryKnown", "message": "m", "lastTransitionTime": "2026-01-01T00:00:00Z" }] }
+    });
+    let decoded: MachineCertificates = serde_json::from_value(full.clone()).expect("object");
+    let cached: CachedCertificates = serde_json::from_str(&full.to_string()).expect("cached");
+    let meta = &cached.metadata;
+    assert_eq!(
+        (
+            meta.name.as_deref(),
+            meta.namespace.as_deref(),
+            meta.resource_version.as_deref()
+        ),
+        (Some("m"), Some("ns"), Some("9"))
+    );
+    assert_eq!(
+        (
+            &meta.uid,
+            &meta.labels,
+            &meta.owner_references,
+            &meta.managed_fields,
+            meta.generation
+        ),
+        (&None, &None, &None, &None, None)
+    );
+    assert_eq!(cached.status().expect("status"), decoded.status);
+    assert_eq!(
+        cached.status.expiry().map(|t| t.to_string()).as_deref(),
+        Some("2027-01-01T00:00:00Z")
+    );
+    let bare: CachedCertificates =
+        serde_json::from_str(r#"{"metadata":{"name":"m"},"spec":{"clusterName":"c"}}"#)
+            .expect("cached");
+    assert_eq!(bare.status().expect("status"), None);
+    assert_eq!(bare.status.expiry(), None);
+}
+
+fn certificates(namespace: &str, name: &str, node: &str) -> CachedCertificates {
+    serde_json::from_value(json!({
+        "metadata": { "name": name, "namespace": namespace, "resourceVersion": "1" },
+        "status": { "role": "Worker", "nodeName": node }
+    }))
+    .expect("cached")
+}
+
+fn node_in(store: &CertificateStore, namespace: &str, name: &str) -> Option<String> {
+    let status = store.get(namespace, name)?.status().expect("status")?;
+    status.node_name
+}
+
+/// The certificate cache follows its watch like kube-runtime's store: a (re)list replaces
+/// the contents when it is complete, changes and deletions apply at once, and it is ready
+/// from the first complete list on.
+#[tokio::test]
+async fn the_certificate_cache_follows_its_watch() {
+    use watcher::Event;
+    let mut writer = CertificateWriter::new();
+    let store = writer.reader();
+    let synced = {
+        let store = store.clone();
+        tokio::spawn(async move { store.synced().await })
+    };
+    writer.apply(&Event::Init);
+    writer.apply(&Event::InitApply(certificates("a", "m1", "n1")));
+    writer.apply(&Event::InitApply(certificates("b", "m1", "n2")));
+    assert_eq!(
+        node_in(&store, "a", "m1"),
+        None,
+        "a list is used once complete"
+    );
+    assert!(!synced.is_finished());
+    writer.apply(&Event::InitDone);
+    tokio::time::timeout(std::time::Duration::from_secs(5), synced)
+        .await
+        .expect("ready after the first list")
+        .expect("task");
+    assert_eq!(node_in(&store, "a", "m1").as_deref(), Some("n1"));
+    assert_eq!(node_in(&store, "b", "m1").as_deref(), Some("n2"));
+
+    writer.apply(&Event::Apply(certificates("a", "m1", "n3")));
+    writer.apply(&Event::Apply(certificates("a", "m2", "n4")));
+    assert_eq!(node_in(&store, "a", "m1").as_deref(), Some("n3"));
+    assert_eq!(node_in(&store, "a", "m2").as_deref(), Some("n4"));
+    writer.apply(&Event::Delete(certificates("b", "m1", "n2")));
+    assert!(store.get("b", "m1").is_none());
+    assert!(store.get("c", "m1").is_none());
+
+    // A relist: what it no longer lists is gone once it completes.
+    writer.apply(&Event::Init);
+    writer.apply(&Event::InitApply(certificates("a", "m2", "n5")));
+    assert_eq!(node_in(&store, "a", "m1").as_deref(), Some("n3"));
+    writer.apply(&Event::InitDone);
+    assert!(store.get("a", "m1").is_none());
+    assert_eq!(node_in(&store, "a", "m2").as_deref(), Some("n5"));
+    store.synced().await;
+}
+
+#[test]
+fn trimmed_metadata_drops_managed_fields_and_the_last_applied_configuration() {
+    let mut policy: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "certificates.ck8s.io/v1alpha1", "kind": "CertificateRenewalPolicy",
+        "metadata": { "name": "p", "namespace": "ns",
+            "annotations": { "kubectl.kubernetes.io/last-applied-configuration": "{…}", "keep": "me" },
+            "managedFields": [{ "manager": "kubectl", "operation": "Apply", "fieldsV1": { "f:spec": {} } }] },
+        "spec": { "policy": "Automatic" }
+    }))
+    .expect("object");
+    trim_policy(&mut policy);
+    assert_eq!(policy.metadata.managed_fields, None);
+    assert_eq!(
+        policy.metadata.annotations,
+        Some([("keep".to_owned(), "me".to_owned())].into())
+    );
+    assert_eq!(policy.data, json!({ "spec": { "policy": "Automatic" } }));
+}
