@@ -1,0 +1,110 @@
+//! The per-Machine certificate expiry gauge: one series per CK8s Machine, read from a source
+//! (the controller's caches) when scraped rather than kept in the registry.
+
+use super::*;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MachineLabels {
+    pub namespace: String,
+    pub cluster: String,
+    pub machine: String,
+    pub role: String,
+}
+
+/// `certificate_expiry_timestamp_seconds`: one series per CK8s Machine whose expiry is known,
+/// read on each scrape from an [`ExpirySource`] (the controller's watch caches). Kept as a
+/// family of gauges instead, the series cost ~200 bytes a Machine (labels, gauge, map slot) and
+/// outlived deleted Machines (docs/performance.md, step 3).
+#[derive(Clone, Debug, Default)]
+pub struct MachineExpiries {
+    source: Arc<RwLock<Option<Arc<dyn ExpirySource>>>>,
+}
+
+/// One series of [`MachineExpiries`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MachineExpiry<'a> {
+    pub namespace: &'a str,
+    pub cluster: &'a str,
+    pub machine: &'a str,
+    /// `control-plane` or `worker`.
+    pub role: &'a str,
+    /// NotAfter, Unix seconds.
+    pub expiry: f64,
+}
+
+/// Where [`MachineExpiries`] reads its series from.
+pub trait ExpirySource: std::fmt::Debug + Send + Sync + 'static {
+    /// Whether there is no series at all (the family is then left out, like an empty one).
+    fn is_empty(&self) -> bool;
+    fn for_each(&self, series: &mut dyn FnMut(MachineExpiry<'_>));
+}
+
+/// Fixed series: for tests and examples.
+impl ExpirySource for Vec<(MachineLabels, f64)> {
+    fn is_empty(&self) -> bool {
+        <[_]>::is_empty(self)
+    }
+
+    fn for_each(&self, series: &mut dyn FnMut(MachineExpiry<'_>)) {
+        for (labels, expiry) in self {
+            series(MachineExpiry {
+                namespace: &labels.namespace,
+                cluster: &labels.cluster,
+                machine: &labels.machine,
+                role: &labels.role,
+                expiry: *expiry,
+            });
+        }
+    }
+}
+
+impl MachineExpiries {
+    /// Exports the series of `source` from now on (instead of any earlier source's).
+    pub fn read_from(&self, source: impl ExpirySource) {
+        *self.source.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(source));
+    }
+
+    fn source(&self) -> Option<Arc<dyn ExpirySource>> {
+        // A poisoned lock only means a panic while replacing the source: the value is whole.
+        self.source
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl Collector for MachineExpiries {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(source) = self.source() else {
+            return Ok(());
+        };
+        if source.is_empty() {
+            return Ok(());
+        }
+        let mut metric = encoder.encode_descriptor(
+            "certificate_expiry_timestamp_seconds",
+            // The registry ends the help of the metrics it holds with a period; collectors
+            // write theirs as given.
+            "NotAfter of a node's certificates, as a Unix timestamp.",
+            None,
+            MetricType::Gauge,
+        )?;
+        let mut result = Ok(());
+        source.for_each(&mut |series| {
+            if result.is_err() {
+                return;
+            }
+            // The label names and order of `MachineLabels`.
+            let labels = [
+                ("namespace", series.namespace),
+                ("cluster", series.cluster),
+                ("machine", series.machine),
+                ("role", series.role),
+            ];
+            result = metric
+                .encode_family(&labels)
+                .and_then(|mut gauge| gauge.encode_gauge(&series.expiry));
+        });
+        result
+    }
+}
