@@ -197,6 +197,15 @@ impl Reconciler<'_> {
             );
             self.record_attempt(status, op).await?;
             crate::failpoint::hit(crate::failpoint::AFTER_SEED_RECORDED);
+            if op.run_attempts == 1 {
+                // On the node from now on: its record exists while it runs, so `clusterctl move`
+                // (which finds objects before it waits for our block-move) takes it along. Not
+                // before: an operation that never got here starts over under another name.
+                // Housekeeping: without it now, the outcome creates it.
+                if let Err(err) = self.open_record(op).await {
+                    warn!(error = %err, "Could not open the refresh record; it is written at the end");
+                }
+            }
             tracing::Span::current().record("seed", seed);
 
             let request = RunRequest {

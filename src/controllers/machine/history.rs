@@ -117,9 +117,9 @@ impl Reconciler<'_> {
         Api::namespaced(self.ctx.client.clone(), &self.view.namespace)
     }
 
-    /// Creates the record of an operation that starts on the node. It exists while the refresh
-    /// runs, so `clusterctl move` (which finds objects before it waits for our block-move) takes
-    /// it along; [`Self::keep_history`] writes its outcome.
+    /// Creates the record of an operation that reached its node (its seed is recorded). It
+    /// exists while the refresh runs, so `clusterctl move` takes it along; [`Self::keep_history`]
+    /// writes its outcome.
     pub(super) async fn open_record(&self, op: &Operation) -> Result<(), Error> {
         if self.ctx.config.history == 0 {
             return Ok(());

@@ -202,10 +202,6 @@ impl Reconciler<'_> {
             view: crate::controllers::patches::patched(&self.view, &announce),
             ..*self
         };
-        // The record is housekeeping: without it now, the outcome creates it.
-        if let Err(err) = announced.open_record(&op).await {
-            warn!(error = %err, "Could not open the refresh record; it is written at the end");
-        }
         announced
             .event(EventType::Normal, events::REFRESH_IN_PROGRESS, announcement)
             .await;
