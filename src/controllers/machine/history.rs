@@ -1,7 +1,8 @@
-//! The audit trail: every finished refresh of a Machine leaves a `CertificateRefresh` record
-//! (target the Machine, owned by it), and the last `--refresh-history` records per Machine are
-//! kept. Written before the Machine shows the outcome, so a crash in between records it on the
-//! next reconcile (the same name: the create is idempotent).
+//! The audit trail: every refresh of a Machine leaves a `CertificateRefresh` record (target the
+//! Machine, owned by it), and the last `--refresh-history` records per Machine are kept. A
+//! record is created when its refresh reaches the node (the seed is recorded; a refused request
+//! gets one at once) and its outcome is written before the Machine shows it, so a crash in
+//! between records it on the next reconcile (the same name: the writes are idempotent).
 
 use ck8s_certs_api::certificate_refresh::{
     CertificateRefresh, CertificateRefreshSpec, CertificateRefreshStatus, MachinePhase,
