@@ -22,10 +22,11 @@ use std::time::Duration;
 use ck8s_certs_api::annotations::{
     FLEET_REQUEST, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS, RefreshStatus,
 };
-use ck8s_certs_api::certificate_refresh::{CertificateRefresh, MachinePhase, Role};
+use ck8s_certs_api::certificate_refresh::{CertificateRefresh, MachinePhase, RequestPhase, Role};
 use ck8s_certs_api::machine::{CapiVersion, ClusterView, Machine, MachineView};
 use ck8s_certs_api::machine_certificates::{MachineCertificates, Phase};
 use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::Recorder;
@@ -100,7 +101,8 @@ pub async fn reconcile(
         if old.phase.is_none() {
             restore_status(&api, &name, phase).await?;
         }
-        release_move(&api, &request, phase).await?;
+        // Again, in case a write of the finishing reconcile failed (each is a no-op when done).
+        conclude(&ctx, &api, &request, phase).await?;
         return Ok(Action::await_change());
     }
     let views = target_views(&ctx, &request);
@@ -176,20 +178,36 @@ pub async fn reconcile(
             message = next.status.message,
             "Fleet refresh finished"
         );
-        release_move(&api, &request, phase).await?;
-        if let Some(owner) = request
-            .owner_references()
-            .iter()
-            .find(|o| o.controller == Some(true))
-        {
-            mirror_on_trigger(&ctx, &namespace, owner, &name, phase).await?;
-            if let Some(cluster) = &cluster {
-                prune(&api, cluster, &owner.uid, ctx.history).await;
-            }
+        conclude(&ctx, &api, &request, phase).await?;
+        if let (Some(owner), Some(cluster)) = (controller_of(&request), &cluster) {
+            prune(&api, cluster, &owner.uid, ctx.history).await;
         }
         return Ok(Action::await_change());
     }
     Ok(Action::requeue(POLL))
+}
+
+/// A finished request: its outcome on the object that asked for it, then its block-move
+/// released and the outcome recorded on it.
+async fn conclude(
+    ctx: &Context,
+    api: &Api<CertificateRefresh>,
+    request: &CertificateRefresh,
+    phase: RequestPhase,
+) -> Result<(), Error> {
+    if let Some(owner) = controller_of(request) {
+        let namespace = request.namespace().unwrap_or_default();
+        mirror_on_trigger(ctx, &namespace, owner, &request.name_any(), phase).await?;
+    }
+    release_move(api, request, phase).await
+}
+
+/// The request's controlling owner: the object whose trigger created it, or that adopted it.
+fn controller_of(request: &CertificateRefresh) -> Option<&OwnerReference> {
+    request
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true))
 }
 
 /// The target's CK8s Machines that are not being deleted, as the caches show them; `None` when

@@ -21,11 +21,7 @@ pub(super) fn event_target(
     namespace: &str,
 ) -> k8s_openapi::api::core::v1::ObjectReference {
     // The object whose trigger created it (or which adopted it).
-    if let Some(owner) = request
-        .owner_references()
-        .iter()
-        .find(|o| o.controller == Some(true))
-    {
+    if let Some(owner) = super::controller_of(request) {
         return k8s_openapi::api::core::v1::ObjectReference {
             api_version: Some(owner.api_version.clone()),
             kind: Some(owner.kind.clone()),

@@ -342,13 +342,17 @@ async fn a_failure_stops_the_fleet_and_continue_on_failure_carries_on() {
             node.machine
         );
     }
-    assert_eq!(
-        cluster_annotations(&env, "beta")
-            .await
-            .get(REFRESH_CERTIFICATES_STATUS)
-            .map(String::as_str),
-        Some("failed")
-    );
+    // Shown on the Cluster right after the request's status.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cluster_annotations(&env, "beta")
+        .await
+        .get(REFRESH_CERTIFICATES_STATUS)
+        .map(String::as_str)
+        != Some("failed")
+    {
+        assert!(Instant::now() < deadline, "the Cluster never showed failed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     assert!(
         cluster_event_reasons(&env, "fleet", "beta")
             .await
