@@ -326,31 +326,26 @@ impl Environment {
         nodes
     }
 
-    pub fn cluster_api(&self, client: Client, namespace: &str) -> Api<DynamicObject> {
+    /// A Cluster API kind (`Cluster`, `MachineDeployment`, `Machine`) in the served version.
+    pub fn capi_api(&self, client: Client, namespace: &str, kind: &str) -> Api<DynamicObject> {
         let resource = ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
             ck8s_certs_api::capi::GROUP,
             self.spec.capi_version.storage_version(),
-            "Cluster",
+            kind,
         ));
         Api::namespaced_with(client, namespace, &resource)
+    }
+
+    pub fn cluster_api(&self, client: Client, namespace: &str) -> Api<DynamicObject> {
+        self.capi_api(client, namespace, "Cluster")
     }
 
     pub fn machine_deployment_api(&self, client: Client, namespace: &str) -> Api<DynamicObject> {
-        let resource = ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
-            ck8s_certs_api::capi::GROUP,
-            self.spec.capi_version.storage_version(),
-            "MachineDeployment",
-        ));
-        Api::namespaced_with(client, namespace, &resource)
+        self.capi_api(client, namespace, "MachineDeployment")
     }
 
     pub fn machine_api(&self, client: Client, namespace: &str) -> Api<DynamicObject> {
-        let resource = ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
-            ck8s_certs_api::capi::GROUP,
-            self.spec.capi_version.storage_version(),
-            "Machine",
-        ));
-        Api::namespaced_with(client, namespace, &resource)
+        self.capi_api(client, namespace, "Machine")
     }
 
     pub async fn patch_machine(&self, node: &NodeInfo, patch: serde_json::Value) {

@@ -580,21 +580,23 @@ async fn machine_deployment_control_plane_and_selector_targets() {
         counts
     };
 
-    // The MachineDeployment's workers, two at a time; the control planes untouched.
-    api.create(
-        &PostParams::default(),
-        &request_for(
-            "delta-workers",
-            json!({ "machineDeployment": "delta-md-0" }),
-            "fleet-delta",
-        ),
-    )
-    .await
-    .unwrap();
-    let status = finished(&env, "fleet", "delta-workers")
+    // Creates a request of `target` and waits for it to finish.
+    let run_request = async |name: &str, target: serde_json::Value| {
+        api.create(
+            &PostParams::default(),
+            &request_for(name, target, "fleet-delta"),
+        )
         .await
-        .status
         .unwrap();
+        finished(&env, "fleet", name).await.status.unwrap()
+    };
+
+    // The MachineDeployment's workers, two at a time; the control planes untouched.
+    let status = run_request(
+        "delta-workers",
+        json!({ "machineDeployment": "delta-md-0" }),
+    )
+    .await;
     assert_eq!(status.phase, Some(RequestPhase::Succeeded), "{status:?}");
     assert_eq!(status.progress.as_deref(), Some("3/3"));
     assert_eq!(run_counts(&workers).await, vec![1, 1, 1]);
@@ -606,20 +608,11 @@ async fn machine_deployment_control_plane_and_selector_targets() {
     assert_order(&[], &worker_runs, 2);
 
     // The control plane object's Machines, one at a time.
-    api.create(
-        &PostParams::default(),
-        &request_for(
-            "delta-control-plane",
-            json!({ "controlPlane": "delta-control-plane" }),
-            "fleet-delta",
-        ),
+    let status = run_request(
+        "delta-control-plane",
+        json!({ "controlPlane": "delta-control-plane" }),
     )
-    .await
-    .unwrap();
-    let status = finished(&env, "fleet", "delta-control-plane")
-        .await
-        .status
-        .unwrap();
+    .await;
     assert_eq!(status.phase, Some(RequestPhase::Succeeded), "{status:?}");
     assert_eq!(status.progress.as_deref(), Some("2/2"));
     let mut cp_runs = Vec::new();
@@ -631,17 +624,11 @@ async fn machine_deployment_control_plane_and_selector_targets() {
 
     // A selector: the Machines it matches; one that matches nothing ends at once and says so;
     // an invalid one is refused before anything starts.
-    api.create(
-        &PostParams::default(),
-        &request_for(
-            "delta-one",
-            json!({ "selector": { "matchLabels": { "cluster.x-k8s.io/cluster-name": "delta", "cluster.x-k8s.io/deployment-name": "delta-md-0" }, "matchExpressions": [{ "key": "cluster.x-k8s.io/control-plane", "operator": "DoesNotExist" }] } }),
-            "fleet-delta",
-        ),
+    let status = run_request(
+        "delta-one",
+        json!({ "selector": { "matchLabels": { "cluster.x-k8s.io/cluster-name": "delta", "cluster.x-k8s.io/deployment-name": "delta-md-0" }, "matchExpressions": [{ "key": "cluster.x-k8s.io/control-plane", "operator": "DoesNotExist" }] } }),
     )
-    .await
-    .unwrap();
-    let status = finished(&env, "fleet", "delta-one").await.status.unwrap();
+    .await;
     assert_eq!(status.phase, Some(RequestPhase::Succeeded), "{status:?}");
     assert_eq!(run_counts(&workers).await, vec![2, 2, 2]);
     for (name, selector, message) in [
@@ -656,13 +643,7 @@ async fn machine_deployment_control_plane_and_selector_targets() {
             "Refused: spec.target.selector.matchExpressions[0].values: must be non-empty when the operator is In; create a new request with a valid selector",
         ),
     ] {
-        api.create(
-            &PostParams::default(),
-            &request_for(name, json!({ "selector": selector }), "fleet-delta"),
-        )
-        .await
-        .unwrap();
-        let status = finished(&env, "fleet", name).await.status.unwrap();
+        let status = run_request(name, json!({ "selector": selector })).await;
         assert_eq!(status.phase, Some(RequestPhase::Failed));
         assert_eq!(status.message.as_deref(), Some(message));
         assert!(status.machines.is_empty());
