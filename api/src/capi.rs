@@ -55,6 +55,13 @@ pub fn kubeconfig_secret_name(cluster: &str) -> String {
 /// Key of the kubeconfig in [`kubeconfig_secret_name`].
 pub const KUBECONFIG_SECRET_KEY: &str = "value";
 
+/// API group, kind and plural of the CK8s control plane provider's control plane object. Its
+/// version is discovered at start (the kind is optional: without it, the control-plane object's
+/// trigger is off).
+pub const CONTROL_PLANE_GROUP: &str = "controlplane.cluster.x-k8s.io";
+pub const CK8S_CONTROL_PLANE_KIND: &str = "CK8sControlPlane";
+pub const CK8S_CONTROL_PLANE_PLURAL: &str = "ck8scontrolplanes";
+
 /// API group / version / kind of the CK8s bootstrap config that marks a Machine as a CK8s one.
 pub const CK8S_CONFIG_GROUP: &str = "bootstrap.cluster.x-k8s.io";
 pub const CK8S_CONFIG_VERSION: &str = "v1beta2";

@@ -10,6 +10,7 @@ pub mod annotations;
 pub mod capi;
 pub mod certificate_refresh;
 pub mod cluster_certificates;
+pub mod control_plane;
 pub mod crds;
 pub mod duration;
 pub mod k8sd;

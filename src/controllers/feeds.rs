@@ -2,21 +2,67 @@
 //! kube-runtime Controller over its subscriptions, started at once and reconciling only once
 //! the caches are synced.
 
+use ck8s_certs_api::control_plane::{ControlPlane, ControlPlaneVersion};
+
 use super::*;
 
 /// The streams the fleet controllers are fed.
-pub(super) struct FleetFeeds<R, M, C, D> {
+pub(super) struct FleetFeeds<R, M, C, D, P> {
     pub(super) requests: R,
     pub(super) machines: M,
     pub(super) clusters: C,
     pub(super) deployments: D,
+    /// Present when the CK8s control plane kind is installed.
+    pub(super) control_planes: Option<P>,
     pub(super) store: Store<CertificateRefresh>,
+}
+
+/// The served version of the CK8s control plane kind, or `None` when it is not installed (then
+/// its trigger is off until the next start). Discovery is retried briefly: a management API
+/// server that hiccups at start should not turn the trigger off.
+pub(super) async fn control_plane_version(client: &Client) -> Option<ControlPlaneVersion> {
+    use ck8s_certs_api::capi::{CK8S_CONTROL_PLANE_KIND, CONTROL_PLANE_GROUP};
+    for attempt in 1..=3 {
+        match kube::discovery::group(client, CONTROL_PLANE_GROUP).await {
+            Ok(group) => {
+                let found = group
+                    .resources_by_stability()
+                    .into_iter()
+                    .find(|(resource, _)| resource.kind == CK8S_CONTROL_PLANE_KIND)
+                    .map(|(resource, _)| ControlPlaneVersion(resource.version));
+                match &found {
+                    Some(version) => {
+                        tracing::info!(version = %version.0, "Watching CK8sControlPlanes for the refresh trigger")
+                    }
+                    None => {
+                        tracing::info!("CK8sControlPlane is not served: its refresh trigger is off")
+                    }
+                }
+                return found;
+            }
+            Err(kube::Error::Discovery(_)) => {
+                tracing::info!(
+                    group = CONTROL_PLANE_GROUP,
+                    "No control plane provider installed: the CK8sControlPlane refresh trigger is off"
+                );
+                return None;
+            }
+            Err(err) if attempt < 3 => {
+                tracing::debug!(error = %err, "Discovering the control plane kind failed; retrying");
+                tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "Discovering the control plane kind failed: the CK8sControlPlane refresh trigger is off until a restart");
+            }
+        }
+    }
+    None
 }
 
 /// Runs the fleet controllers: the requests, and the Cluster triggers that create them (both
 /// act only once the caches are synced).
-pub(super) async fn fleet_controllers<R, M, C, D>(
-    feeds: FleetFeeds<R, M, C, D>,
+pub(super) async fn fleet_controllers<R, M, C, D, P>(
+    feeds: FleetFeeds<R, M, C, D, P>,
     ctx: Arc<fleet::Context>,
     stores: Stores,
     stop: CancellationToken,
@@ -25,6 +71,7 @@ pub(super) async fn fleet_controllers<R, M, C, D>(
     M: futures::Stream<Item = Result<Machine, watcher::Error>> + Send + 'static,
     C: futures::Stream<Item = Result<Cluster, watcher::Error>> + Send + 'static,
     D: futures::Stream<Item = Result<MachineDeployment, watcher::Error>> + Send + 'static,
+    P: futures::Stream<Item = Result<ControlPlane, watcher::Error>> + Send + 'static,
 {
     // The subscriptions are read from the start: a watch waits for a subscriber that falls
     // behind, so one not read until the caches are synced would keep them from ever syncing
@@ -50,14 +97,38 @@ pub(super) async fn fleet_controllers<R, M, C, D>(
         .for_each(|_| async {});
     let deployment_triggers =
         Controller::for_stream_with(feeds.deployments, stores.deployments.clone(), capi)
-            .graceful_shutdown_on(stop.cancelled_owned())
+            .graceful_shutdown_on(stop.clone().cancelled_owned())
             .run(
                 fleet::trigger::reconcile_deployment,
                 fleet::trigger::error_policy,
-                ctx,
+                ctx.clone(),
             )
             .for_each(|_| async {});
-    futures::future::join3(requests, triggers, deployment_triggers).await;
+    let control_plane_triggers = async move {
+        let (Some(events), Some(store), Some(version)) = (
+            feeds.control_planes,
+            stores.control_planes.clone(),
+            ctx.control_plane.clone(),
+        ) else {
+            return;
+        };
+        Controller::for_stream_with(events, store, version)
+            .graceful_shutdown_on(stop.cancelled_owned())
+            .run(
+                fleet::trigger::reconcile_control_plane,
+                fleet::trigger::error_policy,
+                ctx,
+            )
+            .for_each(|_| async {})
+            .await;
+    };
+    futures::future::join4(
+        requests,
+        triggers,
+        deployment_triggers,
+        control_plane_triggers,
+    )
+    .await;
 }
 
 /// A fleet request as cached: without `managedFields`.

@@ -23,6 +23,7 @@ use ck8s_certs_api::annotations::{
     FLEET_REQUEST, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS, RefreshStatus,
 };
 use ck8s_certs_api::certificate_refresh::{CertificateRefresh, MachinePhase, RequestPhase, Role};
+use ck8s_certs_api::control_plane::ControlPlaneVersion;
 use ck8s_certs_api::machine::{CapiVersion, ClusterView, Machine, MachineView};
 use ck8s_certs_api::machine_certificates::{MachineCertificates, Phase};
 use jiff::Timestamp;
@@ -68,6 +69,8 @@ pub struct Context {
     pub watch_filter: Option<String>,
     /// True once every cache holds a full list: a request is planned on complete information.
     pub synced: tokio::sync::watch::Receiver<bool>,
+    /// The served version of the CK8s control plane kind, when it is installed (its trigger).
+    pub control_plane: Option<ControlPlaneVersion>,
 }
 
 /// Until the caches are synced, a reconcile comes back later.

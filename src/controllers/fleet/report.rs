@@ -2,16 +2,18 @@
 //! it, the outcome in that object's annotations, and the finished requests kept as history.
 
 use ck8s_certs_api::annotations::{FLEET_REQUEST, REFRESH_CERTIFICATES_STATUS, RefreshStatus};
-use ck8s_certs_api::capi::CLUSTER_NAME_LABEL;
+use ck8s_certs_api::capi::{CK8S_CONTROL_PLANE_KIND, CLUSTER_NAME_LABEL};
 use ck8s_certs_api::certificate_refresh::{CertificateRefresh, RequestPhase};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::core::GroupVersionKind;
 use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use tracing::warn;
 
-use super::{Context, Error, cluster_of, plan, trigger};
+use super::{Context, Error, cluster_of, plan};
 use crate::controllers::stores::get_capi;
 
 /// The Cluster of a fleet request (or the Machine of a one-Machine request) Events go to.
@@ -65,8 +67,8 @@ pub(super) async fn publish(
     }
 }
 
-/// The outcome on the Cluster or MachineDeployment whose trigger created the request, as on a
-/// Machine.
+/// The outcome on the Cluster, MachineDeployment or control plane object whose trigger created
+/// the request, as on a Machine.
 pub(super) async fn mirror_on_trigger(
     ctx: &Context,
     namespace: &str,
@@ -79,6 +81,15 @@ pub(super) async fn mirror_on_trigger(
             .map(|c| c.annotations.clone()),
         "MachineDeployment" => get_capi(&ctx.stores.deployments, ctx.capi, namespace, &owner.name)
             .map(|d| d.annotations.clone()),
+        CK8S_CONTROL_PLANE_KIND => ctx
+            .stores
+            .control_planes
+            .as_ref()
+            .zip(ctx.control_plane.clone())
+            .and_then(|(store, version)| {
+                store.get(&ObjectRef::new_with(&owner.name, version).within(namespace))
+            })
+            .map(|c| c.annotations.clone()),
         _ => None,
     };
     let Some(annotations) = annotations else {
@@ -95,7 +106,14 @@ pub(super) async fn mirror_on_trigger(
     if annotations.get(REFRESH_CERTIFICATES_STATUS) == Some(status.as_str()) {
         return Ok(());
     }
-    let objects = trigger::dynamic(ctx, namespace, &owner.kind);
+    // The owner's own group and version (a control plane object is not a core CAPI kind).
+    let (group, version) = owner
+        .api_version
+        .split_once('/')
+        .unwrap_or(("", owner.api_version.as_str()));
+    let gvk = GroupVersionKind::gvk(group, version, &owner.kind);
+    let objects: Api<DynamicObject> =
+        Api::namespaced_with(ctx.client.clone(), namespace, &ApiResource::from_gvk(&gvk));
     let patch =
         json!({ "metadata": { "annotations": { REFRESH_CERTIFICATES_STATUS: status.as_str() }}});
     match objects

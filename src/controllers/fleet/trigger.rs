@@ -1,5 +1,5 @@
 //! `kubectl annotate cluster <c> v1beta2.k8sd.io/refresh-certificates=<ttl>` (or the same on a
-//! MachineDeployment): one fleet `CertificateRefresh` per annotation, owned by the annotated
+//! MachineDeployment or a CK8sControlPlane): one fleet `CertificateRefresh` per annotation, owned by the annotated
 //! object, in two writes on it so that a restart between them creates that request and not a
 //! second one:
 //! 1. the request's name is set aside on the object (`certificates.ck8s.io/fleet-request-pending`);
@@ -15,13 +15,14 @@ use ck8s_certs_api::annotations::{
     FLEET_REQUEST, FLEET_REQUEST_PENDING, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS,
     RefreshStatus,
 };
-use ck8s_certs_api::capi::GROUP;
 use ck8s_certs_api::capi::{
-    BLOCK_MOVE_ANNOTATION, BLOCK_MOVE_OWNER, CLUSTER_NAME_LABEL, WATCH_FILTER_LABEL,
+    BLOCK_MOVE_ANNOTATION, BLOCK_MOVE_OWNER, CK8S_CONTROL_PLANE_KIND, CLUSTER_NAME_LABEL,
+    CONTROL_PLANE_GROUP, GROUP, WATCH_FILTER_LABEL,
 };
 use ck8s_certs_api::certificate_refresh::{
     CertificateRefresh, CertificateRefreshSpec, Origin, Target,
 };
+use ck8s_certs_api::control_plane::ControlPlane;
 use ck8s_certs_api::machine::{Cluster, Pairs};
 use ck8s_certs_api::machine_deployment::MachineDeployment;
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -198,8 +199,57 @@ pub async fn reconcile_deployment(
     .await
 }
 
+/// `kubectl annotate ck8scontrolplane …` (only watched when the kind is installed).
+pub async fn reconcile_control_plane(
+    control_plane: Arc<ControlPlane>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    if let Some(later) = super::not_synced(&ctx) {
+        return Ok(later);
+    }
+    let Some(version) = ctx.control_plane.clone() else {
+        return Ok(Action::await_change());
+    };
+    let namespace = control_plane.namespace().unwrap_or_default();
+    let name = control_plane.name_any();
+    let empty = Default::default();
+    let (Some(owner), Some(cluster)) = (
+        owner_ref(control_plane.as_ref(), &version),
+        control_plane.cluster_name.clone(),
+    ) else {
+        return Ok(Action::await_change());
+    };
+    let cluster_paused =
+        get_capi(&ctx.stores.clusters, ctx.capi, &namespace, &cluster).is_some_and(|c| c.paused);
+    let gvk = GroupVersionKind::gvk(CONTROL_PLANE_GROUP, &version.0, CK8S_CONTROL_PLANE_KIND);
+    handle(
+        &ctx,
+        Triggered {
+            api: Api::namespaced_with(ctx.client.clone(), &namespace, &ApiResource::from_gvk(&gvk)),
+            kind: CK8S_CONTROL_PLANE_KIND,
+            uid: control_plane.uid().unwrap_or_default(),
+            labels: control_plane.metadata.labels.as_ref().unwrap_or(&empty),
+            annotations: &control_plane.annotations,
+            trigger_manager: control_plane.trigger_manager.clone(),
+            idle: control_plane.paused
+                || cluster_paused
+                || control_plane.metadata.deletion_timestamp.is_some(),
+            target: Target {
+                control_plane: Some(name.clone()),
+                ..Default::default()
+            },
+            owner,
+            reference: control_plane.object_ref(&version),
+            cluster,
+            namespace,
+            name,
+        },
+    )
+    .await
+}
+
 /// A CAPI object of `kind` in the served version, to patch.
-pub(super) fn dynamic(ctx: &Context, namespace: &str, kind: &str) -> Api<DynamicObject> {
+fn dynamic(ctx: &Context, namespace: &str, kind: &str) -> Api<DynamicObject> {
     let gvk = GroupVersionKind::gvk(GROUP, ctx.capi.as_str(), kind);
     Api::namespaced_with(ctx.client.clone(), namespace, &ApiResource::from_gvk(&gvk))
 }

@@ -319,10 +319,18 @@ impl Environment {
             .patch(cluster, &PatchParams::default(), &label)
             .await
             .expect("label the Cluster");
-        self.machine_deployment_api(client, &namespace)
+        self.machine_deployment_api(client.clone(), &namespace)
             .patch(&format!("{cluster}-md-0"), &PatchParams::default(), &label)
             .await
             .expect("label the MachineDeployment");
+        self.control_plane_api(client, &namespace)
+            .patch(
+                &crate::fixtures::control_plane_name(cluster),
+                &PatchParams::default(),
+                &label,
+            )
+            .await
+            .expect("label the CK8sControlPlane");
         nodes
     }
 
@@ -342,6 +350,16 @@ impl Environment {
 
     pub fn machine_deployment_api(&self, client: Client, namespace: &str) -> Api<DynamicObject> {
         self.capi_api(client, namespace, "MachineDeployment")
+    }
+
+    /// The clusters' CK8sControlPlanes (`<cluster>-control-plane`).
+    pub fn control_plane_api(&self, client: Client, namespace: &str) -> Api<DynamicObject> {
+        let resource = ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
+            ck8s_certs_api::capi::CONTROL_PLANE_GROUP,
+            crate::fixtures::CK8S_CONTROL_PLANE_VERSION,
+            ck8s_certs_api::capi::CK8S_CONTROL_PLANE_KIND,
+        ));
+        Api::namespaced_with(client, namespace, &resource)
     }
 
     pub fn machine_api(&self, client: Client, namespace: &str) -> Api<DynamicObject> {

@@ -1,7 +1,7 @@
 //! What a CK8s fleet under Cluster API looks like, as objects.
 //!
 //! Management cluster, per workload cluster: a Cluster, a MachineDeployment `<cluster>-md-0`
-//! (its workers), Machines (control planes and workers,
+//! (its workers), a CK8sControlPlane `<cluster>-control-plane` (its control planes), Machines (control planes and workers,
 //! labelled, owned by the Cluster, with a `CK8sConfig` bootstrap configRef and a `status.nodeRef`), their CK8sConfigs
 //! (owned by the Machine), and the Secrets `<cluster>-kubeconfig` and `<cluster>-token`.
 //! Workload cluster: a Ready Node per Machine (its own loopback InternalIP, kubelet port) and a
@@ -102,6 +102,15 @@ impl ClusterSpec {
             })
             .collect()
     }
+}
+
+/// The version of the test environment's CK8sControlPlane CRD (`crds/`), the provider's.
+pub const CK8S_CONTROL_PLANE_VERSION: &str = "v1beta2";
+
+/// A cluster's CK8sControlPlane, and the `cluster.x-k8s.io/control-plane-name` of its control
+/// planes.
+pub fn control_plane_name(cluster: &str) -> String {
+    format!("{cluster}-control-plane")
 }
 
 /// Five lowercase alphanumerics, like generated names.
@@ -294,6 +303,31 @@ pub async fn create_management_objects(
     )
     .await?;
 
+    // Its control planes' CK8sControlPlane, labelled and owned as CAPI's Cluster controller
+    // does with the control plane it references (no controller acts on it either).
+    create_dynamic(
+        &dynamic_api(
+            client,
+            capi::CONTROL_PLANE_GROUP,
+            CK8S_CONTROL_PLANE_VERSION,
+            capi::CK8S_CONTROL_PLANE_KIND,
+            ns,
+        ),
+        json!({
+            "apiVersion": format!("{}/{CK8S_CONTROL_PLANE_VERSION}", capi::CONTROL_PLANE_GROUP),
+            "kind": capi::CK8S_CONTROL_PLANE_KIND,
+            "metadata": {
+                "name": control_plane_name(&spec.name), "namespace": ns, "labels": cluster_label,
+                "ownerReferences": [{
+                    "apiVersion": format!("{}/{version}", capi::GROUP), "kind": "Cluster",
+                    "name": spec.name, "uid": cluster.metadata.uid, "controller": true
+                }]
+            },
+            "spec": { "replicas": spec.control_planes, "version": "v1.34.4" }
+        }),
+    )
+    .await?;
+
     let machines = dynamic_api(client, capi::GROUP, version, "Machine", ns);
     let configs = dynamic_api(
         client,
@@ -308,8 +342,7 @@ pub async fn create_management_objects(
         match node.role {
             Role::ControlPlane => {
                 labels[capi::CONTROL_PLANE_LABEL] = json!("");
-                labels[capi::CONTROL_PLANE_NAME_LABEL] =
-                    json!(format!("{}-control-plane", spec.name));
+                labels[capi::CONTROL_PLANE_NAME_LABEL] = json!(control_plane_name(&spec.name));
             }
             Role::Worker => {
                 labels[capi::DEPLOYMENT_NAME_LABEL] = json!(deployment);

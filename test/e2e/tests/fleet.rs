@@ -651,95 +651,121 @@ async fn machine_deployment_control_plane_and_selector_targets() {
     assert_eq!(run_counts(&workers).await, vec![2, 2, 2]);
     assert_eq!(run_counts(&cps).await, vec![1, 1]);
 
-    // The annotation on the MachineDeployment: a bad TTL is refused there, before anything
-    // starts; a good one refreshes its workers and shows the outcome there.
-    let deployments = env.machine_deployment_api(env.management().await.unwrap(), "fleet");
-    for (ttl, outcome) in [("forever", "failed"), ("1y", "done")] {
-        deployments
-            .patch(
-                "delta-md-0",
-                &PatchParams {
-                    field_manager: Some("kubectl-annotate".into()),
-                    ..Default::default()
-                },
-                &Patch::Merge(
-                    json!({ "metadata": { "annotations": { REFRESH_CERTIFICATES: ttl } } }),
-                ),
-            )
-            .await
-            .unwrap();
-        let deadline = Instant::now() + TIMEOUT;
-        let annotations = loop {
-            let annotations = deployments
-                .get("delta-md-0")
-                .await
-                .unwrap()
-                .metadata
-                .annotations
-                .unwrap_or_default();
-            if !annotations.contains_key(REFRESH_CERTIFICATES)
-                && annotations
-                    .get(REFRESH_CERTIFICATES_STATUS)
-                    .map(String::as_str)
-                    == Some(outcome)
-            {
-                break annotations;
-            }
-            assert!(Instant::now() < deadline, "{ttl}: {annotations:?}");
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        };
-        let request = finished(&env, "fleet", &annotations[FLEET_REQUEST]).await;
-        assert_eq!(
-            request.spec.target.machine_deployment.as_deref(),
-            Some("delta-md-0")
-        );
-        assert_eq!(
-            request.spec.requested_by.as_deref(),
-            Some("kubectl-annotate")
-        );
-        assert_eq!(
-            request.owner_references()[0].kind,
+    // The annotation on the MachineDeployment, then on the CK8sControlPlane: a bad TTL is
+    // refused there, before anything starts; a good one refreshes its Machines (and no other)
+    // and shows the outcome there.
+    let management = env.management().await.unwrap();
+    let triggers = [
+        (
+            env.machine_deployment_api(management.clone(), "fleet"),
+            "delta-md-0",
             "MachineDeployment",
-            "owned by what it was asked on"
-        );
-        let status = request.status.unwrap();
-        if outcome == "failed" {
-            assert!(
-                status
-                    .message
-                    .as_deref()
-                    .is_some_and(|m| m.starts_with("Refused before anything started")),
-                "{status:?}"
+        ),
+        (
+            env.control_plane_api(management.clone(), "fleet"),
+            "delta-control-plane",
+            "CK8sControlPlane",
+        ),
+    ];
+    for (objects, object, kind) in &triggers {
+        let before = (run_counts(&cps).await, run_counts(&workers).await);
+        for (ttl, outcome) in [("forever", "failed"), ("1y", "done")] {
+            objects
+                .patch(
+                    object,
+                    &PatchParams {
+                        field_manager: Some("kubectl-annotate".into()),
+                        ..Default::default()
+                    },
+                    &Patch::Merge(
+                        json!({ "metadata": { "annotations": { REFRESH_CERTIFICATES: ttl } } }),
+                    ),
+                )
+                .await
+                .unwrap();
+            let deadline = Instant::now() + TIMEOUT;
+            let annotations = loop {
+                let annotations = objects
+                    .get(object)
+                    .await
+                    .unwrap()
+                    .metadata
+                    .annotations
+                    .unwrap_or_default();
+                if !annotations.contains_key(REFRESH_CERTIFICATES)
+                    && annotations
+                        .get(REFRESH_CERTIFICATES_STATUS)
+                        .map(String::as_str)
+                        == Some(outcome)
+                {
+                    break annotations;
+                }
+                assert!(Instant::now() < deadline, "{kind} {ttl}: {annotations:?}");
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            };
+            let request = finished(&env, "fleet", &annotations[FLEET_REQUEST]).await;
+            let target = &request.spec.target;
+            let targeted = match *kind {
+                "MachineDeployment" => target.machine_deployment.as_deref(),
+                _ => target.control_plane.as_deref(),
+            };
+            assert_eq!(targeted, Some(*object), "{target:?}");
+            assert_eq!(
+                request.spec.requested_by.as_deref(),
+                Some("kubectl-annotate")
             );
-            assert_eq!(run_counts(&workers).await, vec![2, 2, 2]);
-        } else {
-            assert_eq!(status.progress.as_deref(), Some("3/3"));
-            assert_eq!(run_counts(&workers).await, vec![3, 3, 3]);
+            assert_eq!(
+                request.owner_references()[0].kind,
+                *kind,
+                "owned by what it was asked on"
+            );
+            let status = request.status.unwrap();
+            let counts = (run_counts(&cps).await, run_counts(&workers).await);
+            if outcome == "failed" {
+                assert!(
+                    status
+                        .message
+                        .as_deref()
+                        .is_some_and(|m| m.starts_with("Refused before anything started")),
+                    "{status:?}"
+                );
+                assert_eq!(counts, before, "nothing ran for {kind} {ttl}");
+            } else if *kind == "MachineDeployment" {
+                assert_eq!(status.progress.as_deref(), Some("3/3"));
+                assert_eq!(counts, (before.0.clone(), vec![3, 3, 3]));
+            } else {
+                assert_eq!(status.progress.as_deref(), Some("2/2"));
+                assert_eq!(counts, (vec![2, 2], before.1.clone()));
+                // One at a time: the second control plane's run after the first one's.
+                let mut cp_runs = Vec::new();
+                for cp in &cps {
+                    cp_runs.extend(runs(&env, cp).await.into_iter().skip(1));
+                }
+                assert_order(&cp_runs, &[], 1);
+            }
+        }
+        let events: Api<Event> = Api::namespaced(management.clone(), "fleet");
+        let reasons: Vec<String> = events
+            .list(&ListParams::default().fields(&format!(
+                "involvedObject.name={object},involvedObject.kind={kind}"
+            )))
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter_map(|e| e.reason)
+            .collect();
+        for reason in [
+            "CertificatesFleetRefreshRequested",
+            "CertificatesFleetRefreshRefused",
+            "CertificatesFleetRefreshSucceeded",
+        ] {
+            assert!(
+                reasons.iter().any(|r| r == reason),
+                "{kind}: {reason} in {reasons:?}"
+            );
         }
     }
-    let events: Api<Event> = Api::namespaced(env.management().await.unwrap(), "fleet");
-    let reasons: Vec<String> = events
-        .list(
-            &ListParams::default()
-                .fields("involvedObject.name=delta-md-0,involvedObject.kind=MachineDeployment"),
-        )
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter_map(|e| e.reason)
-        .collect();
-    for reason in [
-        "CertificatesFleetRefreshRequested",
-        "CertificatesFleetRefreshRefused",
-        "CertificatesFleetRefreshSucceeded",
-    ] {
-        assert!(
-            reasons.iter().any(|r| r == reason),
-            "{reason} in {reasons:?}"
-        );
-    }
-    assert_eq!(run_counts(&cps).await, vec![1, 1]);
 
     // Two targets at once: the API server refuses the request.
     let both = api

@@ -1,0 +1,150 @@
+//! A CK8s control plane object (`CK8sControlPlane`, of the CK8s control plane provider) as the
+//! fleet trigger caches it: its identity, labels (the watch filter), its Cluster, the fleet
+//! annotations and the manager of its refresh trigger. Nothing else of the object is kept.
+//!
+//! The provider's kind is optional on a management cluster: its version is the one discovery
+//! recommends at start ([`ControlPlane`]'s dynamic type), and without it nothing is watched.
+
+use std::borrow::Cow;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Resource;
+use kube::core::DynamicResourceScope;
+use serde::Deserialize;
+
+use crate::capi::{
+    CK8S_CONTROL_PLANE_KIND, CK8S_CONTROL_PLANE_PLURAL, CLUSTER_NAME_LABEL, CONTROL_PLANE_GROUP,
+    GROUP, PAUSED_ANNOTATION,
+};
+use crate::machine::{CLUSTER_READ_ANNOTATIONS, Pairs, identity, trigger_manager};
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ControlPlane {
+    /// The identity and labels.
+    pub metadata: ObjectMeta,
+    /// The [`CLUSTER_READ_ANNOTATIONS`] only: its fleet refresh trigger and what became of it.
+    pub annotations: Pairs,
+    /// The field manager that last set the fleet refresh trigger.
+    pub trigger_manager: Option<String>,
+    /// The `cluster.x-k8s.io/cluster-name` label (CAPI's Cluster controller sets it on the
+    /// control plane it references), else the owning Cluster.
+    pub cluster_name: Option<String>,
+    /// The `cluster.x-k8s.io/paused` annotation.
+    pub paused: bool,
+}
+
+/// The served version of the control plane kind, e.g. `v1beta2`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ControlPlaneVersion(pub String);
+
+impl Resource for ControlPlane {
+    type DynamicType = ControlPlaneVersion;
+    type Scope = DynamicResourceScope;
+
+    fn kind(_: &ControlPlaneVersion) -> Cow<'_, str> {
+        Cow::Borrowed(CK8S_CONTROL_PLANE_KIND)
+    }
+    fn group(_: &ControlPlaneVersion) -> Cow<'_, str> {
+        Cow::Borrowed(CONTROL_PLANE_GROUP)
+    }
+    fn version(version: &ControlPlaneVersion) -> Cow<'_, str> {
+        Cow::Borrowed(version.0.as_str())
+    }
+    fn plural(_: &ControlPlaneVersion) -> Cow<'_, str> {
+        Cow::Borrowed(CK8S_CONTROL_PLANE_PLURAL)
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl<'de> Deserialize<'de> for ControlPlane {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Wire {
+            #[serde(default)]
+            metadata: ObjectMeta,
+        }
+        let Wire { mut metadata } = Wire::deserialize(deserializer)?;
+        let trigger_manager = trigger_manager(&metadata);
+        let paused = metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(PAUSED_ANNOTATION));
+        let owning_cluster = || {
+            metadata.owner_references.as_ref()?.iter().find_map(|o| {
+                let group = o.api_version.split_once('/').map(|(g, _)| g);
+                (o.kind == "Cluster" && group == Some(GROUP)).then(|| o.name.clone())
+            })
+        };
+        let cluster_name = metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(CLUSTER_NAME_LABEL).cloned())
+            .or_else(owning_cluster);
+        Ok(Self {
+            annotations: Pairs::new(metadata.annotations.take(), |key| {
+                CLUSTER_READ_ANNOTATIONS.contains(&key)
+            }),
+            trigger_manager,
+            cluster_name,
+            paused,
+            metadata: ObjectMeta {
+                labels: metadata.labels.take().filter(|l| !l.is_empty()),
+                ..identity(&mut metadata)
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::annotations::REFRESH_CERTIFICATES;
+
+    #[test]
+    fn keeps_its_cluster_trigger_and_manager_only() {
+        let cp: ControlPlane = serde_json::from_value(json!({
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "CK8sControlPlane",
+            "metadata": {
+                "name": "c-control-plane", "namespace": "ns", "uid": "u",
+                "labels": { "cluster.x-k8s.io/cluster-name": "c" },
+                "annotations": { REFRESH_CERTIFICATES: "1y", "other": "x" },
+                "managedFields": [{ "manager": "kubectl-annotate", "operation": "Update", "fieldsType": "FieldsV1",
+                    "fieldsV1": { "f:metadata": { "f:annotations": { "f:v1beta2.k8sd.io/refresh-certificates": {} } } } }]
+            },
+            "spec": { "replicas": 3, "version": "v1.34.4" }
+        }))
+        .unwrap();
+        assert_eq!(cp.cluster_name.as_deref(), Some("c"));
+        assert_eq!(cp.annotations.get(REFRESH_CERTIFICATES), Some("1y"));
+        assert_eq!(cp.annotations.len(), 1);
+        assert_eq!(cp.trigger_manager.as_deref(), Some("kubectl-annotate"));
+        assert!(!cp.paused);
+        assert_eq!(cp.metadata.uid.as_deref(), Some("u"));
+        assert!(cp.metadata.managed_fields.is_none() && cp.metadata.annotations.is_none());
+    }
+
+    #[test]
+    fn without_the_cluster_label_its_cluster_is_the_owning_cluster() {
+        let cp: ControlPlane = serde_json::from_value(json!({
+            "metadata": {
+                "name": "cp", "namespace": "ns",
+                "annotations": { PAUSED_ANNOTATION: "" },
+                "ownerReferences": [
+                    { "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "Cluster", "name": "not-capi", "uid": "x" },
+                    { "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster", "name": "c", "uid": "y" }
+                ]
+            }
+        }))
+        .unwrap();
+        assert_eq!(cp.cluster_name.as_deref(), Some("c"));
+        assert!(cp.paused);
+        assert!(cp.metadata.owner_references.is_none());
+    }
+}
