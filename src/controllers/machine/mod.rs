@@ -54,6 +54,7 @@ use crate::refresh::session::{Session, Timeouts};
 use crate::workload::endpoint::{self, Transport};
 use crate::workload::{self, WorkloadError};
 
+mod conclusion;
 mod execute;
 mod expiry;
 mod failure;

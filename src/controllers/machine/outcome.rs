@@ -1,6 +1,8 @@
-//! Recording the outcome of an operation: the operation and conditions first, then the Machine's
-//! annotations, then Events and metrics (idempotent: also used after a crash).
+//! Recording the outcome of an operation: the operation and conditions first (as
+//! [`conclusion`](super::conclusion) computes them), then the Machine's annotations, then Events
+//! and metrics (idempotent: also used after a crash).
 
+use super::conclusion::{Ending, conclude};
 use super::*;
 
 impl Reconciler<'_> {
@@ -12,7 +14,6 @@ impl Reconciler<'_> {
         result: Result<(), Failure>,
     ) -> Result<Action, Error> {
         let now = Self::now();
-        op.finished_at = Some(Time(now));
         let outcome = if result.is_ok() {
             "succeeded"
         } else {
@@ -39,65 +40,16 @@ impl Reconciler<'_> {
                 })
                 .observe(seconds);
         }
-        match result {
-            Ok(()) => {
-                // Any success ends the backoff, and an earlier fail-safe bypass is history.
-                status.failed_attempts = None;
-                status.last_failure_time = None;
-                crate::controllers::governing_policy::forget_window_bypass(&mut status, &op);
-                crate::controllers::governing_policy::show_window_bypass(&mut status, now);
-                status.expiry = op.new_expiry.clone();
-                set_condition(
-                    &mut status,
-                    conditions::READY,
-                    true,
-                    why::REFRESHED,
-                    format!(
-                        "Certificates refreshed; they expire at {}",
-                        op.new_expiry
-                            .as_ref()
-                            .map(crate::controllers::patches::rfc3339)
-                            .unwrap_or_default()
-                    ),
-                    now,
-                );
-            }
-            Err(Failure::Api(err)) => {
-                // Our own write failed: the operation stays as last persisted and is resumed.
-                return Err(err);
-            }
-            Err(failure) => {
-                if op.origin == Origin::Policy {
-                    // Remembered in the object, so the backoff survives restarts and failovers.
-                    status.failed_attempts =
-                        Some(status.failed_attempts.unwrap_or(0).max(0).saturating_add(1));
-                    status.last_failure_time = Some(Time(now));
-                }
-                op.phase = Phase::Failed;
-                let message = crate::controllers::governing_policy::with_hint(
-                    failure.message(&self.view),
-                    &crate::controllers::governing_policy::renew_now_hint(&self.view, &op.ttl),
-                );
-                op.error = Some(message.clone());
-                set_condition(
-                    &mut status,
-                    conditions::READY,
-                    false,
-                    why::REFRESH_FAILED,
-                    message,
-                    now,
-                );
-            }
-        }
-        set_condition(
-            &mut status,
-            conditions::REFRESHING,
-            false,
-            why::IDLE,
-            "No refresh in progress".into(),
-            now,
-        );
-        status.operation = Some(op.clone());
+        let ending = match result {
+            Ok(()) => Ending::Succeeded,
+            // Our own write failed: the operation stays as last persisted and is resumed.
+            Err(Failure::Api(err)) => return Err(err),
+            Err(failure) => Ending::Failed(crate::controllers::governing_policy::with_hint(
+                failure.message(&self.view),
+                &crate::controllers::governing_policy::renew_now_hint(&self.view, &op.ttl),
+            )),
+        };
+        conclude(&mut status, &mut op, ending, now);
         self.write_status(&status).await?;
         crate::failpoint::hit(crate::failpoint::AFTER_OUTCOME_RECORDED);
         self.record(&op).await
