@@ -1,6 +1,7 @@
 //! Taking up a refresh request: a manual trigger (checked, or refused with a reason), an automatic
 //! renewal, or an interrupted operation resumed; control planes of a cluster go first.
 
+use super::conclusion::{Ending, conclude};
 use super::*;
 
 impl Reconciler<'_> {
@@ -12,39 +13,23 @@ impl Reconciler<'_> {
         error: String,
     ) -> Result<Action, Error> {
         let now = Self::now();
-        status.operation = Some(Operation {
-            origin: self.origin(),
-            requested_by: self.requested_by(),
-            trigger: Some(trigger.to_owned()),
+        let mut op = Operation {
             request: self.request(),
             fleet: self.fleet(),
-            ttl: trigger.to_owned(),
             ttl_seconds: None,
-            seed: None,
-            phase: Phase::Failed,
-            run_attempts: 0,
-            started_at: Time(now),
-            finished_at: Some(Time(now)),
-            new_expiry: None,
-            error: Some(error.clone()),
-            note: None,
-            matched_window: None,
-            bypassed_windows: false,
-            carrier: None,
-        });
-        set_condition(
-            &mut status,
-            conditions::READY,
-            false,
-            why::REFRESH_FAILED,
-            error.clone(),
-            now,
-        );
+            ..Operation::pending(
+                self.origin(),
+                self.requested_by(),
+                Some(trigger.to_owned()),
+                trigger.to_owned(),
+                0,
+                Time(now),
+            )
+        };
+        conclude(&mut status, &mut op, Ending::Failed(error.clone()), now);
         self.write_status(&status).await?;
-        if let Some(op) = &status.operation {
-            self.open_record(op).await?;
-            self.keep_history(op).await?;
-        }
+        self.open_record(&op).await?;
+        self.keep_history(&op).await?;
         self.patch_machine(&MachineChanges {
             status: Some(RefreshStatus::Failed),
             remove_trigger: Some(trigger),
