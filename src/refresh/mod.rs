@@ -26,6 +26,10 @@ pub trait NodeApi: Send {
         &mut self,
         request: &RunRequest,
     ) -> impl Future<Output = Result<RunResponse, K8sdError>> + Send;
+    /// The fingerprint of the certificate the node presented (trust on first use), once known.
+    fn fingerprint(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The approve call, sent to a control-plane node of the same cluster.

@@ -168,6 +168,10 @@ impl NodeApi for Session {
         let timeout = self.timeouts.run;
         self.call(path::RUN, request, timeout).await
     }
+
+    fn fingerprint(&self) -> Option<String> {
+        Session::fingerprint(self).map(|f| f.to_string())
+    }
 }
 
 impl ApproveApi for Session {

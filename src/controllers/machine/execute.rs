@@ -1,5 +1,6 @@
-//! Carrying out an operation: under the cluster's lock, `plan`, the seed recorded before `run`,
-//! `run` (with `approve` on a control plane for a worker), the outcome.
+//! Carrying out an operation: under the cluster's lock, the node (and a control plane to approve
+//! a worker's CSRs) reached, waiting while they restart; then the [`attempts`] on the node, with
+//! the Machine's status as their journal; then the outcome.
 
 use super::*;
 
@@ -104,13 +105,8 @@ impl Reconciler<'_> {
         }
     }
 
-    /// Everything up to the outcome of `run`. Progress is written to `status` as it happens.
-    ///
-    /// Every attempt is a fresh `plan` whose seed is recorded before its `run` is sent; an
-    /// attempt whose outcome is unknown (no answer, or a crash while it ran) is followed by a new
-    /// `plan`, never by the same seed again: released k8sd refuses a worker `run` with a seed
-    /// whose CSRs exist, and after a lost answer it skips the restart, so only a new `run` whose
-    /// answer arrives tells what the node serves. At most [`MAX_RUN_SENDS`] attempts.
+    /// Everything up to the outcome of `run`. Progress is written to `status` as it happens
+    /// (see [`attempts`] for the rules of the attempts on the node).
     pub(super) async fn refresh(
         &self,
         status: &mut MachineCertificatesStatus,
@@ -146,109 +142,23 @@ impl Reconciler<'_> {
                 }
             }),
         };
-        let retry = self.ctx.config.retry.clone();
-        loop {
-            if op.phase == Phase::Running
-                && let Some(seed) = op.seed
-            {
-                // The run of `seed` has no known outcome.
-                if op.run_attempts >= MAX_RUN_SENDS {
-                    return Err(Failure::Message(format!(
-                        "run was sent {} times without an answer (last seed {seed}); the node may hold new certificates that it does not serve yet",
-                        op.run_attempts
-                    )));
-                }
-                info!(
-                    seed,
-                    attempts = op.run_attempts,
-                    "The outcome of run is unknown: refreshing again with a new plan"
-                );
-            }
-            let plan = loop {
-                match flow::plan(&mut node.session, &retry).await {
-                    Ok(plan) => break plan,
-                    Err(err) => {
-                        let failure = Failure::k8sd("plan", err);
-                        if !failure.unavailable() {
-                            return Err(failure);
-                        }
-                        self.pause(&mut wait, status, op, "the node's k8sd", &failure)
-                            .await?;
-                    }
-                }
-            };
-            if self.ctx.stop.is_cancelled() && op.seed.is_none() {
-                return Err(Failure::Stopping);
-            }
-            let seed = plan.seed;
-            op.seed = Some(seed);
-            op.phase = Phase::Running;
-            op.run_attempts = op.run_attempts.saturating_add(1);
-            // Record the seed (and the pinned certificate) before anything changes on the node.
-            status.operation = Some(op.clone());
-            status.k8sd_fingerprint = node.session.fingerprint().map(|f| f.to_string());
-            set_condition(
-                status,
-                conditions::REFRESHING,
-                true,
-                why::REFRESH_IN_PROGRESS,
-                format!("Refreshing with seed {seed}"),
-                Self::now(),
-            );
-            self.record_attempt(status, op).await?;
-            crate::failpoint::hit(crate::failpoint::AFTER_SEED_RECORDED);
-            if op.run_attempts == 1 {
-                // On the node from now on: its record exists while it runs, so `clusterctl move`
-                // (which finds objects before it waits for our block-move) takes it along. Not
-                // before: an operation that never got here starts over under another name.
-                // Housekeeping: without it now, the outcome creates it.
-                if let Err(err) = self.open_record(op).await {
-                    warn!(error = %err, "Could not open the refresh record; it is written at the end");
-                }
-            }
-            tracing::Span::current().record("seed", seed);
-
-            let request = RunRequest {
-                certificates: None,
-                seed,
-                expiration_seconds: op.ttl_seconds.unwrap_or_default(),
-                extra_sans: (role == Role::ControlPlane).then(|| node.sans.clone()),
-            };
-            let (answered, approve_error) = match approver.as_mut() {
-                None => (node.session.run(&request).await, None),
-                Some(approver) => {
-                    let worker = flow::run_worker(&mut node.session, approver, &request).await;
-                    if worker.approve_abandoned
-                        && let (Err(err), Some(approve)) = (&worker.run, &worker.approve_error)
-                    {
-                        // Nothing approved the CSRs: the cause is known, a new plan would not help.
-                        return Err(Failure::Message(format!(
-                            "Approving the worker's CSRs failed ({approve}), and run then failed: {err}"
-                        )));
-                    }
-                    (worker.run, worker.approve_error)
-                }
-            };
-            match answered {
-                Ok(response) => {
-                    crate::failpoint::hit(crate::failpoint::AFTER_RUN_ANSWERED);
-                    let outcome = flow::interpret_run(&response, Self::now())
-                        .map_err(|e| Failure::k8sd("run", e))?;
-                    if let Some(err) = approve_error {
-                        // Recorded, not reported as a failure: run's answer is the outcome.
-                        op.note = Some(format!(
-                            "approve answered an error that did not stop the refresh: {err}"
-                        ));
-                    }
-                    self.succeed(op, outcome)?;
-                    return Ok(node);
-                }
-                Err(err) if flow::outcome_unknown(&err) => {
-                    warn!(seed, error = %err, "run got no answer; its outcome is unknown");
-                }
-                Err(err) => return Err(Failure::k8sd("run", err)),
-            }
-        }
+        let mut journal = StatusJournal {
+            reconciler: self,
+            status,
+            wait,
+        };
+        let extra_sans = (role == Role::ControlPlane).then(|| node.sans.clone());
+        let retry = &self.ctx.config.retry;
+        attempts::carry_out(
+            &mut node.session,
+            approver.as_mut(),
+            op,
+            extra_sans,
+            retry,
+            &mut journal,
+        )
+        .await?;
+        Ok(node)
     }
 
     /// Waits while something the refresh needs does not answer (a node or control plane
@@ -294,31 +204,58 @@ impl Reconciler<'_> {
             () = self.ctx.stop.cancelled(), if op.seed.is_none() => Err(Failure::Stopping),
         }
     }
+}
 
-    pub(super) fn succeed(
-        &self,
+/// The attempts' journal is the Machine's status: the seed (and the pinned certificate) are
+/// recorded there before `run`, and waits are shown in the Refreshing condition.
+struct StatusJournal<'r, 'a> {
+    reconciler: &'r Reconciler<'a>,
+    status: &'r mut MachineCertificatesStatus,
+    wait: Wait,
+}
+
+impl attempts::Journal for StatusJournal<'_, '_> {
+    async fn record(
+        &mut self,
         op: &mut Operation,
-        outcome: flow::RunOutcome,
+        fingerprint: Option<String>,
     ) -> Result<(), Failure> {
-        op.phase = Phase::Succeeded;
-        op.new_expiry = Some(Time(outcome.not_after));
-        let mut notes = Vec::new();
-        if let Some(note) = op.note.take() {
-            notes.push(note);
+        let seed = op.seed.unwrap_or_default();
+        self.status.operation = Some(op.clone());
+        self.status.k8sd_fingerprint = fingerprint;
+        set_condition(
+            self.status,
+            conditions::REFRESHING,
+            true,
+            why::REFRESH_IN_PROGRESS,
+            format!("Refreshing with seed {seed}"),
+            Reconciler::now(),
+        );
+        self.reconciler.record_attempt(self.status, op).await?;
+        crate::failpoint::hit(crate::failpoint::AFTER_SEED_RECORDED);
+        if op.run_attempts == 1 {
+            // On the node from now on: its record exists while it runs, so `clusterctl move`
+            // (which finds objects before it waits for our block-move) takes it along. Not
+            // before: an operation that never got here starts over under another name.
+            // Housekeeping: without it now, the outcome creates it.
+            if let Err(err) = self.reconciler.open_record(op).await {
+                warn!(error = %err, "Could not open the refresh record; it is written at the end");
+            }
         }
-        if outcome.answered_duration {
-            notes.push("k8sd answered the certificate lifetime instead of its expiry (an older k8sd); the expiry was computed from the time of the answer".into());
-        }
-        if let Some(seconds) = op.ttl_seconds
-            && let Some(note) = flow::lifetime_mismatch(
-                Duration::from_secs(seconds.unsigned_abs()),
-                op.started_at.0,
-                outcome.not_after,
-            )
-        {
-            notes.push(note);
-        }
-        op.note = (!notes.is_empty()).then(|| notes.join("; "));
         Ok(())
+    }
+
+    async fn wait(&mut self, op: &mut Operation, failure: &Failure) -> Result<(), Failure> {
+        self.reconciler
+            .pause(&mut self.wait, self.status, op, "the node's k8sd", failure)
+            .await
+    }
+
+    fn stopping(&self) -> bool {
+        self.reconciler.ctx.stop.is_cancelled()
+    }
+
+    fn now(&self) -> Timestamp {
+        Reconciler::now()
     }
 }

@@ -45,15 +45,15 @@ use tracing::{Instrument, info, warn};
 
 use self::step::{Step, decide};
 use super::patches::{MachineChanges, MachinePatch, machine_patch, set_condition};
-use crate::k8sd::wire::{CertificatesExpiryResponse, RunRequest, path};
+use crate::k8sd::wire::{CertificatesExpiryResponse, path};
 use crate::k8sd::{Fingerprint, K8sdError};
 use crate::policy::Ttl;
-use crate::refresh::NodeApi;
-use crate::refresh::flow::{self, Retry};
+use crate::refresh::flow::Retry;
 use crate::refresh::session::{Session, Timeouts};
 use crate::workload::endpoint::{self, Transport};
 use crate::workload::{self, WorkloadError};
 
+mod attempts;
 mod conclusion;
 mod execute;
 mod expiry;

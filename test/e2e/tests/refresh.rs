@@ -267,8 +267,19 @@ async fn refresh_costs() {
             ck8s_certs_e2e::controlplane::audited_writes(&env.dir, "management")[writes_before..]
                 .iter()
                 .filter(|w| w.user.username == user)
-                // Lease renewals are the cost of leader election, not of a refresh.
-                .filter(|w| w.object_ref.as_ref().is_none_or(|o| o.resource != "leases"))
+                // Lease renewals are the cost of leader election, not of a refresh. The other
+                // tests of this file run their controllers as the same user at the same time:
+                // only the objects of this Machine count (the Machine and its
+                // MachineCertificates by its name, its records `<machine>-…`, its Events
+                // `<machine>.…`; the audit log names created objects too).
+                .filter(|w| {
+                    w.object_ref.as_ref().is_some_and(|o| {
+                        o.resource != "leases"
+                            && (o.name == node.machine
+                                || o.name.starts_with(&format!("{}-", node.machine))
+                                || o.name.starts_with(&format!("{}.", node.machine)))
+                    })
+                })
                 .filter_map(|w| {
                     w.object_ref.as_ref().map(|o| {
                         format!(

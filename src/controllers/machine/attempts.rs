@@ -1,0 +1,172 @@
+//! The attempts of one operation on its node, once the node (and, for a worker, a control plane
+//! to approve) can be called: `plan`, the seed recorded, `run` (with `approve` for a worker),
+//! until `run` answers. Free of Kubernetes: the node and the approver are
+//! [`NodeApi`]/[`ApproveApi`] and what must be persisted goes through a [`Journal`], so the rules
+//! below are unit-tested with fakes, without a network:
+//!
+//! - every attempt is a fresh `plan` whose seed is recorded before its `run` is sent; when the
+//!   journal cannot record it, the node sees nothing of that attempt;
+//! - an attempt whose outcome is unknown (no answer, or a crash while it ran) is followed by a
+//!   new `plan`, never by the same seed again: released k8sd refuses a worker `run` with a seed
+//!   whose CSRs exist, and after a lost answer it skips its restart, so only a new `run` whose
+//!   answer arrives tells what the node serves;
+//! - at most [`MAX_RUN_SENDS`] `run`s per operation, across restarts (`op.run_attempts`);
+//! - once the process is stopping, an operation that has sent nothing yet sends nothing.
+
+use std::future::Future;
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use tracing::{info, warn};
+
+use super::MAX_RUN_SENDS;
+use super::failure::Failure;
+use crate::k8sd::wire::RunRequest;
+use crate::refresh::flow::{self, Retry};
+use crate::refresh::{ApproveApi, NodeApi};
+use ck8s_certs_api::machine_certificates::{Operation, Phase};
+
+/// What the attempts persist and ask of the world around them.
+pub(super) trait Journal: Send {
+    /// Persists `op` (its new seed and attempt count) and the node's certificate fingerprint,
+    /// before the attempt's `run` is sent. An error stops the operation there.
+    fn record(
+        &mut self,
+        op: &mut Operation,
+        fingerprint: Option<String>,
+    ) -> impl Future<Output = Result<(), Failure>> + Send;
+    /// The node's k8sd does not answer `plan` for now (restarting?): waits before the next try,
+    /// or fails when waiting is over.
+    fn wait(
+        &mut self,
+        op: &mut Operation,
+        failure: &Failure,
+    ) -> impl Future<Output = Result<(), Failure>> + Send;
+    /// Whether the process is stopping.
+    fn stopping(&self) -> bool;
+    fn now(&self) -> Timestamp;
+}
+
+/// Carries `op` out on `node` until `run` answers: `Ok` with `op` Succeeded (its new expiry and
+/// notes set), or why it failed. `approver` is the control plane that approves a worker's CSRs
+/// (`None` for a control plane); `extra_sans` go with a control plane's `run`.
+pub(super) async fn carry_out<N, A, J>(
+    node: &mut N,
+    mut approver: Option<&mut A>,
+    op: &mut Operation,
+    extra_sans: Option<Vec<String>>,
+    retry: &Retry,
+    journal: &mut J,
+) -> Result<(), Failure>
+where
+    N: NodeApi,
+    A: ApproveApi,
+    J: Journal,
+{
+    loop {
+        if op.phase == Phase::Running
+            && let Some(seed) = op.seed
+        {
+            // The run of `seed` has no known outcome.
+            if op.run_attempts >= MAX_RUN_SENDS {
+                return Err(Failure::Message(format!(
+                    "run was sent {} times without an answer (last seed {seed}); the node may hold new certificates that it does not serve yet",
+                    op.run_attempts
+                )));
+            }
+            info!(
+                seed,
+                attempts = op.run_attempts,
+                "The outcome of run is unknown: refreshing again with a new plan"
+            );
+        }
+        let plan = loop {
+            match flow::plan(node, retry).await {
+                Ok(plan) => break plan,
+                Err(err) => {
+                    let failure = Failure::k8sd("plan", err);
+                    if !failure.unavailable() {
+                        return Err(failure);
+                    }
+                    journal.wait(op, &failure).await?;
+                }
+            }
+        };
+        if journal.stopping() && op.seed.is_none() {
+            return Err(Failure::Stopping);
+        }
+        let seed = plan.seed;
+        op.seed = Some(seed);
+        op.phase = Phase::Running;
+        op.run_attempts = op.run_attempts.saturating_add(1);
+        journal.record(op, node.fingerprint()).await?;
+        tracing::Span::current().record("seed", seed);
+
+        let request = RunRequest {
+            certificates: None,
+            seed,
+            expiration_seconds: op.ttl_seconds.unwrap_or_default(),
+            extra_sans: extra_sans.clone(),
+        };
+        let (answered, approve_error) = match approver.as_deref_mut() {
+            None => (node.run(&request).await, None),
+            Some(approver) => {
+                let worker = flow::run_worker(node, approver, &request).await;
+                if worker.approve_abandoned
+                    && let (Err(err), Some(approve)) = (&worker.run, &worker.approve_error)
+                {
+                    // Nothing approved the CSRs: the cause is known, a new plan would not help.
+                    return Err(Failure::Message(format!(
+                        "Approving the worker's CSRs failed ({approve}), and run then failed: {err}"
+                    )));
+                }
+                (worker.run, worker.approve_error)
+            }
+        };
+        match answered {
+            Ok(response) => {
+                crate::failpoint::hit(crate::failpoint::AFTER_RUN_ANSWERED);
+                let outcome = flow::interpret_run(&response, journal.now())
+                    .map_err(|e| Failure::k8sd("run", e))?;
+                if let Some(err) = approve_error {
+                    // Recorded, not reported as a failure: run's answer is the outcome.
+                    op.note = Some(format!(
+                        "approve answered an error that did not stop the refresh: {err}"
+                    ));
+                }
+                succeed(op, &outcome);
+                return Ok(());
+            }
+            Err(err) if flow::outcome_unknown(&err) => {
+                warn!(seed, error = %err, "run got no answer; its outcome is unknown");
+            }
+            Err(err) => return Err(Failure::k8sd("run", err)),
+        }
+    }
+}
+
+/// `op` succeeded with `outcome`: its new expiry, and notes on anything odd in the answer.
+fn succeed(op: &mut Operation, outcome: &flow::RunOutcome) {
+    op.phase = Phase::Succeeded;
+    op.new_expiry = Some(Time(outcome.not_after));
+    let mut notes = Vec::new();
+    if let Some(note) = op.note.take() {
+        notes.push(note);
+    }
+    if outcome.answered_duration {
+        notes.push("k8sd answered the certificate lifetime instead of its expiry (an older k8sd); the expiry was computed from the time of the answer".into());
+    }
+    if let Some(seconds) = op.ttl_seconds
+        && let Some(note) = flow::lifetime_mismatch(
+            std::time::Duration::from_secs(seconds.unsigned_abs()),
+            op.started_at.0,
+            outcome.not_after,
+        )
+    {
+        notes.push(note);
+    }
+    op.note = (!notes.is_empty()).then(|| notes.join("; "));
+}
+
+#[cfg(test)]
+mod tests;

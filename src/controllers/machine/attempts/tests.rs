@@ -1,0 +1,530 @@
+//! The attempts against a scripted node, approver and journal: what is recorded before what is
+//! sent, and when a new `plan` follows. Paused time: retries and waits cost nothing.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ck8s_certs_api::machine_certificates::Origin;
+
+use super::*;
+use crate::k8sd::K8sdError;
+use crate::k8sd::wire::{PlanResponse, RunResponse};
+
+/// Everything that happened, in order, across the node, the approver and the journal.
+type Log = Arc<Mutex<Vec<String>>>;
+
+fn push(log: &Log, entry: String) {
+    log.lock().unwrap().push(entry);
+}
+
+fn entries(log: &Log) -> Vec<String> {
+    log.lock().unwrap().clone()
+}
+
+const EXPIRY: i64 = 1_900_000_000;
+
+fn no_answer() -> K8sdError {
+    K8sdError::Timeout {
+        node: "n".into(),
+        endpoint: "run".into(),
+        timeout: Duration::from_secs(30),
+    }
+}
+
+fn refused() -> K8sdError {
+    K8sdError::Connect {
+        node: "n".into(),
+        route: "port-forward".into(),
+        reason: "connection refused".into(),
+    }
+}
+
+fn api(status: u16, message: &str) -> K8sdError {
+    K8sdError::Api {
+        endpoint: "x".into(),
+        status,
+        message: message.into(),
+    }
+}
+
+/// A scripted node: each `plan` pops a seed (or an error), each `run` an expiry (or an error).
+struct Node {
+    plans: VecDeque<Result<i64, K8sdError>>,
+    runs: VecDeque<Result<i64, K8sdError>>,
+    /// How long `run` takes (a worker's waits for its CSRs to be approved).
+    run_takes: Duration,
+    log: Log,
+}
+
+impl NodeApi for Node {
+    async fn plan(&mut self) -> Result<PlanResponse, K8sdError> {
+        let seed = self
+            .plans
+            .pop_front()
+            .unwrap_or_else(|| Err(api(500, "unscripted plan")))?;
+        push(&self.log, format!("plan {seed}"));
+        Ok(PlanResponse {
+            seed,
+            certificate_signing_requests: None,
+        })
+    }
+
+    async fn run(&mut self, request: &RunRequest) -> Result<RunResponse, K8sdError> {
+        push(
+            &self.log,
+            format!("run {} sans={:?}", request.seed, request.extra_sans),
+        );
+        tokio::time::sleep(self.run_takes).await;
+        let expiration_seconds = self
+            .runs
+            .pop_front()
+            .unwrap_or_else(|| Err(api(500, "unscripted run")))?;
+        Ok(RunResponse { expiration_seconds })
+    }
+
+    fn fingerprint(&self) -> Option<String> {
+        Some("AB:CD".into())
+    }
+}
+
+fn node(log: &Log, plans: Vec<Result<i64, K8sdError>>, runs: Vec<Result<i64, K8sdError>>) -> Node {
+    Node {
+        plans: plans.into(),
+        runs: runs.into(),
+        run_takes: Duration::ZERO,
+        log: log.clone(),
+    }
+}
+
+/// A control plane that approves a worker's CSRs: each call pops an answer (then succeeds).
+struct Approver {
+    answers: VecDeque<Result<(), K8sdError>>,
+    log: Log,
+}
+
+impl ApproveApi for Approver {
+    async fn approve(&mut self, seed: i64) -> Result<(), K8sdError> {
+        push(&self.log, format!("approve {seed}"));
+        self.answers.pop_front().unwrap_or(Ok(()))
+    }
+}
+
+/// Records into the log; fails to record when told; waits `waits` times, then gives up.
+struct Journal {
+    log: Log,
+    refuse: bool,
+    waits: u32,
+    stopping: bool,
+    fingerprints: Vec<Option<String>>,
+}
+
+fn journal(log: &Log) -> Journal {
+    Journal {
+        log: log.clone(),
+        refuse: false,
+        waits: 0,
+        stopping: false,
+        fingerprints: Vec::new(),
+    }
+}
+
+impl super::Journal for Journal {
+    async fn record(
+        &mut self,
+        op: &mut Operation,
+        fingerprint: Option<String>,
+    ) -> Result<(), Failure> {
+        push(
+            &self.log,
+            format!(
+                "record seed={} attempts={}",
+                op.seed.unwrap_or_default(),
+                op.run_attempts
+            ),
+        );
+        self.fingerprints.push(fingerprint);
+        if self.refuse {
+            return Err(Failure::Superseded);
+        }
+        Ok(())
+    }
+
+    async fn wait(&mut self, _: &mut Operation, failure: &Failure) -> Result<(), Failure> {
+        push(&self.log, format!("wait ({})", failure.cause()));
+        if self.waits == 0 {
+            return Err(Failure::Message("the node's k8sd did not answer".into()));
+        }
+        self.waits -= 1;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        Ok(())
+    }
+
+    fn stopping(&self) -> bool {
+        self.stopping
+    }
+
+    fn now(&self) -> Timestamp {
+        Timestamp::from_second(EXPIRY - 365 * 86_400).unwrap()
+    }
+}
+
+fn pending(ttl_seconds: i64) -> Operation {
+    Operation::pending(
+        Origin::Manual,
+        None,
+        Some("1y".into()),
+        "1y".into(),
+        ttl_seconds,
+        Time(Timestamp::from_second(EXPIRY - 365 * 86_400).unwrap()),
+    )
+}
+
+/// One attempt per call, no delays worth waiting for.
+fn retry() -> Retry {
+    Retry {
+        attempts: 2,
+        ..Retry::default()
+    }
+}
+
+async fn control_plane(
+    node: &mut Node,
+    op: &mut Operation,
+    journal: &mut Journal,
+) -> Result<(), Failure> {
+    let no_approver: Option<&mut Approver> = None;
+    carry_out(
+        node,
+        no_approver,
+        op,
+        Some(vec!["cp.example".into()]),
+        &retry(),
+        journal,
+    )
+    .await
+}
+
+fn error_text(result: Result<(), Failure>) -> String {
+    match result {
+        Ok(()) => "succeeded".into(),
+        Err(Failure::Stopping) => "stopping".into(),
+        Err(Failure::Superseded) => "superseded".into(),
+        Err(failure) => failure.cause(),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_seed_is_recorded_before_run_and_the_answer_is_the_new_expiry() {
+    let log = Log::default();
+    let mut node = node(&log, vec![Ok(42)], vec![Ok(EXPIRY)]);
+    let mut journal = journal(&log);
+    let mut op = pending(31_536_000);
+    control_plane(&mut node, &mut op, &mut journal).await.ok();
+
+    assert_eq!(
+        entries(&log),
+        [
+            "plan 42",
+            "record seed=42 attempts=1",
+            r#"run 42 sans=Some(["cp.example"])"#
+        ]
+    );
+    assert_eq!(journal.fingerprints, [Some("AB:CD".to_owned())]);
+    assert_eq!(op.phase, Phase::Succeeded);
+    assert_eq!(op.seed, Some(42));
+    assert_eq!(op.run_attempts, 1);
+    assert_eq!(
+        op.new_expiry,
+        Some(Time(Timestamp::from_second(EXPIRY).unwrap()))
+    );
+    assert_eq!(op.note, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_run_without_an_answer_is_followed_by_a_new_plan_never_the_same_seed() {
+    let log = Log::default();
+    let mut node = node(&log, vec![Ok(1), Ok(2)], vec![Err(no_answer()), Ok(EXPIRY)]);
+    let mut journal = journal(&log);
+    let mut op = pending(31_536_000);
+    let result = control_plane(&mut node, &mut op, &mut journal).await;
+
+    assert_eq!(error_text(result), "succeeded");
+    assert_eq!(
+        entries(&log),
+        [
+            "plan 1",
+            "record seed=1 attempts=1",
+            r#"run 1 sans=Some(["cp.example"])"#,
+            "plan 2",
+            "record seed=2 attempts=2",
+            r#"run 2 sans=Some(["cp.example"])"#
+        ]
+    );
+    assert_eq!((op.seed, op.run_attempts), (Some(2), 2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_is_sent_at_most_three_times_per_operation() {
+    let log = Log::default();
+    let mut node = node(
+        &log,
+        vec![Ok(1), Ok(2), Ok(3), Ok(4)],
+        vec![Err(no_answer()), Err(no_answer()), Err(no_answer())],
+    );
+    let mut journal = journal(&log);
+    let mut op = pending(31_536_000);
+    let result = control_plane(&mut node, &mut op, &mut journal).await;
+
+    assert_eq!(
+        error_text(result),
+        "run was sent 3 times without an answer (last seed 3); the node may hold new certificates that it does not serve yet"
+    );
+    let runs = entries(&log)
+        .into_iter()
+        .filter(|e| e.starts_with("run "))
+        .count();
+    assert_eq!(runs, MAX_RUN_SENDS as usize);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_resumed_operation_counts_the_runs_sent_before_the_restart() {
+    // Two runs were sent before a crash; the last one's outcome is unknown.
+    let log = Log::default();
+    let mut op = pending(31_536_000);
+    op.seed = Some(7);
+    op.phase = Phase::Running;
+    op.run_attempts = 2;
+    let mut node = node(&log, vec![Ok(8)], vec![Err(no_answer())]);
+    let mut journal = journal(&log);
+    let result = control_plane(&mut node, &mut op, &mut journal).await;
+
+    assert_eq!(
+        entries(&log),
+        [
+            "plan 8",
+            "record seed=8 attempts=3",
+            r#"run 8 sans=Some(["cp.example"])"#
+        ]
+    );
+    assert!(error_text(result).starts_with("run was sent 3 times"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn nothing_reaches_the_node_when_the_seed_cannot_be_recorded() {
+    let log = Log::default();
+    let mut node = node(&log, vec![Ok(42)], vec![Ok(EXPIRY)]);
+    let mut journal = Journal {
+        refuse: true,
+        ..self::journal(&log)
+    };
+    let mut op = pending(31_536_000);
+    let result = control_plane(&mut node, &mut op, &mut journal).await;
+
+    assert_eq!(error_text(result), "superseded");
+    assert_eq!(entries(&log), ["plan 42", "record seed=42 attempts=1"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stopping_process_sends_nothing_new_but_finishes_what_it_started() {
+    let log = Log::default();
+    let mut node = node(&log, vec![Ok(42)], vec![Ok(EXPIRY)]);
+    let mut journal = Journal {
+        stopping: true,
+        ..self::journal(&log)
+    };
+    let mut op = pending(31_536_000);
+    let result = control_plane(&mut node, &mut op, &mut journal).await;
+    assert_eq!(error_text(result), "stopping");
+    assert_eq!(entries(&log), ["plan 42"]);
+
+    // A seed recorded already: the node may hold it, so the operation is carried on.
+    let log = Log::default();
+    let mut node = self::node(&log, vec![Ok(43)], vec![Ok(EXPIRY)]);
+    let mut journal = Journal {
+        stopping: true,
+        ..self::journal(&log)
+    };
+    op.seed = Some(42);
+    op.phase = Phase::Running;
+    op.run_attempts = 1;
+    let result = control_plane(&mut node, &mut op, &mut journal).await;
+    assert_eq!(error_text(result), "succeeded");
+    assert_eq!(op.seed, Some(43));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_k8sd_that_does_not_answer_plan_is_waited_for_then_given_up_on() {
+    let log = Log::default();
+    // Each plan is tried twice (retry), then waited for once.
+    let mut node = node(
+        &log,
+        vec![Err(refused()), Err(refused()), Ok(42)],
+        vec![Ok(EXPIRY)],
+    );
+    let mut journal = Journal {
+        waits: 1,
+        ..self::journal(&log)
+    };
+    let mut op = pending(31_536_000);
+    let result = control_plane(&mut node, &mut op, &mut journal).await;
+    assert_eq!(error_text(result), "succeeded");
+    let log_entries = entries(&log);
+    assert!(
+        log_entries[0].starts_with("wait (plan: opening a connection"),
+        "{log_entries:?}"
+    );
+    assert_eq!(log_entries[1], "plan 42");
+
+    let log = Log::default();
+    let mut node = self::node(&log, vec![Err(refused()), Err(refused())], vec![]);
+    let mut journal = self::journal(&log);
+    let mut op = pending(31_536_000);
+    let result = control_plane(&mut node, &mut op, &mut journal).await;
+    assert_eq!(error_text(result), "the node's k8sd did not answer");
+    assert!(!entries(&log).iter().any(|e| e.starts_with("record")));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_answered_error_fails_at_once() {
+    for (plans, runs, failed_at) in [
+        (vec![Err(api(401, "invalid token"))], vec![], "plan"),
+        (vec![Ok(42)], vec![Err(api(500, "failed to sign"))], "run"),
+        (vec![Ok(42)], vec![Ok(0)], "run"),
+    ] {
+        let log = Log::default();
+        let mut node = node(&log, plans, runs);
+        let mut journal = journal(&log);
+        let mut op = pending(31_536_000);
+        let result = control_plane(&mut node, &mut op, &mut journal).await;
+        let text = error_text(result);
+        assert!(text.starts_with(&format!("{failed_at}: ")), "{text}");
+        let plans_sent = entries(&log)
+            .iter()
+            .filter(|e| e.starts_with("plan"))
+            .count();
+        assert!(
+            plans_sent <= 1,
+            "no new plan after an answer: {:?}",
+            entries(&log)
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_runs_while_a_control_plane_approves_and_an_approve_error_is_noted() {
+    let log = Log::default();
+    let mut worker = Node {
+        run_takes: Duration::from_secs(3),
+        ..node(&log, vec![Ok(9)], vec![Ok(EXPIRY)])
+    };
+    // It never approves: the CSRs are approved by k8sd's auto-approver meanwhile.
+    let mut approver = Approver {
+        answers: (0..10).map(|_| Err(api(500, "no CSRs yet"))).collect(),
+        log: log.clone(),
+    };
+    let mut journal = journal(&log);
+    let mut op = pending(31_536_000);
+    let result = carry_out(
+        &mut worker,
+        Some(&mut approver),
+        &mut op,
+        None,
+        &retry(),
+        &mut journal,
+    )
+    .await;
+    assert_eq!(error_text(result), "succeeded");
+    let log_entries = entries(&log);
+    assert_eq!(&log_entries[..2], ["plan 9", "record seed=9 attempts=1"]);
+    // Both at once; approve again after each error while run is pending.
+    let concurrent = &log_entries[2..];
+    assert_eq!(
+        concurrent
+            .iter()
+            .filter(|e| *e == "run 9 sans=None")
+            .count(),
+        1
+    );
+    assert!(
+        concurrent.iter().filter(|e| *e == "approve 9").count() >= 2,
+        "{log_entries:?}"
+    );
+    assert_eq!(
+        op.note.as_deref(),
+        Some(
+            "approve answered an error that did not stop the refresh: k8sd answered x with HTTP 500: no CSRs yet"
+        )
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_whose_csrs_nobody_approves_fails_with_the_cause_and_no_new_plan() {
+    let log = Log::default();
+    let mut worker = Node {
+        run_takes: Duration::from_secs(3),
+        ..node(&log, vec![Ok(9), Ok(10)], vec![Err(no_answer())])
+    };
+    let mut approver = Approver {
+        answers: VecDeque::from([Err(api(401, "invalid token"))]),
+        log: log.clone(),
+    };
+    let mut journal = journal(&log);
+    let mut op = pending(31_536_000);
+    let result = carry_out(
+        &mut worker,
+        Some(&mut approver),
+        &mut op,
+        None,
+        &retry(),
+        &mut journal,
+    )
+    .await;
+    let text = error_text(result);
+    assert!(
+        text.starts_with("Approving the worker's CSRs failed (k8sd answered x with HTTP 401: invalid token), and run then failed"),
+        "{text}"
+    );
+    assert_eq!(
+        entries(&log)
+            .iter()
+            .filter(|e| e.starts_with("plan"))
+            .count(),
+        1
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lifetime_answered_in_seconds_or_far_from_the_ttl_is_noted() {
+    let log = Log::default();
+    // An older k8sd answers the lifetime, not the expiry.
+    let mut node = node(&log, vec![Ok(1)], vec![Ok(31_536_000)]);
+    let mut journal = journal(&log);
+    let mut op = pending(31_536_000);
+    control_plane(&mut node, &mut op, &mut journal).await.ok();
+    assert_eq!(
+        op.new_expiry,
+        Some(Time(Timestamp::from_second(EXPIRY).unwrap()))
+    );
+    assert!(
+        op.note
+            .as_deref()
+            .is_some_and(|n| n.starts_with("k8sd answered the certificate lifetime")),
+        "{:?}",
+        op.note
+    );
+
+    // Ten years for a one-year request (published k8sd's worker certificates).
+    let log = Log::default();
+    let mut node = self::node(&log, vec![Ok(1)], vec![Ok(EXPIRY + 9 * 365 * 86_400)]);
+    let mut journal = self::journal(&log);
+    let mut op = pending(31_536_000);
+    control_plane(&mut node, &mut op, &mut journal).await.ok();
+    assert!(
+        op.note
+            .as_deref()
+            .is_some_and(|n| n.contains("although 365 days were requested")),
+        "{:?}",
+        op.note
+    );
+}
