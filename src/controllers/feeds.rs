@@ -2,67 +2,25 @@
 //! kube-runtime Controller over its subscriptions, started at once and reconciling only once
 //! the caches are synced.
 
+use std::time::Duration;
+
 use ck8s_certs_api::control_plane::{ControlPlane, ControlPlaneVersion};
 
 use super::*;
 
 /// The streams the fleet controllers are fed.
-pub(super) struct FleetFeeds<R, M, C, D, P> {
+pub(super) struct FleetFeeds<R, M, C, D> {
     pub(super) requests: R,
     pub(super) machines: M,
     pub(super) clusters: C,
     pub(super) deployments: D,
-    /// Present when the CK8s control plane kind is installed.
-    pub(super) control_planes: Option<P>,
     pub(super) store: Store<CertificateRefresh>,
-}
-
-/// The served version of the CK8s control plane kind, or `None` when it is not installed (then
-/// its trigger is off until the next start). Discovery is retried briefly: a management API
-/// server that hiccups at start should not turn the trigger off.
-pub(super) async fn control_plane_version(client: &Client) -> Option<ControlPlaneVersion> {
-    use ck8s_certs_api::capi::{CK8S_CONTROL_PLANE_KIND, CONTROL_PLANE_GROUP};
-    for attempt in 1..=3 {
-        match kube::discovery::group(client, CONTROL_PLANE_GROUP).await {
-            Ok(group) => {
-                let found = group
-                    .resources_by_stability()
-                    .into_iter()
-                    .find(|(resource, _)| resource.kind == CK8S_CONTROL_PLANE_KIND)
-                    .map(|(resource, _)| ControlPlaneVersion(resource.version));
-                match &found {
-                    Some(version) => {
-                        tracing::info!(version = %version.0, "Watching CK8sControlPlanes for the refresh trigger")
-                    }
-                    None => {
-                        tracing::info!("CK8sControlPlane is not served: its refresh trigger is off")
-                    }
-                }
-                return found;
-            }
-            Err(kube::Error::Discovery(_)) => {
-                tracing::info!(
-                    group = CONTROL_PLANE_GROUP,
-                    "No control plane provider installed: the CK8sControlPlane refresh trigger is off"
-                );
-                return None;
-            }
-            Err(err) if attempt < 3 => {
-                tracing::debug!(error = %err, "Discovering the control plane kind failed; retrying");
-                tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-            }
-            Err(err) => {
-                tracing::warn!(error = %err, "Discovering the control plane kind failed: the CK8sControlPlane refresh trigger is off until a restart");
-            }
-        }
-    }
-    None
 }
 
 /// Runs the fleet controllers: the requests, and the Cluster triggers that create them (both
 /// act only once the caches are synced).
-pub(super) async fn fleet_controllers<R, M, C, D, P>(
-    feeds: FleetFeeds<R, M, C, D, P>,
+pub(super) async fn fleet_controllers<R, M, C, D>(
+    feeds: FleetFeeds<R, M, C, D>,
     ctx: Arc<fleet::Context>,
     stores: Stores,
     stop: CancellationToken,
@@ -71,7 +29,6 @@ pub(super) async fn fleet_controllers<R, M, C, D, P>(
     M: futures::Stream<Item = Result<Machine, watcher::Error>> + Send + 'static,
     C: futures::Stream<Item = Result<Cluster, watcher::Error>> + Send + 'static,
     D: futures::Stream<Item = Result<MachineDeployment, watcher::Error>> + Send + 'static,
-    P: futures::Stream<Item = Result<ControlPlane, watcher::Error>> + Send + 'static,
 {
     // The subscriptions are read from the start: a watch waits for a subscriber that falls
     // behind, so one not read until the caches are synced would keep them from ever syncing
@@ -97,38 +54,94 @@ pub(super) async fn fleet_controllers<R, M, C, D, P>(
         .for_each(|_| async {});
     let deployment_triggers =
         Controller::for_stream_with(feeds.deployments, stores.deployments.clone(), capi)
-            .graceful_shutdown_on(stop.clone().cancelled_owned())
+            .graceful_shutdown_on(stop.cancelled_owned())
             .run(
                 fleet::trigger::reconcile_deployment,
                 fleet::trigger::error_policy,
-                ctx.clone(),
-            )
-            .for_each(|_| async {});
-    let control_plane_triggers = async move {
-        let (Some(events), Some(store), Some(version)) = (
-            feeds.control_planes,
-            stores.control_planes.clone(),
-            ctx.control_plane.clone(),
-        ) else {
-            return;
-        };
-        Controller::for_stream_with(events, store, version)
-            .graceful_shutdown_on(stop.cancelled_owned())
-            .run(
-                fleet::trigger::reconcile_control_plane,
-                fleet::trigger::error_policy,
                 ctx,
             )
-            .for_each(|_| async {})
-            .await;
+            .for_each(|_| async {});
+    futures::future::join3(requests, triggers, deployment_triggers).await;
+}
+
+/// How long the first look for the CK8s control plane kind waits before looking again, and the
+/// longest wait between looks (one discovery read each).
+const CONTROL_PLANE_LOOK: (Duration, Duration) =
+    (Duration::from_secs(10), Duration::from_secs(600));
+
+/// The refresh trigger on CK8sControlPlanes. The kind is the CK8s control plane provider's, which
+/// may be installed after us (`clusterctl init` installs providers in one go) or not at all
+/// (another control plane provider): it is looked for until it is served, then watched.
+pub(super) async fn control_plane_triggers(
+    client: Client,
+    namespace: Option<String>,
+    ctx: Arc<fleet::Context>,
+    stop: CancellationToken,
+) {
+    let version = tokio::select! {
+        version = control_plane_version(&client) => version,
+        () = stop.cancelled() => return,
     };
-    futures::future::join4(
-        requests,
-        triggers,
-        deployment_triggers,
-        control_plane_triggers,
-    )
-    .await;
+    let mut watch = SharedWatch::<ControlPlane>::with(version.clone());
+    let events = watch.subscribe();
+    ctx.control_planes.set(version.clone(), watch.store.clone());
+    let api: Api<ControlPlane> = match &namespace {
+        Some(ns) => Api::namespaced_with(client, ns, &version),
+        None => Api::all_with(client, &version),
+    };
+    let store = watch.store.clone();
+    let controller = Controller::for_stream_with(events, store, version)
+        .graceful_shutdown_on(stop.cancelled_owned())
+        .run(
+            fleet::trigger::reconcile_control_plane,
+            fleet::trigger::error_policy,
+            ctx,
+        )
+        .for_each(|_| async {});
+    tokio::select! {
+        () = watch.run(api, watcher::Config::default(), stores::keep) => {
+            tracing::error!("The CK8sControlPlane watch ended unexpectedly");
+        }
+        () = controller => {}
+    }
+}
+
+/// The served version of the CK8s control plane kind, once it is served.
+async fn control_plane_version(client: &Client) -> ControlPlaneVersion {
+    use ck8s_certs_api::capi::{CK8S_CONTROL_PLANE_KIND, CONTROL_PLANE_GROUP};
+    let (mut wait, longest) = CONTROL_PLANE_LOOK;
+    let mut said = false;
+    loop {
+        match kube::discovery::group(client, CONTROL_PLANE_GROUP).await {
+            Ok(group) => {
+                let found = group
+                    .resources_by_stability()
+                    .into_iter()
+                    .find(|(resource, _)| resource.kind == CK8S_CONTROL_PLANE_KIND);
+                if let Some((resource, _)) = found {
+                    tracing::info!(
+                        version = %resource.version,
+                        "Watching CK8sControlPlanes for the refresh trigger"
+                    );
+                    return ControlPlaneVersion(resource.version);
+                }
+            }
+            // The group is not served.
+            Err(kube::Error::Discovery(_)) => {}
+            Err(err) => {
+                tracing::debug!(error = %err, "Looking for the CK8sControlPlane kind failed")
+            }
+        }
+        if !said {
+            tracing::info!(
+                "CK8sControlPlane is not served: its refresh trigger starts once it is (looked for again, at most every {})",
+                humantime::format_duration(longest)
+            );
+            said = true;
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(longest);
+    }
 }
 
 /// A fleet request as cached: without `managedFields`.

@@ -17,7 +17,6 @@ use std::sync::Arc;
 use ck8s_certs_api::capi::{CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL, WATCH_FILTER_LABEL};
 use ck8s_certs_api::certificate_refresh::{CertificateRefresh, labels as refresh_labels};
 use ck8s_certs_api::cluster_certificates::ClusterCertificates;
-use ck8s_certs_api::control_plane::ControlPlane;
 use ck8s_certs_api::machine::{CapiVersion, Cluster, Machine};
 use ck8s_certs_api::machine_deployment::MachineDeployment;
 use ck8s_certs_api::renewal_policy::CertificateRenewalPolicy;
@@ -49,8 +48,6 @@ pub struct Stores {
     pub clusters: Store<Cluster>,
     /// For their fleet refresh trigger.
     pub deployments: Store<MachineDeployment>,
-    /// For their fleet refresh trigger, when the CK8s control plane kind is installed.
-    pub control_planes: Option<Store<ControlPlane>>,
     pub certificates: stores::CertificateStore,
     pub policies: Store<DynamicObject>,
 }
@@ -61,9 +58,6 @@ impl Stores {
         synced(&self.machines).await;
         synced(&self.clusters).await;
         synced(&self.deployments).await;
-        if let Some(control_planes) = &self.control_planes {
-            synced(control_planes).await;
-        }
         self.certificates.synced().await;
         synced(&self.policies).await;
     }
@@ -105,9 +99,6 @@ pub async fn run(
     let mut machine_watch = SharedWatch::<Machine>::with(capi);
     let mut cluster_watch = SharedWatch::<Cluster>::with(capi);
     let mut deployment_watch = SharedWatch::<MachineDeployment>::with(capi);
-    // The CK8s control plane kind is optional: its trigger is watched when it is installed.
-    let control_plane = feeds::control_plane_version(&client).await;
-    let mut control_plane_watch = control_plane.clone().map(SharedWatch::<ControlPlane>::with);
     let mut certificate_watch = SharedWatch::in_cache(stores::CertificateWriter::new());
     let mut cluster_record_watch = SharedWatch::<ClusterCertificates>::new();
     let policy_resource = ApiResource::erase::<CertificateRenewalPolicy>(&());
@@ -116,7 +107,6 @@ pub async fn run(
         machines: machine_watch.store.clone(),
         clusters: cluster_watch.store.clone(),
         deployments: deployment_watch.store.clone(),
-        control_planes: control_plane_watch.as_ref().map(|w| w.store.clone()),
         certificates: certificate_watch.store.clone(),
         policies: policy_watch.store.clone(),
     };
@@ -134,17 +124,6 @@ pub async fn run(
     let fleet_machine_events = machine_watch.subscribe();
     let trigger_cluster_events = cluster_watch.subscribe();
     let trigger_deployment_events = deployment_watch.subscribe();
-    let trigger_control_plane_events = control_plane_watch.as_mut().map(SharedWatch::subscribe);
-    let control_plane_watch =
-        control_plane_watch
-            .zip(control_plane.clone())
-            .map(|(watch, version)| {
-                let api: Api<ControlPlane> = match &args.namespace {
-                    Some(ns) => Api::namespaced_with(client.clone(), ns, &version),
-                    None => Api::all_with(client.clone(), &version),
-                };
-                watch.run(api, watcher::Config::default(), stores::keep)
-            });
     let deployments: Api<MachineDeployment> = match &args.namespace {
         Some(ns) => Api::namespaced_with(client.clone(), ns, &capi),
         None => Api::all_with(client.clone(), &capi),
@@ -168,15 +147,7 @@ pub async fn run(
     let watches = futures::future::join3(
         request_watch.run(requests_api, requests_config, trim_request),
         // Few, and cached compactly: not filtered, the trigger checks the label.
-        futures::future::join(
-            deployment_watch.run(deployments, watcher::Config::default(), stores::keep),
-            async {
-                match control_plane_watch {
-                    Some(watch) => watch.await,
-                    None => std::future::pending().await,
-                }
-            },
-        ),
+        deployment_watch.run(deployments, watcher::Config::default(), stores::keep),
         futures::future::join5(
             machine_watch.run(machines, filtered.clone(), stores::keep),
             cluster_watch.run(clusters, watcher::Config::default(), stores::keep),
@@ -230,7 +201,7 @@ pub async fn run(
         history: args.refresh_history,
         watch_filter: args.watch_filter.clone(),
         synced: synced_rx,
-        control_plane,
+        control_planes: Default::default(),
     });
     let ctx = Arc::new(machine::Context {
         client: client.clone(),
@@ -359,15 +330,21 @@ pub async fn run(
             machines: fleet_machine_events,
             clusters: trigger_cluster_events,
             deployments: trigger_deployment_events,
-            control_planes: trigger_control_plane_events,
             store: requests_store,
         },
-        fleet_ctx,
+        fleet_ctx.clone(),
         stores.clone(),
         stop.clone(),
     );
+    // The CK8s control plane kind is optional and may be installed after we start.
+    let control_plane_triggers = feeds::control_plane_triggers(
+        client.clone(),
+        args.namespace.clone(),
+        fleet_ctx,
+        stop.clone(),
+    );
     tokio::select! {
-        _ = futures::future::join4(machine_controller, policy_controller, credentials_controller, fleet_controllers) => {}
+        _ = futures::future::join5(machine_controller, policy_controller, credentials_controller, fleet_controllers, control_plane_triggers) => {}
         _ = watches => tracing::error!("The watches ended unexpectedly"),
     }
     readiness.abort();

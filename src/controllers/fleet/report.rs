@@ -8,7 +8,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::GroupVersionKind;
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use tracing::warn;
@@ -82,13 +81,8 @@ pub(super) async fn mirror_on_trigger(
         "MachineDeployment" => get_capi(&ctx.stores.deployments, ctx.capi, namespace, &owner.name)
             .map(|d| d.annotations.clone()),
         CK8S_CONTROL_PLANE_KIND => ctx
-            .stores
             .control_planes
-            .as_ref()
-            .zip(ctx.control_plane.clone())
-            .and_then(|(store, version)| {
-                store.get(&ObjectRef::new_with(&owner.name, version).within(namespace))
-            })
+            .get(namespace, &owner.name)
             .map(|c| c.annotations.clone()),
         _ => None,
     };

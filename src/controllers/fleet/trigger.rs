@@ -199,7 +199,7 @@ pub async fn reconcile_deployment(
     .await
 }
 
-/// `kubectl annotate ck8scontrolplane …` (only watched when the kind is installed).
+/// `kubectl annotate ck8scontrolplane …` (watched once the kind is served).
 pub async fn reconcile_control_plane(
     control_plane: Arc<ControlPlane>,
     ctx: Arc<Context>,
@@ -207,7 +207,7 @@ pub async fn reconcile_control_plane(
     if let Some(later) = super::not_synced(&ctx) {
         return Ok(later);
     }
-    let Some(version) = ctx.control_plane.clone() else {
+    let Some(version) = ctx.control_planes.version().cloned() else {
         return Ok(Action::await_change());
     };
     let namespace = control_plane.namespace().unwrap_or_default();

@@ -323,6 +323,9 @@ impl Environment {
             .patch(&format!("{cluster}-md-0"), &PatchParams::default(), &label)
             .await
             .expect("label the MachineDeployment");
+        if !self.spec.control_plane_crd {
+            return nodes;
+        }
         self.control_plane_api(client, &namespace)
             .patch(
                 &crate::fixtures::control_plane_name(cluster),

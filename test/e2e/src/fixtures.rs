@@ -238,6 +238,7 @@ pub async fn create_management_objects(
     nodes: &[NodeInfo],
     workload_kubeconfig: &str,
     machine_annotations: &BTreeMap<String, String>,
+    with_control_plane: bool,
 ) -> Result<ClusterTokens, Error> {
     let ns = spec.namespace.as_str();
     ensure_namespace(client, ns).await?;
@@ -303,30 +304,10 @@ pub async fn create_management_objects(
     )
     .await?;
 
-    // Its control planes' CK8sControlPlane, labelled and owned as CAPI's Cluster controller
-    // does with the control plane it references (no controller acts on it either).
-    create_dynamic(
-        &dynamic_api(
-            client,
-            capi::CONTROL_PLANE_GROUP,
-            CK8S_CONTROL_PLANE_VERSION,
-            capi::CK8S_CONTROL_PLANE_KIND,
-            ns,
-        ),
-        json!({
-            "apiVersion": format!("{}/{CK8S_CONTROL_PLANE_VERSION}", capi::CONTROL_PLANE_GROUP),
-            "kind": capi::CK8S_CONTROL_PLANE_KIND,
-            "metadata": {
-                "name": control_plane_name(&spec.name), "namespace": ns, "labels": cluster_label,
-                "ownerReferences": [{
-                    "apiVersion": format!("{}/{version}", capi::GROUP), "kind": "Cluster",
-                    "name": spec.name, "uid": cluster.metadata.uid, "controller": true
-                }]
-            },
-            "spec": { "replicas": spec.control_planes, "version": "v1.34.4" }
-        }),
-    )
-    .await?;
+    // Its control planes' CK8sControlPlane.
+    if with_control_plane {
+        create_control_plane(client, spec, version, cluster.metadata.uid.as_deref()).await?;
+    }
 
     let machines = dynamic_api(client, capi::GROUP, version, "Machine", ns);
     let configs = dynamic_api(
@@ -534,5 +515,41 @@ pub async fn create_workload_objects(client: &Client, nodes: &[NodeInfo]) -> Res
         .await
         .map_err(Error::Kube)?;
     }
+    Ok(())
+}
+
+/// The CK8sControlPlane `<cluster>-control-plane` of a cluster, labelled and owned (by its
+/// Cluster `uid`, in `capi_version`) as CAPI's Cluster controller does with the control plane it
+/// references (no controller acts on it).
+pub async fn create_control_plane(
+    client: &Client,
+    spec: &ClusterSpec,
+    capi_version: &str,
+    uid: Option<&str>,
+) -> Result<(), Error> {
+    let ns = spec.namespace.as_str();
+    create_dynamic(
+        &dynamic_api(
+            client,
+            capi::CONTROL_PLANE_GROUP,
+            CK8S_CONTROL_PLANE_VERSION,
+            capi::CK8S_CONTROL_PLANE_KIND,
+            ns,
+        ),
+        json!({
+            "apiVersion": format!("{}/{CK8S_CONTROL_PLANE_VERSION}", capi::CONTROL_PLANE_GROUP),
+            "kind": capi::CK8S_CONTROL_PLANE_KIND,
+            "metadata": {
+                "name": control_plane_name(&spec.name), "namespace": ns,
+                "labels": { capi::CLUSTER_NAME_LABEL: spec.name },
+                "ownerReferences": [{
+                    "apiVersion": format!("{}/{capi_version}", capi::GROUP), "kind": "Cluster",
+                    "name": spec.name, "uid": uid, "controller": true
+                }]
+            },
+            "spec": { "replicas": spec.control_planes, "version": "v1.34.4" }
+        }),
+    )
+    .await?;
     Ok(())
 }

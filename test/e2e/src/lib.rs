@@ -220,7 +220,13 @@ pub struct EnvSpec {
     /// A second management cluster (an empty kube-apiserver with the same CRDs), the target of
     /// `clusterctl move`.
     pub move_target: bool,
+    /// The CK8sControlPlane CRD and a CK8sControlPlane per cluster (as the CK8s control plane
+    /// provider installs them); `false`: a management cluster without that provider (yet).
+    pub control_plane_crd: bool,
 }
+
+/// The CK8s control plane provider's CRD in `crds/`.
+pub const CONTROL_PLANE_CRD: &str = "ck8scontrolplanes.controlplane.cluster.x-k8s.io";
 
 impl EnvSpec {
     /// Five workload clusters. Three with two control planes and two workers each: `alpha` and
@@ -280,6 +286,7 @@ impl EnvSpec {
             audit: controlplane::Audit::Writes,
             machine_annotations: BTreeMap::new(),
             move_target: false,
+            control_plane_crd: true,
         }
     }
 
@@ -458,6 +465,9 @@ impl Environment {
         crds.extend(crds::read_dir(
             &Path::new(env!("CARGO_MANIFEST_DIR")).join("crds"),
         )?);
+        if !spec.control_plane_crd {
+            crds.retain(|crd| crd.metadata.name.as_deref() != Some(CONTROL_PLANE_CRD));
+        }
         // The product's own CRDs, as `config/` installs them.
         crds.extend(crds::read_dir(
             &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/crd/bases"),
@@ -685,6 +695,7 @@ async fn set_up_cluster(
         &nodes,
         &server.kubeconfig_yaml,
         &spec.machine_annotations,
+        spec.control_plane_crd,
     )
     .await?;
     let mut sim_nodes = Vec::new();

@@ -44,6 +44,13 @@ fn spec() -> EnvSpec {
     delta.workers = 3;
     delta.endpoint_host = "delta.k8s.example.internal".into();
     spec.clusters.push(delta);
+    // For suspend, deletion, a busy Machine and a Machine gone mid-fleet.
+    let mut epsilon = spec.clusters[0].clone();
+    epsilon.name = "epsilon".into();
+    epsilon.machine_prefix = "epsilon".into();
+    epsilon.workers = 4;
+    epsilon.endpoint_host = "epsilon.k8s.example.internal".into();
+    spec.clusters.push(epsilon);
     spec
 }
 
@@ -784,5 +791,212 @@ async fn machine_deployment_control_plane_and_selector_targets() {
             "set exactly one of machine, cluster, machineDeployment, controlPlane and selector"
         ),
         "{both}"
+    );
+}
+
+/// The workers' `run` counts.
+async fn run_counts(env: &Environment, nodes: &[NodeInfo]) -> Vec<usize> {
+    let mut counts = Vec::new();
+    for node in nodes {
+        counts.push(runs(env, node).await.len());
+    }
+    counts
+}
+
+/// Waits until `check` holds for the request's status.
+async fn wait_for_status(
+    api: &Api<CertificateRefresh>,
+    name: &str,
+    what: &str,
+    check: impl Fn(&ck8s_certs_api::certificate_refresh::CertificateRefreshStatus) -> bool,
+) -> ck8s_certs_api::certificate_refresh::CertificateRefreshStatus {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let status = api.get(name).await.unwrap().status.unwrap_or_default();
+        if check(&status) {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "{name}: {what}: {status:#?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn running(status: &ck8s_certs_api::certificate_refresh::CertificateRefreshStatus) -> Vec<String> {
+    status
+        .machines
+        .iter()
+        .filter(|m| m.phase == MachinePhase::Running)
+        .map(|m| m.name.clone())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_busy_machine_waits_suspend_pauses_deletion_cancels_and_a_machine_gone_is_skipped() {
+    let env = env().await;
+    let nodes = env.isolate_cluster("epsilon", "fleet-epsilon").await;
+    let _controller = env.start_controller("fleet-epsilon", &[]);
+    let api = requests(env.management().await.unwrap(), "fleet");
+    let workers: Vec<NodeInfo> = nodes
+        .into_iter()
+        .filter(|n| n.role == Role::Worker)
+        .collect();
+    let workers_target = json!({ "machineDeployment": "epsilon-md-0" });
+    let create = async |name: &str, parallel: u32| {
+        let mut request = request_for(name, workers_target.clone(), "fleet-epsilon");
+        request.spec.max_parallel_workers = Some(parallel);
+        api.create(&PostParams::default(), &request).await.unwrap();
+    };
+    // Every worker's `run` takes 3 s: long enough to act while one runs.
+    env.sim
+        .inject(
+            &Fault::latency(Duration::from_secs(3))
+                .on_cluster("epsilon")
+                .at(Endpoint::Run),
+        )
+        .await
+        .unwrap();
+
+    // A Machine with a refresh in flight (annotated by hand) is not given a second one: the
+    // request waits for it, then refreshes it after the first ended.
+    let busy = &workers[0];
+    env.annotate_refresh(busy, "1y").await;
+    env.wait_for_machine(busy, TIMEOUT, |a| {
+        a.get(REFRESH_CERTIFICATES_STATUS).map(String::as_str) == Some("in-progress")
+    })
+    .await;
+    create("epsilon-busy", 4).await;
+    let status = finished(&env, "fleet", "epsilon-busy")
+        .await
+        .status
+        .unwrap();
+    assert_eq!(status.phase, Some(RequestPhase::Succeeded), "{status:#?}");
+    assert_eq!(status.progress.as_deref(), Some("4/4"));
+    let busy_runs = runs(&env, busy).await;
+    assert_eq!(busy_runs.len(), 2, "the manual refresh, then the request's");
+    assert!(
+        started(&busy_runs[1]) >= ended(&busy_runs[0]),
+        "never two refreshes of one node at once"
+    );
+    assert_eq!(run_counts(&env, &workers).await, vec![2, 1, 1, 1]);
+
+    // Suspended: the running Machine finishes, no other starts; resumed: the rest follow.
+    create("epsilon-suspend", 1).await;
+    let first = wait_for_status(&api, "epsilon-suspend", "one running", |s| {
+        running(s).len() == 1
+    })
+    .await;
+    api.patch(
+        "epsilon-suspend",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": { "suspend": true } })),
+    )
+    .await
+    .unwrap();
+    let suspended = wait_for_status(&api, "epsilon-suspend", "suspended, none running", |s| {
+        s.phase == Some(RequestPhase::Suspended) && running(s).is_empty()
+    })
+    .await;
+    assert!(
+        suspended
+            .message
+            .as_deref()
+            .is_some_and(|m| m.starts_with("Suspended")),
+        "{suspended:#?}"
+    );
+    let done_while_suspended: Vec<&str> = suspended
+        .machines
+        .iter()
+        .filter(|m| m.phase == MachinePhase::Succeeded)
+        .map(|m| m.name.as_str())
+        .collect();
+    assert_eq!(
+        done_while_suspended,
+        running(&first),
+        "the running one finished"
+    );
+    let counts = run_counts(&env, &workers).await;
+    assert_eq!(counts.iter().sum::<usize>(), 5 + 1, "{counts:?}");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        run_counts(&env, &workers).await,
+        counts,
+        "nothing starts while suspended"
+    );
+    api.patch(
+        "epsilon-suspend",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": { "suspend": false } })),
+    )
+    .await
+    .unwrap();
+    let status = finished(&env, "fleet", "epsilon-suspend")
+        .await
+        .status
+        .unwrap();
+    assert_eq!(status.phase, Some(RequestPhase::Succeeded), "{status:#?}");
+    assert_eq!(run_counts(&env, &workers).await, vec![3, 2, 2, 2]);
+
+    // Deleted: the running Machine finishes, the others never start.
+    create("epsilon-deleted", 1).await;
+    let status = wait_for_status(&api, "epsilon-deleted", "one running", |s| {
+        running(s).len() == 1
+    })
+    .await;
+    let was_running = running(&status)[0].clone();
+    api.delete("epsilon-deleted", &Default::default())
+        .await
+        .unwrap();
+    let ran = workers.iter().find(|w| w.machine == was_running).unwrap();
+    let annotations = env.wait_for_refresh(ran, TIMEOUT).await;
+    assert_eq!(annotations[REFRESH_CERTIFICATES_STATUS], "done");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let counts = run_counts(&env, &workers).await;
+    assert_eq!(
+        counts.iter().sum::<usize>(),
+        9 + 1,
+        "only the running one: {counts:?}"
+    );
+
+    // A Machine deleted mid-fleet: skipped and reported; the others are refreshed.
+    create("epsilon-gone", 1).await;
+    let status = wait_for_status(&api, "epsilon-gone", "one running", |s| {
+        running(s).len() == 1
+    })
+    .await;
+    let gone = status
+        .machines
+        .iter()
+        .rev()
+        .find(|m| m.phase == MachinePhase::Pending)
+        .map(|m| m.name.clone())
+        .unwrap();
+    env.machine_api(env.management().await.unwrap(), "fleet")
+        .delete(&gone, &Default::default())
+        .await
+        .unwrap();
+    let status = finished(&env, "fleet", "epsilon-gone")
+        .await
+        .status
+        .unwrap();
+    assert_eq!(status.phase, Some(RequestPhase::Succeeded), "{status:#?}");
+    let entry = status.machines.iter().find(|m| m.name == gone).unwrap();
+    assert_eq!(entry.phase, MachinePhase::Skipped);
+    assert_eq!(entry.message.as_deref(), Some("The Machine is gone"));
+    assert_eq!(
+        status.message.as_deref(),
+        Some("Refreshed 3 Machine(s); 1 skipped")
+    );
+    let gone_node = workers.iter().find(|w| w.machine == gone).unwrap();
+    let before = counts[workers.iter().position(|w| w.machine == gone).unwrap()];
+    assert_eq!(
+        runs(&env, gone_node).await.len(),
+        before,
+        "the gone one never ran"
+    );
+    assert!(
+        cluster_event_reasons(&env, "fleet", "epsilon")
+            .await
+            .iter()
+            .any(|r| r == "CertificatesFleetMachineSkipped")
     );
 }
