@@ -14,9 +14,9 @@ use serde::Deserialize;
 
 use crate::capi::{
     CK8S_CONTROL_PLANE_KIND, CK8S_CONTROL_PLANE_PLURAL, CLUSTER_NAME_LABEL, CONTROL_PLANE_GROUP,
-    GROUP, PAUSED_ANNOTATION,
+    GROUP,
 };
-use crate::machine::{CLUSTER_READ_ANNOTATIONS, Pairs, identity, trigger_manager};
+use crate::machine::{Pairs, TriggerMeta};
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ControlPlane {
@@ -68,12 +68,7 @@ impl<'de> Deserialize<'de> for ControlPlane {
             #[serde(default)]
             metadata: ObjectMeta,
         }
-        let Wire { mut metadata } = Wire::deserialize(deserializer)?;
-        let trigger_manager = trigger_manager(&metadata);
-        let paused = metadata
-            .annotations
-            .as_ref()
-            .is_some_and(|a| a.contains_key(PAUSED_ANNOTATION));
+        let Wire { metadata } = Wire::deserialize(deserializer)?;
         let owning_cluster = || {
             metadata.owner_references.as_ref()?.iter().find_map(|o| {
                 let group = o.api_version.split_once('/').map(|(g, _)| g);
@@ -85,17 +80,13 @@ impl<'de> Deserialize<'de> for ControlPlane {
             .as_ref()
             .and_then(|l| l.get(CLUSTER_NAME_LABEL).cloned())
             .or_else(owning_cluster);
+        let meta = TriggerMeta::of(metadata);
         Ok(Self {
-            annotations: Pairs::new(metadata.annotations.take(), |key| {
-                CLUSTER_READ_ANNOTATIONS.contains(&key)
-            }),
-            trigger_manager,
+            metadata: meta.metadata,
+            annotations: meta.annotations,
+            trigger_manager: meta.trigger_manager,
             cluster_name,
-            paused,
-            metadata: ObjectMeta {
-                labels: metadata.labels.take().filter(|l| !l.is_empty()),
-                ..identity(&mut metadata)
-            },
+            paused: meta.paused,
         })
     }
 }
@@ -106,6 +97,7 @@ mod tests {
 
     use super::*;
     use crate::annotations::REFRESH_CERTIFICATES;
+    use crate::capi::PAUSED_ANNOTATION;
 
     #[test]
     fn keeps_its_cluster_trigger_and_manager_only() {

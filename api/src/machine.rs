@@ -214,4 +214,4 @@ mod cached;
 mod tests;
 
 pub use cached::{BootstrapRef, Cluster, Machine, Pairs};
-pub(crate) use cached::{capi_resource, identity, trigger_manager};
+pub(crate) use cached::{TriggerMeta, capi_resource};

@@ -9,10 +9,8 @@ use kube::Resource;
 use kube::core::DynamicResourceScope;
 use serde::Deserialize;
 
-use crate::capi::{CLUSTER_NAME_LABEL, GROUP, PAUSED_ANNOTATION};
-use crate::machine::{
-    CLUSTER_READ_ANNOTATIONS, CapiVersion, Pairs, capi_resource, identity, trigger_manager,
-};
+use crate::capi::{CLUSTER_NAME_LABEL, GROUP};
+use crate::machine::{CapiVersion, Pairs, TriggerMeta, capi_resource};
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct MachineDeployment {
@@ -45,29 +43,20 @@ impl<'de> Deserialize<'de> for MachineDeployment {
             #[serde(default)]
             cluster_name: Option<String>,
         }
-        let Wire { mut metadata, spec } = Wire::deserialize(deserializer)?;
-        let trigger_manager = trigger_manager(&metadata);
-        let paused = metadata
-            .annotations
-            .as_ref()
-            .is_some_and(|a| a.contains_key(PAUSED_ANNOTATION));
+        let Wire { metadata, spec } = Wire::deserialize(deserializer)?;
         let cluster_name = spec.cluster_name.or_else(|| {
             metadata
                 .labels
                 .as_ref()
                 .and_then(|l| l.get(CLUSTER_NAME_LABEL).cloned())
         });
+        let meta = TriggerMeta::of(metadata);
         Ok(Self {
-            annotations: Pairs::new(metadata.annotations.take(), |key| {
-                CLUSTER_READ_ANNOTATIONS.contains(&key)
-            }),
-            trigger_manager,
+            metadata: meta.metadata,
+            annotations: meta.annotations,
+            trigger_manager: meta.trigger_manager,
             cluster_name,
-            paused,
-            metadata: ObjectMeta {
-                labels: metadata.labels.take().filter(|l| !l.is_empty()),
-                ..identity(&mut metadata)
-            },
+            paused: meta.paused,
         })
     }
 }
@@ -78,6 +67,7 @@ mod tests {
 
     use super::*;
     use crate::annotations::REFRESH_CERTIFICATES;
+    use crate::capi::PAUSED_ANNOTATION;
 
     #[test]
     fn keeps_its_cluster_trigger_and_manager_only() {

@@ -152,6 +152,38 @@ pub(crate) fn identity(meta: &mut ObjectMeta) -> ObjectMeta {
     }
 }
 
+/// What the caches keep of an object that can carry the fleet refresh trigger (a Cluster, a
+/// MachineDeployment, a control plane object): its identity and labels, the
+/// [`CLUSTER_READ_ANNOTATIONS`], the manager of the trigger and the paused annotation.
+pub(crate) struct TriggerMeta {
+    pub metadata: ObjectMeta,
+    pub annotations: Pairs,
+    pub trigger_manager: Option<String>,
+    /// The `cluster.x-k8s.io/paused` annotation.
+    pub paused: bool,
+}
+
+impl TriggerMeta {
+    pub(crate) fn of(mut meta: ObjectMeta) -> Self {
+        let paused = meta
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(PAUSED_ANNOTATION));
+        let trigger_manager = trigger_manager(&meta);
+        Self {
+            annotations: Pairs::new(meta.annotations.take(), |key| {
+                CLUSTER_READ_ANNOTATIONS.contains(&key)
+            }),
+            trigger_manager,
+            paused,
+            metadata: ObjectMeta {
+                labels: meta.labels.take().filter(|l| !l.is_empty()),
+                ..identity(&mut meta)
+            },
+        }
+    }
+}
+
 /// The manager of the `managedFields` entry that owns the refresh trigger.
 pub(crate) fn trigger_manager(meta: &ObjectMeta) -> Option<String> {
     let key = format!("f:{REFRESH_CERTIFICATES}");
@@ -204,23 +236,12 @@ impl<'de> Deserialize<'de> for Cluster {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let wire = wire::Cluster::deserialize(deserializer)?;
         let spec = wire.spec.0.unwrap_or_default();
-        let annotated = wire
-            .metadata
-            .annotations
-            .as_ref()
-            .is_some_and(|a| a.contains_key(PAUSED_ANNOTATION));
-        let mut meta = wire.metadata;
-        let trigger_manager = trigger_manager(&meta);
+        let meta = TriggerMeta::of(wire.metadata);
         Ok(Self {
-            annotations: Pairs::new(meta.annotations.take(), |key| {
-                CLUSTER_READ_ANNOTATIONS.contains(&key)
-            }),
-            trigger_manager,
-            metadata: ObjectMeta {
-                labels: meta.labels.take().filter(|l| !l.is_empty()),
-                ..identity(&mut meta)
-            },
-            paused: annotated || spec.paused.0.unwrap_or(false),
+            annotations: meta.annotations,
+            trigger_manager: meta.trigger_manager,
+            metadata: meta.metadata,
+            paused: meta.paused || spec.paused.0.unwrap_or(false),
             endpoint_host: spec
                 .control_plane_endpoint
                 .0

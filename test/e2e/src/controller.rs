@@ -435,6 +435,35 @@ impl Environment {
         }
     }
 
+    /// Waits until `done` holds for the annotations of the object `name` of `api` (a Cluster,
+    /// a MachineDeployment, a CK8sControlPlane, a Machine).
+    pub async fn wait_for_annotations(
+        &self,
+        api: &Api<DynamicObject>,
+        name: &str,
+        timeout: Duration,
+        done: impl Fn(&BTreeMap<String, String>) -> bool,
+    ) -> BTreeMap<String, String> {
+        let start = Instant::now();
+        loop {
+            let annotations = api
+                .get(name)
+                .await
+                .expect("get the object")
+                .metadata
+                .annotations
+                .unwrap_or_default();
+            if done(&annotations) {
+                return annotations;
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "timed out waiting on {name}: {annotations:#?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// Waits until the simulator recorded a call on `node` to `path` matching `pred`.
     pub async fn wait_for_call(
         &self,

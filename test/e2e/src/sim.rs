@@ -238,6 +238,15 @@ pub fn runs(calls: &[CallRecord]) -> Vec<&CallRecord> {
         .collect()
 }
 
+/// The seeds of the `run`s among `calls` that were answered (200), in order.
+pub fn answered_runs(calls: &[CallRecord]) -> Vec<i64> {
+    runs(calls)
+        .into_iter()
+        .filter(|c| c.status == 200)
+        .map(CallRecord::seed)
+        .collect()
+}
+
 /// A simulated node's state.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]

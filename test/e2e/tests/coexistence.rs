@@ -15,7 +15,7 @@ use ck8s_certs_api::annotations::{
     CERTIFICATES_EXPIRY, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS, REFRESH_REQUEST,
 };
 use ck8s_certs_e2e::fixtures::NodeInfo;
-use ck8s_certs_e2e::sim::runs;
+use ck8s_certs_e2e::sim;
 use ck8s_certs_e2e::{Environment, shared};
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
@@ -42,12 +42,7 @@ async fn annotate(
 
 /// Answered `run`s of `node` so far.
 async fn answered_runs(env: &Environment, node: &NodeInfo) -> Vec<i64> {
-    let calls = env.sim.calls(&node.cluster, &node.node).await.unwrap();
-    runs(&calls)
-        .into_iter()
-        .filter(|c| c.status == 200)
-        .map(|c| c.seed())
-        .collect()
+    sim::answered_runs(&env.sim.calls(&node.cluster, &node.node).await.unwrap())
 }
 
 #[tokio::test]

@@ -8,15 +8,14 @@
 //! and `coexistence.rs` takes it down on purpose. The double watches `cluster.x-k8s.io/v1beta1`
 //! Machines, so it runs against the v1.10 CRDs only; the webhook part runs on every release.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ck8s_certs_api::annotations::{
     CERTIFICATES_EXPIRY, FLEET_REQUEST, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS,
 };
 use ck8s_certs_api::certificate_refresh::{CertificateRefresh, RequestPhase};
-use ck8s_certs_e2e::fixtures::NodeInfo;
-use ck8s_certs_e2e::sim::runs;
-use ck8s_certs_e2e::{EnvSpec, Environment, shared_with};
+use ck8s_certs_e2e::sim::answered_runs;
+use ck8s_certs_e2e::{EnvSpec, shared_with};
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
@@ -28,16 +27,6 @@ fn spec() -> EnvSpec {
     let mut spec = EnvSpec::standard();
     spec.clusters.retain(|c| c.name == "alpha");
     spec
-}
-
-/// Answered `run`s of `node` so far, by seed.
-async fn answered_runs(env: &Environment, node: &NodeInfo) -> Vec<i64> {
-    let calls = env.sim.calls(&node.cluster, &node.node).await.unwrap();
-    runs(&calls)
-        .into_iter()
-        .filter(|c| c.status == 200)
-        .map(|c| c.seed())
-        .collect()
 }
 
 #[tokio::test]
@@ -68,25 +57,11 @@ async fn a_fleet_refresh_beside_the_bootstrap_provider_is_carried_out_by_us_alon
         )
         .await
         .unwrap();
-    let deadline = Instant::now() + TIMEOUT;
-    let annotations = loop {
-        let annotations = clusters
-            .get("alpha")
-            .await
-            .unwrap()
-            .metadata
-            .annotations
-            .unwrap_or_default();
-        if annotations
-            .get(REFRESH_CERTIFICATES_STATUS)
-            .map(String::as_str)
-            == Some("done")
-        {
-            break annotations;
-        }
-        assert!(Instant::now() < deadline, "{annotations:#?}");
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    };
+    let annotations = env
+        .wait_for_annotations(&clusters, "alpha", TIMEOUT, |a| {
+            a.get(REFRESH_CERTIFICATES_STATUS).map(String::as_str) == Some("done")
+        })
+        .await;
     let name = &annotations[FLEET_REQUEST];
     let request = Api::<CertificateRefresh>::namespaced(management, "fleet")
         .get(name)
@@ -101,7 +76,7 @@ async fn a_fleet_refresh_beside_the_bootstrap_provider_is_carried_out_by_us_alon
         assert_eq!(op.fleet.as_deref(), Some(name.as_str()), "{op:#?}");
         // Named by the webhook: the trigger the fleet wrote and `in-progress` came in one write.
         assert!(op.request.is_some(), "{}: {op:#?}", node.machine);
-        let ran = answered_runs(&env, node).await;
+        let ran = answered_runs(&env.sim.calls(&node.cluster, &node.node).await.unwrap());
         assert_eq!(ran, [op.seed.unwrap()], "{}: one run, ours", node.machine);
     }
     if let Some(double) = &double {

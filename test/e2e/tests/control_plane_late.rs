@@ -5,7 +5,7 @@
 //!
 //! Its own environment: a management cluster without the CK8sControlPlane CRD at the start.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ck8s_certs_api::annotations::{
     CERTIFICATES_EXPIRY, FLEET_REQUEST, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS,
@@ -86,25 +86,11 @@ async fn a_control_plane_kind_installed_after_the_start_is_watched_and_its_trigg
         )
         .await
         .unwrap();
-    let deadline = Instant::now() + TIMEOUT;
-    let annotations = loop {
-        let annotations = control_planes
-            .get(&name)
-            .await
-            .unwrap()
-            .metadata
-            .annotations
-            .unwrap_or_default();
-        if annotations
-            .get(REFRESH_CERTIFICATES_STATUS)
-            .map(String::as_str)
-            == Some("done")
-        {
-            break annotations;
-        }
-        assert!(Instant::now() < deadline, "{annotations:#?}");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    let annotations = env
+        .wait_for_annotations(&control_planes, &name, TIMEOUT, |a| {
+            a.get(REFRESH_CERTIFICATES_STATUS).map(String::as_str) == Some("done")
+        })
+        .await;
     assert!(!annotations.contains_key(REFRESH_CERTIFICATES));
     let request = Api::<CertificateRefresh>::namespaced(management, "fleet")
         .get(&annotations[FLEET_REQUEST])

@@ -690,26 +690,12 @@ async fn machine_deployment_control_plane_and_selector_targets() {
                 )
                 .await
                 .unwrap();
-            let deadline = Instant::now() + TIMEOUT;
-            let annotations = loop {
-                let annotations = objects
-                    .get(object)
-                    .await
-                    .unwrap()
-                    .metadata
-                    .annotations
-                    .unwrap_or_default();
-                if !annotations.contains_key(REFRESH_CERTIFICATES)
-                    && annotations
-                        .get(REFRESH_CERTIFICATES_STATUS)
-                        .map(String::as_str)
-                        == Some(outcome)
-                {
-                    break annotations;
-                }
-                assert!(Instant::now() < deadline, "{kind} {ttl}: {annotations:?}");
-                tokio::time::sleep(Duration::from_millis(300)).await;
-            };
+            let annotations = env
+                .wait_for_annotations(objects, object, TIMEOUT, |a| {
+                    !a.contains_key(REFRESH_CERTIFICATES)
+                        && a.get(REFRESH_CERTIFICATES_STATUS).map(String::as_str) == Some(outcome)
+                })
+                .await;
             let request = finished(&env, "fleet", &annotations[FLEET_REQUEST]).await;
             let target = &request.spec.target;
             let targeted = match *kind {
