@@ -97,7 +97,7 @@ impl ClusterSpec {
                     microcluster_port: self
                         .microcluster_port
                         .unwrap_or(k8sd::DEFAULT_MICROCLUSTER_PORT),
-                    proxy_pod: format!("k8sd-proxy-{}", suffix()),
+                    proxy_pod: format!("k8sd-proxy-{}", pod_suffix(address)),
                 }
             })
             .collect()
@@ -111,6 +111,21 @@ pub const CK8S_CONTROL_PLANE_VERSION: &str = "v1beta2";
 /// planes.
 pub fn control_plane_name(cluster: &str) -> String {
     format!("{cluster}-control-plane")
+}
+
+/// Five lowercase alphanumerics like a DaemonSet pod's, unique per node of an environment:
+/// workload clusters may share a kube-apiserver (`kube-system` then holds thousands of proxy
+/// pods), where random ones collide now and then.
+fn pod_suffix(address: Ipv4Addr) -> String {
+    let [_, _, cluster, node] = address.octets();
+    let mut n = u32::from(cluster) << 8 | u32::from(node);
+    let mut suffix = String::new();
+    for _ in 0..5 {
+        let digit = char::from_digit(n % 36, 36).unwrap_or('0');
+        suffix.insert(0, digit);
+        n /= 36;
+    }
+    suffix
 }
 
 /// Five lowercase alphanumerics, like generated names.
