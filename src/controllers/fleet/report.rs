@@ -100,11 +100,17 @@ pub(super) async fn mirror_on_trigger(
     if annotations.get(REFRESH_CERTIFICATES_STATUS) == Some(status.as_str()) {
         return Ok(());
     }
-    // The owner's own group and version (a control plane object is not a core CAPI kind).
+    // Cluster API kinds in the version served now (an owner reference keeps the version of its
+    // day); a control plane object in its own group and version.
     let (group, version) = owner
         .api_version
         .split_once('/')
         .unwrap_or(("", owner.api_version.as_str()));
+    let version = if group == ck8s_certs_api::capi::GROUP {
+        ctx.capi.as_str()
+    } else {
+        version
+    };
     let gvk = GroupVersionKind::gvk(group, version, &owner.kind);
     let objects: Api<DynamicObject> =
         Api::namespaced_with(ctx.client.clone(), namespace, &ApiResource::from_gvk(&gvk));

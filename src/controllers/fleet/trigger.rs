@@ -1,7 +1,7 @@
 //! `kubectl annotate cluster <c> v1beta2.k8sd.io/refresh-certificates=<ttl>` (or the same on a
-//! MachineDeployment or a CK8sControlPlane): one fleet `CertificateRefresh` per annotation, owned by the annotated
-//! object, in two writes on it so that a restart between them creates that request and not a
-//! second one:
+//! MachineDeployment or a CK8sControlPlane): one fleet `CertificateRefresh` per annotation, owned
+//! by the annotated object, in two writes on it so that a restart between them creates that
+//! request and not a second one:
 //! 1. the request's name is set aside on the object (`certificates.ck8s.io/fleet-request-pending`);
 //! 2. the request is created (an existing one of that name is the same), then the trigger is
 //!    replaced by `certificates.ck8s.io/fleet-request: <name>` and `in-progress`.

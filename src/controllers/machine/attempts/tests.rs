@@ -205,6 +205,35 @@ async fn control_plane(
     .await
 }
 
+/// A worker whose `run` takes 3 s (it waits for its CSRs) beside a control plane answering
+/// `approvals` (then approving).
+async fn worker(
+    log: &Log,
+    plans: Vec<Result<i64, K8sdError>>,
+    runs: Vec<Result<i64, K8sdError>>,
+    approvals: Vec<Result<(), K8sdError>>,
+    op: &mut Operation,
+) -> Result<(), Failure> {
+    let mut worker = Node {
+        run_takes: Duration::from_secs(3),
+        ..node(log, plans, runs)
+    };
+    let mut approver = Approver {
+        answers: approvals.into(),
+        log: log.clone(),
+    };
+    let mut journal = journal(log);
+    carry_out(
+        &mut worker,
+        Some(&mut approver),
+        op,
+        None,
+        &retry(),
+        &mut journal,
+    )
+    .await
+}
+
 fn error_text(result: Result<(), Failure>) -> String {
     match result {
         Ok(()) => "succeeded".into(),
@@ -414,26 +443,10 @@ async fn an_answered_error_fails_at_once() {
 #[tokio::test(start_paused = true)]
 async fn a_worker_runs_while_a_control_plane_approves_and_an_approve_error_is_noted() {
     let log = Log::default();
-    let mut worker = Node {
-        run_takes: Duration::from_secs(3),
-        ..node(&log, vec![Ok(9)], vec![Ok(EXPIRY)])
-    };
-    // It never approves: the CSRs are approved by k8sd's auto-approver meanwhile.
-    let mut approver = Approver {
-        answers: (0..10).map(|_| Err(api(500, "no CSRs yet"))).collect(),
-        log: log.clone(),
-    };
-    let mut journal = journal(&log);
     let mut op = pending(31_536_000);
-    let result = carry_out(
-        &mut worker,
-        Some(&mut approver),
-        &mut op,
-        None,
-        &retry(),
-        &mut journal,
-    )
-    .await;
+    // It never approves: the CSRs are approved by k8sd's auto-approver meanwhile.
+    let approvals = (0..10).map(|_| Err(api(500, "no CSRs yet"))).collect();
+    let result = worker(&log, vec![Ok(9)], vec![Ok(EXPIRY)], approvals, &mut op).await;
     assert_eq!(error_text(result), "succeeded");
     let log_entries = entries(&log);
     assert_eq!(&log_entries[..2], ["plan 9", "record seed=9 attempts=1"]);
@@ -461,23 +474,14 @@ async fn a_worker_runs_while_a_control_plane_approves_and_an_approve_error_is_no
 #[tokio::test(start_paused = true)]
 async fn a_worker_whose_csrs_nobody_approves_fails_with_the_cause_and_no_new_plan() {
     let log = Log::default();
-    let mut worker = Node {
-        run_takes: Duration::from_secs(3),
-        ..node(&log, vec![Ok(9), Ok(10)], vec![Err(no_answer())])
-    };
-    let mut approver = Approver {
-        answers: VecDeque::from([Err(api(401, "invalid token"))]),
-        log: log.clone(),
-    };
-    let mut journal = journal(&log);
     let mut op = pending(31_536_000);
-    let result = carry_out(
-        &mut worker,
-        Some(&mut approver),
+    let approvals = vec![Err(api(401, "invalid token"))];
+    let result = worker(
+        &log,
+        vec![Ok(9), Ok(10)],
+        vec![Err(no_answer())],
+        approvals,
         &mut op,
-        None,
-        &retry(),
-        &mut journal,
     )
     .await;
     let text = error_text(result);
