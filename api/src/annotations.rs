@@ -24,6 +24,12 @@ pub const REFRESH_REQUEST: &str = "certificates.ck8s.io/refresh-request";
 /// request the Cluster's own trigger last created. Ours, not shared with CK8s tooling.
 pub const FLEET_REQUEST: &str = "certificates.ck8s.io/fleet-request";
 
+/// On a Machine: the `CertificateRefresh` that carries the refresh in flight. Set with
+/// `in-progress` (in the write that takes the refresh up), removed with `done`/`failed`; the
+/// request's status holds the refresh's seed and attempts, written before anything is sent to
+/// the node, so a restart finds the refresh where it stopped. Ours, not shared with CK8s tooling.
+pub const IN_FLIGHT_REFRESH: &str = "certificates.ck8s.io/certificate-refresh";
+
 /// On a Cluster: the fleet request being created from its trigger (the first of two writes, so
 /// that a restart in between creates that request, not a second one).
 pub const FLEET_REQUEST_PENDING: &str = "certificates.ck8s.io/fleet-request-pending";

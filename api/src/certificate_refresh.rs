@@ -17,7 +17,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-pub use crate::machine_certificates::{Origin, Role};
+pub use crate::machine_certificates::{Operation, Origin, Role};
 
 /// Worker refreshes at once of a fleet request, when `maxParallelWorkers` is not set.
 pub const DEFAULT_MAX_PARALLEL_WORKERS: u32 = 2;
@@ -129,6 +129,11 @@ pub struct CertificateRefreshStatus {
     /// What happened, in words; for a failure, what went wrong and what to do.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// Machine requests: the refresh of the node as it is carried out. Its seed is written here
+    /// before `run` is sent (with the instance carrying it out), so after a crash the controller
+    /// knows which k8sd flow may be in flight and never starts a second one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation: Option<Operation>,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]

@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 
 use ck8s_certs_api::annotations::{
-    CERTIFICATES_EXPIRY, FLEET_REQUEST, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS,
-    RefreshStatus,
+    CERTIFICATES_EXPIRY, FLEET_REQUEST, IN_FLIGHT_REFRESH, REFRESH_CERTIFICATES,
+    REFRESH_CERTIFICATES_STATUS, RefreshStatus,
 };
 use ck8s_certs_api::capi::{BLOCK_MOVE_ANNOTATION, BLOCK_MOVE_OWNER};
 use ck8s_certs_api::machine::MachineView;
@@ -32,9 +32,15 @@ fn pointer(key: &str) -> String {
 ///
 /// clusterctl's block-move annotation follows the status: set with `in-progress`, removed (when
 /// ours) with `done` or `failed`, so that a `clusterctl move` waits for a refresh on the node.
+/// So does the name of the request carrying the refresh ([`IN_FLIGHT_REFRESH`]).
 #[derive(Clone, Debug, Default)]
 pub struct MachineChanges<'a> {
     pub status: Option<RefreshStatus>,
+    /// With `in-progress`: the `CertificateRefresh` that carries the refresh.
+    pub request: Option<&'a str>,
+    /// Written only if the Machine is still at this resourceVersion (the one the change was
+    /// decided on): taking a refresh up is then a claim two controller instances cannot both win.
+    pub unchanged_since: Option<&'a str>,
     /// Remove our block-move annotation without a status change (the Cluster was paused before
     /// anything ran on the node).
     pub release_move: bool,
@@ -65,7 +71,14 @@ pub fn machine_patch(machine: &MachineView, changes: &MachineChanges<'_>) -> Mac
     }
     if changes.status == Some(RefreshStatus::InProgress) {
         set.insert(BLOCK_MOVE_ANNOTATION, BLOCK_MOVE_OWNER.to_owned());
+        if let Some(request) = changes.request {
+            set.insert(IN_FLIGHT_REFRESH, request.to_owned());
+        }
     }
+    let ended = changes
+        .status
+        .is_some_and(|s| s != RefreshStatus::InProgress);
+    let release_request = ended && machine.annotation(IN_FLIGHT_REFRESH).is_some();
     let release_move = (changes.release_move
         || changes
             .status
@@ -76,11 +89,16 @@ pub fn machine_patch(machine: &MachineView, changes: &MachineChanges<'_>) -> Mac
     }
     if machine.annotations.is_empty() && changes.remove_trigger.is_none() && !changes.remove_fleet {
         // (No annotations: no block-move of ours to release either.)
-        return MachinePatch::Merge(
-            json!({ "metadata": { "uid": machine.uid, "annotations": set } }),
-        );
+        let mut metadata = json!({ "uid": machine.uid, "annotations": set });
+        if let Some(version) = changes.unchanged_since {
+            metadata["resourceVersion"] = json!(version);
+        }
+        return MachinePatch::Merge(json!({ "metadata": metadata }));
     }
     let mut ops = vec![json!({ "op": "test", "path": "/metadata/uid", "value": machine.uid })];
+    if let Some(version) = changes.unchanged_since {
+        ops.push(json!({ "op": "test", "path": "/metadata/resourceVersion", "value": version }));
+    }
     for (key, value) in &set {
         ops.push(json!({ "op": "add", "path": pointer(key), "value": value }));
     }
@@ -90,6 +108,9 @@ pub fn machine_patch(machine: &MachineView, changes: &MachineChanges<'_>) -> Mac
     }
     if changes.remove_fleet && machine.annotation(FLEET_REQUEST).is_some() {
         ops.push(json!({ "op": "remove", "path": pointer(FLEET_REQUEST) }));
+    }
+    if release_request {
+        ops.push(json!({ "op": "remove", "path": pointer(IN_FLIGHT_REFRESH) }));
     }
     if release_move {
         // Only ours: a block-move another provider set meanwhile fails the test, and the retry
@@ -115,6 +136,11 @@ pub fn patched(machine: &MachineView, changes: &MachineChanges<'_>) -> MachineVi
                 BLOCK_MOVE_ANNOTATION.to_owned(),
                 BLOCK_MOVE_OWNER.to_owned(),
             );
+            if let Some(request) = changes.request {
+                annotations.insert(IN_FLIGHT_REFRESH.to_owned(), request.to_owned());
+            }
+        } else {
+            annotations.remove(IN_FLIGHT_REFRESH);
         }
     }
     let release = changes.release_move
@@ -217,6 +243,61 @@ mod tests {
                 { "op": "test", "path": "/metadata/annotations/v1beta2.k8sd.io~1refresh-certificates", "value": "1y" },
                 { "op": "remove", "path": "/metadata/annotations/v1beta2.k8sd.io~1refresh-certificates" }
             ]))
+        );
+    }
+
+    #[test]
+    fn taking_a_refresh_up_names_its_request_on_the_machine_as_read_and_the_outcome_drops_it() {
+        let announce = MachineChanges {
+            status: Some(RefreshStatus::InProgress),
+            request: Some("m-1800000000"),
+            unchanged_since: Some("42"),
+            ..Default::default()
+        };
+        assert_eq!(
+            machine_patch(&view(&[(REFRESH_CERTIFICATES, "1y")]), &announce),
+            MachinePatch::Json(json!([
+                { "op": "test", "path": "/metadata/uid", "value": "u-1" },
+                { "op": "test", "path": "/metadata/resourceVersion", "value": "42" },
+                { "op": "add", "path": "/metadata/annotations/certificates.ck8s.io~1certificate-refresh", "value": "m-1800000000" },
+                { "op": "add", "path": "/metadata/annotations/clusterctl.cluster.x-k8s.io~1block-move", "value": "ck8s-certs" },
+                { "op": "add", "path": "/metadata/annotations/v1beta2.k8sd.io~1refresh-certificates-status", "value": "in-progress" }
+            ]))
+        );
+        // A Machine without annotations: a merge patch, the resourceVersion its precondition.
+        assert_eq!(
+            machine_patch(&view(&[]), &announce),
+            MachinePatch::Merge(json!({ "metadata": {
+                "uid": "u-1",
+                "resourceVersion": "42",
+                "annotations": {
+                    "certificates.ck8s.io/certificate-refresh": "m-1800000000",
+                    "clusterctl.cluster.x-k8s.io/block-move": "ck8s-certs",
+                    "v1beta2.k8sd.io/refresh-certificates-status": "in-progress",
+                },
+            }}))
+        );
+        let announced = patched(&view(&[(REFRESH_CERTIFICATES, "1y")]), &announce);
+        assert_eq!(
+            announced.annotation(IN_FLIGHT_REFRESH),
+            Some("m-1800000000")
+        );
+        let done = MachineChanges {
+            status: Some(RefreshStatus::Done),
+            ..Default::default()
+        };
+        let MachinePatch::Json(ops) = machine_patch(&announced, &done) else {
+            panic!("a JSON patch");
+        };
+        assert!(
+            ops.as_array().is_some_and(|ops| ops.contains(
+                &json!({ "op": "remove", "path": "/metadata/annotations/certificates.ck8s.io~1certificate-refresh" })
+            )),
+            "{ops:#}"
+        );
+        assert_eq!(
+            patched(&announced, &done).annotation(IN_FLIGHT_REFRESH),
+            None
         );
     }
 

@@ -6,12 +6,13 @@
 //! once. A Machine relabelled while a refresh of its node is in flight would otherwise be taken
 //! up by the new shard as an interrupted operation (a second `plan` and `run` on a node that is
 //! still being refreshed), which the one-refresh-at-a-time promise forbids. So:
-//! - an operation names its [`Carrier`] (Lease and holder) in the record, written with the
-//!   resourceVersion just read as a precondition, in the write that records an attempt's seed
-//!   before its `run` (`plan` changes nothing on the node) ([`Shard::claim`]): of two instances
-//!   starting at once, one wins;
+//! - an operation names its [`Carrier`] (Lease and holder) in its request (the
+//!   `CertificateRefresh` the Machine names), written with the resourceVersion just read as a
+//!   precondition, in the write that records an attempt's seed before its `run` (`plan` changes
+//!   nothing on the node) ([`Shard::claim`]): of two instances starting at once, one wins;
 //! - an instance finding an unfinished operation of another carrier leaves it alone while that
-//!   carrier still holds its Lease ([`verdict`]); the record then says who carries it out;
+//!   carrier still holds its Lease ([`verdict`]); the Machine's `Refreshing` condition then says
+//!   who carries it out;
 //! - the instance whose Machine left its filter finishes what it started (its reconcile is not
 //!   cancelled by the watch) and records it.
 //!
@@ -23,9 +24,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use ck8s_certs_api::capi::WATCH_FILTER_LABEL;
-use ck8s_certs_api::machine_certificates::{
-    Carrier, MachineCertificates, MachineCertificatesStatus, Operation,
-};
+use ck8s_certs_api::certificate_refresh::{CertificateRefresh, CertificateRefreshStatus};
+use ck8s_certs_api::machine_certificates::{Carrier, MachineCertificates, Operation};
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube::api::{Patch, PatchParams};
@@ -201,22 +201,23 @@ impl Shard {
         Ok((spec, now.duration_since(entry.1)))
     }
 
-    /// Names us as the carrier of `op` in the record, on the condition that the record did not
-    /// change since it was read fresh here and still holds no other unfinished operation than
-    /// `op` itself. The write is a server-side apply of the whole `status` carrying that
+    /// Names us as the carrier of `op` in its request (`CertificateRefresh` `name`), on the
+    /// condition that the request did not change since it was read fresh here and holds no
+    /// other unfinished operation than `op` itself. `status` is the request's status as `op`
+    /// makes it. The write is a server-side apply of the whole status carrying that
     /// resourceVersion, which the API server takes as a precondition (409 on a change).
     pub async fn claim(
         &self,
         namespace: &str,
         name: &str,
-        status: &mut MachineCertificatesStatus,
         op: &mut Operation,
+        status: impl Fn(&Operation) -> CertificateRefreshStatus,
         manager: &str,
     ) -> Result<Claimed, ShardError> {
         let Some(ours) = self.ours.clone() else {
             return Ok(Claimed::Ours);
         };
-        let api: Api<MachineCertificates> = Api::namespaced(self.client.clone(), namespace);
+        let api: Api<CertificateRefresh> = Api::namespaced(self.client.clone(), namespace);
         let Some(fresh) = api.get_opt(name).await? else {
             return Ok(Claimed::Lost);
         };
@@ -231,9 +232,8 @@ impl Shard {
             return Ok(Claimed::Lost);
         }
         op.carrier = Some(ours);
-        status.operation = Some(op.clone());
         Ok(
-            match write_unchanged(&api, &fresh, status, manager).await? {
+            match write_unchanged(&api, &fresh, &status(op), manager).await? {
                 true => Claimed::Ours,
                 false => Claimed::Lost,
             },
@@ -279,16 +279,19 @@ impl Shard {
 /// Writes `status` over `fresh`'s on the condition that the record did not change since it was
 /// read: a server-side apply carrying its resourceVersion, which the API server takes as a
 /// precondition. `false`: it changed (409), nothing was written.
-async fn write_unchanged(
-    api: &Api<MachineCertificates>,
-    fresh: &MachineCertificates,
-    status: &MachineCertificatesStatus,
+async fn write_unchanged<K>(
+    api: &Api<K>,
+    fresh: &K,
+    status: &impl serde::Serialize,
     manager: &str,
-) -> Result<bool, ShardError> {
+) -> Result<bool, ShardError>
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     let apply = json!({
-        "apiVersion": MachineCertificates::api_version(&()),
-        "kind": MachineCertificates::kind(&()),
-        "metadata": { "resourceVersion": fresh.metadata.resource_version },
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "metadata": { "resourceVersion": fresh.meta().resource_version },
         "status": status,
     });
     let params = PatchParams::apply(manager).force();
@@ -308,16 +311,12 @@ async fn write_unchanged(
 pub async fn gate(
     shard: &Shard,
     step: &Step,
-    status: &MachineCertificatesStatus,
     namespace: &str,
     name: &str,
     manager: &str,
 ) -> Result<Option<Duration>, ShardError> {
     let op = match step {
-        Step::Start { .. } | Step::Resume(_) => match status.operation.as_ref() {
-            Some(op) if !op.is_finished() => op,
-            _ => return Ok(None),
-        },
+        Step::Resume(op) => op,
         Step::Record(op) if leave_record(op, Timestamp::now()) => op,
         _ => return Ok(None),
     };

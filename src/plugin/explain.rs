@@ -2,9 +2,13 @@
 
 use std::io::Write;
 
+use ck8s_certs_api::annotations::IN_FLIGHT_REFRESH;
+use ck8s_certs_api::certificate_refresh::CertificateRefresh;
 use ck8s_certs_api::cluster_certificates::ClusterCertificates;
 use ck8s_certs_api::machine::{Machine, MachineView};
-use ck8s_certs_api::machine_certificates::{MachineCertificates, MachineCertificatesStatus};
+use ck8s_certs_api::machine_certificates::{
+    MachineCertificates, MachineCertificatesStatus, Operation,
+};
 use jiff::Timestamp;
 use kube::Api;
 use serde::Serialize;
@@ -30,7 +34,17 @@ pub struct Explanation {
     pub node: Option<String>,
     pub role: &'static str,
     pub status: Option<MachineCertificatesStatus>,
+    /// The refresh in flight: the operation of the `CertificateRefresh` the Machine names.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub in_flight: Option<InFlight>,
     pub cluster_certificates: Option<ClusterCertificates>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InFlight {
+    pub request: String,
+    pub operation: Option<Operation>,
 }
 
 /// The lines `explain` prints.
@@ -106,6 +120,28 @@ pub fn lines(explanation: &Explanation, now: Timestamp) -> Vec<String> {
                 .unwrap_or_default()
         ));
     }
+    if let Some(in_flight) = &explanation.in_flight {
+        let mut line = format!(
+            "Refresh in flight: CertificateRefresh {}",
+            in_flight.request
+        );
+        match &in_flight.operation {
+            Some(op) => line.push_str(&format!(
+                ", {:?} for {}, started {}, seed {}, run sent {} time(s){}",
+                op.origin,
+                op.ttl,
+                when(op.started_at.0),
+                op.seed.map_or_else(|| "-".into(), |s| s.to_string()),
+                op.run_attempts,
+                op.carrier
+                    .as_ref()
+                    .map(|c| format!(", carried out by {}", c.lease))
+                    .unwrap_or_default()
+            )),
+            None => line.push_str(", not on the node yet"),
+        }
+        lines.push(line);
+    }
     match &status.operation {
         None => lines.push("Last refresh: none recorded".into()),
         Some(op) => {
@@ -175,6 +211,22 @@ pub async fn run(
     let records: Api<MachineCertificates> =
         Api::namespaced(session.client.clone(), &session.namespace);
     let status = records.get_opt(&args.machine).await?.and_then(|r| r.status);
+    let in_flight = match view.annotation(IN_FLIGHT_REFRESH) {
+        Some(name) => {
+            let requests: Api<CertificateRefresh> =
+                Api::namespaced(session.client.clone(), &session.namespace);
+            let operation = requests
+                .get_opt(name)
+                .await?
+                .and_then(|r| r.status)
+                .and_then(|s| s.operation);
+            Some(InFlight {
+                request: name.to_owned(),
+                operation: operation.filter(|op| !op.is_finished()),
+            })
+        }
+        None => None,
+    };
     let cluster_certificates = match &view.cluster {
         Some(cluster) => {
             let api: Api<ClusterCertificates> =
@@ -195,6 +247,7 @@ pub async fn run(
             "worker"
         },
         status,
+        in_flight,
         cluster_certificates,
     };
     if super::output::structured(out, args.output, &explanation)? {
@@ -256,6 +309,7 @@ mod tests {
                 }),
                 ..Default::default()
             }),
+            in_flight: None,
             cluster_certificates: None,
         };
         let lines = lines(&explanation, "2027-01-01T00:00:00Z".parse().unwrap());
@@ -271,6 +325,53 @@ mod tests {
                 "Last refresh: Succeeded, Manual for 1y, started 2026-01-10T00:00:00Z by kubectl-annotate, finished 2026-01-10T00:01:00Z",
                 "Renew now: kubectl ck8s-certs renew w-1 -n edge",
             ]
+        );
+    }
+
+    #[test]
+    fn a_refresh_in_flight_is_read_from_its_request() {
+        let at = |s: &str| Time(s.parse().unwrap());
+        let running = Operation {
+            phase: Phase::Running,
+            seed: Some(42),
+            run_attempts: 1,
+            ..Operation::pending(
+                Origin::Policy,
+                None,
+                None,
+                "90d".into(),
+                1,
+                at("2027-01-01T00:00:00Z"),
+            )
+        };
+        let mut explanation = Explanation {
+            namespace: "edge".into(),
+            machine: "w-1".into(),
+            cluster: Some("store-12".into()),
+            node: Some("node-1".into()),
+            role: "worker",
+            status: None,
+            in_flight: Some(InFlight {
+                request: "w-1-1798761600".into(),
+                operation: Some(running),
+            }),
+            cluster_certificates: None,
+        };
+        let now = "2027-01-01T00:01:00Z".parse().unwrap();
+        assert_eq!(
+            lines(&explanation, now)[2..4],
+            [
+                "Policy: none selects this Machine; certificates are renewed only on request",
+                "Refresh in flight: CertificateRefresh w-1-1798761600, Policy for 90d, started 2027-01-01T00:00:00Z, seed 42, run sent 1 time(s)",
+            ]
+        );
+        explanation.in_flight = Some(InFlight {
+            request: "w-1-1798761600".into(),
+            operation: None,
+        });
+        assert_eq!(
+            lines(&explanation, now)[3],
+            "Refresh in flight: CertificateRefresh w-1-1798761600, not on the node yet"
         );
     }
 }

@@ -26,6 +26,14 @@ pub(super) enum Ending {
     Failed(String),
 }
 
+/// How a finished `op` ended (to record it again after a crash).
+pub(super) fn ending_of(op: &Operation) -> Ending {
+    match op.phase {
+        Phase::Succeeded => Ending::Succeeded,
+        _ => Ending::Failed(op.error.clone().unwrap_or_default()),
+    }
+}
+
 /// Records the end of `op` in `status` (and in `op`).
 pub(super) fn conclude(
     status: &mut MachineCertificatesStatus,

@@ -1,15 +1,17 @@
 //! Carrying out an operation: under the cluster's lock, the node (and a control plane to approve
 //! a worker's CSRs) reached, waiting while they restart; then the [`attempts`] on the node, with
-//! the Machine's status as their journal; then the outcome.
+//! the request's status as their journal; then the outcome.
 
 use super::*;
 
 impl Reconciler<'_> {
-    /// Runs (or continues) `op` under the cluster's lock and records the outcome.
+    /// Runs (or continues) `op` under the cluster's lock and records the outcome. `opened`: its
+    /// request exists.
     pub(super) async fn execute(
         &self,
         mut status: MachineCertificatesStatus,
         mut op: Operation,
+        opened: bool,
         role: Role,
         cluster: ClusterView,
     ) -> Result<Action, Error> {
@@ -49,7 +51,9 @@ impl Reconciler<'_> {
         });
         status.role = Some(role);
         status.node_name = self.view.node_name.clone();
-        let result = self.refresh(&mut status, &mut op, role, &cluster).await;
+        let result = self
+            .refresh(&mut status, &mut op, opened, role, &cluster)
+            .await;
         let mut node = match result {
             Ok(node) => node,
             Err(Failure::Stopping) => return Ok(Action::await_change()),
@@ -79,24 +83,31 @@ impl Reconciler<'_> {
         Ok(action)
     }
 
-    /// Records an attempt (its seed) before its `run` is sent. With a Lease, the same write names
-    /// us as the operation's carrier, on the condition that the record did not change since it
-    /// was read (sharding): of two instances that planned at once (`plan` changes nothing on the
-    /// node), only one records and runs.
+    /// Records an attempt (its seed) in the request's status before its `run` is sent, creating
+    /// the request first if it is not there yet. With a Lease, the same write names us as the
+    /// operation's carrier, on the condition that the request did not change since it was read
+    /// (sharding): of two instances that planned at once (`plan` changes nothing on the node),
+    /// only one records and runs.
     pub(super) async fn record_attempt(
         &self,
-        status: &mut MachineCertificatesStatus,
         op: &mut Operation,
+        opened: &mut bool,
     ) -> Result<(), Failure> {
-        if self.ctx.shard.ours().is_none() {
-            return self.write_status(status).await.map_err(Failure::Api);
-        }
         self.live_only().map_err(Failure::Api)?;
-        let (namespace, name) = (&self.view.namespace, &self.view.name);
+        if !*opened {
+            self.open_record(op).await.map_err(Failure::Api)?;
+            *opened = true;
+        }
+        if self.ctx.shard.ours().is_none() {
+            return self.write_record(op).await.map_err(Failure::Api);
+        }
+        let name = self.request_name(op);
+        let role = self.role();
+        let status = |op: &Operation| history::record_status(&self.view.name, role, op);
         match self
             .ctx
             .shard
-            .claim(namespace, name, status, op, MANAGER)
+            .claim(&self.view.namespace, &name, op, status, MANAGER)
             .await
         {
             Ok(crate::controllers::shard::Claimed::Ours) => Ok(()),
@@ -111,6 +122,7 @@ impl Reconciler<'_> {
         &self,
         status: &mut MachineCertificatesStatus,
         op: &mut Operation,
+        opened: bool,
         role: Role,
         cluster: &ClusterView,
     ) -> Result<Node, Failure> {
@@ -142,9 +154,10 @@ impl Reconciler<'_> {
                 }
             }),
         };
-        let mut journal = StatusJournal {
+        let mut journal = RequestJournal {
             reconciler: self,
             status,
+            opened,
             wait,
         };
         let extra_sans = (role == Role::ControlPlane).then(|| node.sans.clone());
@@ -163,7 +176,7 @@ impl Reconciler<'_> {
 
     /// Waits while something the refresh needs does not answer (a node or control plane
     /// restarting after a refresh), up to `--refresh-wait-timeout`; the first wait is shown in
-    /// the Refreshing condition (and the operation record, once it is persisted).
+    /// the Refreshing condition (and in the operation's note, written with its next record).
     pub(super) async fn pause(
         &self,
         wait: &mut Wait,
@@ -184,11 +197,6 @@ impl Reconciler<'_> {
             let note = format!("Waiting for {what}, which does not answer (restarting?): {reason}");
             info!(note, "Waiting");
             op.note = Some(note.clone());
-            // A pending operation is never persisted (nothing was sent; after a crash the
-            // request simply starts again): then the condition alone says it.
-            if op.seed.is_some() {
-                status.operation = Some(op.clone());
-            }
             set_condition(
                 status,
                 conditions::REFRESHING,
@@ -206,42 +214,26 @@ impl Reconciler<'_> {
     }
 }
 
-/// The attempts' journal is the Machine's status: the seed (and the pinned certificate) are
-/// recorded there before `run`, and waits are shown in the Refreshing condition.
-struct StatusJournal<'r, 'a> {
+/// The attempts' journal is the request's status: the seed is recorded there before `run`.
+/// The pinned k8sd certificate goes in the Machine's status with the outcome, and waits are
+/// shown in its Refreshing condition.
+struct RequestJournal<'r, 'a> {
     reconciler: &'r Reconciler<'a>,
     status: &'r mut MachineCertificatesStatus,
+    /// Whether the request exists.
+    opened: bool,
     wait: Wait,
 }
 
-impl attempts::Journal for StatusJournal<'_, '_> {
+impl attempts::Journal for RequestJournal<'_, '_> {
     async fn record(
         &mut self,
         op: &mut Operation,
         fingerprint: Option<String>,
     ) -> Result<(), Failure> {
-        let seed = op.seed.unwrap_or_default();
-        self.status.operation = Some(op.clone());
         self.status.k8sd_fingerprint = fingerprint;
-        set_condition(
-            self.status,
-            conditions::REFRESHING,
-            true,
-            why::REFRESH_IN_PROGRESS,
-            format!("Refreshing with seed {seed}"),
-            Reconciler::now(),
-        );
-        self.reconciler.record_attempt(self.status, op).await?;
+        self.reconciler.record_attempt(op, &mut self.opened).await?;
         crate::failpoint::hit(crate::failpoint::AFTER_SEED_RECORDED);
-        if op.run_attempts == 1 {
-            // On the node from now on: its record exists while it runs, so `clusterctl move`
-            // (which finds objects before it waits for our block-move) takes it along. Not
-            // before: an operation that never got here starts over under another name.
-            // Housekeeping: without it now, the outcome creates it.
-            if let Err(err) = self.reconciler.open_record(op).await {
-                warn!(error = %err, "Could not open the refresh record; it is written at the end");
-            }
-        }
         Ok(())
     }
 

@@ -1,9 +1,12 @@
-//! The audit trail: every refresh of a Machine leaves a `CertificateRefresh` record (target the
-//! Machine, owned by it), and the last `--refresh-history` records per Machine are kept. A
-//! record is created when its refresh reaches the node (the seed is recorded; a refused request
-//! gets one at once) and its outcome is written before the Machine shows it, so a crash in
-//! between records it on the next reconcile (the same name: the writes are idempotent).
+//! Every refresh of a Machine is a `CertificateRefresh` (target the Machine, owned by it): the
+//! journal of the refresh while it runs, its record once finished. The Machine names it from the
+//! moment the refresh is taken up ([`IN_FLIGHT_REFRESH`]); it is created when the refresh
+//! reaches the node, and its status holds the operation (the seed before `run`, then the
+//! outcome, written before anything else shows it), so a restart resumes or records it from
+//! there. A refused request gets one at once. The last `--refresh-history` finished ones per
+//! Machine are kept: the audit trail.
 
+use ck8s_certs_api::annotations::IN_FLIGHT_REFRESH;
 use ck8s_certs_api::certificate_refresh::{
     CertificateRefresh, CertificateRefreshSpec, CertificateRefreshStatus, MachinePhase,
     MachineProgress, RequestPhase, Target, labels,
@@ -20,8 +23,13 @@ pub fn record_name(machine: &str, op: &Operation) -> String {
     format!("{machine}-{}", op.started_at.0.as_second())
 }
 
-/// The record of a finished operation (its status goes in a second write).
-pub fn record(view: &MachineView, capi: CapiVersion, op: &Operation) -> CertificateRefresh {
+/// The request object of an operation, named `name` (its status goes in a second write).
+pub fn record(
+    view: &MachineView,
+    capi: CapiVersion,
+    name: &str,
+    op: &Operation,
+) -> CertificateRefresh {
     let mut labels: std::collections::BTreeMap<String, String> =
         [CLUSTER_NAME_LABEL, WATCH_FILTER_LABEL]
             .into_iter()
@@ -33,7 +41,7 @@ pub fn record(view: &MachineView, capi: CapiVersion, op: &Operation) -> Certific
     }
     CertificateRefresh {
         metadata: ObjectMeta {
-            name: Some(record_name(&view.name, op)),
+            name: Some(name.to_owned()),
             namespace: Some(view.namespace.clone()),
             labels: Some(labels),
             owner_references: Some(vec![OwnerReference {
@@ -62,38 +70,38 @@ pub fn record(view: &MachineView, capi: CapiVersion, op: &Operation) -> Certific
     }
 }
 
-/// The status of a finished operation's record.
+/// The request's status as `op` makes it: Running from its first recorded seed, then finished.
 pub fn record_status(machine: &str, role: Role, op: &Operation) -> CertificateRefreshStatus {
-    let succeeded = op.phase == Phase::Succeeded;
-    let message = if succeeded {
-        op.note.clone()
-    } else {
-        op.error.clone()
+    let (phase, machine_phase) = match op.phase {
+        Phase::Pending | Phase::Running => (RequestPhase::Running, MachinePhase::Running),
+        Phase::Succeeded => (RequestPhase::Succeeded, MachinePhase::Succeeded),
+        Phase::Failed => (RequestPhase::Failed, MachinePhase::Failed),
     };
+    let message = match op.phase {
+        Phase::Succeeded => op.note.clone(),
+        Phase::Failed => op.error.clone(),
+        Phase::Pending | Phase::Running => {
+            op.seed.map(|seed| format!("Refreshing with seed {seed}"))
+        }
+    };
+    let done = if op.is_finished() { "1/1" } else { "0/1" };
     CertificateRefreshStatus {
-        phase: Some(if succeeded {
-            RequestPhase::Succeeded
-        } else {
-            RequestPhase::Failed
-        }),
+        phase: Some(phase),
         machines: vec![MachineProgress {
             name: machine.to_owned(),
             role,
-            phase: if succeeded {
-                MachinePhase::Succeeded
-            } else {
-                MachinePhase::Failed
-            },
+            phase: machine_phase,
             started_at: Some(op.started_at.clone()),
             finished_at: op.finished_at.clone(),
             new_expiry: op.new_expiry.clone(),
             message: message.clone(),
         }],
-        progress: Some("1/1".into()),
+        progress: Some(done.into()),
         started_at: Some(op.started_at.clone()),
         finished_at: op.finished_at.clone(),
         new_expiry: op.new_expiry.clone(),
         message,
+        operation: Some(op.clone()),
     }
 }
 
@@ -118,38 +126,49 @@ impl Reconciler<'_> {
         Api::namespaced(self.ctx.client.clone(), &self.view.namespace)
     }
 
-    /// Creates the record of an operation that reached its node (its seed is recorded). It
-    /// exists while the refresh runs, so `clusterctl move` takes it along; [`Self::keep_history`]
-    /// writes its outcome.
+    /// The name of the request carrying `op`: the one the Machine names (given when the refresh
+    /// was taken up), else one derived from the operation (refused before it started, or taken
+    /// up by an older version, which kept it in the MachineCertificates only).
+    pub(super) fn request_name(&self, op: &Operation) -> String {
+        self.view
+            .annotation(IN_FLIGHT_REFRESH)
+            .map_or_else(|| record_name(&self.view.name, op), str::to_owned)
+    }
+
+    /// The request the Machine names, read live (`None`: not created yet, or none named).
+    pub(super) async fn in_flight_request(&self) -> Result<Option<CertificateRefresh>, Error> {
+        let Some(name) = self.view.annotation(IN_FLIGHT_REFRESH) else {
+            return Ok(None);
+        };
+        Ok(self.records().get_opt(name).await?)
+    }
+
+    /// Creates the request of an operation reaching its node (idempotent: created before a crash,
+    /// or by another instance that then lost the claim). It exists while the refresh runs, so
+    /// `clusterctl move` (which finds objects before it waits for our block-move) takes it along.
     pub(super) async fn open_record(&self, op: &Operation) -> Result<(), Error> {
-        if self.ctx.config.history == 0 {
-            return Ok(());
-        }
         let params = PostParams {
             field_manager: Some(MANAGER.into()),
             ..Default::default()
         };
+        let name = self.request_name(op);
         match self
             .records()
-            .create(&params, &record(&self.view, self.ctx.capi, op))
+            .create(&params, &record(&self.view, self.ctx.capi, &name, op))
             .await
         {
             Ok(_) => Ok(()),
-            // Created before a crash.
             Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
             Err(err) => Err(err.into()),
         }
     }
 
-    /// Records a finished operation and drops the Machine's oldest records beyond
-    /// `--refresh-history` (0: no records).
-    pub(super) async fn keep_history(&self, op: &Operation) -> Result<(), Error> {
-        let keep = self.ctx.config.history;
-        if keep == 0 || !op.is_finished() {
-            return Ok(());
-        }
+    /// Writes `op` into its request's status (the whole status, server-side apply), creating the
+    /// request when it is not there (refused before it started, or taken up by an older version).
+    pub(super) async fn write_record(&self, op: &Operation) -> Result<(), Error> {
+        self.live_only()?;
         let api = self.records();
-        let name = record_name(&self.view.name, op);
+        let name = self.request_name(op);
         let status = json!({
             "apiVersion": CertificateRefresh::api_version(&()),
             "kind": CertificateRefresh::kind(&()),
@@ -158,37 +177,44 @@ impl Reconciler<'_> {
         let params = PatchParams::apply(MANAGER).force();
         let patch = Patch::Apply(status);
         match api.patch_status(&name, &params, &patch).await {
-            Ok(_) => {}
-            // Not opened: refused before it started, or opened by an older version.
+            Ok(_) => Ok(()),
             Err(kube::Error::Api(status)) if status.code == 404 => {
                 self.open_record(op).await?;
                 api.patch_status(&name, &params, &patch).await?;
+                Ok(())
             }
-            Err(err) => return Err(err.into()),
+            Err(err) => Err(err.into()),
         }
-        // Pruning is housekeeping: a failure leaves one record too many until the next refresh.
+    }
+
+    /// Drops the Machine's oldest records beyond `--refresh-history` (0: none kept), once its
+    /// refresh has ended (none is in flight). Housekeeping: a failure leaves one record too many until the next refresh.
+    pub(super) async fn prune_history(&self) {
+        let keep = self.ctx.config.history;
+        let api = self.records();
         let selector = format!("{}={}", labels::MACHINE, label_value(&self.view.name));
-        match api
+        let list = match api
             .list_metadata(&ListParams::default().labels(&selector))
             .await
         {
-            Ok(list) => {
-                let records = list
-                    .items
-                    .into_iter()
-                    .filter_map(|r| {
-                        let created = r.metadata.creation_timestamp.as_ref()?.0;
-                        Some((r.metadata.name?, created))
-                    })
-                    .collect();
-                for old in beyond(records, keep) {
-                    if let Err(err) = api.delete(&old, &DeleteParams::background()).await {
-                        warn!(record = old, error = %err, "Could not delete an old refresh record");
-                    }
-                }
+            Ok(list) => list,
+            Err(err) => {
+                warn!(error = %err, "Could not list the refresh records to prune them");
+                return;
             }
-            Err(err) => warn!(error = %err, "Could not list the refresh records to prune them"),
+        };
+        let records = list
+            .items
+            .into_iter()
+            .filter_map(|r| {
+                let created = r.metadata.creation_timestamp.as_ref()?.0;
+                Some((r.metadata.name?, created))
+            })
+            .collect();
+        for old in beyond(records, keep) {
+            if let Err(err) = api.delete(&old, &DeleteParams::background()).await {
+                warn!(record = old, error = %err, "Could not delete an old refresh record");
+            }
         }
-        Ok(())
     }
 }

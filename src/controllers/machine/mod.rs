@@ -6,12 +6,14 @@
 //! trigger ─► TTL valid? ──no──► W status failed, trigger removed, Event (no k8sd call)
 //!              │yes
 //!              ▼
-//!   W Machine in-progress + Event ─► lock (CP: one per cluster; workers: bounded)
-//!   ─► plan ─► W operation {Running, seed} ─► run (∥ approve for workers)
-//!   ─► W operation {Succeeded|Failed, expiry} ─► W Machine done|failed + expiry, trigger removed
+//!   W Machine in-progress, naming its CertificateRefresh + Event
+//!   ─► lock (CP: one per cluster; workers: bounded)
+//!   ─► plan ─► W request created ─► W request status: operation {Running, seed} ─► run (∥ approve for workers)
+//!   ─► W request status: operation {Succeeded|Failed, expiry} ─► W MachineCertificates (expiry,
+//!   conditions, a copy of the operation) ─► W Machine done|failed + expiry, trigger removed
 //! ```
-//! After a crash the persisted operation decides: a finished one is only recorded on the
-//! Machine; a Running one had a `run` whose outcome is unknown, so it continues with a new
+//! After a crash the operation in the request the Machine names decides: a finished one is only
+//! recorded (MachineCertificates, Machine); a Running one had a `run` whose outcome is unknown, so it continues with a new
 //! `plan` and a new seed (released k8sd cannot repeat a worker seed, and after a lost answer it
 //! does not serve what it wrote), at most [`MAX_RUN_SENDS`] `run`s per operation in total. An
 //! expiry is recorded only from a `run` answer.
@@ -20,7 +22,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ck8s_certs_api::annotations::{REFRESH_CERTIFICATES, RefreshStatus};
+use ck8s_certs_api::annotations::{IN_FLIGHT_REFRESH, REFRESH_CERTIFICATES, RefreshStatus};
 use ck8s_certs_api::capi::{
     BLOCK_MOVE_ANNOTATION, BLOCK_MOVE_OWNER, CK8S_CONFIG_GROUP, CK8S_CONFIG_KIND,
     CK8S_CONFIG_VERSION, CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL, WATCH_FILTER_LABEL,
@@ -264,14 +266,16 @@ impl Reconciler<'_> {
         let cluster = cluster.map(|c| ClusterView::of(&c));
         // A status this version cannot read is read live, where it is reported.
         let status = mc.status().ok()?;
-        let step = decide(&self.view, cluster.as_ref(), status.as_ref());
+        // A Machine naming a request in flight is never at rest: the request is read live.
+        let step = decide(&self.view, cluster.as_ref(), status.as_ref(), None);
         if !matches!(
             step,
             Step::Ignore | Step::Paused | Step::WaitForNode | Step::Idle
-        ) {
+        ) || self.view.annotation(IN_FLIGHT_REFRESH).is_some()
+        {
             return None;
         }
-        match self.act(cluster, status, step).await {
+        match self.act(cluster, status, None, step).await {
             Err(Error::NeedsLive) => None,
             result => Some(result),
         }
@@ -295,14 +299,26 @@ impl Reconciler<'_> {
         };
         self.generation = mc.metadata.generation;
         let status = mc.status;
-        let step = decide(&self.view, cluster.as_ref(), status.as_ref());
-        self.act(cluster, status, step).await
+        let request = self
+            .in_flight_request()
+            .await?
+            .and_then(|r| r.status)
+            .and_then(|s| s.operation);
+        let step = decide(
+            &self.view,
+            cluster.as_ref(),
+            status.as_ref(),
+            request.as_ref(),
+        );
+        self.act(cluster, status, request, step).await
     }
 
+    /// `request`: the operation of the request the Machine names as in flight.
     async fn act(
         self,
         cluster: Option<ClusterView>,
         status: Option<MachineCertificatesStatus>,
+        request: Option<Operation>,
         step: Step,
     ) -> Result<Action, Error> {
         tracing::Span::current().record("step", tracing::field::debug(&step));
@@ -311,7 +327,6 @@ impl Reconciler<'_> {
         if let Some(retry) = super::shard::gate(
             &self.ctx.shard,
             &step,
-            &status,
             &self.view.namespace,
             &self.view.name,
             MANAGER,
@@ -377,12 +392,19 @@ impl Reconciler<'_> {
                 .await;
                 Ok(Action::await_change())
             }
-            Step::Record(op) => self.record(&op).await,
+            Step::Record(op) => {
+                let journaled = request.as_ref() == Some(&op);
+                self.record(status, &op, journaled).await
+            }
             Step::Start { trigger } => {
                 self.start(status, trigger, cluster.unwrap_or_default())
                     .await
             }
-            Step::Resume(op) => self.resume(status, op, cluster.unwrap_or_default()).await,
+            Step::Resume(op) => {
+                let opened = request.as_ref() == Some(&op);
+                self.resume(status, op, opened, cluster.unwrap_or_default())
+                    .await
+            }
             Step::SyncExpiry => {
                 let expiry = status.expiry.clone();
                 self.patch_machine(&MachineChanges {

@@ -1,12 +1,13 @@
-//! Recording the outcome of an operation: the operation and conditions first (as
-//! [`conclusion`](super::conclusion) computes them), then the Machine's annotations, then Events
-//! and metrics (idempotent: also used after a crash).
+//! Recording the outcome of an operation: in its request first (the journal), then the
+//! MachineCertificates' expiry and conditions (as [`conclusion`](super::conclusion) computes
+//! them, with a copy of the operation), then the Machine's annotations, then Events and metrics
+//! (idempotent: also used after a crash).
 
-use super::conclusion::{Ending, conclude};
+use super::conclusion::{Ending, conclude, ending_of};
 use super::*;
 
 impl Reconciler<'_> {
-    /// Records the outcome: operation and conditions first, then the Machine, then Events.
+    /// Records the outcome: the request, the status, then the Machine, then Events.
     pub(super) async fn finish(
         &self,
         mut status: MachineCertificatesStatus,
@@ -50,15 +51,40 @@ impl Reconciler<'_> {
             )),
         };
         conclude(&mut status, &mut op, ending, now);
-        self.write_status(&status).await?;
+        self.write_record(&op).await?;
         crate::failpoint::hit(crate::failpoint::AFTER_OUTCOME_RECORDED);
-        self.record(&op).await
+        self.write_status(&status).await?;
+        self.show(&op).await
     }
 
-    /// Shows a finished operation on the Machine (idempotent: also used after a crash).
-    pub(super) async fn record(&self, op: &Operation) -> Result<Action, Error> {
+    /// Records a finished operation found after a crash (or a lost write) wherever it is not
+    /// yet: its request (`journaled`: read from it), the status, the Machine.
+    pub(super) async fn record(
+        &self,
+        mut status: MachineCertificatesStatus,
+        op: &Operation,
+        journaled: bool,
+    ) -> Result<Action, Error> {
+        // A copy found in the status but in no request: an older version's operation, whose
+        // record may lack the outcome.
+        if !journaled
+            && self.view.annotation(IN_FLIGHT_REFRESH).is_none()
+            && self.ctx.config.history > 0
+        {
+            self.write_record(op).await?;
+        }
+        if status.operation.as_ref() != Some(op) {
+            let mut concluded = op.clone();
+            let now = op.finished_at.as_ref().map_or_else(Self::now, |t| t.0);
+            conclude(&mut status, &mut concluded, ending_of(op), now);
+            self.write_status(&status).await?;
+        }
+        self.show(op).await
+    }
+
+    /// Shows a finished operation on the Machine, then drops records beyond the history.
+    async fn show(&self, op: &Operation) -> Result<Action, Error> {
         let succeeded = op.phase == Phase::Succeeded;
-        self.keep_history(op).await?;
         let current_trigger = self.view.annotation(REFRESH_CERTIFICATES);
         let remove = op
             .trigger
@@ -109,6 +135,7 @@ impl Reconciler<'_> {
                 .await;
             warn!(error, "Certificate refresh failed");
         }
+        self.prune_history().await;
         Ok(Action::requeue(self.ctx.config.resync))
     }
 }

@@ -28,8 +28,9 @@ impl Reconciler<'_> {
         };
         conclude(&mut status, &mut op, Ending::Failed(error.clone()), now);
         self.write_status(&status).await?;
-        self.open_record(&op).await?;
-        self.keep_history(&op).await?;
+        if self.ctx.config.history > 0 {
+            self.write_record(&op).await?;
+        }
         self.patch_machine(&MachineChanges {
             status: Some(RefreshStatus::Failed),
             remove_trigger: Some(trigger),
@@ -39,6 +40,7 @@ impl Reconciler<'_> {
         .await?;
         self.event(EventType::Warning, events::REFRESH_FAILED, error)
             .await;
+        self.prune_history().await;
         Ok(Action::await_change())
     }
 
@@ -166,7 +168,10 @@ impl Reconciler<'_> {
             .await
     }
 
-    /// Shows the Machine in-progress with an Event, then runs the operation.
+    /// Takes the refresh up: shows the Machine in-progress, naming the request that will carry
+    /// it (one already named is kept: a refresh restarted before it reached the node), with an
+    /// Event; then runs the operation. With a Lease (several instances may see the Machine), the
+    /// write is conditional on the Machine as read, so two instances never name two requests.
     pub(super) async fn announce_and_execute(
         &self,
         status: MachineCertificatesStatus,
@@ -177,11 +182,30 @@ impl Reconciler<'_> {
         if self.ctx.stop.is_cancelled() {
             return Ok(Action::await_change());
         }
+        self.live_only()?;
+        let request = self.request_name(&op);
+        let version = self.machine.meta().resource_version.clone();
         let announce = MachineChanges {
             status: Some(RefreshStatus::InProgress),
+            request: Some(&request),
+            unchanged_since: version
+                .as_deref()
+                .filter(|_| self.ctx.shard.ours().is_some()),
             ..Default::default()
         };
-        self.patch_machine(&announce).await?;
+        match self.apply_machine_patch(&announce).await {
+            Ok(()) => {}
+            // Changed since read (another instance took it up, or our cache is behind): look
+            // again at the Machine as it is.
+            Err(kube::Error::Api(status)) if status.code == 409 || status.code == 422 => {
+                info!("The Machine changed before the refresh was taken up; looking again");
+                return Ok(Action::requeue(crate::controllers::shard::RECHECK));
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 => {
+                return Ok(Action::await_change());
+            }
+            Err(err) => return Err(err.into()),
+        }
         // The final patch releases the block-move this one set: it must see it.
         let announced = Reconciler {
             view: crate::controllers::patches::patched(&self.view, &announce),
@@ -190,18 +214,23 @@ impl Reconciler<'_> {
         announced
             .event(EventType::Normal, events::REFRESH_IN_PROGRESS, announcement)
             .await;
-        announced.execute(status, op, self.role(), cluster).await
+        announced
+            .execute(status, op, false, self.role(), cluster)
+            .await
     }
 
+    /// `opened`: the operation was read from its request (an older version kept it in the
+    /// MachineCertificates only).
     pub(super) async fn resume(
         self,
         status: MachineCertificatesStatus,
         op: Operation,
+        opened: bool,
         cluster: ClusterView,
     ) -> Result<Action, Error> {
         let role = status.role.unwrap_or(self.role());
         info!(seed = ?op.seed, attempts = op.run_attempts, "Resuming an interrupted refresh");
-        self.execute(status, op, role, cluster).await
+        self.execute(status, op, opened, role, cluster).await
     }
 
     /// Control planes first: a worker whose cluster has a control-plane refresh requested or

@@ -1,5 +1,6 @@
-//! What the Machine reconciler should do next: a pure function of the Machine, its Cluster and
-//! its `MachineCertificates` status. The reconciler only executes the answer.
+//! What the Machine reconciler should do next: a pure function of the Machine, its Cluster, its
+//! `MachineCertificates` status and the operation of the request the Machine names as in
+//! flight. The reconciler only executes the answer.
 //!
 //! Order matters: an operation already in flight is finished before anything new starts, so a
 //! crash or restart never leaves the status `in-progress` and never starts a second flow.
@@ -39,10 +40,14 @@ pub enum Step {
     Idle,
 }
 
+/// `request` is the operation in the status of the `CertificateRefresh` the Machine names as in
+/// flight (the journal of the refresh); `status.operation` is the copy of the last finished one
+/// (or, written by an older version, one still in flight).
 pub fn decide(
     machine: &MachineView,
     cluster: Option<&ClusterView>,
     status: Option<&MachineCertificatesStatus>,
+    request: Option<&Operation>,
 ) -> Step {
     if !machine.is_ck8s() || machine.deleting {
         return Step::Ignore;
@@ -50,27 +55,33 @@ pub fn decide(
     let Some(cluster) = cluster else {
         return Step::ClusterMissing;
     };
-    let step = decide_unpaused(machine, status);
+    let step = decide_unpaused(machine, status, request);
     if cluster.paused && !matches!(step, Step::Resume(_) | Step::Record(_)) {
         return Step::Paused;
     }
     step
 }
 
-fn decide_unpaused(machine: &MachineView, status: Option<&MachineCertificatesStatus>) -> Step {
-    let operation = status.and_then(|s| s.operation.as_ref());
-    if let Some(op) = operation
-        && !op.is_finished()
-    {
+fn decide_unpaused(
+    machine: &MachineView,
+    status: Option<&MachineCertificatesStatus>,
+    request: Option<&Operation>,
+) -> Step {
+    let last = status.and_then(|s| s.operation.as_ref());
+    let unfinished = |op: &&Operation| !op.is_finished();
+    if let Some(op) = request.filter(unfinished).or(last.filter(unfinished)) {
         return match op.phase {
-            // A Pending op is persisted only as the carrier's claim (`shard`), before `plan`,
-            // which has no side effects: start over like a fresh request.
+            // Not persisted by this version (its seed is); an older one wrote a Pending op as
+            // the carrier's claim, before `plan`, which has no side effects: start over like a
+            // fresh request.
             Phase::Pending => Step::Start {
                 trigger: op.trigger.clone().unwrap_or_else(|| op.ttl.clone()),
             },
             _ => Step::Resume(op.clone()),
         };
     }
+    // The last finished operation: the request's (the journal) before its copy.
+    let operation = request.or(last);
     if machine.node_name.is_none() {
         return Step::WaitForNode;
     }
@@ -188,11 +199,11 @@ mod tests {
     fn foreign_deleting_paused_and_nodeless_machines_are_left_alone() {
         let mut foreign = machine(&[(REFRESH_CERTIFICATES, "1y")]);
         foreign.bootstrap_kind = Some("KubeadmConfig".into());
-        assert_eq!(decide(&foreign, Some(&LIVE), None), Step::Ignore);
+        assert_eq!(decide(&foreign, Some(&LIVE), None, None), Step::Ignore);
 
         let mut deleting = machine(&[(REFRESH_CERTIFICATES, "1y")]);
         deleting.deleting = true;
-        assert_eq!(decide(&deleting, Some(&LIVE), None), Step::Ignore);
+        assert_eq!(decide(&deleting, Some(&LIVE), None, None), Step::Ignore);
 
         let paused = ClusterView {
             labels: BTreeMap::new(),
@@ -203,15 +214,22 @@ mod tests {
             decide(
                 &machine(&[(REFRESH_CERTIFICATES, "1y")]),
                 Some(&paused),
+                None,
                 None
             ),
             Step::Paused
         );
-        assert_eq!(decide(&machine(&[]), None, None), Step::ClusterMissing);
+        assert_eq!(
+            decide(&machine(&[]), None, None, None),
+            Step::ClusterMissing
+        );
 
         let mut nodeless = machine(&[(REFRESH_CERTIFICATES, "1y")]);
         nodeless.node_name = None;
-        assert_eq!(decide(&nodeless, Some(&LIVE), None), Step::WaitForNode);
+        assert_eq!(
+            decide(&nodeless, Some(&LIVE), None, None),
+            Step::WaitForNode
+        );
     }
 
     #[test]
@@ -231,26 +249,37 @@ mod tests {
             decide(
                 &m,
                 Some(&paused),
-                Some(&status(Some(running.clone()), None))
+                Some(&status(Some(running.clone()), None)),
+                None
             ),
             Step::Resume(running)
         );
         // Finished, not yet shown on the Machine: shown (which releases block-move).
         let done = op(Phase::Succeeded, "1y");
         assert_eq!(
-            decide(&m, Some(&paused), Some(&status(Some(done.clone()), None))),
+            decide(
+                &m,
+                Some(&paused),
+                Some(&status(Some(done.clone()), None)),
+                None
+            ),
             Step::Record(done)
         );
         // Only claimed (nothing ran on the node): it waits for the Cluster to be resumed.
         let pending = op(Phase::Pending, "1y");
         assert_eq!(
-            decide(&m, Some(&paused), Some(&status(Some(pending), None))),
+            decide(&m, Some(&paused), Some(&status(Some(pending), None)), None),
             Step::Paused
         );
         // At rest: nothing to do, paused or not.
         let idle = machine(&[(CERTIFICATES_EXPIRY, EXPIRY_TEXT)]);
         assert_eq!(
-            decide(&idle, Some(&paused), Some(&status(None, Some(EXPIRY)))),
+            decide(
+                &idle,
+                Some(&paused),
+                Some(&status(None, Some(EXPIRY))),
+                None
+            ),
             Step::Paused
         );
     }
@@ -263,7 +292,12 @@ mod tests {
             (REFRESH_CERTIFICATES_STATUS, "in-progress"),
         ]);
         assert_eq!(
-            decide(&m, Some(&LIVE), Some(&status(Some(running.clone()), None))),
+            decide(
+                &m,
+                Some(&LIVE),
+                Some(&status(Some(running.clone()), None)),
+                None
+            ),
             Step::Resume(running)
         );
     }
@@ -279,7 +313,8 @@ mod tests {
             decide(
                 &m,
                 Some(&LIVE),
-                Some(&status(Some(done.clone()), Some(EXPIRY)))
+                Some(&status(Some(done.clone()), Some(EXPIRY))),
+                None
             ),
             Step::Record(done)
         );
@@ -301,13 +336,13 @@ mod tests {
             ])
         };
         assert_eq!(
-            decide(&annotated("uid-2"), Some(&LIVE), Some(&st)),
+            decide(&annotated("uid-2"), Some(&LIVE), Some(&st), None),
             Step::Start {
                 trigger: "1y".into()
             }
         );
         assert_eq!(
-            decide(&annotated("uid-1"), Some(&LIVE), Some(&st)),
+            decide(&annotated("uid-1"), Some(&LIVE), Some(&st), None),
             Step::Record(done),
             "the same request whose final patch did not land"
         );
@@ -323,7 +358,7 @@ mod tests {
             (REFRESH_CERTIFICATES_STATUS, "in-progress"),
         ]);
         assert_eq!(
-            decide(&changed, Some(&LIVE), Some(&st)),
+            decide(&changed, Some(&LIVE), Some(&st), None),
             Step::Start {
                 trigger: "90d".into()
             }
@@ -334,14 +369,19 @@ mod tests {
             (REFRESH_CERTIFICATES_STATUS, "done"),
         ]);
         assert_eq!(
-            decide(&again, Some(&LIVE), Some(&st)),
+            decide(&again, Some(&LIVE), Some(&st), None),
             Step::Start {
                 trigger: "1y".into()
             }
         );
         // First request ever.
         assert_eq!(
-            decide(&machine(&[(REFRESH_CERTIFICATES, "1y")]), Some(&LIVE), None),
+            decide(
+                &machine(&[(REFRESH_CERTIFICATES, "1y")]),
+                Some(&LIVE),
+                None,
+                None
+            ),
             Step::Start {
                 trigger: "1y".into()
             }
@@ -351,13 +391,14 @@ mod tests {
     #[test]
     fn in_progress_without_a_trigger_is_settled() {
         let m = machine(&[(REFRESH_CERTIFICATES_STATUS, "in-progress")]);
-        assert_eq!(decide(&m, Some(&LIVE), None), Step::Withdrawn);
+        assert_eq!(decide(&m, Some(&LIVE), None, None), Step::Withdrawn);
         let done = op_with(Phase::Succeeded);
         assert_eq!(
             decide(
                 &m,
                 Some(&LIVE),
-                Some(&status(Some(done.clone()), Some(EXPIRY)))
+                Some(&status(Some(done.clone()), Some(EXPIRY))),
+                None
             ),
             Step::Record(done)
         );
@@ -369,21 +410,79 @@ mod tests {
 
     #[test]
     fn the_expiry_is_read_then_kept_in_sync() {
-        assert_eq!(decide(&machine(&[]), Some(&LIVE), None), Step::ReadExpiry);
+        assert_eq!(
+            decide(&machine(&[]), Some(&LIVE), None, None),
+            Step::ReadExpiry
+        );
         assert_eq!(
             decide(
                 &machine(&[]),
                 Some(&LIVE),
-                Some(&status(None, Some(EXPIRY)))
+                Some(&status(None, Some(EXPIRY))),
+                None
             ),
             Step::SyncExpiry
         );
         let synced = machine(&[(CERTIFICATES_EXPIRY, EXPIRY_TEXT)]);
         assert_eq!(
-            decide(&synced, Some(&LIVE), Some(&status(None, Some(EXPIRY)))),
+            decide(
+                &synced,
+                Some(&LIVE),
+                Some(&status(None, Some(EXPIRY))),
+                None
+            ),
             Step::Idle
         );
         let finished = status(Some(op_with(Phase::Failed)), Some(EXPIRY));
-        assert_eq!(decide(&synced, Some(&LIVE), Some(&finished)), Step::Idle);
+        assert_eq!(
+            decide(&synced, Some(&LIVE), Some(&finished), None),
+            Step::Idle
+        );
+    }
+
+    #[test]
+    fn the_request_named_by_the_machine_is_the_journal() {
+        let m = machine(&[
+            (REFRESH_CERTIFICATES, "1y"),
+            (REFRESH_CERTIFICATES_STATUS, "in-progress"),
+        ]);
+        let mut last = op(Phase::Succeeded, "90d");
+        last.started_at = Time(Timestamp::from_second(1).unwrap());
+        let copy = status(Some(last.clone()), Some(EXPIRY));
+        // Running in the request: resumed, whatever the copy in the status says.
+        let running = op(Phase::Running, "1y");
+        assert_eq!(
+            decide(&m, Some(&LIVE), Some(&copy), Some(&running)),
+            Step::Resume(running.clone())
+        );
+        // Also on a paused Cluster: it is on the node, and a move waits for it.
+        let paused = ClusterView {
+            paused: true,
+            ..LIVE
+        };
+        assert_eq!(
+            decide(&m, Some(&paused), Some(&copy), Some(&running)),
+            Step::Resume(running)
+        );
+        // Finished in the request, not yet in the status nor on the Machine: recorded from the
+        // request, never run again.
+        let done = op(Phase::Succeeded, "1y");
+        assert_eq!(
+            decide(&m, Some(&LIVE), Some(&copy), Some(&done)),
+            Step::Record(done.clone())
+        );
+        // The same without the trigger (a policy renewal): recorded from the request.
+        let policy = machine(&[(REFRESH_CERTIFICATES_STATUS, "in-progress")]);
+        assert_eq!(
+            decide(&policy, Some(&LIVE), Some(&copy), Some(&done)),
+            Step::Record(done)
+        );
+        // A request without an operation yet (nothing was sent): the trigger starts over.
+        assert_eq!(
+            decide(&m, Some(&LIVE), Some(&copy), None),
+            Step::Start {
+                trigger: "1y".into()
+            }
+        );
     }
 }

@@ -538,11 +538,27 @@ impl Environment {
             .expect("get MachineCertificates")
     }
 
-    /// The Machine's current (or last) operation record.
+    /// The Machine's current operation (from the `CertificateRefresh` the Machine names as in
+    /// flight: the journal) or, when none is in flight, the last one (its copy in the
+    /// MachineCertificates).
     pub async fn operation(
         &self,
         node: &NodeInfo,
     ) -> ck8s_certs_api::machine_certificates::Operation {
+        let annotations = self.machine_annotations(node).await;
+        if let Some(request) = annotations.get(ck8s_certs_api::annotations::IN_FLIGHT_REFRESH) {
+            let api: Api<ck8s_certs_api::certificate_refresh::CertificateRefresh> =
+                Api::namespaced(self.management().await.expect("client"), &node.namespace);
+            if let Some(op) = api
+                .get_opt(request)
+                .await
+                .expect("get CertificateRefresh")
+                .and_then(|r| r.status)
+                .and_then(|s| s.operation)
+            {
+                return op;
+            }
+        }
         self.machine_certificates(node)
             .await
             .and_then(|m| m.status)

@@ -304,22 +304,45 @@ async fn refresh_costs() {
             writes.len() - object_writes
         );
         assert_eq!(posts.len(), k8sd_posts, "{posts:?}");
-        // The history record is created, then its status written (a status subresource
-        // ignores status on create).
+        // Why each write: the Machine in-progress (naming its request), the request created
+        // (a status subresource ignores status on create), its status with the seed before
+        // `run`, its status with the outcome (the journal first), the MachineCertificates'
+        // expiry and conditions, the Machine done.
         assert_eq!(
             object_writes, 6,
-            "2 Machine patches + 2 status writes + the record's create and status: {writes:?}"
+            "2 Machine patches + the request's create and 2 status writes + 1 MachineCertificates status: {writes:?}"
         );
-        for write in [
-            "create certificaterefreshes",
-            "patch certificaterefreshes/status",
+        for (write, times) in [
+            ("patch machines", 2),
+            ("create certificaterefreshes", 1),
+            ("patch certificaterefreshes/status", 2),
+            ("patch machinecertificates/status", 1),
         ] {
             assert_eq!(
                 writes.iter().filter(|w| *w == write).count(),
-                1,
-                "{writes:?}"
+                times,
+                "{write}: {writes:?}"
             );
         }
+        // In that order: the seed in the request before `run`, the outcome in the request
+        // before anything else shows it.
+        let objects: Vec<&str> = writes
+            .iter()
+            .map(String::as_str)
+            .filter(|w| !w.contains("events"))
+            .collect();
+        assert_eq!(
+            objects,
+            [
+                "patch machines",
+                "create certificaterefreshes",
+                "patch certificaterefreshes/status",
+                "patch certificaterefreshes/status",
+                "patch machinecertificates/status",
+                "patch machines",
+            ],
+            "{writes:?}"
+        );
     }
     println!(
         "controller RSS: {} KiB",

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use ck8s_certs::k8sd::wire::path;
-use ck8s_certs_api::annotations::REFRESH_CERTIFICATES_STATUS;
+use ck8s_certs_api::annotations::{IN_FLIGHT_REFRESH, REFRESH_CERTIFICATES_STATUS};
 use ck8s_certs_api::machine_certificates::Phase;
 use ck8s_certs_e2e::fixtures::NodeInfo;
 use ck8s_certs_e2e::shared;
@@ -95,10 +95,18 @@ async fn killed_after_run_before_the_machine_patch_nothing_is_run_again() {
     );
     env.annotate_refresh(&node, "1y").await;
     first.wait_for_exit(TIMEOUT).await;
-    assert_eq!(
-        env.machine_annotations(&node).await[REFRESH_CERTIFICATES_STATUS],
-        "in-progress"
-    );
+    let annotations = env.machine_annotations(&node).await;
+    assert_eq!(annotations[REFRESH_CERTIFICATES_STATUS], "in-progress");
+    // The outcome is in the request (the journal) and nowhere else yet.
+    let request = annotations[IN_FLIGHT_REFRESH].clone();
+    let recorded = env.operation(&node).await;
+    assert_eq!(recorded.phase, Phase::Succeeded, "{recorded:#?}");
+    let copy = env
+        .machine_certificates(&node)
+        .await
+        .and_then(|m| m.status)
+        .and_then(|s| s.operation);
+    assert_ne!(copy.as_ref(), Some(&recorded), "{copy:#?}");
 
     let _second = env.start_controller("crash-outcome", &[]);
     expect_done(&env, &node).await;
@@ -106,6 +114,24 @@ async fn killed_after_run_before_the_machine_patch_nothing_is_run_again() {
         runs(&env.sim.calls("beta", &node.node).await.unwrap()).len(),
         1
     );
+    // Recorded from the request: the status and the Machine show that outcome.
+    let annotations = env.machine_annotations(&node).await;
+    assert!(
+        !annotations.contains_key(IN_FLIGHT_REFRESH),
+        "{annotations:#?}"
+    );
+    let status = env
+        .machine_certificates(&node)
+        .await
+        .and_then(|m| m.status)
+        .expect("a status");
+    assert_eq!(status.operation.as_ref(), Some(&recorded));
+    assert_eq!(status.expiry, recorded.new_expiry);
+    assert_eq!(
+        annotations[ck8s_certs_api::annotations::CERTIFICATES_EXPIRY],
+        env.sim.node(&node).await.unwrap().cert_not_after
+    );
+    assert!(recorded.new_expiry.is_some(), "{request}: {recorded:#?}");
 }
 
 /// The node serves what the Machine records, and exactly one `run` wrote certificates.
