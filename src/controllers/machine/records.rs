@@ -129,7 +129,7 @@ impl Reconciler<'_> {
 
     pub(super) async fn patch_machine(&self, changes: &MachineChanges<'_>) -> Result<(), Error> {
         self.live_only()?;
-        match self.apply_machine_patch(changes).await {
+        match self.apply_machine_patch(&self.view, changes).await {
             Ok(()) => Ok(()),
             // A failed `test`: the trigger changed (a new request) or the Machine was replaced.
             // Apply the rest; the new trigger is handled by the next reconcile.
@@ -140,15 +140,17 @@ impl Reconciler<'_> {
                     remove_trigger: None,
                     ..changes.clone()
                 };
-                Ok(self.apply_machine_patch(&without).await?)
+                Ok(self.apply_machine_patch(&self.view, &without).await?)
             }
             Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
             Err(err) => Err(err.into()),
         }
     }
 
+    /// Applies `changes` to the Machine, as `view` shows it.
     pub(super) async fn apply_machine_patch(
         &self,
+        view: &MachineView,
         changes: &MachineChanges<'_>,
     ) -> Result<(), kube::Error> {
         let params = PatchParams {
@@ -156,7 +158,7 @@ impl Reconciler<'_> {
             ..Default::default()
         };
         let machines = self.machines();
-        match machine_patch(&self.view, changes) {
+        match machine_patch(view, changes) {
             MachinePatch::Json(ops) => {
                 let ops: json_patch::Patch =
                     serde_json::from_value(ops).map_err(kube::Error::SerdeError)?;

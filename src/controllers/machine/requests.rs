@@ -184,39 +184,65 @@ impl Reconciler<'_> {
         }
         self.live_only()?;
         let request = self.request_name(&op);
-        let version = self.machine.meta().resource_version.clone();
-        let announce = MachineChanges {
-            status: Some(RefreshStatus::InProgress),
-            request: Some(&request),
-            unchanged_since: version
-                .as_deref()
-                .filter(|_| self.ctx.shard.ours().is_some()),
-            ..Default::default()
+        let Some(view) = self.take_up(&op, &request).await? else {
+            info!("The Machine changed before the refresh was taken up; looking again");
+            return Ok(Action::requeue(crate::controllers::shard::RECHECK));
         };
-        match self.apply_machine_patch(&announce).await {
-            Ok(()) => {}
-            // Changed since read (another instance took it up, or our cache is behind): look
-            // again at the Machine as it is.
-            Err(kube::Error::Api(status)) if status.code == 409 || status.code == 422 => {
-                info!("The Machine changed before the refresh was taken up; looking again");
-                return Ok(Action::requeue(crate::controllers::shard::RECHECK));
-            }
-            Err(kube::Error::Api(status)) if status.code == 404 => {
-                return Ok(Action::await_change());
-            }
-            Err(err) => return Err(err.into()),
-        }
         // The final patch releases the block-move this one set: it must see it.
-        let announced = Reconciler {
-            view: crate::controllers::patches::patched(&self.view, &announce),
-            ..*self
-        };
+        let announced = Reconciler { view, ..*self };
         announced
             .event(EventType::Normal, events::REFRESH_IN_PROGRESS, announcement)
             .await;
         announced
             .execute(status, op, false, self.role(), cluster)
             .await
+    }
+
+    /// Shows the Machine in-progress, naming `request`. With a Lease, on the condition that the
+    /// Machine did not change since read; when it did (our own write earlier in this reconcile,
+    /// a cache behind, or another instance), it is read again and taken up as it is now, unless
+    /// it no longer asks for this refresh (another request named, another trigger). Returns the
+    /// Machine as announced; `None`: not taken up, look again.
+    async fn take_up(&self, op: &Operation, request: &str) -> Result<Option<MachineView>, Error> {
+        use ck8s_certs_api::annotations::{IN_FLIGHT_REFRESH, REFRESH_REQUEST};
+        let sharded = self.ctx.shard.ours().is_some();
+        let mut view = self.view.clone();
+        let mut version = self.machine.meta().resource_version.clone();
+        for _ in 0..2 {
+            let announce = MachineChanges {
+                status: Some(RefreshStatus::InProgress),
+                request: Some(request),
+                unchanged_since: version.as_deref().filter(|_| sharded),
+                ..Default::default()
+            };
+            match self.apply_machine_patch(&view, &announce).await {
+                Ok(()) => {
+                    return Ok(Some(crate::controllers::patches::patched(&view, &announce)));
+                }
+                Err(kube::Error::Api(status)) if status.code == 409 || status.code == 422 => {
+                    let Some(fresh) = self.machines().get_opt(&self.view.name).await? else {
+                        return Ok(None);
+                    };
+                    let now = MachineView::of(&fresh);
+                    let still_asked = now.uid == view.uid
+                        && !now.deleting
+                        && now
+                            .annotation(IN_FLIGHT_REFRESH)
+                            .is_none_or(|n| n == request)
+                        && now.annotation(REFRESH_CERTIFICATES) == op.trigger.as_deref()
+                        && (op.trigger.is_none()
+                            || now.annotation(REFRESH_REQUEST) == op.request.as_deref());
+                    if !still_asked {
+                        return Ok(None);
+                    }
+                    version = fresh.meta().resource_version.clone();
+                    view = now;
+                }
+                Err(kube::Error::Api(status)) if status.code == 404 => return Ok(None),
+                Err(err) => return Err(err.into()),
+            }
+        }
+        Ok(None)
     }
 
     /// `opened`: the operation was read from its request (an older version kept it in the

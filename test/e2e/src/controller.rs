@@ -538,26 +538,31 @@ impl Environment {
             .expect("get MachineCertificates")
     }
 
-    /// The Machine's current operation (from the `CertificateRefresh` the Machine names as in
-    /// flight: the journal) or, when none is in flight, the last one (its copy in the
-    /// MachineCertificates).
+    /// The operation of the `CertificateRefresh` the Machine names as in flight (the journal of
+    /// its refresh), once the refresh reached the node (its seed is recorded there).
+    pub async fn in_flight(
+        &self,
+        node: &NodeInfo,
+    ) -> Option<ck8s_certs_api::machine_certificates::Operation> {
+        let annotations = self.machine_annotations(node).await;
+        let request = annotations.get(ck8s_certs_api::annotations::IN_FLIGHT_REFRESH)?;
+        let api: Api<ck8s_certs_api::certificate_refresh::CertificateRefresh> =
+            Api::namespaced(self.management().await.expect("client"), &node.namespace);
+        api.get_opt(request)
+            .await
+            .expect("get CertificateRefresh")
+            .and_then(|r| r.status)
+            .and_then(|s| s.operation)
+    }
+
+    /// The Machine's current operation ([`Self::in_flight`]) or, when none is in flight, the
+    /// last one (its copy in the MachineCertificates).
     pub async fn operation(
         &self,
         node: &NodeInfo,
     ) -> ck8s_certs_api::machine_certificates::Operation {
-        let annotations = self.machine_annotations(node).await;
-        if let Some(request) = annotations.get(ck8s_certs_api::annotations::IN_FLIGHT_REFRESH) {
-            let api: Api<ck8s_certs_api::certificate_refresh::CertificateRefresh> =
-                Api::namespaced(self.management().await.expect("client"), &node.namespace);
-            if let Some(op) = api
-                .get_opt(request)
-                .await
-                .expect("get CertificateRefresh")
-                .and_then(|r| r.status)
-                .and_then(|s| s.operation)
-            {
-                return op;
-            }
+        if let Some(op) = self.in_flight(node).await {
+            return op;
         }
         self.machine_certificates(node)
             .await

@@ -88,15 +88,14 @@ async fn runs(env: &Environment, node: &NodeInfo) -> usize {
         .count()
 }
 
-/// Waits until the node's refresh is past `plan` (its seed is recorded): it runs on the node.
+/// Waits until the node's refresh is past `plan` (its seed is recorded in its request): it runs
+/// on the node.
 async fn wait_until_on_the_node(env: &Environment, node: &NodeInfo) {
     let deadline = Instant::now() + TIMEOUT;
     loop {
         let phase = env
-            .machine_certificates(node)
+            .in_flight(node)
             .await
-            .and_then(|m| m.status)
-            .and_then(|s| s.operation)
             .filter(|op| !op.is_finished())
             .map(|op| op.phase);
         if matches!(phase, Some(p) if p != Phase::Pending) {

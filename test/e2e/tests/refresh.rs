@@ -6,10 +6,12 @@ use std::time::Duration;
 
 use ck8s_certs::k8sd::wire::path;
 use ck8s_certs_api::annotations::{
-    CERTIFICATES_EXPIRY, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS,
+    CERTIFICATES_EXPIRY, IN_FLIGHT_REFRESH, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS,
 };
+use ck8s_certs_api::certificate_refresh::{CertificateRefresh, RequestPhase, labels};
 use ck8s_certs_api::machine_certificates::Phase;
 use ck8s_certs_e2e::shared;
+use ck8s_certs_e2e::sim::{Endpoint, Fault, runs};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::Api;
 
@@ -226,6 +228,87 @@ async fn a_bad_ttl_fails_at_once_without_calling_k8sd_and_names_the_accepted_for
 }
 
 /// Numbers for the notes: k8sd calls and API writes per refresh, wall time, controller memory.
+/// The refresh's journal is its request: the Machine names it while the refresh runs, its
+/// status holds the seed that was sent, and (with `--refresh-history 0`) it goes when the
+/// refresh ends.
+#[tokio::test]
+async fn a_refresh_is_journaled_in_its_request_and_without_history_none_is_kept() {
+    let env = shared().await;
+    let node = env.cluster("beta").node("beta-cp-0").clone();
+    env.isolate(&node, "journal").await;
+    env.sim
+        .inject(
+            &Fault::latency(Duration::from_secs(3))
+                .on(&node)
+                .at(Endpoint::Run)
+                .times(1),
+        )
+        .await
+        .unwrap();
+    let _controller = env.start_controller("journal", &["--refresh-history", "0"]);
+    env.annotate_refresh(&node, "1y").await;
+    env.wait_for_call(&node, path::RUN, REFRESH_TIMEOUT, |c| c.status == 0)
+        .await;
+
+    let annotations = env.machine_annotations(&node).await;
+    assert_eq!(annotations[REFRESH_CERTIFICATES_STATUS], "in-progress");
+    let name = annotations[IN_FLIGHT_REFRESH].clone();
+    let requests: Api<CertificateRefresh> =
+        Api::namespaced(env.management().await.unwrap(), &node.namespace);
+    let request = requests.get(&name).await.unwrap();
+    assert_eq!(
+        request.spec.target.machine.as_deref(),
+        Some(node.machine.as_str())
+    );
+    let status = request.status.expect("the seed is recorded before run");
+    assert_eq!(status.phase, Some(RequestPhase::Running), "{status:#?}");
+    let op = status.operation.expect("the operation");
+    let calls = env.sim.calls(&node.cluster, &node.node).await.unwrap();
+    let sent = runs(&calls);
+    assert_eq!(sent.len(), 1, "{sent:#?}");
+    assert_eq!((op.phase, op.run_attempts), (Phase::Running, 1));
+    assert_eq!(
+        op.seed,
+        Some(sent[0].seed()),
+        "the seed sent is the one recorded"
+    );
+    // The MachineCertificates is not written with the seed: it shows outcomes.
+    let copy = env
+        .machine_certificates(&node)
+        .await
+        .and_then(|m| m.status)
+        .and_then(|s| s.operation);
+    assert!(copy.as_ref().is_none_or(|c| c.is_finished()), "{copy:#?}");
+
+    let annotations = env.wait_for_refresh(&node, REFRESH_TIMEOUT).await;
+    assert_eq!(annotations[REFRESH_CERTIFICATES_STATUS], "done");
+    assert!(
+        !annotations.contains_key(IN_FLIGHT_REFRESH),
+        "{annotations:#?}"
+    );
+    let last = env.operation(&node).await;
+    assert_eq!((last.phase, last.seed), (Phase::Succeeded, op.seed));
+    // No history kept: the request went with the end of its refresh.
+    let selector = format!("{}={}", labels::MACHINE, node.machine);
+    let deadline = std::time::Instant::now() + REFRESH_TIMEOUT;
+    loop {
+        let left = requests
+            .list_metadata(&kube::api::ListParams::default().labels(&selector))
+            .await
+            .unwrap()
+            .items
+            .len();
+        if left == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{left} record(s) kept"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 #[tokio::test]
 async fn refresh_costs() {
     let env = shared().await;
