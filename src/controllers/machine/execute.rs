@@ -103,7 +103,7 @@ impl Reconciler<'_> {
         }
         let name = self.request_name(op);
         let role = self.role();
-        let status = |op: &Operation| history::record_status(&self.view.name, role, op);
+        let status = |op: &Operation| journal::record_status(&self.view.name, role, op);
         match self
             .ctx
             .shard

@@ -60,7 +60,7 @@ mod conclusion;
 mod execute;
 mod expiry;
 mod failure;
-pub mod history;
+pub mod journal;
 mod locks;
 mod node;
 mod outcome;
