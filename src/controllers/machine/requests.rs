@@ -1,5 +1,6 @@
 //! Taking up a refresh request: a manual trigger (checked, or refused with a reason), an automatic
-//! renewal, or an interrupted operation resumed; control planes of a cluster go first.
+//! renewal, or an interrupted operation resumed; control planes of a cluster go first. Taking one
+//! up shows the Machine in-progress and names the CertificateRefresh that will carry it.
 
 use super::conclusion::{Ending, conclude};
 use super::*;
