@@ -188,7 +188,8 @@ impl Reconciler<'_> {
     }
 
     /// Drops the Machine's oldest records beyond `--refresh-history` (0: none kept), once its
-    /// refresh has ended (none is in flight). Housekeeping: a failure leaves one record too many until the next refresh.
+    /// refresh has ended (none is in flight). Housekeeping: a failure leaves one record too many
+    /// until the next refresh.
     pub(super) async fn prune_history(&self) {
         let keep = self.ctx.config.history;
         let api = self.records();

@@ -8,15 +8,17 @@
 //!              ▼
 //!   W Machine in-progress, naming its CertificateRefresh + Event
 //!   ─► lock (CP: one per cluster; workers: bounded)
-//!   ─► plan ─► W request created ─► W request status: operation {Running, seed} ─► run (∥ approve for workers)
-//!   ─► W request status: operation {Succeeded|Failed, expiry} ─► W MachineCertificates (expiry,
-//!   conditions, a copy of the operation) ─► W Machine done|failed + expiry, trigger removed
+//!   ─► plan ─► W request created ─► W request status: operation {Running, seed}
+//!   ─► run (∥ approve for workers)
+//!   ─► W request status: operation {Succeeded|Failed, expiry}
+//!   ─► W MachineCertificates (expiry, conditions, a copy of the operation)
+//!   ─► W Machine done|failed + expiry, trigger removed
 //! ```
 //! After a crash the operation in the request the Machine names decides: a finished one is only
-//! recorded (MachineCertificates, Machine); a Running one had a `run` whose outcome is unknown, so it continues with a new
-//! `plan` and a new seed (released k8sd cannot repeat a worker seed, and after a lost answer it
-//! does not serve what it wrote), at most [`MAX_RUN_SENDS`] `run`s per operation in total. An
-//! expiry is recorded only from a `run` answer.
+//! recorded (MachineCertificates, Machine); a Running one had a `run` whose outcome is unknown,
+//! so it continues with a new `plan` and a new seed (released k8sd cannot repeat a worker seed,
+//! and after a lost answer it does not serve what it wrote), at most [`MAX_RUN_SENDS`] `run`s per
+//! operation in total. An expiry is recorded only from a `run` answer.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
