@@ -60,11 +60,11 @@ pub struct Args {
     pub k8sd_transport: Transport,
 
     /// Deadline of each k8sd call except `run`, including connecting (e.g. 10s).
-    #[arg(long, env = "CK8S_CERTS_K8SD_TIMEOUT", value_parser = humantime::parse_duration, default_value = "10s")]
+    #[arg(long, env = "CK8S_CERTS_K8SD_TIMEOUT", value_parser = duration, default_value = "10s")]
     pub k8sd_timeout: Duration,
 
     /// Deadline of k8sd's `run`. A worker's `run` waits until its CSRs are approved and signed.
-    #[arg(long, env = "CK8S_CERTS_K8SD_RUN_TIMEOUT", value_parser = humantime::parse_duration, default_value = "5m")]
+    #[arg(long, env = "CK8S_CERTS_K8SD_RUN_TIMEOUT", value_parser = duration, default_value = "5m")]
     pub k8sd_run_timeout: Duration,
 
     /// Attempts per k8sd call when it fails transiently (node starting, connection lost, timeout).
@@ -91,13 +91,13 @@ pub struct Args {
 
     /// After a control-plane refresh, how long to wait for its k8sd to answer again (it restarts
     /// the control-plane services) before the next control plane of that cluster may start.
-    #[arg(long, env = "CK8S_CERTS_SETTLE_TIMEOUT", value_parser = humantime::parse_duration, default_value = "5m")]
+    #[arg(long, env = "CK8S_CERTS_SETTLE_TIMEOUT", value_parser = duration, default_value = "5m")]
     pub settle_timeout: Duration,
 
     /// How long a refresh waits for a node, a Ready control plane or the workload cluster's API
     /// that does not answer (k8sd restarts services after every refresh; a single control plane
     /// takes the whole workload API with it) before it fails.
-    #[arg(long, env = "CK8S_CERTS_REFRESH_WAIT_TIMEOUT", value_parser = humantime::parse_duration, default_value = "10m")]
+    #[arg(long, env = "CK8S_CERTS_REFRESH_WAIT_TIMEOUT", value_parser = duration, default_value = "10m")]
     pub refresh_wait_timeout: Duration,
 
     /// Finished refreshes kept per Machine as CertificateRefresh records (the audit trail of
@@ -109,17 +109,17 @@ pub struct Args {
     /// Warn (Event on the Cluster, `ClusterCertificates` Ready=False ExpiringSoon) this long
     /// before a certificate of a Cluster's management kubeconfig (`<cluster>-kubeconfig`)
     /// expires.
-    #[arg(long, env = "CK8S_CERTS_KUBECONFIG_EXPIRY_WARNING", value_parser = humantime::parse_duration, default_value = "30d")]
+    #[arg(long, env = "CK8S_CERTS_KUBECONFIG_EXPIRY_WARNING", value_parser = duration, default_value = "30d")]
     pub kubeconfig_expiry_warning: Duration,
 
     /// How often each Cluster's `<cluster>-kubeconfig` Secret is read for its certificates'
     /// expiry (jittered per Cluster; also read exactly when one crosses the warning horizon or
     /// expires).
-    #[arg(long, env = "CK8S_CERTS_KUBECONFIG_CHECK_INTERVAL", value_parser = humantime::parse_duration, default_value = "6h")]
+    #[arg(long, env = "CK8S_CERTS_KUBECONFIG_CHECK_INTERVAL", value_parser = duration, default_value = "6h")]
     pub kubeconfig_check_interval: Duration,
 
     /// How often idle Machines are re-checked (everything else is event-driven).
-    #[arg(long, env = "CK8S_CERTS_RESYNC_PERIOD", value_parser = humantime::parse_duration, default_value = "1h")]
+    #[arg(long, env = "CK8S_CERTS_RESYNC_PERIOD", value_parser = duration, default_value = "1h")]
     pub resync_period: Duration,
 
     /// Never renew outside a Scheduled policy's windows, not even when expiry is within the
@@ -209,22 +209,22 @@ pub struct Args {
 
     /// How long a standby waits, after the last renewal it saw, before taking the Lease over
     /// from a leader that stopped renewing (whole seconds).
-    #[arg(long, env = "CK8S_CERTS_LEADER_ELECT_LEASE_DURATION", value_parser = humantime::parse_duration, default_value = "15s")]
+    #[arg(long, env = "CK8S_CERTS_LEADER_ELECT_LEASE_DURATION", value_parser = duration, default_value = "15s")]
     pub leader_elect_lease_duration: Duration,
 
     /// How long the leader keeps acting without a successful renewal; it then stops and exits
     /// (the pod restarts as a standby). Must be shorter than the lease duration.
-    #[arg(long, env = "CK8S_CERTS_LEADER_ELECT_RENEW_DEADLINE", value_parser = humantime::parse_duration, default_value = "10s")]
+    #[arg(long, env = "CK8S_CERTS_LEADER_ELECT_RENEW_DEADLINE", value_parser = duration, default_value = "10s")]
     pub leader_elect_renew_deadline: Duration,
 
     /// Interval between attempts to take or renew the Lease.
-    #[arg(long, env = "CK8S_CERTS_LEADER_ELECT_RETRY_PERIOD", value_parser = humantime::parse_duration, default_value = "2s")]
+    #[arg(long, env = "CK8S_CERTS_LEADER_ELECT_RETRY_PERIOD", value_parser = duration, default_value = "2s")]
     pub leader_elect_retry_period: Duration,
 
     /// On SIGTERM or SIGINT no new work starts; refreshes already talking to a node get this
     /// long to finish and record their outcome before the Lease is released and the process
     /// exits. Keep it below the pod's terminationGracePeriodSeconds. A second signal skips it.
-    #[arg(long, env = "CK8S_CERTS_SHUTDOWN_GRACE_PERIOD", value_parser = humantime::parse_duration, default_value = "60s")]
+    #[arg(long, env = "CK8S_CERTS_SHUTDOWN_GRACE_PERIOD", value_parser = duration, default_value = "60s")]
     pub shutdown_grace_period: Duration,
 
     #[command(flatten)]
@@ -315,6 +315,22 @@ pub enum OutputFormat {
     Json,
 }
 
+/// A duration flag (`10s`, `5m`, `1h30m`, …), at most [`MAX_FLAG_DURATION`]: a larger one is a
+/// typo, and deadlines computed from it would overflow the clock.
+fn duration(text: &str) -> Result<std::time::Duration, String> {
+    let value = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if value > MAX_FLAG_DURATION {
+        return Err(format!(
+            "{text} is longer than {}, the longest duration a flag takes",
+            humantime::format_duration(MAX_FLAG_DURATION)
+        ));
+    }
+    Ok(value)
+}
+
+/// Ten years.
+const MAX_FLAG_DURATION: std::time::Duration = std::time::Duration::from_secs(10 * 365 * 86_400);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -331,6 +347,17 @@ mod tests {
             Some(Command::Policy(PolicyCommand::Preview(preview))) => Ok(preview),
             None => panic!("no subcommand parsed"),
         }
+    }
+
+    #[test]
+    fn an_absurd_duration_flag_is_refused_with_the_limit() {
+        let error = Args::try_parse_from(["ck8s-certs", "--refresh-wait-timeout", "500000000y"])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(error.contains("longest duration a flag takes"), "{error}");
+        assert!(Args::try_parse_from(["ck8s-certs", "--refresh-wait-timeout", "5y"]).is_ok());
+        assert!(Args::try_parse_from(["ck8s-certs", "--k8sd-timeout", "soon"]).is_err());
     }
 
     /// The reference table documents every controller flag with its environment variable.

@@ -233,4 +233,11 @@ pub mod labels {
     pub const MACHINE: &str = "certificates.ck8s.io/machine";
     /// The fleet request a Machine's refresh belongs to.
     pub const FLEET: &str = "certificates.ck8s.io/fleet-request";
+
+    /// The value of [`MACHINE`] or [`FLEET`] for an object named `name`: the name when it is a
+    /// valid label value, else a readable prefix and a hash of the whole name
+    /// ([`crate::names::fit`]), so every valid name of any length selects its own records.
+    pub fn value(name: &str) -> String {
+        crate::names::fit(name, crate::names::LABEL_VALUE_MAX)
+    }
 }

@@ -17,5 +17,6 @@ pub mod k8sd;
 pub mod machine;
 pub mod machine_certificates;
 pub mod machine_deployment;
+pub mod names;
 pub mod reasons;
 pub mod renewal_policy;

@@ -237,9 +237,11 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
     let namespace = cluster.namespace().unwrap_or_default();
     let name = cluster.name_any();
     if cluster.metadata.deletion_timestamp.is_some() {
+        forget(&ctx, &namespace, &name);
         return Ok(Action::await_change());
     }
     if !has_ck8s_machines(&ctx.machines, &namespace, &name) {
+        forget(&ctx, &namespace, &name);
         // Its Machines may come later without the Cluster changing: look again now and then
         // (from the cache: no read).
         return Ok(Action::requeue(ctx.config.interval));
@@ -323,6 +325,42 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         cluster.uid().as_deref().unwrap_or(&name),
         now,
     )))
+}
+
+/// Drops what is known of a Cluster that is going or has no CK8s Machines left: its reading and
+/// its expiry series (the shipped alerts would otherwise fire for a cluster that is gone).
+fn forget(ctx: &Context, namespace: &str, cluster: &str) {
+    if let Ok(mut readings) = ctx.readings.lock() {
+        readings.remove(&(namespace.to_owned(), cluster.to_owned()));
+    }
+    export(&ctx.metrics, namespace, cluster, &Reading::Missing);
+}
+
+/// How often [`sweep`] runs.
+pub const SWEEP_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Forgets the Clusters that left the cache (deleted): a deleted object is never reconciled.
+pub fn sweep(ctx: &Context, clusters: &Store<Cluster>) {
+    let gone: Vec<(String, String)> = match ctx.readings.lock() {
+        Ok(readings) => readings
+            .keys()
+            .filter(|(namespace, name)| {
+                let key =
+                    kube::runtime::reflector::ObjectRef::new_with(name, ctx.capi).within(namespace);
+                clusters.get(&key).is_none()
+            })
+            .cloned()
+            .collect(),
+        Err(_) => return,
+    };
+    for (namespace, name) in gone {
+        tracing::debug!(
+            namespace,
+            cluster = name,
+            "Cluster gone: its kubeconfig expiry series too"
+        );
+        forget(ctx, &namespace, &name);
+    }
 }
 
 /// Reads `<cluster>-kubeconfig`.

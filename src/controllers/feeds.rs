@@ -170,7 +170,20 @@ pub(super) async fn credentials_controller<C, R>(
         Some(ObjectRef::new_with(&record.name_any(), capi).within(&namespace))
     };
     let metrics = ctx.metrics.clone();
-    Controller::for_stream_with(clusters, stores.clusters.clone(), capi)
+    let ctx = Arc::new(ctx);
+    let sweeper = {
+        let (ctx, clusters, stop) = (ctx.clone(), stores.clusters.clone(), stop.clone());
+        async move {
+            let mut every = tokio::time::interval(cluster_credentials::SWEEP_INTERVAL);
+            loop {
+                tokio::select! {
+                    _ = every.tick() => cluster_credentials::sweep(&ctx, &clusters),
+                    () = stop.cancelled() => break,
+                }
+            }
+        }
+    };
+    let controller = Controller::for_stream_with(clusters, stores.clusters.clone(), capi)
         // Secret reads are few and need not be fast: keep them gentle on the API server.
         .with_config(controller::Config::default().concurrency(2))
         .graceful_shutdown_on(stop.cancelled_owned())
@@ -185,10 +198,10 @@ pub(super) async fn credentials_controller<C, R>(
                 )
             },
             cluster_credentials::error_policy,
-            Arc::new(ctx),
+            ctx,
         )
-        .for_each(|_| async {})
-        .await;
+        .for_each(|_| async {});
+    futures::future::join(controller, sweeper).await;
 }
 
 pub(super) fn policies_api(client: &Client, args: &Args) -> Api<DynamicObject> {

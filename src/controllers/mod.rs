@@ -228,6 +228,7 @@ pub async fn run(
             history: args.refresh_history,
         },
         locks: machine::Locks::new(args.max_worker_refreshes),
+        outcomes: machine::KeptOutcomes::default(),
         shard: shard::Shard::new(client.clone(), carrier),
         metrics: metrics.clone(),
         stop: stop.clone(),

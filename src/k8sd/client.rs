@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, header};
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
@@ -24,6 +24,10 @@ use super::error::K8sdError;
 use super::tls::{Fingerprint, PinningVerifier};
 use super::transport::Route;
 use super::wire::{Token, path};
+
+/// The most of an answer that is read. k8sd's answers are a few hundred bytes; a node that sends
+/// more is not k8sd, and must not exhaust the controller's memory (it serves the whole fleet).
+pub const MAX_ANSWER_BYTES: usize = 1 << 20;
 
 /// Where a node's k8sd is, as HTTP sees it. Through a port-forward the address only sets the
 /// Host header and TLS server name; with the direct route it is also where we connect.
@@ -240,11 +244,18 @@ impl Connection {
                 .await
                 .map_err(http_error)?;
             let status = response.status().as_u16();
-            let body = response
-                .into_body()
+            let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
                 .collect()
                 .await
-                .map_err(http_error)?
+                .map_err(|err| match err.downcast::<hyper::Error>() {
+                    Ok(err) => http_error(*err),
+                    Err(_) => K8sdError::InvalidResponse {
+                        endpoint: path.to_owned(),
+                        reason: format!(
+                            "the answer is larger than {MAX_ANSWER_BYTES} bytes; k8sd answers a few hundred"
+                        ),
+                    },
+                })?
                 .to_bytes();
             Ok(RawResponse { status, body })
         };
@@ -255,5 +266,89 @@ impl Connection {
                 endpoint: path.to_owned(),
                 timeout,
             })?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    /// A TLS server that answers every connection's first request with `body`.
+    async fn serve(body: Vec<u8>) -> SocketAddr {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+        )
+        .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                let body = body.clone();
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(stream).await else {
+                        return;
+                    };
+                    let mut request = [0u8; 4096];
+                    let _ = tls.read(&mut request).await;
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = tls.write_all(head.as_bytes()).await;
+                    let _ = tls.write_all(&body).await;
+                    let _ = tls.flush().await;
+                });
+            }
+        });
+        address
+    }
+
+    async fn probe(address: SocketAddr) -> Result<Vec<String>, K8sdError> {
+        let target = Target {
+            node: "n1".into(),
+            address: address.ip(),
+            port: address.port(),
+        };
+        let timeout = Duration::from_secs(10);
+        let mut connection = Connection::open(target, &Route::Direct { address }, None, timeout)
+            .await
+            .unwrap();
+        connection.probe(timeout).await
+    }
+
+    #[tokio::test]
+    async fn an_answer_beyond_the_cap_is_refused_unread() {
+        let envelope = br#"{"type":"sync","status":"Success","status_code":200,"operation":"","error_code":0,"error":"","metadata":["/1.0"]}"#;
+        assert_eq!(
+            probe(serve(envelope.to_vec()).await).await.unwrap(),
+            ["/1.0"]
+        );
+
+        let mut huge = envelope.to_vec();
+        huge.resize(MAX_ANSWER_BYTES + 1, b' ');
+        match probe(serve(huge).await).await {
+            Err(K8sdError::InvalidResponse { reason, .. }) => {
+                assert!(reason.contains("larger than"), "{reason}");
+            }
+            other => panic!("expected a refused answer, got {other:?}"),
+        }
     }
 }

@@ -75,6 +75,19 @@ pub struct RunRequest {
     pub extra_sans: Option<Vec<String>>,
 }
 
+impl RunRequest {
+    /// The `run` of one attempt. The lifetime is a checked [`Ttl`](crate::policy::Ttl): a
+    /// request never asks k8sd for a default or zero lifetime.
+    pub fn new(seed: i64, ttl: crate::policy::Ttl, extra_sans: Option<Vec<String>>) -> Self {
+        Self {
+            certificates: None,
+            seed,
+            expiration_seconds: ttl.as_seconds(),
+            extra_sans,
+        }
+    }
+}
+
 /// `ClusterAPICertificatesRunResponse`. Quirk: an absolute Unix timestamp (the new NotAfter),
 /// not a duration, on current k8sd.
 #[derive(Debug, Deserialize, PartialEq, Eq)]

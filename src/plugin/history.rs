@@ -144,7 +144,7 @@ pub async fn entries(session: &Session, args: &HistoryArgs) -> Result<Vec<Entry>
     };
     let mut params = ListParams::default();
     if let Some(machine) = &args.machine {
-        params = params.labels(&format!("{}={machine}", labels::MACHINE));
+        params = params.labels(&format!("{}={}", labels::MACHINE, labels::value(machine)));
     } else if let Some(cluster) = &args.cluster {
         params = params.labels(&format!("{CLUSTER_NAME_LABEL}={cluster}"));
     }

@@ -22,6 +22,7 @@ use tracing::{info, warn};
 use super::MAX_RUN_SENDS;
 use super::failure::Failure;
 use crate::k8sd::wire::RunRequest;
+use crate::policy::Ttl;
 use crate::refresh::flow::{self, Retry};
 use crate::refresh::{ApproveApi, NodeApi};
 use ck8s_certs_api::machine_certificates::{Operation, Phase};
@@ -64,6 +65,7 @@ where
     A: ApproveApi,
     J: Journal,
 {
+    let ttl = requested_ttl(op)?;
     loop {
         if op.phase == Phase::Running
             && let Some(seed) = op.seed
@@ -103,12 +105,7 @@ where
         journal.record(op, node.fingerprint()).await?;
         tracing::Span::current().record("seed", seed);
 
-        let request = RunRequest {
-            certificates: None,
-            seed,
-            expiration_seconds: op.ttl_seconds.unwrap_or_default(),
-            extra_sans: extra_sans.clone(),
-        };
+        let request = RunRequest::new(seed, ttl, extra_sans.clone());
         let (answered, approve_error) = match approver.as_deref_mut() {
             None => (node.run(&request).await, None),
             Some(approver) => {
@@ -144,6 +141,21 @@ where
             Err(err) => return Err(Failure::k8sd("run", err)),
         }
     }
+}
+
+/// The lifetime `op` asks for: its seconds, else its TTL as written (an operation journaled
+/// without seconds). Checked before anything is sent: an operation without a valid lifetime fails
+/// without touching the node.
+fn requested_ttl(op: &Operation) -> Result<Ttl, Failure> {
+    let checked = match op.ttl_seconds {
+        Some(seconds) => Ttl::from_seconds(seconds).map_err(|e| e.to_string()),
+        None => op.ttl.parse::<Ttl>().map_err(|e| e.to_string()),
+    };
+    checked.map_err(|error| {
+        Failure::Message(format!(
+            "The refresh's journal holds no valid certificate lifetime ({error}); nothing was sent to the node"
+        ))
+    })
 }
 
 /// `op` succeeded with `outcome`: its new expiry, and notes on anything odd in the answer.

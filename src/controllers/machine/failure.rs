@@ -110,7 +110,7 @@ pub(super) struct Wait {
 impl Wait {
     pub(super) fn new(timeout: Duration) -> Self {
         Self {
-            deadline: tokio::time::Instant::now() + timeout,
+            deadline: deadline_after(timeout),
             delay: Duration::from_secs(1),
             shown: false,
         }
@@ -128,6 +128,15 @@ impl Wait {
         self.delay = (self.delay * 2).min(Duration::from_secs(8));
         Some(delay)
     }
+}
+
+/// `timeout` from now; a timeout past what the clock can hold waits "forever" (a century)
+/// instead of panicking.
+pub(super) fn deadline_after(timeout: Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    now.checked_add(timeout)
+        .or_else(|| now.checked_add(Duration::from_secs(100 * 365 * 86_400)))
+        .unwrap_or(now)
 }
 
 /// Runs `f` when dropped (on every exit path, including errors).

@@ -18,8 +18,9 @@ use super::*;
 /// A record's name: the Machine's and the operation's start (unique per Machine: one operation
 /// at a time, and a start is recorded to the second).
 pub fn record_name(machine: &str, op: &Operation) -> String {
-    // Object names are at most 253 characters; Machine names may be as long.
-    let machine: String = machine.chars().take(230).collect();
+    // Object names are at most 253 characters and Machine names may be as long: room for `-`
+    // and the start's ten digits.
+    let machine = ck8s_certs_api::names::fit(machine, 253 - 11);
     format!("{machine}-{}", op.started_at.0.as_second())
 }
 
@@ -35,9 +36,9 @@ pub fn record(
             .into_iter()
             .filter_map(|key| view.labels.get(key).map(|v| (key.to_owned(), v.clone())))
             .collect();
-    labels.insert(labels::MACHINE.to_owned(), label_value(&view.name));
+    labels.insert(labels::MACHINE.to_owned(), labels::value(&view.name));
     if let Some(fleet) = &op.fleet {
-        labels.insert(labels::FLEET.to_owned(), label_value(fleet));
+        labels.insert(labels::FLEET.to_owned(), labels::value(fleet));
     }
     CertificateRefresh {
         metadata: ObjectMeta {
@@ -105,12 +106,6 @@ pub fn record_status(machine: &str, role: Role, op: &Operation) -> CertificateRe
     }
 }
 
-/// Label values are at most 63 characters; longer names are cut (selection is then by prefix
-/// only, which the record's spec.target names in full).
-pub fn label_value(name: &str) -> String {
-    name.chars().take(63).collect()
-}
-
 /// Of records `(name, created)`, those beyond the newest `keep`.
 pub fn beyond(mut records: Vec<(String, Timestamp)>, keep: usize) -> Vec<String> {
     records.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| b.0.cmp(&a.0)));
@@ -166,9 +161,13 @@ impl Reconciler<'_> {
     /// Writes `op` into its request's status (the whole status, server-side apply), creating the
     /// request when it is not there (refused before it started, or taken up by an older version).
     pub(super) async fn write_record(&self, op: &Operation) -> Result<(), Error> {
+        self.write_record_named(&self.request_name(op), op).await
+    }
+
+    /// [`write_record`](Self::write_record) into the request `name`.
+    pub(super) async fn write_record_named(&self, name: &str, op: &Operation) -> Result<(), Error> {
         self.live_only()?;
         let api = self.records();
-        let name = self.request_name(op);
         let status = json!({
             "apiVersion": CertificateRefresh::api_version(&()),
             "kind": CertificateRefresh::kind(&()),
@@ -176,11 +175,11 @@ impl Reconciler<'_> {
         });
         let params = PatchParams::apply(MANAGER).force();
         let patch = Patch::Apply(status);
-        match api.patch_status(&name, &params, &patch).await {
+        match api.patch_status(name, &params, &patch).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(status)) if status.code == 404 => {
                 self.open_record(op).await?;
-                api.patch_status(&name, &params, &patch).await?;
+                api.patch_status(name, &params, &patch).await?;
                 Ok(())
             }
             Err(err) => Err(err.into()),
@@ -193,7 +192,7 @@ impl Reconciler<'_> {
     pub(super) async fn prune_history(&self) {
         let keep = self.ctx.config.history;
         let api = self.records();
-        let selector = format!("{}={}", labels::MACHINE, label_value(&self.view.name));
+        let selector = format!("{}={}", labels::MACHINE, labels::value(&self.view.name));
         let list = match api
             .list_metadata(&ListParams::default().labels(&selector))
             .await
@@ -204,9 +203,19 @@ impl Reconciler<'_> {
                 return;
             }
         };
+        // Only this Machine's own: a label value is a hash for long names, and the owner is
+        // what tells siblings (and a re-created Machine of the same name) apart.
+        let ours = |r: &kube::core::PartialObjectMeta<CertificateRefresh>| {
+            r.metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|o| Some(&o.uid) == self.view.uid.as_ref())
+        };
         let records = list
             .items
             .into_iter()
+            .filter(ours)
             .filter_map(|r| {
                 let created = r.metadata.creation_timestamp.as_ref()?.0;
                 Some((r.metadata.name?, created))

@@ -73,6 +73,7 @@ mod verdict;
 
 use failure::{Failure, Wait, scopeguard, truncate};
 pub use locks::{Guard, Locks};
+pub use outcome::KeptOutcomes;
 
 /// `run` is sent at most this many times per operation (across retries and restarts), each time
 /// after a new `plan`. A second send only happens when the first one's outcome is unknown.
@@ -114,6 +115,8 @@ pub struct Context {
     pub recorder: Recorder,
     pub config: Config,
     pub locks: Locks,
+    /// Outcomes of `run`s whose write to their request failed, written before anything else.
+    pub outcomes: KeptOutcomes,
     /// Our identity among the --watch-filter shards, and what we saw of the others' Leases.
     pub shard: super::shard::Shard,
     pub metrics: Arc<crate::metrics::Metrics>,
@@ -301,6 +304,9 @@ impl Reconciler<'_> {
         };
         self.generation = mc.metadata.generation;
         let status = mc.status;
+        // An outcome whose write failed is journaled before the request is read: resuming the
+        // request as still Running would send the node a second `run`.
+        self.write_kept_outcome().await?;
         let request = self
             .in_flight_request()
             .await?
@@ -359,14 +365,13 @@ impl Reconciler<'_> {
                     })
                     .await?;
                 }
-                self.set_ready(
-                    &mut status,
-                    false,
-                    why::PAUSED,
-                    "The Cluster is paused: no certificate work until it is resumed".into(),
-                    now,
-                )
-                .await?;
+                let message = if cluster.as_ref().is_some_and(|c| c.paused) {
+                    "The Cluster is paused: no certificate work until it is resumed"
+                } else {
+                    "The Machine is paused (annotation cluster.x-k8s.io/paused): no certificate work until it is removed"
+                };
+                self.set_ready(&mut status, false, why::PAUSED, message.into(), now)
+                    .await?;
                 Ok(Action::await_change())
             }
             Step::WaitForNode => {

@@ -51,10 +51,44 @@ impl Reconciler<'_> {
             )),
         };
         conclude(&mut status, &mut op, ending, now);
-        self.write_record(&op).await?;
+        self.journal_outcome(&op).await?;
         crate::failpoint::hit(crate::failpoint::AFTER_OUTCOME_RECORDED);
         self.write_status(&status).await?;
         self.show(&op).await
+    }
+
+    /// Writes a finished operation into its request (the journal) before anything else shows
+    /// it. Once `run` answered, a refused write must not cost the node a second `run` (a resumed
+    /// operation whose journal still says Running sends one): the write is tried again in place
+    /// ([`OUTCOME_WRITE_DELAYS`]), and when the API still refuses it, the outcome is kept in
+    /// memory ([`KeptOutcomes`]) and written first the next time the Machine is reconciled.
+    async fn journal_outcome(&self, op: &Operation) -> Result<(), Error> {
+        let name = self.request_name(op);
+        let written = retried(OUTCOME_WRITE_DELAYS, || self.write_record_named(&name, op)).await;
+        if let Err(err) = &written {
+            warn!(request = name, error = %err, "The outcome could not be written to its request; it is kept and written before anything else");
+            self.ctx
+                .outcomes
+                .keep(&self.view.namespace, &self.view.name, &name, op);
+        }
+        written
+    }
+
+    /// Writes an outcome kept after its write failed ([`journal_outcome`](Self::journal_outcome))
+    /// into its request, before the reconcile reads the request; an error stops the reconcile
+    /// (it is tried again later, and the node is never touched meanwhile).
+    pub(super) async fn write_kept_outcome(&self) -> Result<(), Error> {
+        let outcomes = &self.ctx.outcomes;
+        let Some((name, op)) = outcomes.get(&self.view.namespace, &self.view.name) else {
+            return Ok(());
+        };
+        self.write_record_named(&name, &op).await?;
+        info!(
+            request = name,
+            "The kept outcome was written to its request"
+        );
+        outcomes.forget(&self.view.namespace, &self.view.name, &name);
+        Ok(())
     }
 
     /// Records a finished operation found after a crash (or a lost write) wherever it is not
@@ -137,5 +171,128 @@ impl Reconciler<'_> {
         }
         self.prune_history().await;
         Ok(Action::requeue(self.ctx.config.resync))
+    }
+}
+
+/// The pauses between the tries of an outcome's write: five tries within about 15 s.
+pub(super) const OUTCOME_WRITE_DELAYS: &[Duration] = &[
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+    Duration::from_secs(4),
+    Duration::from_secs(8),
+];
+
+/// Runs `write` until it succeeds, pausing `delays` between tries; the last error otherwise.
+pub(super) async fn retried<F, Fut, E>(delays: &[Duration], mut write: F) -> Result<(), E>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    let mut pauses = delays.iter();
+    loop {
+        match write().await {
+            Ok(()) => return Ok(()),
+            Err(err) => match pauses.next() {
+                Some(pause) => {
+                    warn!(error = %err, retry_in = ?pause, "Writing the outcome failed");
+                    tokio::time::sleep(*pause).await;
+                }
+                None => return Err(err),
+            },
+        }
+    }
+}
+
+/// Outcomes whose write to their request failed, per Machine: `(namespace, machine)` to the
+/// request's name and the finished operation. Memory only: lost with the process, as the
+/// answer of a `run` in flight would be.
+#[derive(Default)]
+pub struct KeptOutcomes(Mutex<HashMap<(String, String), (String, Operation)>>);
+
+impl KeptOutcomes {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), (String, Operation)>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(super) fn keep(&self, namespace: &str, machine: &str, request: &str, op: &Operation) {
+        self.map().insert(
+            (namespace.to_owned(), machine.to_owned()),
+            (request.to_owned(), op.clone()),
+        );
+    }
+
+    pub(super) fn get(&self, namespace: &str, machine: &str) -> Option<(String, Operation)> {
+        self.map()
+            .get(&(namespace.to_owned(), machine.to_owned()))
+            .cloned()
+    }
+
+    /// Forgets the kept outcome of `request` (a newer one kept meanwhile stays).
+    pub(super) fn forget(&self, namespace: &str, machine: &str, request: &str) {
+        let mut map = self.map();
+        let key = (namespace.to_owned(), machine.to_owned());
+        if map.get(&key).is_some_and(|(name, _)| name == request) {
+            map.remove(&key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_write_is_tried_again_in_place_until_the_delays_run_out() {
+        let tries = AtomicU32::new(0);
+        let refused_twice = retried(OUTCOME_WRITE_DELAYS, || async {
+            match tries.fetch_add(1, Ordering::SeqCst) {
+                0 | 1 => Err("refused"),
+                _ => Ok(()),
+            }
+        })
+        .await;
+        assert_eq!(refused_twice, Ok(()));
+        assert_eq!(tries.load(Ordering::SeqCst), 3);
+
+        let tries = AtomicU32::new(0);
+        let started = tokio::time::Instant::now();
+        let always = retried(OUTCOME_WRITE_DELAYS, || async {
+            tries.fetch_add(1, Ordering::SeqCst);
+            Err::<(), _>("refused")
+        })
+        .await;
+        assert_eq!(always, Err("refused"));
+        assert_eq!(tries.load(Ordering::SeqCst), 5);
+        assert_eq!(started.elapsed(), Duration::from_secs(15));
+    }
+
+    #[test]
+    fn a_kept_outcome_is_the_machine_s_until_its_own_request_is_written() {
+        let kept = KeptOutcomes::default();
+        let op = Operation::pending(
+            Origin::Manual,
+            None,
+            Some("1y".into()),
+            "1y".into(),
+            31_536_000,
+            Time(Timestamp::UNIX_EPOCH),
+        );
+        kept.keep("ns", "m", "m-1", &op);
+        assert_eq!(kept.get("ns", "m"), Some(("m-1".into(), op.clone())));
+        assert_eq!(kept.get("other", "m"), None);
+        // Writing an older request does not drop a newer outcome.
+        kept.keep("ns", "m", "m-2", &op);
+        kept.forget("ns", "m", "m-1");
+        assert_eq!(
+            kept.get("ns", "m").map(|(name, _)| name),
+            Some("m-2".into())
+        );
+        kept.forget("ns", "m", "m-2");
+        assert_eq!(kept.get("ns", "m"), None);
     }
 }

@@ -279,7 +279,7 @@ impl Reconciler<'_> {
                             == Some(RefreshStatus::InProgress.as_str()))
             })
         };
-        let deadline = tokio::time::Instant::now() + self.ctx.config.wait_timeout;
+        let deadline = super::failure::deadline_after(self.ctx.config.wait_timeout);
         let mut logged = false;
         while pending() && tokio::time::Instant::now() < deadline && !self.ctx.stop.is_cancelled() {
             if !logged {

@@ -9,6 +9,7 @@ use ck8s_certs_api::annotations::{
     CERTIFICATES_EXPIRY, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS, REFRESH_REQUEST,
     RefreshStatus,
 };
+use ck8s_certs_api::capi::PAUSED_ANNOTATION;
 use ck8s_certs_api::machine::{ClusterView, MachineView};
 use ck8s_certs_api::machine_certificates::{MachineCertificatesStatus, Operation, Phase};
 
@@ -18,8 +19,9 @@ pub enum Step {
     Ignore,
     /// The Machine's Cluster is not there (yet).
     ClusterMissing,
-    /// The Cluster is paused: nothing new starts. (An operation already on the node is still
-    /// finished and shown: it holds clusterctl's block-move, and a move waits for it.)
+    /// The Cluster or the Machine itself (`cluster.x-k8s.io/paused`) is paused: nothing new
+    /// starts. (An operation already on the node is still finished and shown: it holds
+    /// clusterctl's block-move, and a move waits for it.)
     Paused,
     /// No node yet: nothing to talk to.
     WaitForNode,
@@ -56,7 +58,8 @@ pub fn decide(
         return Step::ClusterMissing;
     };
     let step = decide_unpaused(machine, status, request);
-    if cluster.paused && !matches!(step, Step::Resume(_) | Step::Record(_)) {
+    let paused = cluster.paused || machine.annotation(PAUSED_ANNOTATION).is_some();
+    if paused && !matches!(step, Step::Resume(_) | Step::Record(_)) {
         return Step::Paused;
     }
     step
@@ -229,6 +232,40 @@ mod tests {
         assert_eq!(
             decide(&nodeless, Some(&LIVE), None, None),
             Step::WaitForNode
+        );
+    }
+
+    #[test]
+    fn a_paused_machine_starts_nothing_and_finishes_what_runs_on_the_node() {
+        let paused = |extra: &[(&str, &str)]| {
+            let mut pairs = vec![(PAUSED_ANNOTATION, "")];
+            pairs.extend_from_slice(extra);
+            machine(&pairs)
+        };
+        assert_eq!(
+            decide(
+                &paused(&[(REFRESH_CERTIFICATES, "1y")]),
+                Some(&LIVE),
+                None,
+                None
+            ),
+            Step::Paused
+        );
+        // Nor an expiry read or an automatic renewal.
+        assert_eq!(decide(&paused(&[]), Some(&LIVE), None, None), Step::Paused);
+        let m = paused(&[
+            (REFRESH_CERTIFICATES, "1y"),
+            (REFRESH_CERTIFICATES_STATUS, "in-progress"),
+        ]);
+        let running = op(Phase::Running, "1y");
+        assert_eq!(
+            decide(&m, Some(&LIVE), None, Some(&running)),
+            Step::Resume(running)
+        );
+        let done = op(Phase::Succeeded, "1y");
+        assert_eq!(
+            decide(&m, Some(&LIVE), None, Some(&done)),
+            Step::Record(done)
         );
     }
 

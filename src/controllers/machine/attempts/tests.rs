@@ -54,6 +54,8 @@ struct Node {
     runs: VecDeque<Result<i64, K8sdError>>,
     /// How long `run` takes (a worker's waits for its CSRs to be approved).
     run_takes: Duration,
+    /// The `expiration-seconds` of every `run` received.
+    lifetimes: Vec<i64>,
     log: Log,
 }
 
@@ -71,6 +73,7 @@ impl NodeApi for Node {
     }
 
     async fn run(&mut self, request: &RunRequest) -> Result<RunResponse, K8sdError> {
+        self.lifetimes.push(request.expiration_seconds);
         push(
             &self.log,
             format!("run {} sans={:?}", request.seed, request.extra_sans),
@@ -93,6 +96,7 @@ fn node(log: &Log, plans: Vec<Result<i64, K8sdError>>, runs: Vec<Result<i64, K8s
         plans: plans.into(),
         runs: runs.into(),
         run_takes: Duration::ZERO,
+        lifetimes: Vec::new(),
         log: log.clone(),
     }
 }
@@ -531,4 +535,46 @@ async fn a_lifetime_answered_in_seconds_or_far_from_the_ttl_is_noted() {
         "{:?}",
         op.note
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_asks_for_the_operation_s_lifetime_also_when_the_journal_has_no_seconds() {
+    let log = Log::default();
+    let mut node = node(&log, vec![Ok(1)], vec![Ok(EXPIRY)]);
+    let mut op = pending(31_536_000);
+    control_plane(&mut node, &mut op, &mut journal(&log))
+        .await
+        .ok();
+    assert_eq!(node.lifetimes, [31_536_000]);
+
+    // Journaled without seconds: the TTL as written ("1y"), never 0.
+    let mut node = self::node(&log, vec![Ok(2)], vec![Ok(EXPIRY)]);
+    let mut op = Operation {
+        ttl_seconds: None,
+        ..pending(1)
+    };
+    control_plane(&mut node, &mut op, &mut journal(&log))
+        .await
+        .ok();
+    assert_eq!(node.lifetimes, [31_536_000]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_operation_without_a_valid_lifetime_fails_before_the_node_sees_anything() {
+    for (seconds, ttl) in [(None, "soon"), (Some(0), "1y"), (Some(-5), "1y")] {
+        let log = Log::default();
+        let mut node = node(&log, vec![Ok(1)], vec![Ok(EXPIRY)]);
+        let mut op = Operation {
+            ttl_seconds: seconds,
+            ttl: ttl.into(),
+            ..pending(1)
+        };
+        let result = control_plane(&mut node, &mut op, &mut journal(&log)).await;
+        assert!(
+            error_text(result).contains("no valid certificate lifetime"),
+            "{seconds:?} {ttl}"
+        );
+        assert_eq!(entries(&log), Vec::<String>::new(), "{seconds:?} {ttl}");
+        assert_eq!(op.seed, None);
+    }
 }
