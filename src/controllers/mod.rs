@@ -2,6 +2,7 @@
 //! carries out refresh requests, recording everything in the Machine's `MachineCertificates`.
 
 pub mod cluster_credentials;
+pub mod executor;
 mod feeds;
 pub mod fleet;
 pub mod governing_policy;
@@ -32,7 +33,6 @@ use tokio_util::sync::CancellationToken;
 use crate::cli::Args;
 use crate::health::Health;
 use crate::metrics::{Controller as Timed, Metrics};
-use crate::refresh::flow::Retry;
 use crate::refresh::session::Timeouts;
 use feeds::{
     FleetFeeds, PolicyFeeds, credentials_controller, fleet_controllers, policies_api,
@@ -203,6 +203,9 @@ pub async fn run(
         synced: synced_rx,
         control_planes: Default::default(),
     });
+    // Refreshes that waited for their cluster are woken here when they can go.
+    let (wakes, woken) = futures::channel::mpsc::unbounded::<executor::Waiter>();
+    let woken = woken.map(move |w| ObjectRef::new_with(&w.machine, capi).within(&w.namespace));
     let ctx = Arc::new(machine::Context {
         client: client.clone(),
         capi,
@@ -215,19 +218,23 @@ pub async fn run(
                 call: args.k8sd_timeout,
                 run: args.k8sd_run_timeout,
             },
-            retry: Retry {
-                attempts: args.k8sd_attempts.max(1),
-                ..Retry::default()
-            },
-            max_worker_refreshes_per_cluster: args.max_worker_refreshes_per_cluster,
-            max_worker_refreshes: args.max_worker_refreshes,
-            settle_timeout: args.settle_timeout,
-            wait_timeout: args.refresh_wait_timeout,
             resync: args.resync_period,
             renewal,
             history: args.refresh_history,
         },
-        locks: machine::Locks::new(args.max_worker_refreshes),
+        executor: executor::Executor::new(
+            executor::Admission::new(
+                args.max_worker_refreshes_per_cluster,
+                args.max_worker_refreshes,
+                Some(wakes),
+            ),
+            executor::Settings {
+                wait_timeout: args.refresh_wait_timeout,
+                tries: args.k8sd_attempts.max(1),
+                settle_timeout: args.settle_timeout,
+            },
+            stop.clone(),
+        ),
         outcomes: machine::KeptOutcomes::default(),
         shard: shard::Shard::new(client.clone(), carrier),
         metrics: metrics.clone(),
@@ -283,6 +290,7 @@ pub async fn run(
                 machines_of_namespace,
                 policy_resource.clone(),
             )
+            .reconcile_on(woken)
             .run(
                 |machine, ctx: Arc<machine::Context>| {
                     let metrics = ctx.metrics.clone();

@@ -1,86 +1,136 @@
-//! Carrying out an operation: under the cluster's lock, the node (and a control plane to approve
-//! a worker's CSRs) reached, waiting while they restart; then the [`attempts`] on the node, with
-//! the request's status as their journal; then the outcome.
+//! The Machine reconciler's side of carrying a refresh out: it hands the [`executor`] an
+//! [`Accepted`] refresh with its seams (the node's k8sd, the request as journal), and records
+//! what [`Finished`] says.
+
+use crate::controllers::executor::{
+    self, Accepted, Connector, Failure, Finished, NodeSession, Probe, Waiter,
+};
+use crate::refresh::NodeApi;
 
 use super::*;
 
 impl Reconciler<'_> {
-    /// Runs (or continues) `op` under the cluster's lock and records the outcome. `opened`: its
+    /// The Machine as the executor knows it.
+    pub(super) fn waiter(&self) -> Waiter {
+        Waiter {
+            namespace: self.view.namespace.clone(),
+            machine: self.view.name.clone(),
+        }
+    }
+
+    /// Runs (or continues) `op` as far as it can go now and records the outcome. `opened`: its
     /// request exists.
     pub(super) async fn execute(
         &self,
         mut status: MachineCertificatesStatus,
-        mut op: Operation,
+        op: Operation,
         opened: bool,
         role: Role,
         cluster: ClusterView,
     ) -> Result<Action, Error> {
-        let cluster_name = self.view.cluster.clone().unwrap_or_default();
-        let config = &self.ctx.config;
-        if role == Role::Worker && op.seed.is_none() {
-            self.control_planes_first().await;
-        }
-        let acquire = self.ctx.locks.acquire(
-            &self.view.namespace,
-            &cluster_name,
-            role,
-            config.max_worker_refreshes_per_cluster,
-        );
-        let guard = tokio::select! {
-            guard = acquire => guard,
-            () = self.ctx.stop.cancelled() => None,
-        };
-        let Some(_guard) = guard else {
-            // Stopping: the next leader takes this up from the record.
-            return Ok(Action::await_change());
-        };
-        if op.seed.is_none() && self.ctx.stop.is_cancelled() {
-            // Stopping: nothing was sent to the node yet, the next leader starts it.
-            return Ok(Action::await_change());
-        }
-        let metrics = &self.ctx.metrics;
-        if op.seed.is_none() {
-            metrics
-                .renewals_started
-                .get_or_create(&crate::metrics::origin(op.origin))
-                .inc();
-        }
-        metrics.in_progress.inc();
-        let _in_progress = scopeguard(|| {
-            metrics.in_progress.dec();
-        });
-        status.role = Some(role);
-        status.node_name = self.view.node_name.clone();
-        let result = self
-            .refresh(&mut status, &mut op, opened, role, &cluster)
-            .await;
-        let mut node = match result {
-            Ok(node) => node,
-            Err(Failure::Stopping) => return Ok(Action::await_change()),
-            // Another instance recorded its own attempt first: it carries the refresh out.
-            Err(Failure::Superseded) => {
-                return Ok(Action::requeue(crate::controllers::shard::RECHECK));
-            }
+        let ttl = match executor::ttl_of(&op) {
+            Ok(ttl) => ttl,
             Err(failure) => return self.finish(status, op, Err(failure)).await,
         };
-        let action = self.finish(status, op.clone(), Ok(())).await?;
-        if role == Role::ControlPlane && op.phase == Phase::Succeeded {
-            // k8sd restarts the control-plane services after answering: keep other control
-            // planes of this cluster waiting until this one answers again.
-            let settle = tokio::time::timeout(config.settle_timeout, async {
-                loop {
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    if node.session.probe().await.is_ok() {
-                        break;
-                    }
-                }
+        let accepted = Accepted {
+            namespace: self.view.namespace.clone(),
+            machine: self.view.name.clone(),
+            cluster: self.view.cluster.clone().unwrap_or_default(),
+            node: self.view.node_name.clone().unwrap_or_default(),
+            role,
+            ttl,
+            request: self.request_name(&op),
+            control_planes_pending: role == Role::Worker
+                && op.seed.is_none()
+                && self.control_planes_pending(),
+            op,
+        };
+        status.role = Some(role);
+        status.node_name = self.view.node_name.clone();
+        let pin = status
+            .k8sd_fingerprint
+            .as_deref()
+            .and_then(|f| f.parse::<Fingerprint>().ok());
+        let mut connector = KubeConnector {
+            reconciler: self,
+            cluster: &cluster,
+            pin,
+            role,
+        };
+        let metrics = &self.ctx.metrics;
+        metrics.in_progress.inc();
+        let finished = {
+            let _in_progress = scopeguard(|| {
+                metrics.in_progress.dec();
             });
-            if settle.await.is_err() {
-                warn!(node = %node.session.target().node, "k8sd did not answer again within the settle timeout after a refresh");
+            let mut journal = RequestJournal {
+                reconciler: self,
+                status: &mut status,
+                opened,
+            };
+            self.ctx
+                .executor
+                .execute(accepted, &mut connector, &mut journal)
+                .await
+        };
+        match finished {
+            Finished::Ran { op, settle } => {
+                let action = self.finish(status, op, Ok(())).await;
+                if let Some(settle) = settle {
+                    settle.spawn();
+                }
+                action
+            }
+            Finished::Failed { op, failure } => self.finish(status, op, Err(failure)).await,
+            Finished::Wait { after, .. } => Ok(Action::requeue(after)),
+            // Stopping: the next leader takes this up from the request.
+            Finished::Stopping => Ok(Action::await_change()),
+            // Another instance recorded its own attempt first: it carries the refresh out.
+            Finished::Superseded => Ok(Action::requeue(crate::controllers::shard::RECHECK)),
+        }
+    }
+
+    /// A refresh this process parked that still could not go (its cluster busy, a control
+    /// plane first): looked at again later, without reading anything. `None` when the Machine
+    /// asks for something else now, or the refresh may go.
+    pub(super) fn still_waiting(&self) -> Option<Action> {
+        use ck8s_certs_api::annotations::REFRESH_CERTIFICATES_STATUS;
+        let request = self.view.annotation(IN_FLIGHT_REFRESH)?;
+        let waiter = self.waiter();
+        let executor = &self.ctx.executor;
+        if let Some(op) = executor.waiting_operation(&waiter, request) {
+            let asked = self.view.annotation(REFRESH_CERTIFICATES_STATUS)
+                == Some(RefreshStatus::InProgress.as_str())
+                && self.view.annotation(REFRESH_CERTIFICATES) == op.trigger.as_deref();
+            if !asked {
+                return None;
             }
         }
-        drop(node.workload);
-        Ok(action)
+        let role = self.role();
+        executor
+            .still_blocked(&waiter, request, role, || self.control_planes_pending())
+            .then_some(Action::requeue(executor::WAITING_RECHECK))
+    }
+
+    /// Whether a control plane of this Machine's cluster is being refreshed or asked to be (from
+    /// the cache): its workers wait for it. Cheap fields first: this runs on every look at a
+    /// waiting worker, over every cached Machine.
+    pub(super) fn control_planes_pending(&self) -> bool {
+        use ck8s_certs_api::annotations::REFRESH_CERTIFICATES_STATUS;
+        let Some(cluster) = self.view.cluster.as_deref() else {
+            return false;
+        };
+        self.ctx.stores.machines.state().iter().any(|m| {
+            m.metadata.namespace.as_deref() == Some(self.view.namespace.as_str())
+                && m.labels.get(CONTROL_PLANE_LABEL).is_some()
+                && m.labels.get(CLUSTER_NAME_LABEL) == Some(cluster)
+                && m.metadata.name.as_deref() != Some(self.view.name.as_str())
+                && m.node_name.is_some()
+                && m.metadata.deletion_timestamp.is_none()
+                && (m.annotations.get(REFRESH_CERTIFICATES).is_some()
+                    || m.annotations.get(REFRESH_CERTIFICATES_STATUS)
+                        == Some(RefreshStatus::InProgress.as_str()))
+        })
     }
 
     /// Records an attempt (its seed) in the request's status before its `run` is sent, creating
@@ -93,13 +143,13 @@ impl Reconciler<'_> {
         op: &mut Operation,
         opened: &mut bool,
     ) -> Result<(), Failure> {
-        self.live_only().map_err(Failure::Api)?;
+        self.live_only()?;
         if !*opened {
-            self.open_record(op).await.map_err(Failure::Api)?;
+            self.open_record(op).await?;
             *opened = true;
         }
         if self.ctx.shard.ours().is_none() {
-            return self.write_record(op).await.map_err(Failure::Api);
+            return Ok(self.write_record(op).await?);
         }
         let name = self.request_name(op);
         let role = self.role();
@@ -112,120 +162,50 @@ impl Reconciler<'_> {
         {
             Ok(crate::controllers::shard::Claimed::Ours) => Ok(()),
             Ok(crate::controllers::shard::Claimed::Lost) => Err(Failure::Superseded),
-            Err(err) => Err(Failure::Api(err.into())),
+            Err(err) => Err(Error::from(err).into()),
         }
     }
 
-    /// Everything up to the outcome of `run`. Progress is written to `status` as it happens
-    /// (see [`attempts`] for the rules of the attempts on the node).
-    pub(super) async fn refresh(
+    /// Shows in the Refreshing condition that the refresh runs (with its request and seed) or
+    /// waits (with what for); written only when it changes.
+    async fn show_refreshing(
         &self,
         status: &mut MachineCertificatesStatus,
-        op: &mut Operation,
-        opened: bool,
-        role: Role,
-        cluster: &ClusterView,
-    ) -> Result<Node, Failure> {
-        let mut wait = Wait::new(self.ctx.config.wait_timeout);
-        let mut node = loop {
-            match self.prepare(status, role, cluster).await {
-                Err(failure) if failure.unavailable() => {
-                    self.pause(&mut wait, status, op, "the workload cluster", &failure)
-                        .await?;
-                }
-                result => break result?,
-            }
-        };
-        let mut approver = match role {
-            Role::ControlPlane => None,
-            Role::Worker => Some(loop {
-                match self.approver(&node.cluster).await {
-                    Err(failure) if failure.unavailable() => {
-                        self.pause(
-                            &mut wait,
-                            status,
-                            op,
-                            "a Ready control-plane node",
-                            &failure,
-                        )
-                        .await?;
-                    }
-                    result => break result?,
-                }
-            }),
-        };
-        let mut journal = RequestJournal {
-            reconciler: self,
+        message: String,
+    ) -> Result<(), Error> {
+        let before = status.clone();
+        set_condition(
             status,
-            opened,
-            wait,
-        };
-        let extra_sans = (role == Role::ControlPlane).then(|| node.sans.clone());
-        let retry = &self.ctx.config.retry;
-        attempts::carry_out(
-            &mut node.session,
-            approver.as_mut(),
-            op,
-            extra_sans,
-            retry,
-            &mut journal,
-        )
-        .await?;
-        Ok(node)
-    }
-
-    /// Waits while something the refresh needs does not answer (a node or control plane
-    /// restarting after a refresh), up to `--refresh-wait-timeout`; the first wait is shown in
-    /// the Refreshing condition (and in the operation's note, written with its next record).
-    pub(super) async fn pause(
-        &self,
-        wait: &mut Wait,
-        status: &mut MachineCertificatesStatus,
-        op: &mut Operation,
-        what: &str,
-        failure: &Failure,
-    ) -> Result<(), Failure> {
-        let reason = failure.cause();
-        let Some(delay) = wait.next() else {
-            return Err(Failure::Message(format!(
-                "{what} did not answer within {} ({reason})",
-                humantime::format_duration(self.ctx.config.wait_timeout)
-            )));
-        };
-        if !wait.shown {
-            wait.shown = true;
-            let note = format!("Waiting for {what}, which does not answer (restarting?): {reason}");
-            info!(note, "Waiting");
-            op.note = Some(note.clone());
-            set_condition(
-                status,
-                conditions::REFRESHING,
-                true,
-                why::REFRESH_IN_PROGRESS,
-                note,
-                Self::now(),
-            );
-            self.write_status(status).await.map_err(Failure::Api)?;
+            conditions::REFRESHING,
+            true,
+            why::REFRESH_IN_PROGRESS,
+            message,
+            Self::now(),
+        );
+        if *status != before {
+            self.write_status(status).await?;
         }
-        tokio::select! {
-            () = tokio::time::sleep(delay) => Ok(()),
-            () = self.ctx.stop.cancelled(), if op.seed.is_none() => Err(Failure::Stopping),
-        }
+        Ok(())
     }
 }
 
-/// The attempts' journal is the request's status: the seed is recorded there before `run`.
-/// The pinned k8sd certificate goes in the Machine's status with the outcome, and waits are
-/// shown in its Refreshing condition.
+impl From<Error> for Failure {
+    fn from(err: Error) -> Self {
+        Self::Api(Box::new(err))
+    }
+}
+
+/// The request's status is the journal: the seed is recorded there before `run`. The
+/// MachineCertificates shows the refresh in its Refreshing condition (naming the request), and
+/// keeps the pinned k8sd certificate, written with the outcome.
 struct RequestJournal<'r, 'a> {
     reconciler: &'r Reconciler<'a>,
     status: &'r mut MachineCertificatesStatus,
     /// Whether the request exists.
     opened: bool,
-    wait: Wait,
 }
 
-impl attempts::Journal for RequestJournal<'_, '_> {
+impl executor::Journal for RequestJournal<'_, '_> {
     async fn record(
         &mut self,
         op: &mut Operation,
@@ -234,20 +214,111 @@ impl attempts::Journal for RequestJournal<'_, '_> {
         self.status.k8sd_fingerprint = fingerprint;
         self.reconciler.record_attempt(op, &mut self.opened).await?;
         crate::failpoint::hit(crate::failpoint::AFTER_SEED_RECORDED);
-        Ok(())
+        if op.run_attempts == 1 {
+            self.reconciler
+                .ctx
+                .metrics
+                .renewals_started
+                .get_or_create(&crate::metrics::origin(op.origin))
+                .inc();
+        }
+        let request = self.reconciler.request_name(op);
+        let seed = op.seed.unwrap_or_default();
+        let message = format!(
+            "CertificateRefresh {request}: refreshing with seed {seed} (run {} of at most {})",
+            op.run_attempts,
+            executor::MAX_RUN_SENDS
+        );
+        Ok(self
+            .reconciler
+            .show_refreshing(self.status, message)
+            .await?)
     }
 
-    async fn wait(&mut self, op: &mut Operation, failure: &Failure) -> Result<(), Failure> {
-        self.reconciler
-            .pause(&mut self.wait, self.status, op, "the node's k8sd", failure)
-            .await
-    }
-
-    fn stopping(&self) -> bool {
-        self.reconciler.ctx.stop.is_cancelled()
+    async fn waiting(&mut self, op: &Operation, note: &str) -> Result<(), Failure> {
+        let request = self.reconciler.request_name(op);
+        let message = format!("CertificateRefresh {request}: {note}");
+        Ok(self
+            .reconciler
+            .show_refreshing(self.status, message)
+            .await?)
     }
 
     fn now(&self) -> Timestamp {
         Reconciler::now()
     }
+}
+
+/// The node's k8sd through the workload cluster (see [`node`](super::node)).
+struct KubeConnector<'r, 'a> {
+    reconciler: &'r Reconciler<'a>,
+    cluster: &'r ClusterView,
+    pin: Option<Fingerprint>,
+    role: Role,
+}
+
+impl Connector for KubeConnector<'_, '_> {
+    type Node = NodeLink;
+    type Approver = Session;
+
+    async fn node(&mut self) -> Result<NodeSession<NodeLink>, Failure> {
+        let node = self
+            .reconciler
+            .prepare(self.pin, self.role, self.cluster)
+            .await?;
+        Ok(NodeSession {
+            node: NodeLink {
+                session: node.session,
+                _workload: node.workload,
+            },
+            extra_sans: node.sans,
+        })
+    }
+
+    async fn approver(&mut self) -> Result<Session, Failure> {
+        let cluster = self.reconciler.view.cluster.clone().unwrap_or_default();
+        self.reconciler.approver(&cluster).await
+    }
+}
+
+/// A node's session, with the workload client its tunnels go through kept alive.
+pub(super) struct NodeLink {
+    session: Session,
+    _workload: Client,
+}
+
+impl NodeApi for NodeLink {
+    async fn plan(&mut self) -> Result<crate::k8sd::wire::PlanResponse, K8sdError> {
+        self.session.plan().await
+    }
+
+    async fn run(
+        &mut self,
+        request: &crate::k8sd::wire::RunRequest,
+    ) -> Result<crate::k8sd::wire::RunResponse, K8sdError> {
+        self.session.run(request).await
+    }
+
+    fn fingerprint(&self) -> Option<String> {
+        NodeApi::fingerprint(&self.session)
+    }
+}
+
+impl Probe for NodeLink {
+    async fn probe(&mut self) -> Result<(), K8sdError> {
+        self.session.probe().await
+    }
+}
+
+/// Runs `f` when dropped (on every exit path, a cancelled reconcile included).
+fn scopeguard<F: FnOnce()>(f: F) -> impl Drop {
+    struct Guard<F: FnOnce()>(Option<F>);
+    impl<F: FnOnce()> Drop for Guard<F> {
+        fn drop(&mut self) {
+            if let Some(f) = self.0.take() {
+                f();
+            }
+        }
+    }
+    Guard(Some(f))
 }

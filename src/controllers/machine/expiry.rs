@@ -12,7 +12,11 @@ impl Reconciler<'_> {
     ) -> Result<Action, Error> {
         let now = Self::now();
         let role = self.role();
-        let mut node = match self.prepare(&status, role, &cluster).await {
+        let pin = status
+            .k8sd_fingerprint
+            .as_deref()
+            .and_then(|f| f.parse::<Fingerprint>().ok());
+        let mut node = match self.prepare(pin, role, &cluster).await {
             Ok(node) => node,
             Err(Failure::Workload(err)) if err.is_retryable() => {
                 return Ok(Action::requeue(Duration::from_secs(15)));

@@ -44,7 +44,6 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Api, Client, Resource};
 use serde_json::json;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{Instrument, info, warn};
 
 use self::step::{Step, decide};
@@ -52,18 +51,14 @@ use super::patches::{MachineChanges, MachinePatch, machine_patch, set_condition}
 use crate::k8sd::wire::{CertificatesExpiryResponse, path};
 use crate::k8sd::{Fingerprint, K8sdError};
 use crate::policy::Ttl;
-use crate::refresh::flow::Retry;
 use crate::refresh::session::{Session, Timeouts};
 use crate::workload::endpoint::{self, Transport};
 use crate::workload::{self, WorkloadError};
 
-mod attempts;
 mod conclusion;
 mod execute;
 mod expiry;
-mod failure;
 pub mod journal;
-mod locks;
 mod node;
 mod outcome;
 mod records;
@@ -71,13 +66,9 @@ mod requests;
 pub mod step;
 mod verdict;
 
-use failure::{Failure, Wait, scopeguard, truncate};
-pub use locks::{Guard, Locks};
+pub use crate::controllers::executor::MAX_RUN_SENDS;
+use crate::controllers::executor::{ApiError, Failure, truncate};
 pub use outcome::KeptOutcomes;
-
-/// `run` is sent at most this many times per operation (across retries and restarts), each time
-/// after a new `plan`. A second send only happens when the first one's outcome is unknown.
-pub const MAX_RUN_SENDS: u32 = 3;
 
 /// Field manager of our writes.
 const MANAGER: &str = "ck8s-certs";
@@ -87,15 +78,6 @@ const MANAGER: &str = "ck8s-certs";
 pub struct Config {
     pub transport: Transport,
     pub timeouts: Timeouts,
-    pub retry: Retry,
-    pub max_worker_refreshes_per_cluster: usize,
-    pub max_worker_refreshes: usize,
-    /// After a control-plane `run`, how long to wait for the node's k8sd to answer again before
-    /// another control plane of that cluster may start (k8sd restarts its services).
-    pub settle_timeout: Duration,
-    /// How long a refresh waits for a node, a control plane or a workload cluster API that does
-    /// not answer (k8sd restarts services after a refresh) before it fails.
-    pub wait_timeout: Duration,
     /// Re-check period of idle Machines.
     pub resync: Duration,
     /// Strict windows and backoff of automatic renewals.
@@ -114,7 +96,8 @@ pub struct Context {
     pub stores: super::Stores,
     pub recorder: Recorder,
     pub config: Config,
-    pub locks: Locks,
+    /// Carries refreshes out on their nodes (admission per cluster, waits, attempts).
+    pub executor: crate::controllers::executor::Executor,
     /// Outcomes of `run`s whose write to their request failed, written before anything else.
     pub outcomes: KeptOutcomes,
     /// Our identity among the --watch-filter shards, and what we saw of the others' Leases.
@@ -135,6 +118,9 @@ pub enum Error {
     Expiry(#[source] K8sdError),
     #[error(transparent)]
     Shard(#[from] super::shard::ShardError),
+    /// Our own call failed while a refresh was carried out.
+    #[error("Kubernetes API call failed: {0}")]
+    Api(#[source] ApiError),
     /// A reconcile that started from the caches reached a write: it starts over on live reads
     /// (never seen outside `Reconciler::run`).
     #[error("the cached state calls for action: reading it live")]
@@ -147,7 +133,7 @@ impl Error {
             Self::Kube(_) => "kube",
             Self::Workload(_) => "workload",
             Self::Expiry(e) => e.category(),
-            Self::Shard(_) => "kube",
+            Self::Shard(_) | Self::Api(_) => "kube",
             Self::NeedsLive => "internal",
         }
     }
@@ -183,6 +169,9 @@ pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Actio
             mode: Mode::Cache,
             generation: None,
         };
+        if let Some(action) = cached.still_waiting() {
+            return Ok(action);
+        }
         if let Some(result) = cached.run_from_cache().await {
             return result;
         }
@@ -222,7 +211,6 @@ struct Reconciler<'a> {
 /// What `prepare` found out about the node.
 struct Node {
     session: Session,
-    cluster: String,
     sans: Vec<String>,
     workload: Client,
 }
@@ -312,12 +300,24 @@ impl Reconciler<'_> {
             .await?
             .and_then(|r| r.status)
             .and_then(|s| s.operation);
-        let step = decide(
+        let waiting = self
+            .view
+            .annotation(IN_FLIGHT_REFRESH)
+            .and_then(|name| self.ctx.executor.waiting_operation(&self.waiter(), name));
+        let step = step::decide_waiting(
             &self.view,
             cluster.as_ref(),
             status.as_ref(),
             request.as_ref(),
+            waiting.as_ref(),
         );
+        if !matches!(
+            step,
+            Step::Continue(_) | Step::Resume(_) | Step::Start { .. }
+        ) {
+            // What waited (if anything) is over: withdrawn, paused, recorded.
+            self.ctx.executor.forget(&self.waiter());
+        }
         self.act(cluster, status, request, step).await
     }
 
@@ -407,6 +407,11 @@ impl Reconciler<'_> {
                 self.start(status, trigger, cluster.unwrap_or_default())
                     .await
             }
+            Step::Continue(op) => {
+                let role = self.role();
+                self.execute(status, op, false, role, cluster.unwrap_or_default())
+                    .await
+            }
             Step::Resume(op) => {
                 let opened = request.as_ref() == Some(&op);
                 self.resume(status, op, opened, cluster.unwrap_or_default())
@@ -444,5 +449,18 @@ pub(crate) fn role_label(role: Role) -> &'static str {
     match role {
         Role::ControlPlane => "control-plane",
         Role::Worker => "worker",
+    }
+}
+
+impl Error {
+    /// The error a [`Failure::Api`] carries: ours when it was ours.
+    pub(super) fn from_api(err: ApiError) -> Self {
+        match err.downcast::<Self>() {
+            Ok(ours) => *ours,
+            Err(other) => match other.downcast::<kube::Error>() {
+                Ok(kube) => Self::Kube(*kube),
+                Err(other) => Self::Api(other),
+            },
+        }
     }
 }

@@ -2,12 +2,13 @@
 //! worker, a Ready control plane's to approve its CSRs.
 
 use super::*;
+use crate::controllers::executor::Failure;
 
 impl Reconciler<'_> {
     /// Resolves the node, its tokens and SANs, and opens a session (nothing sent yet).
     pub(super) async fn prepare(
         &self,
-        status: &MachineCertificatesStatus,
+        pin: Option<Fingerprint>,
         role: Role,
         cluster: &ClusterView,
     ) -> Result<Node, Failure> {
@@ -64,10 +65,6 @@ impl Reconciler<'_> {
         let tokens = workload::tokens(&self.ctx.client, ns, &cluster_name, &self.view.name)
             .await
             .map_err(Failure::Workload)?;
-        let pin = status
-            .k8sd_fingerprint
-            .as_deref()
-            .and_then(|f| f.parse::<Fingerprint>().ok());
         let session = Session::node(
             endpoint.target,
             endpoint.route,
@@ -78,7 +75,6 @@ impl Reconciler<'_> {
         );
         Ok(Node {
             session,
-            cluster: cluster_name,
             sans,
             workload: client,
         })

@@ -44,7 +44,7 @@ impl Reconciler<'_> {
         let ending = match result {
             Ok(()) => Ending::Succeeded,
             // Our own write failed: the operation stays as last persisted and is resumed.
-            Err(Failure::Api(err)) => return Err(err),
+            Err(Failure::Api(err)) => return Err(Error::from_api(err)),
             Err(failure) => Ending::Failed(crate::controllers::governing_policy::with_hint(
                 failure.message(&self.view),
                 &crate::controllers::governing_policy::renew_now_hint(&self.view, &op.ttl),

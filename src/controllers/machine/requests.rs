@@ -194,6 +194,23 @@ impl Reconciler<'_> {
         announced
             .event(EventType::Normal, events::REFRESH_IN_PROGRESS, announcement)
             .await;
+        if op.bypassed_windows
+            && let Some(bypass) = &status.last_window_bypass
+        {
+            // Said once the renewal is taken up: a take-up tried again says nothing twice.
+            announced
+                .event(
+                    EventType::Warning,
+                    events::RENEWAL_WINDOW_BYPASSED,
+                    bypass.message.clone(),
+                )
+                .await;
+            self.ctx
+                .metrics
+                .renewal_bypassed
+                .get_or_create(&crate::metrics::expiry_imminent())
+                .inc();
+        }
         announced
             .execute(status, op, false, self.role(), cluster)
             .await
@@ -258,35 +275,5 @@ impl Reconciler<'_> {
         let role = status.role.unwrap_or(self.role());
         info!(seed = ?op.seed, attempts = op.run_attempts, "Resuming an interrupted refresh");
         self.execute(status, op, opened, role, cluster).await
-    }
-
-    /// Control planes first: a worker whose cluster has a control-plane refresh requested or
-    /// running waits for it (up to `--refresh-wait-timeout`), so that a cluster annotated in one
-    /// command refreshes its control planes before its workers, whose approvals need them.
-    pub(super) async fn control_planes_first(&self) {
-        let pending = || {
-            self.ctx.stores.machines.state().iter().any(|m| {
-                let other = MachineView::of(m);
-                other.control_plane
-                    && other.name != self.view.name
-                    && other.namespace == self.view.namespace
-                    && other.cluster == self.view.cluster
-                    && other.node_name.is_some()
-                    && !other.deleting
-                    && (other.annotation(REFRESH_CERTIFICATES).is_some()
-                        || other
-                            .annotation(ck8s_certs_api::annotations::REFRESH_CERTIFICATES_STATUS)
-                            == Some(RefreshStatus::InProgress.as_str()))
-            })
-        };
-        let deadline = super::failure::deadline_after(self.ctx.config.wait_timeout);
-        let mut logged = false;
-        while pending() && tokio::time::Instant::now() < deadline && !self.ctx.stop.is_cancelled() {
-            if !logged {
-                info!("Waiting for the control planes of the cluster to be refreshed first");
-                logged = true;
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
     }
 }

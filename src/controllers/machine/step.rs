@@ -34,6 +34,9 @@ pub enum Step {
     Withdrawn,
     /// A refresh was requested.
     Start { trigger: String },
+    /// A refresh this process took up waits (for its cluster, its node) before its first seed:
+    /// go on with it, without taking it up again.
+    Continue(Operation),
     /// The Machine's expiry annotation differs from what we know.
     SyncExpiry,
     /// The expiry is not known yet: ask k8sd.
@@ -51,13 +54,41 @@ pub fn decide(
     status: Option<&MachineCertificatesStatus>,
     request: Option<&Operation>,
 ) -> Step {
+    decide_waiting(machine, cluster, status, request, None)
+}
+
+/// [`decide`], knowing `waiting`: the operation this process took up for the request the
+/// Machine names, waiting before its first seed (nothing of it is journaled).
+pub fn decide_waiting(
+    machine: &MachineView,
+    cluster: Option<&ClusterView>,
+    status: Option<&MachineCertificatesStatus>,
+    request: Option<&Operation>,
+    waiting: Option<&Operation>,
+) -> Step {
     if !machine.is_ck8s() || machine.deleting {
         return Step::Ignore;
     }
     let Some(cluster) = cluster else {
         return Step::ClusterMissing;
     };
-    let step = decide_unpaused(machine, status, request);
+    let step = match waiting {
+        // Still asked for as it was taken up (the same trigger, or none for a policy's), and
+        // still shown in progress.
+        Some(op)
+            if request.is_none_or(|r| !r.is_finished())
+                && machine.annotation(REFRESH_CERTIFICATES_STATUS)
+                    == Some(RefreshStatus::InProgress.as_str())
+                && machine.annotation(REFRESH_CERTIFICATES) == op.trigger.as_deref()
+                && machine.node_name.is_some() =>
+        {
+            match request.filter(|r| !r.is_finished()) {
+                Some(journaled) => Step::Resume(journaled.clone()),
+                None => Step::Continue(op.clone()),
+            }
+        }
+        _ => decide_unpaused(machine, status, request),
+    };
     let paused = cluster.paused || machine.annotation(PAUSED_ANNOTATION).is_some();
     if paused && !matches!(step, Step::Resume(_) | Step::Record(_)) {
         return Step::Paused;
@@ -232,6 +263,62 @@ mod tests {
         assert_eq!(
             decide(&nodeless, Some(&LIVE), None, None),
             Step::WaitForNode
+        );
+    }
+
+    #[test]
+    fn a_waiting_refresh_goes_on_without_being_taken_up_again_while_still_asked_for() {
+        let asked = machine(&[
+            (REFRESH_CERTIFICATES, "1y"),
+            (REFRESH_CERTIFICATES_STATUS, "in-progress"),
+        ]);
+        let waiting = Operation {
+            seed: None,
+            phase: Phase::Pending,
+            run_attempts: 0,
+            ..op(Phase::Pending, "1y")
+        };
+        let decide = |m: &MachineView, cluster: &ClusterView, request: Option<&Operation>| {
+            decide_waiting(m, Some(cluster), None, request, Some(&waiting))
+        };
+        assert_eq!(decide(&asked, &LIVE, None), Step::Continue(waiting.clone()));
+        // Its seed journaled since: the journal goes on.
+        let running = op(Phase::Running, "1y");
+        assert_eq!(
+            decide(&asked, &LIVE, Some(&running)),
+            Step::Resume(running.clone())
+        );
+        // Another TTL asked meanwhile: a new request.
+        let changed = machine(&[
+            (REFRESH_CERTIFICATES, "30d"),
+            (REFRESH_CERTIFICATES_STATUS, "in-progress"),
+        ]);
+        assert_eq!(
+            decide(&changed, &LIVE, None),
+            Step::Start {
+                trigger: "30d".into()
+            }
+        );
+        // Withdrawn: nothing happened on the node.
+        let withdrawn = machine(&[(REFRESH_CERTIFICATES_STATUS, "in-progress")]);
+        assert_eq!(decide(&withdrawn, &LIVE, None), Step::Withdrawn);
+        // Paused meanwhile: nothing new starts.
+        let paused = ClusterView {
+            paused: true,
+            ..LIVE
+        };
+        assert_eq!(decide(&asked, &paused, None), Step::Paused);
+
+        // A policy's renewal (no trigger) goes on the same way.
+        let renewal = Operation {
+            trigger: None,
+            origin: Origin::Policy,
+            ..waiting.clone()
+        };
+        let shown = machine(&[(REFRESH_CERTIFICATES_STATUS, "in-progress")]);
+        assert_eq!(
+            decide_waiting(&shown, Some(&LIVE), None, None, Some(&renewal)),
+            Step::Continue(renewal.clone())
         );
     }
 

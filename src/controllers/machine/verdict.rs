@@ -120,23 +120,13 @@ impl Reconciler<'_> {
                 let verdict = Verdict::new(&info, "RenewNow", Some(now), message.clone(), None);
                 if renewal.reason == RenewReason::FailSafeBypass {
                     // Kept (with its condition) until a later refresh succeeds.
+                    // Announced (Event, metric) once the renewal is taken up.
                     status.last_window_bypass =
                         Some(ck8s_certs_api::machine_certificates::WindowBypass {
                             time: Time(now),
                             expiry: status.expiry.clone(),
                             message: message.clone(),
                         });
-                    self.event(
-                        EventType::Warning,
-                        events::RENEWAL_WINDOW_BYPASSED,
-                        message.clone(),
-                    )
-                    .await;
-                    self.ctx
-                        .metrics
-                        .renewal_bypassed
-                        .get_or_create(&crate::metrics::expiry_imminent())
-                        .inc();
                 }
                 let matched_window = renewal.window.map(|index| {
                     crate::controllers::governing_policy::describe_window(&policy.windows, index)

@@ -119,6 +119,8 @@ struct Journal {
     log: Log,
     refuse: bool,
     waits: u32,
+    /// Ends the attempts for now at the first wait, as the executor does.
+    later: Option<Duration>,
     stopping: bool,
     fingerprints: Vec<Option<String>>,
 }
@@ -128,6 +130,7 @@ fn journal(log: &Log) -> Journal {
         log: log.clone(),
         refuse: false,
         waits: 0,
+        later: None,
         stopping: false,
         fingerprints: Vec::new(),
     }
@@ -156,6 +159,9 @@ impl super::Journal for Journal {
 
     async fn wait(&mut self, _: &mut Operation, failure: &Failure) -> Result<(), Failure> {
         push(&self.log, format!("wait ({})", failure.cause()));
+        if let Some(later) = self.later {
+            return Err(Failure::Wait(later));
+        }
         if self.waits == 0 {
             return Err(Failure::Message("the node's k8sd did not answer".into()));
         }
@@ -184,26 +190,19 @@ fn pending(ttl_seconds: i64) -> Operation {
     )
 }
 
-/// One attempt per call, no delays worth waiting for.
-fn retry() -> Retry {
-    Retry {
-        attempts: 2,
-        ..Retry::default()
-    }
-}
-
 async fn control_plane(
     node: &mut Node,
     op: &mut Operation,
     journal: &mut Journal,
 ) -> Result<(), Failure> {
     let no_approver: Option<&mut Approver> = None;
+    let ttl = ttl(op);
     carry_out(
         node,
         no_approver,
         op,
+        ttl,
         Some(vec!["cp.example".into()]),
-        &retry(),
         journal,
     )
     .await
@@ -227,15 +226,21 @@ async fn worker(
         log: log.clone(),
     };
     let mut journal = journal(log);
+    let ttl = ttl(op);
     carry_out(
         &mut worker,
         Some(&mut approver),
         op,
+        ttl,
         None,
-        &retry(),
         &mut journal,
     )
     .await
+}
+
+/// The lifetime the executor gives the attempts.
+fn ttl(op: &Operation) -> Ttl {
+    crate::controllers::executor::ttl_of(op).unwrap()
 }
 
 fn error_text(result: Result<(), Failure>) -> String {
@@ -389,14 +394,14 @@ async fn a_stopping_process_sends_nothing_new_but_finishes_what_it_started() {
 #[tokio::test(start_paused = true)]
 async fn a_k8sd_that_does_not_answer_plan_is_waited_for_then_given_up_on() {
     let log = Log::default();
-    // Each plan is tried twice (retry), then waited for once.
+    // Each plan is one call, waited for after it fails.
     let mut node = node(
         &log,
         vec![Err(refused()), Err(refused()), Ok(42)],
         vec![Ok(EXPIRY)],
     );
     let mut journal = Journal {
-        waits: 1,
+        waits: 2,
         ..self::journal(&log)
     };
     let mut op = pending(31_536_000);
@@ -407,7 +412,8 @@ async fn a_k8sd_that_does_not_answer_plan_is_waited_for_then_given_up_on() {
         log_entries[0].starts_with("wait (plan: opening a connection"),
         "{log_entries:?}"
     );
-    assert_eq!(log_entries[1], "plan 42");
+    assert!(log_entries[1].starts_with("wait (plan:"), "{log_entries:?}");
+    assert_eq!(log_entries[2], "plan 42");
 
     let log = Log::default();
     let mut node = self::node(&log, vec![Err(refused()), Err(refused())], vec![]);
@@ -560,21 +566,32 @@ async fn run_asks_for_the_operation_s_lifetime_also_when_the_journal_has_no_seco
 }
 
 #[tokio::test(start_paused = true)]
-async fn an_operation_without_a_valid_lifetime_fails_before_the_node_sees_anything() {
-    for (seconds, ttl) in [(None, "soon"), (Some(0), "1y"), (Some(-5), "1y")] {
-        let log = Log::default();
-        let mut node = node(&log, vec![Ok(1)], vec![Ok(EXPIRY)]);
-        let mut op = Operation {
-            ttl_seconds: seconds,
-            ttl: ttl.into(),
-            ..pending(1)
-        };
-        let result = control_plane(&mut node, &mut op, &mut journal(&log)).await;
-        assert!(
-            error_text(result).contains("no valid certificate lifetime"),
-            "{seconds:?} {ttl}"
-        );
-        assert_eq!(entries(&log), Vec::<String>::new(), "{seconds:?} {ttl}");
-        assert_eq!(op.seed, None);
-    }
+async fn a_plan_that_times_out_is_waited_for_not_failed_at_once() {
+    let log = Log::default();
+    let mut node = node(&log, vec![Err(no_answer()), Ok(5)], vec![Ok(EXPIRY)]);
+    let mut journal = Journal {
+        waits: 1,
+        ..self::journal(&log)
+    };
+    let mut op = pending(31_536_000);
+    let result = control_plane(&mut node, &mut op, &mut journal).await;
+    assert_eq!(error_text(result), "succeeded");
+    let log_entries = entries(&log);
+    assert!(log_entries[0].starts_with("wait (plan:"), "{log_entries:?}");
+    assert_eq!(log_entries[1], "plan 5");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_for_later_ends_the_attempts_with_nothing_sent() {
+    let log = Log::default();
+    let mut node = node(&log, vec![Err(refused()), Ok(5)], vec![Ok(EXPIRY)]);
+    let mut journal = Journal {
+        later: Some(Duration::from_secs(2)),
+        ..self::journal(&log)
+    };
+    let mut op = pending(31_536_000);
+    let result = control_plane(&mut node, &mut op, &mut journal).await;
+    assert!(matches!(result, Err(Failure::Wait(d)) if d == Duration::from_secs(2)));
+    assert_eq!(entries(&log).len(), 1, "{:?}", entries(&log));
+    assert_eq!((op.seed, op.run_attempts), (None, 0));
 }

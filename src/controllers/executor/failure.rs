@@ -1,19 +1,33 @@
-//! Why an operation failed, before it becomes a user-facing message; and the small helpers of the
-//! refresh flow (bounded waits, guards).
+//! Why an operation did not finish, before it becomes a user-facing message; and how long a
+//! refresh may still wait for what it needs.
 
-use super::*;
+use std::time::Duration;
 
-/// Why an operation failed, before it becomes a user-facing message.
-pub(super) enum Failure {
+use ck8s_certs_api::machine::MachineView;
+
+use crate::k8sd::K8sdError;
+use crate::workload::WorkloadError;
+
+/// An error of our own write or read (the journal, the Machine's objects), boxed so the executor
+/// does not depend on the reconciler that made it.
+pub type ApiError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why an operation failed, or why it stopped for now.
+#[derive(Debug)]
+pub enum Failure {
     K8sd {
         step: &'static str,
         error: K8sdError,
     },
     Workload(WorkloadError),
-    Api(Error),
+    /// Our own API call failed: the operation stays as last journaled and is taken up again.
+    Api(ApiError),
     Message(String),
     /// Something the refresh needs does not answer for now (waited for, then a failure).
     Unavailable(String),
+    /// Not now: the refresh waits `after` (or until it is woken) without holding anything. It
+    /// is what the journal says, and goes on at the next reconcile.
+    Wait(Duration),
     /// The process is stopping and nothing was sent to the node for this attempt: the next
     /// leader takes the request up from its record.
     Stopping,
@@ -23,38 +37,53 @@ pub(super) enum Failure {
 }
 
 impl Failure {
-    pub(super) fn k8sd(step: &'static str, error: K8sdError) -> Self {
+    pub fn k8sd(step: &'static str, error: K8sdError) -> Self {
         Self::K8sd { step, error }
     }
 
     /// Whether waiting may help: the node or its cluster does not answer for now, as during a
     /// restart (refused connections, a tunnel that cannot be opened, 503 while k8sd starts). A
-    /// node that accepts and then never answers (a timeout) is not restarting: that fails.
-    pub(super) fn unavailable(&self) -> bool {
+    /// node that accepts and then never answers (a timeout) is not restarting: that is tried
+    /// again a bounded number of times ([`Failure::timed_out`]).
+    pub fn unavailable(&self) -> bool {
         match self {
             Self::K8sd { error, .. } => {
                 error.is_retryable() && !matches!(error, K8sdError::Timeout { .. })
             }
             Self::Workload(err) => err.is_retryable(),
             Self::Unavailable(_) => true,
-            Self::Api(_) | Self::Message(_) | Self::Stopping | Self::Superseded => false,
+            Self::Api(_) | Self::Message(_) | Self::Wait(_) | Self::Stopping | Self::Superseded => {
+                false
+            }
         }
     }
 
+    /// A call that got no answer in time: worth a few more tries, not an open-ended wait.
+    pub fn timed_out(&self) -> bool {
+        matches!(
+            self,
+            Self::K8sd {
+                error: K8sdError::Timeout { .. },
+                ..
+            }
+        )
+    }
+
     /// What went wrong, without advice.
-    pub(super) fn cause(&self) -> String {
+    pub fn cause(&self) -> String {
         match self {
             Self::K8sd { step, error } => format!("{step}: {error}"),
             Self::Workload(err) => err.to_string(),
             Self::Api(err) => err.to_string(),
             Self::Message(text) | Self::Unavailable(text) => text.clone(),
+            Self::Wait(after) => format!("waiting {}", humantime::format_duration(*after)),
             Self::Stopping => "stopping".into(),
             Self::Superseded => "superseded".into(),
         }
     }
 
     /// What failed and what to do about it. Never contains a token.
-    pub(super) fn message(&self, machine: &MachineView) -> String {
+    pub fn message(&self, machine: &MachineView) -> String {
         let retry = "then annotate the Machine again to retry";
         let cluster = machine.cluster.as_deref().unwrap_or("");
         match self {
@@ -81,13 +110,15 @@ impl Failure {
             }
             Self::Api(err) => format!("Refreshing failed: {err}"),
             Self::Message(text) | Self::Unavailable(text) => format!("{text}; {retry}"),
+            Self::Wait(_) => "The refresh is waiting".into(),
             Self::Stopping => "The controller stopped before the refresh started".into(),
             Self::Superseded => "Another controller instance carries the refresh out".into(),
         }
     }
 }
 
-pub(super) fn truncate(mut text: String, max: usize) -> String {
+/// `text` cut to at most `max` bytes, with an ellipsis when cut.
+pub fn truncate(mut text: String, max: usize) -> String {
     if text.len() > max {
         let mut end = max.saturating_sub(1);
         while !text.is_char_boundary(end) {
@@ -99,25 +130,31 @@ pub(super) fn truncate(mut text: String, max: usize) -> String {
     text
 }
 
-/// How long a refresh still waits for what it needs, with a delay growing from 1 s to 8 s.
-pub(super) struct Wait {
+/// How long a refresh may still wait for what it needs (a node or API that does not answer, a
+/// node that times out), across the reconciles it gives its slot back in between: the pauses
+/// grow from 1 s to 8 s; a node or API that does not answer is waited for until the deadline,
+/// a call that times out is tried `tries` times in all.
+#[derive(Clone, Debug)]
+pub struct Wait {
     deadline: tokio::time::Instant,
     delay: Duration,
-    /// Whether the wait was shown in the operation record already.
-    pub(super) shown: bool,
+    timeouts_left: u32,
 }
 
 impl Wait {
-    pub(super) fn new(timeout: Duration) -> Self {
+    pub fn new(timeout: Duration, tries: u32) -> Self {
         Self {
             deadline: deadline_after(timeout),
             delay: Duration::from_secs(1),
-            shown: false,
+            timeouts_left: tries.saturating_sub(1),
         }
     }
 
-    /// The next pause, or `None` once the deadline has passed.
-    pub(super) fn next(&mut self) -> Option<Duration> {
+    /// The pause before trying again after `failure`, or `None` once waiting is over.
+    pub fn next(&mut self, failure: &Failure) -> Option<Duration> {
+        if failure.timed_out() {
+            self.timeouts_left = self.timeouts_left.checked_sub(1)?;
+        }
         let left = self
             .deadline
             .checked_duration_since(tokio::time::Instant::now())?;
@@ -128,26 +165,64 @@ impl Wait {
         self.delay = (self.delay * 2).min(Duration::from_secs(8));
         Some(delay)
     }
+
+    /// Whether the deadline has passed.
+    pub fn over(&self) -> bool {
+        tokio::time::Instant::now() >= self.deadline
+    }
 }
 
 /// `timeout` from now; a timeout past what the clock can hold waits "forever" (a century)
 /// instead of panicking.
-pub(super) fn deadline_after(timeout: Duration) -> tokio::time::Instant {
+pub fn deadline_after(timeout: Duration) -> tokio::time::Instant {
     let now = tokio::time::Instant::now();
     now.checked_add(timeout)
         .or_else(|| now.checked_add(Duration::from_secs(100 * 365 * 86_400)))
         .unwrap_or(now)
 }
 
-/// Runs `f` when dropped (on every exit path, including errors).
-pub(super) fn scopeguard<F: FnOnce()>(f: F) -> impl Drop {
-    struct Guard<F: FnOnce()>(Option<F>);
-    impl<F: FnOnce()> Drop for Guard<F> {
-        fn drop(&mut self) {
-            if let Some(f) = self.0.take() {
-                f();
-            }
-        }
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timeout() -> Failure {
+        Failure::k8sd(
+            "plan",
+            K8sdError::Timeout {
+                node: "n".into(),
+                endpoint: "plan".into(),
+                timeout: Duration::from_secs(10),
+            },
+        )
     }
-    Guard(Some(f))
+
+    fn refused() -> Failure {
+        Failure::Unavailable("connection refused".into())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_node_that_does_not_answer_is_waited_for_until_the_deadline() {
+        let mut wait = Wait::new(Duration::from_secs(20), 5);
+        let mut pauses = Vec::new();
+        while let Some(pause) = wait.next(&refused()) {
+            pauses.push(pause.as_secs());
+            tokio::time::advance(pause).await;
+        }
+        assert_eq!(pauses, [1, 2, 4, 8, 5]);
+        assert!(wait.over());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_that_times_out_is_tried_a_bounded_number_of_times() {
+        let mut wait = Wait::new(Duration::from_secs(600), 3);
+        assert!(wait.next(&timeout()).is_some());
+        assert!(wait.next(&timeout()).is_some());
+        assert_eq!(wait.next(&timeout()), None);
+    }
+
+    #[test]
+    fn an_absurd_timeout_waits_without_panicking() {
+        let wait = Wait::new(Duration::MAX, 5);
+        assert!(!wait.over());
+    }
 }

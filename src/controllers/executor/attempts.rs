@@ -11,7 +11,8 @@
 //!   whose CSRs exist, and after a lost answer it skips its restart, so only a new `run` whose
 //!   answer arrives tells what the node serves;
 //! - at most [`MAX_RUN_SENDS`] `run`s per operation, across restarts (`op.run_attempts`);
-//! - once the process is stopping, an operation that has sent nothing yet sends nothing.
+//! - once the process is stopping, an operation that has sent nothing yet sends nothing;
+//! - a `plan` that gets no answer is waited for through the journal, one call at a time.
 
 use std::future::Future;
 
@@ -23,7 +24,7 @@ use super::MAX_RUN_SENDS;
 use super::failure::Failure;
 use crate::k8sd::wire::RunRequest;
 use crate::policy::Ttl;
-use crate::refresh::flow::{self, Retry};
+use crate::refresh::flow;
 use crate::refresh::{ApproveApi, NodeApi};
 use ck8s_certs_api::machine_certificates::{Operation, Phase};
 
@@ -37,8 +38,9 @@ pub(super) trait Journal: Send {
         op: &mut Operation,
         fingerprint: Option<String>,
     ) -> impl Future<Output = Result<(), Failure>> + Send;
-    /// The node's k8sd does not answer `plan` for now (restarting?): waits before the next try,
-    /// or fails when waiting is over.
+    /// The node's k8sd does not answer `plan` for now (restarting, or the call timed out):
+    /// waits before the next try, fails when waiting is over, or ends the attempts for now
+    /// ([`Failure::Wait`]: the operation goes on later from what is journaled).
     fn wait(
         &mut self,
         op: &mut Operation,
@@ -49,15 +51,15 @@ pub(super) trait Journal: Send {
     fn now(&self) -> Timestamp;
 }
 
-/// Carries `op` out on `node` until `run` answers: `Ok` with `op` Succeeded (its new expiry and
+/// Carries `op` out on `node`, asking for `ttl`, until `run` answers: `Ok` with `op` Succeeded (its new expiry and
 /// notes set), or why it failed. `approver` is the control plane that approves a worker's CSRs
 /// (`None` for a control plane); `extra_sans` go with a control plane's `run`.
 pub(super) async fn carry_out<N, A, J>(
     node: &mut N,
     mut approver: Option<&mut A>,
     op: &mut Operation,
+    ttl: Ttl,
     extra_sans: Option<Vec<String>>,
-    retry: &Retry,
     journal: &mut J,
 ) -> Result<(), Failure>
 where
@@ -65,7 +67,6 @@ where
     A: ApproveApi,
     J: Journal,
 {
-    let ttl = requested_ttl(op)?;
     loop {
         if op.phase == Phase::Running
             && let Some(seed) = op.seed
@@ -83,12 +84,14 @@ where
                 "The outcome of run is unknown: refreshing again with a new plan"
             );
         }
+        // One call at a time: a node that does not answer is waited for by the journal (which
+        // gives the cluster back in between), not retried here.
         let plan = loop {
-            match flow::plan(node, retry).await {
+            match node.plan().await {
                 Ok(plan) => break plan,
                 Err(err) => {
                     let failure = Failure::k8sd("plan", err);
-                    if !failure.unavailable() {
+                    if !failure.unavailable() && !failure.timed_out() {
                         return Err(failure);
                     }
                     journal.wait(op, &failure).await?;
@@ -141,21 +144,6 @@ where
             Err(err) => return Err(Failure::k8sd("run", err)),
         }
     }
-}
-
-/// The lifetime `op` asks for: its seconds, else its TTL as written (an operation journaled
-/// without seconds). Checked before anything is sent: an operation without a valid lifetime fails
-/// without touching the node.
-fn requested_ttl(op: &Operation) -> Result<Ttl, Failure> {
-    let checked = match op.ttl_seconds {
-        Some(seconds) => Ttl::from_seconds(seconds).map_err(|e| e.to_string()),
-        None => op.ttl.parse::<Ttl>().map_err(|e| e.to_string()),
-    };
-    checked.map_err(|error| {
-        Failure::Message(format!(
-            "The refresh's journal holds no valid certificate lifetime ({error}); nothing was sent to the node"
-        ))
-    })
 }
 
 /// `op` succeeded with `outcome`: its new expiry, and notes on anything odd in the answer.

@@ -1,0 +1,552 @@
+//! The refresh executor: carries one accepted refresh out on its node, and nothing else. It
+//! meets the Machine reconciler only through [`Accepted`] (what to do), [`Finished`] (what came
+//! of it) and three narrow seams: the [`Connector`] to the node's k8sd, the [`Journal`] (the
+//! request's status: the seed before `run`) and the clock. It never sleeps for a turn: a
+//! refresh that must wait gives its reconcile slot back and is woken, or looked at again, when
+//! it can go.
+//!
+//! ```text
+//! execute(Accepted) ──► a worker not on its node yet, a control plane of its cluster pending?
+//!    │                        └─yes─► Wait (woken when the control plane leaves the cluster)
+//!    ▼
+//! Admission::try_enter (a control plane alone in its cluster; workers bounded)
+//!    │                        └─busy─► Wait (woken when a place frees)
+//!    ▼
+//! Connector::node (+ ::approver for a worker) ─── not answering ──► Wait 1 s … 8 s, up to
+//!    │                                            --refresh-wait-timeout, the cluster given back
+//!    ▼
+//! attempts: plan ─► Journal::record(seed) ─► run (∥ approve) ─ no answer ─► new plan (≤ 3 runs)
+//!    │        └─ plan not answering ─► Wait (as above; timeouts tried --k8sd-retries times)
+//!    ▼
+//! Ran { op, settle } | Failed { op, failure } | Stopping | Superseded
+//!    └─ a control plane's Settle keeps its cluster until the node answers again (its own task)
+//! ```
+//!
+//! What a waiting refresh needs to go on (its operation before the seed, its wait budget) is
+//! kept in memory ([`Executor::parked`]); after a restart the journal has the rest.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use ck8s_certs_api::machine_certificates::{Operation, Role};
+use jiff::Timestamp;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::k8sd::K8sdError;
+use crate::policy::Ttl;
+use crate::refresh::{ApproveApi, NodeApi};
+
+pub mod admission;
+mod attempts;
+mod failure;
+
+pub use admission::{Admission, Busy, Guard, Waiter};
+pub use failure::{ApiError, Failure, Wait, deadline_after, truncate};
+
+/// `run` is sent at most this many times per operation (across retries and restarts), each time
+/// after a new `plan`. A second send only happens when the first one's outcome is unknown.
+pub const MAX_RUN_SENDS: u32 = 3;
+
+/// A waiting refresh that was not woken is looked at again after this long (a wake-up can be
+/// lost, and some waits have no one to wake them: a control plane pending but not started).
+pub const WAITING_RECHECK: Duration = Duration::from_secs(10);
+
+/// How the executor waits, from the command line.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// How long a refresh waits for a node, a control plane or a workload cluster API that does
+    /// not answer (k8sd restarts services after a refresh), and for the control planes of its
+    /// cluster (a worker), before it fails or goes on.
+    pub wait_timeout: Duration,
+    /// Calls to a node that time out are tried this many times in all.
+    pub tries: u32,
+    /// After a control-plane `run`, how long to wait for the node's k8sd to answer again before
+    /// another refresh of that cluster may start.
+    pub settle_timeout: Duration,
+}
+
+/// A refresh taken up by the Machine reconciler, to be carried out on its node.
+#[derive(Clone, Debug)]
+pub struct Accepted {
+    pub namespace: String,
+    pub machine: String,
+    pub cluster: String,
+    pub node: String,
+    pub role: Role,
+    /// The lifetime asked for, checked.
+    pub ttl: Ttl,
+    /// The name of the request carrying it.
+    pub request: String,
+    /// The operation as journaled (or, before its seed, as taken up).
+    pub op: Operation,
+    /// For a worker: a control plane of its cluster is being refreshed or asked to be.
+    pub control_planes_pending: bool,
+}
+
+/// What came of [`Executor::execute`].
+pub enum Finished<N> {
+    /// `run` answered: `op` is Succeeded. A control plane's `settle` keeps its cluster until
+    /// the node answers again: start it once the outcome is recorded.
+    Ran {
+        op: Operation,
+        settle: Option<Settle<N>>,
+    },
+    /// The operation failed: `op` as last journaled.
+    Failed { op: Operation, failure: Failure },
+    /// Not now: look again after `after` (or when woken); `why` says what it waits for.
+    Wait { after: Duration, why: String },
+    /// The process is stopping and nothing was sent for this operation.
+    Stopping,
+    /// Another instance carries it out.
+    Superseded,
+}
+
+/// The node, and what its `run` needs.
+pub struct NodeSession<N> {
+    pub node: N,
+    /// A control plane's extra SANs (its CK8sConfig's, its name, the Cluster endpoint).
+    pub extra_sans: Vec<String>,
+}
+
+/// The way to the node's k8sd (and to a control plane that approves a worker's CSRs).
+pub trait Connector: Send {
+    type Node: NodeApi + Probe + 'static;
+    type Approver: ApproveApi;
+    fn node(&mut self) -> impl Future<Output = Result<NodeSession<Self::Node>, Failure>> + Send;
+    fn approver(&mut self) -> impl Future<Output = Result<Self::Approver, Failure>> + Send;
+}
+
+/// Whether a node's k8sd answers (after a restart).
+pub trait Probe: Send {
+    fn probe(&mut self) -> impl Future<Output = Result<(), K8sdError>> + Send;
+}
+
+/// What the executor persists and shows.
+pub trait Journal: Send {
+    /// Persists `op` (its new seed and attempt count) before the attempt's `run` is sent, with
+    /// the node's certificate fingerprint. An error stops the operation there.
+    fn record(
+        &mut self,
+        op: &mut Operation,
+        fingerprint: Option<String>,
+    ) -> impl Future<Output = Result<(), Failure>> + Send;
+    /// Shows that the refresh waits, once per wait (`op.note` holds `note`).
+    fn waiting(
+        &mut self,
+        op: &Operation,
+        note: &str,
+    ) -> impl Future<Output = Result<(), Failure>> + Send;
+    fn now(&self) -> Timestamp;
+}
+
+/// Keeps a control plane's cluster after its refresh until its k8sd answers again.
+pub struct Settle<N> {
+    guard: Guard,
+    node: N,
+    name: String,
+    timeout: Duration,
+}
+
+impl<N: Probe + 'static> Settle<N> {
+    /// Probes the node every second, in a task of its own, until it answers or the settle
+    /// timeout passes; then the cluster is free.
+    pub fn spawn(self) {
+        let Self {
+            guard,
+            mut node,
+            name,
+            timeout,
+        } = self;
+        tokio::spawn(async move {
+            let settled = tokio::time::timeout(timeout, async {
+                loop {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    if node.probe().await.is_ok() {
+                        break;
+                    }
+                }
+            })
+            .await;
+            if settled.is_err() {
+                warn!(
+                    node = name,
+                    "k8sd did not answer again within the settle timeout after a refresh"
+                );
+            }
+            drop(guard);
+        });
+    }
+}
+
+/// A refresh waiting between reconciles.
+struct Parked {
+    request: String,
+    cluster: String,
+    /// The operation, while nothing of it is journaled (before its first seed).
+    op: Option<Operation>,
+    wait: Wait,
+    /// What it was last shown waiting for (shown once per cause).
+    shown: Option<String>,
+    /// When it first waited for the control planes of its cluster.
+    waiting_for_control_planes: Option<tokio::time::Instant>,
+}
+
+pub struct Executor {
+    admission: Admission,
+    parked: Mutex<HashMap<Waiter, Parked>>,
+    settings: Settings,
+    stop: CancellationToken,
+}
+
+impl Executor {
+    pub fn new(admission: Admission, settings: Settings, stop: CancellationToken) -> Self {
+        Self {
+            admission,
+            parked: Mutex::default(),
+            settings,
+            stop,
+        }
+    }
+
+    fn parked(&self) -> MutexGuard<'_, HashMap<Waiter, Parked>> {
+        self.parked.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The operation of `request`, taken up and waiting before anything of it was journaled.
+    pub fn waiting_operation(&self, who: &Waiter, request: &str) -> Option<Operation> {
+        self.parked()
+            .get(who)
+            .filter(|p| p.request == request)
+            .and_then(|p| p.op.clone())
+    }
+
+    /// Whether `who` waits for `request` and still could not go now (so reading anything
+    /// would be wasted): its cluster's admission says no, or a control plane goes first.
+    pub fn still_blocked(
+        &self,
+        who: &Waiter,
+        request: &str,
+        role: Role,
+        control_planes_pending: impl FnOnce() -> bool,
+    ) -> bool {
+        let (cluster, waiting_for_control_planes) = match self.parked().get(who) {
+            Some(p) if p.request == request => (p.cluster.clone(), p.waiting_for_control_planes),
+            _ => return false,
+        };
+        let control_planes_first = waiting_for_control_planes
+            .is_some_and(|since| since.elapsed() < self.settings.wait_timeout);
+        !self
+            .admission
+            .would_enter(&who.namespace, &cluster, role, who)
+            || (role == Role::Worker && control_planes_first && control_planes_pending())
+    }
+
+    /// Forgets what waits for `who` (its refresh ended or was withdrawn).
+    pub fn forget(&self, who: &Waiter) {
+        if let Some(parked) = self.parked().remove(who) {
+            self.admission.forget(&who.namespace, &parked.cluster, who);
+        }
+    }
+
+    /// Carries `accepted` out as far as it can go now.
+    pub async fn execute<C: Connector, J: Journal>(
+        &self,
+        accepted: Accepted,
+        connector: &mut C,
+        journal: &mut J,
+    ) -> Finished<C::Node> {
+        let Accepted {
+            namespace,
+            machine,
+            cluster,
+            node: node_name,
+            role,
+            ttl,
+            request,
+            mut op,
+            control_planes_pending,
+        } = accepted;
+        let who = Waiter { namespace, machine };
+        let mut parked = self.unpark(&who, &request, &cluster);
+
+        // Control planes first: a worker whose cluster refreshes a control plane (or is asked
+        // to) waits for it, up to the wait timeout, so that a cluster annotated in one command
+        // refreshes its control planes before its workers, whose approvals need them.
+        if role == Role::Worker && op.seed.is_none() && control_planes_pending {
+            let since = *parked
+                .waiting_for_control_planes
+                .get_or_insert_with(tokio::time::Instant::now);
+            if since.elapsed() < self.settings.wait_timeout {
+                self.admission
+                    .note_waiting(&who.namespace, &cluster, role, &who);
+                let why = format!("the control planes of cluster {cluster} are refreshed first");
+                return self
+                    .park(who, parked, op, journal, why, WAITING_RECHECK)
+                    .await;
+            }
+        }
+        let guard = match self
+            .admission
+            .try_enter(&who.namespace, &cluster, role, &who)
+        {
+            Ok(guard) => guard,
+            Err(busy) => {
+                return self
+                    .park(who, parked, op, journal, busy.to_string(), WAITING_RECHECK)
+                    .await;
+            }
+        };
+        if op.seed.is_none() && self.stop.is_cancelled() {
+            // Nothing was sent to the node yet: the next leader starts it.
+            self.forget_parked(&who);
+            return Finished::Stopping;
+        }
+
+        let session = match connector.node().await {
+            Ok(session) => session,
+            Err(failure) => {
+                return self
+                    .wait_or_fail(who, parked, op, journal, "the workload cluster", failure)
+                    .await;
+            }
+        };
+        let mut node = session.node;
+        let mut approver = match role {
+            Role::ControlPlane => None,
+            Role::Worker => match connector.approver().await {
+                Ok(approver) => Some(approver),
+                Err(failure) => {
+                    return self
+                        .wait_or_fail(
+                            who,
+                            parked,
+                            op,
+                            journal,
+                            "a Ready control-plane node",
+                            failure,
+                        )
+                        .await;
+                }
+            },
+        };
+        let extra_sans = (role == Role::ControlPlane).then_some(session.extra_sans);
+        let mut attempts_journal = AttemptsJournal {
+            journal,
+            wait: &mut parked.wait,
+            shown: &mut parked.shown,
+            timeout: self.settings.wait_timeout,
+            tries: self.settings.tries,
+            stop: &self.stop,
+        };
+        let result = attempts::carry_out(
+            &mut node,
+            approver.as_mut(),
+            &mut op,
+            ttl,
+            extra_sans,
+            &mut attempts_journal,
+        )
+        .await;
+        match result {
+            Ok(()) => {
+                self.forget_parked(&who);
+                let settle = (role == Role::ControlPlane).then(|| Settle {
+                    guard,
+                    node,
+                    name: node_name,
+                    timeout: self.settings.settle_timeout,
+                });
+                Finished::Ran { op, settle }
+            }
+            Err(Failure::Wait(after)) => {
+                let why = parked.shown.clone().unwrap_or_default();
+                self.keep(who, parked, op);
+                Finished::Wait { after, why }
+            }
+            Err(Failure::Stopping) => {
+                self.forget_parked(&who);
+                Finished::Stopping
+            }
+            Err(Failure::Superseded) => {
+                self.forget_parked(&who);
+                Finished::Superseded
+            }
+            Err(failure) => {
+                self.forget_parked(&who);
+                Finished::Failed { op, failure }
+            }
+        }
+    }
+
+    fn unpark(&self, who: &Waiter, request: &str, cluster: &str) -> Parked {
+        match self.parked().remove(who) {
+            Some(parked) if parked.request == request => parked,
+            _ => Parked {
+                request: request.to_owned(),
+                cluster: cluster.to_owned(),
+                op: None,
+                wait: Wait::new(self.settings.wait_timeout, self.settings.tries),
+                shown: None,
+                waiting_for_control_planes: None,
+            },
+        }
+    }
+
+    fn keep(&self, who: Waiter, mut parked: Parked, op: Operation) {
+        // Once a seed is journaled, the journal is the operation; only the budget is kept.
+        parked.op = op.seed.is_none().then_some(op);
+        self.parked().insert(who, parked);
+    }
+
+    fn forget_parked(&self, who: &Waiter) {
+        self.parked().remove(who);
+    }
+
+    /// Parks the refresh, shown as waiting for `why` (once per cause), and asks to be looked
+    /// at again after `after`.
+    async fn park<N, J: Journal>(
+        &self,
+        who: Waiter,
+        mut parked: Parked,
+        op: Operation,
+        journal: &mut J,
+        why: String,
+        after: Duration,
+    ) -> Finished<N> {
+        if let Err(failure) = show(journal, &mut parked.shown, &op, &why).await {
+            self.forget_parked(&who);
+            return Finished::Failed { op, failure };
+        }
+        self.keep(who, parked, op);
+        Finished::Wait { after, why }
+    }
+
+    /// `failure` while reaching the node or its approver: waits (the cluster given back) while
+    /// waiting may help and the budget lasts, else fails.
+    async fn wait_or_fail<N, J: Journal>(
+        &self,
+        who: Waiter,
+        mut parked: Parked,
+        op: Operation,
+        journal: &mut J,
+        what: &str,
+        failure: Failure,
+    ) -> Finished<N> {
+        if !failure.unavailable() && !failure.timed_out() {
+            self.forget_parked(&who);
+            return Finished::Failed { op, failure };
+        }
+        match parked.wait.next(&failure) {
+            Some(after) => {
+                let why = format!(
+                    "{what}, which does not answer (restarting?): {}",
+                    failure.cause()
+                );
+                self.park(who, parked, op, journal, why, after).await
+            }
+            None => {
+                self.forget_parked(&who);
+                let failure = gave_up(what, self.settings.wait_timeout, failure);
+                Finished::Failed { op, failure }
+            }
+        }
+    }
+}
+
+/// The lifetime `op` asks for: its seconds, else its TTL as written (an operation journaled
+/// without seconds). An operation without a valid lifetime fails before its node sees anything.
+pub fn ttl_of(op: &Operation) -> Result<Ttl, Failure> {
+    let checked = match op.ttl_seconds {
+        Some(seconds) => Ttl::from_seconds(seconds).map_err(|e| e.to_string()),
+        None => op.ttl.parse::<Ttl>().map_err(|e| e.to_string()),
+    };
+    checked.map_err(|error| {
+        Failure::Message(format!(
+            "The refresh's journal holds no valid certificate lifetime ({error}); nothing was sent to the node"
+        ))
+    })
+}
+
+/// The failure once waiting for `what` is over: a timed-out call as it is (its message has the
+/// hint), anything else as "did not answer within".
+fn gave_up(what: &str, timeout: Duration, failure: Failure) -> Failure {
+    if failure.timed_out() {
+        return failure;
+    }
+    Failure::Message(format!(
+        "{what} did not answer within {} ({})",
+        humantime::format_duration(timeout),
+        failure.cause()
+    ))
+}
+
+/// Shows the refresh waiting for `why`, unless that was the last thing shown.
+async fn show<J: Journal>(
+    journal: &mut J,
+    shown: &mut Option<String>,
+    op: &Operation,
+    why: &str,
+) -> Result<(), Failure> {
+    if shown.as_deref() == Some(why) {
+        return Ok(());
+    }
+    info!(why, "Waiting");
+    journal.waiting(op, &format!("Waiting: {why}")).await?;
+    *shown = Some(why.to_owned());
+    Ok(())
+}
+
+/// The attempts' view of the journal: a `plan` that gets no answer ends them for now.
+struct AttemptsJournal<'a, J> {
+    journal: &'a mut J,
+    wait: &'a mut Wait,
+    shown: &'a mut Option<String>,
+    timeout: Duration,
+    tries: u32,
+    stop: &'a CancellationToken,
+}
+
+impl<J: Journal> attempts::Journal for AttemptsJournal<'_, J> {
+    async fn record(
+        &mut self,
+        op: &mut Operation,
+        fingerprint: Option<String>,
+    ) -> Result<(), Failure> {
+        self.journal.record(op, fingerprint).await
+    }
+
+    async fn wait(&mut self, op: &mut Operation, failure: &Failure) -> Result<(), Failure> {
+        let what = "the node's k8sd";
+        let Some(after) = self.wait.next(failure) else {
+            return Err(if failure.timed_out() {
+                Failure::Message(format!(
+                    "{} ({} tries); check that the node is up and its k8sd-proxy pod is Running",
+                    failure.cause(),
+                    self.tries
+                ))
+            } else {
+                gave_up(what, self.timeout, Failure::Message(failure.cause()))
+            });
+        };
+        let why = format!(
+            "{what}, which does not answer (restarting?): {}",
+            failure.cause()
+        );
+        show(self.journal, self.shown, op, &why).await?;
+        Err(Failure::Wait(after))
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop.is_cancelled()
+    }
+
+    fn now(&self) -> Timestamp {
+        self.journal.now()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,701 @@
+//! The executor against a scripted connector (node, approver) and journal, without a network or
+//! an API server; paused time. What is asserted is what the node saw, in order, and when a
+//! refresh gives its cluster back.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use ck8s_certs_api::machine_certificates::{Origin, Phase};
+use futures::channel::mpsc;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::*;
+use crate::k8sd::wire::{PlanResponse, RunRequest, RunResponse};
+
+const EXPIRY: i64 = 1_900_000_000;
+const YEAR: i64 = 365 * 86_400;
+
+type Log = Arc<Mutex<Vec<String>>>;
+
+fn push(log: &Log, entry: impl Into<String>) {
+    log.lock().unwrap().push(entry.into());
+}
+
+fn entries(log: &Log) -> Vec<String> {
+    log.lock().unwrap().clone()
+}
+
+fn no_answer(endpoint: &str) -> K8sdError {
+    K8sdError::Timeout {
+        node: "n".into(),
+        endpoint: endpoint.into(),
+        timeout: Duration::from_secs(10),
+    }
+}
+
+fn refused() -> K8sdError {
+    K8sdError::Connect {
+        node: "n".into(),
+        route: "port-forward".into(),
+        reason: "connection refused".into(),
+    }
+}
+
+fn api(status: u16, message: &str) -> K8sdError {
+    K8sdError::Api {
+        endpoint: "x".into(),
+        status,
+        message: message.into(),
+    }
+}
+
+/// A scripted node: each `plan` pops a seed (or an error), each `run` an expiry (or an error);
+/// `probe` pops an answer (then answers).
+struct Node {
+    name: &'static str,
+    plans: VecDeque<Result<i64, K8sdError>>,
+    runs: VecDeque<Result<i64, K8sdError>>,
+    probes: VecDeque<Result<(), K8sdError>>,
+    /// A worker's `run` waits for its CSRs to be approved.
+    run_takes: Duration,
+    log: Log,
+}
+
+impl NodeApi for Node {
+    async fn plan(&mut self) -> Result<PlanResponse, K8sdError> {
+        let seed = self
+            .plans
+            .pop_front()
+            .unwrap_or_else(|| Err(api(500, "unscripted plan")))
+            .inspect_err(|e| push(&self.log, format!("{} plan: {e}", self.name)))?;
+        push(&self.log, format!("{} plan {seed}", self.name));
+        Ok(PlanResponse {
+            seed,
+            certificate_signing_requests: None,
+        })
+    }
+
+    async fn run(&mut self, request: &RunRequest) -> Result<RunResponse, K8sdError> {
+        push(
+            &self.log,
+            format!(
+                "{} run {} for {}s",
+                self.name, request.seed, request.expiration_seconds
+            ),
+        );
+        tokio::time::sleep(self.run_takes).await;
+        let expiration_seconds = self
+            .runs
+            .pop_front()
+            .unwrap_or_else(|| Err(api(500, "unscripted run")))?;
+        Ok(RunResponse { expiration_seconds })
+    }
+}
+
+impl Probe for Node {
+    async fn probe(&mut self) -> Result<(), K8sdError> {
+        push(&self.log, format!("{} probe", self.name));
+        self.probes.pop_front().unwrap_or(Ok(()))
+    }
+}
+
+struct Approver {
+    answers: VecDeque<Result<(), K8sdError>>,
+    log: Log,
+}
+
+impl ApproveApi for Approver {
+    async fn approve(&mut self, seed: i64) -> Result<(), K8sdError> {
+        push(&self.log, format!("approve {seed}"));
+        self.answers.pop_front().unwrap_or(Ok(()))
+    }
+}
+
+/// Hands out its node once; its connections and approver fail as scripted first.
+struct Link {
+    node: Option<Node>,
+    connects: VecDeque<Failure>,
+    approver: Option<Approver>,
+    log: Log,
+}
+
+impl Connector for Link {
+    type Node = Node;
+    type Approver = Approver;
+
+    async fn node(&mut self) -> Result<NodeSession<Node>, Failure> {
+        if let Some(failure) = self.connects.pop_front() {
+            push(&self.log, format!("connect: {}", failure.cause()));
+            return Err(failure);
+        }
+        push(&self.log, "connect");
+        Ok(NodeSession {
+            node: self.node.take().expect("one node per execute"),
+            extra_sans: vec!["cp.example".into()],
+        })
+    }
+
+    async fn approver(&mut self) -> Result<Approver, Failure> {
+        self.approver
+            .take()
+            .ok_or_else(|| Failure::Unavailable("no control plane answers".into()))
+    }
+}
+
+/// Records into the log; refuses to record when told.
+struct Journal {
+    log: Log,
+    refuse: Option<fn() -> Failure>,
+    shown: Vec<String>,
+}
+
+impl super::Journal for Journal {
+    async fn record(&mut self, op: &mut Operation, _: Option<String>) -> Result<(), Failure> {
+        if let Some(refusal) = self.refuse {
+            push(&self.log, "record refused");
+            return Err(refusal());
+        }
+        push(
+            &self.log,
+            format!(
+                "record seed={} attempts={}",
+                op.seed.unwrap_or_default(),
+                op.run_attempts
+            ),
+        );
+        Ok(())
+    }
+
+    async fn waiting(&mut self, _: &Operation, note: &str) -> Result<(), Failure> {
+        self.shown.push(note.to_owned());
+        Ok(())
+    }
+
+    fn now(&self) -> Timestamp {
+        Timestamp::from_second(EXPIRY - YEAR).unwrap()
+    }
+}
+
+fn journal(log: &Log) -> Journal {
+    Journal {
+        log: log.clone(),
+        refuse: None,
+        shown: Vec::new(),
+    }
+}
+
+fn node(
+    log: &Log,
+    name: &'static str,
+    plans: Vec<Result<i64, K8sdError>>,
+    runs: Vec<Result<i64, K8sdError>>,
+) -> Link {
+    Link {
+        node: Some(Node {
+            name,
+            plans: plans.into(),
+            runs: runs.into(),
+            probes: VecDeque::new(),
+            run_takes: Duration::ZERO,
+            log: log.clone(),
+        }),
+        connects: VecDeque::new(),
+        approver: Some(Approver {
+            answers: VecDeque::new(),
+            log: log.clone(),
+        }),
+        log: log.clone(),
+    }
+}
+
+fn executor() -> (Executor, mpsc::UnboundedReceiver<Waiter>) {
+    let (tx, rx) = mpsc::unbounded();
+    let executor = Executor::new(
+        Admission::new(2, 10, Some(tx)),
+        Settings {
+            wait_timeout: Duration::from_secs(60),
+            tries: 3,
+            settle_timeout: Duration::from_secs(30),
+        },
+        CancellationToken::new(),
+    );
+    (executor, rx)
+}
+
+fn operation(seed: Option<i64>, run_attempts: u32) -> Operation {
+    Operation {
+        seed,
+        phase: if seed.is_some() {
+            Phase::Running
+        } else {
+            Phase::Pending
+        },
+        run_attempts,
+        ..Operation::pending(
+            Origin::Manual,
+            None,
+            Some("1y".into()),
+            "1y".into(),
+            YEAR,
+            Time(Timestamp::from_second(EXPIRY - YEAR).unwrap()),
+        )
+    }
+}
+
+fn accepted(machine: &str, role: Role, op: Operation) -> Accepted {
+    Accepted {
+        namespace: "ns".into(),
+        machine: machine.into(),
+        cluster: "c".into(),
+        node: machine.into(),
+        role,
+        ttl: ttl_of(&op).unwrap(),
+        request: format!("{machine}-1"),
+        op,
+        control_planes_pending: false,
+    }
+}
+
+fn woken(rx: &mut mpsc::UnboundedReceiver<Waiter>) -> Vec<String> {
+    let mut names = Vec::new();
+    while let Ok(w) = rx.try_recv() {
+        names.push(w.machine);
+    }
+    names
+}
+
+/// What a [`Finished`] says, for assertions.
+fn said<N>(finished: &Finished<N>) -> String {
+    match finished {
+        Finished::Ran { op, settle } => format!(
+            "ran {:?} expiry={} settle={}",
+            op.phase,
+            op.new_expiry.as_ref().map_or(0, |t| t.0.as_second()),
+            settle.is_some()
+        ),
+        Finished::Failed { failure, .. } => format!("failed: {}", failure.cause()),
+        Finished::Wait { why, .. } => format!("wait: {why}"),
+        Finished::Stopping => "stopping".into(),
+        Finished::Superseded => "superseded".into(),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_control_plane_is_refreshed_and_keeps_its_cluster_until_it_answers_again() {
+    let log = Log::default();
+    let (executor, mut rx) = executor();
+    let mut link = node(&log, "cp-0", vec![Ok(42)], vec![Ok(EXPIRY)]);
+    let finished = executor
+        .execute(
+            accepted("cp-0", Role::ControlPlane, operation(None, 0)),
+            &mut link,
+            &mut journal(&log),
+        )
+        .await;
+    assert_eq!(
+        said(&finished),
+        format!("ran Succeeded expiry={EXPIRY} settle=true")
+    );
+    assert_eq!(
+        entries(&log),
+        [
+            "connect",
+            "cp-0 plan 42",
+            "record seed=42 attempts=1",
+            "cp-0 run 42 for 31536000s"
+        ]
+    );
+    let Finished::Ran {
+        settle: Some(mut settle),
+        ..
+    } = finished
+    else {
+        unreachable!()
+    };
+    settle.node.probes = [Err(refused()), Err(refused())].into();
+    // While it settles, the cluster is taken: a second control plane and a worker wait.
+    settle.spawn();
+    let mut other = node(&log, "cp-1", vec![Ok(7)], vec![Ok(EXPIRY)]);
+    let waiting = executor
+        .execute(
+            accepted("cp-1", Role::ControlPlane, operation(None, 0)),
+            &mut other,
+            &mut journal(&log),
+        )
+        .await;
+    assert_eq!(
+        said(&waiting),
+        "wait: another control plane of the cluster is being refreshed"
+    );
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Answered at the third probe: the cluster is free, the waiter woken.
+    assert_eq!(
+        entries(&log)
+            .iter()
+            .filter(|e| e.ends_with("probe"))
+            .count(),
+        3
+    );
+    assert_eq!(woken(&mut rx), ["cp-1"]);
+    let finished = executor
+        .execute(
+            accepted("cp-1", Role::ControlPlane, operation(None, 0)),
+            &mut other,
+            &mut journal(&log),
+        )
+        .await;
+    assert!(
+        said(&finished).starts_with("ran Succeeded"),
+        "{}",
+        said(&finished)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_runs_while_a_control_plane_approves_and_an_approve_error_is_noted() {
+    let log = Log::default();
+    let (executor, _rx) = executor();
+    let mut link = node(&log, "w-0", vec![Ok(9)], vec![Ok(EXPIRY)]);
+    // k8sd's auto-approver approved the CSRs: every approve answers 500, run succeeds.
+    link.approver.as_mut().unwrap().answers =
+        (0..10).map(|_| Err(api(500, "already approved"))).collect();
+    link.node.as_mut().unwrap().run_takes = Duration::from_secs(3);
+    let finished = executor
+        .execute(
+            accepted("w-0", Role::Worker, operation(None, 0)),
+            &mut link,
+            &mut journal(&log),
+        )
+        .await;
+    let Finished::Ran { op, settle } = finished else {
+        panic!("not run: {}", said(&finished));
+    };
+    assert!(settle.is_none(), "a worker's cluster is not held after it");
+    assert!(
+        op.note
+            .as_deref()
+            .is_some_and(|n| n.contains("approve answered an error")),
+        "{:?}",
+        op.note
+    );
+    let log = entries(&log);
+    assert!(log.contains(&"approve 9".to_owned()), "{log:?}");
+    assert!(
+        log.contains(&"w-0 run 9 for 31536000s".to_owned()),
+        "{log:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_answer_is_followed_by_a_new_plan_and_a_restart_counts_the_runs_sent() {
+    let log = Log::default();
+    let (executor, _rx) = executor();
+    let mut link = node(
+        &log,
+        "cp-0",
+        vec![Ok(1), Ok(2)],
+        vec![Err(no_answer("run")), Ok(EXPIRY)],
+    );
+    let finished = executor
+        .execute(
+            accepted("cp-0", Role::ControlPlane, operation(None, 0)),
+            &mut link,
+            &mut journal(&log),
+        )
+        .await;
+    assert!(said(&finished).starts_with("ran Succeeded"));
+    // Its settle is not started: the cluster is free.
+    drop(finished);
+    assert_eq!(
+        entries(&log)
+            .iter()
+            .filter(|e| e.contains(" run "))
+            .cloned()
+            .collect::<Vec<_>>(),
+        ["cp-0 run 1 for 31536000s", "cp-0 run 2 for 31536000s"]
+    );
+
+    // A crash between the seed and the answer: resumed from the journal (seed 5, one run
+    // sent, outcome unknown), a new plan, never seed 5 again; and no more than three runs.
+    let log = Log::default();
+    let mut link = node(
+        &log,
+        "cp-1",
+        vec![Ok(6), Ok(7)],
+        vec![Err(no_answer("run")), Err(no_answer("run"))],
+    );
+    let finished = executor
+        .execute(
+            accepted("cp-1", Role::ControlPlane, operation(Some(5), 1)),
+            &mut link,
+            &mut journal(&log),
+        )
+        .await;
+    assert!(
+        said(&finished).contains("run was sent 3 times without an answer"),
+        "{}",
+        said(&finished)
+    );
+    let runs: Vec<_> = entries(&log)
+        .into_iter()
+        .filter(|e| e.contains(" run "))
+        .collect();
+    assert_eq!(
+        runs,
+        ["cp-1 run 6 for 31536000s", "cp-1 run 7 for 31536000s"]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_journal_that_cannot_record_the_seed_stops_the_operation_before_run() {
+    let log = Log::default();
+    let (executor, _rx) = executor();
+    let mut link = node(&log, "cp-0", vec![Ok(42)], vec![Ok(EXPIRY)]);
+    let mut journal = Journal {
+        refuse: Some(|| Failure::Api("the API server refused the write".into())),
+        ..journal(&log)
+    };
+    let finished = executor
+        .execute(
+            accepted("cp-0", Role::ControlPlane, operation(None, 0)),
+            &mut link,
+            &mut journal,
+        )
+        .await;
+    assert_eq!(said(&finished), "failed: the API server refused the write");
+    assert!(!entries(&log).iter().any(|e| e.contains(" run ")));
+    // The cluster is free again at once.
+    let mut next = node(&log, "cp-1", vec![Ok(1)], vec![Ok(EXPIRY)]);
+    let finished = executor
+        .execute(
+            accepted("cp-1", Role::ControlPlane, operation(None, 0)),
+            &mut next,
+            &mut self::journal(&log),
+        )
+        .await;
+    assert!(said(&finished).starts_with("ran"), "{}", said(&finished));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_worker_gives_its_cluster_back_between_tries_so_a_control_plane_goes_in_between() {
+    let log = Log::default();
+    let (executor, _rx) = executor();
+    let mut worker = node(&log, "w-0", vec![Err(no_answer("plan"))], vec![]);
+    let first = executor
+        .execute(
+            accepted("w-0", Role::Worker, operation(None, 0)),
+            &mut worker,
+            &mut journal(&log),
+        )
+        .await;
+    assert!(
+        said(&first).starts_with("wait: the node's k8sd"),
+        "{}",
+        said(&first)
+    );
+    // Between the worker's tries, a control plane of its cluster refreshes.
+    let mut cp = node(&log, "cp-0", vec![Ok(3)], vec![Ok(EXPIRY)]);
+    let finished = executor
+        .execute(
+            accepted("cp-0", Role::ControlPlane, operation(None, 0)),
+            &mut cp,
+            &mut journal(&log),
+        )
+        .await;
+    let Finished::Ran { settle, .. } = finished else {
+        panic!("the control plane waited for the hung worker");
+    };
+    drop(settle);
+    // The worker's tries go on (3 in all), then it fails with the cause.
+    let mut journal = self::journal(&log);
+    let mut last = String::new();
+    for _ in 0..2 {
+        let mut worker = node(&log, "w-0", vec![Err(no_answer("plan"))], vec![]);
+        last = said(
+            &executor
+                .execute(
+                    accepted("w-0", Role::Worker, operation(None, 0)),
+                    &mut worker,
+                    &mut journal,
+                )
+                .await,
+        );
+    }
+    assert!(last.contains("(3 tries)"), "{last}");
+    let plans = entries(&log)
+        .iter()
+        .filter(|e| e.starts_with("w-0 plan"))
+        .count();
+    assert_eq!(plans, 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn workers_wait_for_their_cluster_s_control_planes_and_for_a_place() {
+    let log = Log::default();
+    let (executor, mut rx) = executor();
+    // A control plane is pending: the worker waits without touching anything.
+    let mut link = node(&log, "w-0", vec![Ok(1)], vec![Ok(EXPIRY)]);
+    let mut journal = journal(&log);
+    let waiting = executor
+        .execute(
+            Accepted {
+                control_planes_pending: true,
+                ..accepted("w-0", Role::Worker, operation(None, 0))
+            },
+            &mut link,
+            &mut journal,
+        )
+        .await;
+    assert_eq!(
+        said(&waiting),
+        "wait: the control planes of cluster c are refreshed first"
+    );
+    assert!(entries(&log).is_empty());
+    assert_eq!(
+        journal.shown,
+        ["Waiting: the control planes of cluster c are refreshed first"]
+    );
+    assert_eq!(
+        executor.waiting_operation(
+            &Waiter {
+                namespace: "ns".into(),
+                machine: "w-0".into()
+            },
+            "w-0-1"
+        ),
+        Some(operation(None, 0))
+    );
+    // The control plane's refresh wakes it.
+    let mut cp = node(&log, "cp-0", vec![Ok(3)], vec![Ok(EXPIRY)]);
+    let Finished::Ran { settle, .. } = executor
+        .execute(
+            accepted("cp-0", Role::ControlPlane, operation(None, 0)),
+            &mut cp,
+            &mut self::journal(&log),
+        )
+        .await
+    else {
+        panic!("the control plane did not run");
+    };
+    drop(settle);
+    assert_eq!(woken(&mut rx), ["w-0"]);
+
+    // Two places per cluster: a third worker waits, and is woken when one leaves.
+    let a = executor
+        .admission
+        .try_enter(
+            "ns",
+            "c",
+            Role::Worker,
+            &Waiter {
+                namespace: "ns".into(),
+                machine: "w-1".into(),
+            },
+        )
+        .unwrap();
+    let _b = executor
+        .admission
+        .try_enter(
+            "ns",
+            "c",
+            Role::Worker,
+            &Waiter {
+                namespace: "ns".into(),
+                machine: "w-2".into(),
+            },
+        )
+        .unwrap();
+    let waiting = executor
+        .execute(
+            accepted("w-0", Role::Worker, operation(None, 0)),
+            &mut link,
+            &mut journal,
+        )
+        .await;
+    assert!(said(&waiting).contains("(--max-worker-refreshes-per-cluster)"));
+    drop(a);
+    assert_eq!(woken(&mut rx), ["w-0"]);
+    let finished = executor
+        .execute(
+            accepted("w-0", Role::Worker, operation(None, 0)),
+            &mut link,
+            &mut journal,
+        )
+        .await;
+    assert!(said(&finished).starts_with("ran"), "{}", said(&finished));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restarting_workload_api_is_waited_for_then_given_up_on() {
+    let log = Log::default();
+    let (executor, _rx) = executor();
+    let mut link = node(&log, "cp-0", vec![], vec![]);
+    link.connects = (0..20)
+        .map(|_| Failure::Unavailable("the tunnel cannot be opened".into()))
+        .collect();
+    let mut journal = journal(&log);
+    let mut waited = Duration::ZERO;
+    let last = loop {
+        let finished = executor
+            .execute(
+                accepted("cp-0", Role::ControlPlane, operation(None, 0)),
+                &mut link,
+                &mut journal,
+            )
+            .await;
+        match finished {
+            Finished::Wait { after, .. } => {
+                waited += after;
+                tokio::time::advance(after).await;
+            }
+            other => break said(&other),
+        }
+    };
+    assert!(
+        last.contains("the workload cluster did not answer within 1m"),
+        "{last}"
+    );
+    assert_eq!(waited, Duration::from_secs(60));
+    // Shown once, not at every try.
+    assert_eq!(journal.shown.len(), 1, "{:?}", journal.shown);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stopping_process_starts_nothing_new() {
+    let log = Log::default();
+    let (executor, _rx) = executor();
+    executor.stop.cancel();
+    let mut link = node(&log, "cp-0", vec![Ok(1)], vec![Ok(EXPIRY)]);
+    let finished = executor
+        .execute(
+            accepted("cp-0", Role::ControlPlane, operation(None, 0)),
+            &mut link,
+            &mut journal(&log),
+        )
+        .await;
+    assert_eq!(said(&finished), "stopping");
+    assert!(entries(&log).is_empty());
+}
+
+#[test]
+fn an_operation_without_a_valid_lifetime_is_refused_before_anything_is_sent() {
+    assert_eq!(ttl_of(&operation(None, 0)).unwrap().as_seconds(), YEAR);
+    // Journaled without seconds: the TTL as written.
+    let without = Operation {
+        ttl_seconds: None,
+        ..operation(None, 0)
+    };
+    assert_eq!(ttl_of(&without).unwrap().as_seconds(), YEAR);
+    for (seconds, ttl) in [(None, "soon"), (Some(0), "1y"), (Some(-5), "1y")] {
+        let op = Operation {
+            ttl_seconds: seconds,
+            ttl: ttl.into(),
+            ..operation(None, 0)
+        };
+        let failure = ttl_of(&op).err().map(|f| f.cause()).unwrap_or_default();
+        assert!(
+            failure.contains("no valid certificate lifetime"),
+            "{seconds:?} {ttl}: {failure}"
+        );
+    }
+}
