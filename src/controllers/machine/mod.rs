@@ -125,6 +125,11 @@ pub enum Error {
     /// (never seen outside `Reconciler::run`).
     #[error("the cached state calls for action: reading it live")]
     NeedsLive,
+    /// A decision that writes the Machine's final state from what the Machine shows was taken on
+    /// the cached Machine: it is taken again on the Machine read live (never seen outside
+    /// [`reconcile`]).
+    #[error("the cached Machine decides what is written: reading it live")]
+    Stale,
 }
 
 impl Error {
@@ -134,7 +139,7 @@ impl Error {
             Self::Workload(_) => "workload",
             Self::Expiry(e) => e.category(),
             Self::Shard(_) | Self::Api(_) => "kube",
-            Self::NeedsLive => "internal",
+            Self::NeedsLive | Self::Stale => "internal",
         }
     }
 }
@@ -168,6 +173,7 @@ pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Actio
             view: view.clone(),
             mode: Mode::Cache,
             generation: None,
+            fresh: false,
         };
         if let Some(action) = cached.still_waiting() {
             return Ok(action);
@@ -175,12 +181,31 @@ pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Actio
         if let Some(result) = cached.run_from_cache().await {
             return result;
         }
-        Reconciler {
+        let result = Reconciler {
             ctx: &ctx,
             machine: &machine,
             view,
             mode: Mode::Live,
             generation: None,
+            fresh: false,
+        }
+        .run()
+        .await;
+        let Err(Error::Stale) = result else {
+            return result;
+        };
+        let api: Api<Machine> =
+            Api::namespaced_with(ctx.client.clone(), &machine_namespace(&machine), &ctx.capi);
+        let Some(fresh) = api.get_opt(&machine_name(&machine)).await? else {
+            return Ok(Action::await_change());
+        };
+        Reconciler {
+            ctx: &ctx,
+            machine: &fresh,
+            view: MachineView::of(&fresh),
+            mode: Mode::Live,
+            generation: None,
+            fresh: true,
         }
         .run()
         .await
@@ -206,6 +231,8 @@ struct Reconciler<'a> {
     /// The MachineCertificates' `metadata.generation` (read live): the conditions'
     /// `observedGeneration`.
     generation: Option<i64>,
+    /// Whether the Machine was read from the API server (else from the cache).
+    fresh: bool,
 }
 
 /// What `prepare` found out about the node.
@@ -311,6 +338,12 @@ impl Reconciler<'_> {
             request.as_ref(),
             waiting.as_ref(),
         );
+        if matches!(step, Step::Record(_)) && !self.fresh {
+            // Recording shows an outcome on the Machine (done, the trigger removed) because the
+            // Machine still shows the refresh: a cache behind would show our own in-progress
+            // after a newer request was taken up.
+            return Err(Error::Stale);
+        }
         if !matches!(
             step,
             Step::Continue(_) | Step::Resume(_) | Step::Start { .. }
@@ -463,4 +496,12 @@ impl Error {
             },
         }
     }
+}
+
+fn machine_namespace(machine: &Machine) -> String {
+    machine.metadata.namespace.clone().unwrap_or_default()
+}
+
+fn machine_name(machine: &Machine) -> String {
+    machine.metadata.name.clone().unwrap_or_default()
 }

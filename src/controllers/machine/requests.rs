@@ -171,8 +171,8 @@ impl Reconciler<'_> {
 
     /// Takes the refresh up: shows the Machine in-progress, naming the request that will carry
     /// it (one already named is kept: a refresh restarted before it reached the node), with an
-    /// Event; then runs the operation. With a Lease (several instances may see the Machine), the
-    /// write is conditional on the Machine as read, so two instances never name two requests.
+    /// Event; then runs the operation. The write is conditional on the Machine as read, so a
+    /// cache behind or two instances never name two requests.
     pub(super) async fn announce_and_execute(
         &self,
         status: MachineCertificatesStatus,
@@ -216,21 +216,21 @@ impl Reconciler<'_> {
             .await
     }
 
-    /// Shows the Machine in-progress, naming `request`. With a Lease, on the condition that the
-    /// Machine did not change since read; when it did (our own write earlier in this reconcile,
+    /// Shows the Machine in-progress, naming `request`, on the condition that the Machine did
+    /// not change since read (a cache behind, or another instance, would otherwise take a refresh
+    /// up twice); when it did (our own write earlier in this reconcile,
     /// a cache behind, or another instance), it is read again and taken up as it is now, unless
     /// it no longer asks for this refresh (another request named, another trigger). Returns the
     /// Machine as announced; `None`: not taken up, look again.
     async fn take_up(&self, op: &Operation, request: &str) -> Result<Option<MachineView>, Error> {
         use ck8s_certs_api::annotations::{IN_FLIGHT_REFRESH, REFRESH_REQUEST};
-        let sharded = self.ctx.shard.ours().is_some();
         let mut view = self.view.clone();
         let mut version = self.machine.meta().resource_version.clone();
         for _ in 0..2 {
             let announce = MachineChanges {
                 status: Some(RefreshStatus::InProgress),
                 request: Some(request),
-                unchanged_since: version.as_deref().filter(|_| sharded),
+                unchanged_since: version.as_deref(),
                 ..Default::default()
             };
             match self.apply_machine_patch(&view, &announce).await {

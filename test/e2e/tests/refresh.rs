@@ -272,13 +272,31 @@ async fn a_refresh_is_journaled_in_its_request_and_without_history_none_is_kept(
         Some(sent[0].seed()),
         "the seed sent is the one recorded"
     );
-    // The MachineCertificates is not written with the seed: it shows outcomes.
-    let copy = env
+    // The MachineCertificates keeps no unfinished operation (its `operation` is the copy of the
+    // last finished one); it shows the refresh in flight in its Refreshing condition, naming
+    // the request and the seed.
+    let certificates = env
         .machine_certificates(&node)
         .await
         .and_then(|m| m.status)
-        .and_then(|s| s.operation);
-    assert!(copy.as_ref().is_none_or(|c| c.is_finished()), "{copy:#?}");
+        .unwrap_or_default();
+    let copy = certificates.operation.as_ref();
+    assert!(copy.is_none_or(|c| c.is_finished()), "{copy:#?}");
+    let refreshing = certificates
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Refreshing")
+        .expect("a Refreshing condition");
+    assert_eq!(refreshing.status, "True", "{refreshing:#?}");
+    assert!(
+        refreshing
+            .message
+            .contains(&format!("CertificateRefresh {name}"))
+            && refreshing
+                .message
+                .contains(&format!("seed {}", sent[0].seed())),
+        "{refreshing:#?}"
+    );
 
     let annotations = env.wait_for_refresh(&node, REFRESH_TIMEOUT).await;
     assert_eq!(annotations[REFRESH_CERTIFICATES_STATUS], "done");
@@ -330,7 +348,9 @@ async fn refresh_costs() {
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let user = "system:serviceaccount:ck8s-system:ck8s-certs-manager";
-    for (node, ttl, k8sd_posts) in [(&cp, "1y", 2), (&worker, "30d", 3)] {
+    // The worker first: after a control plane, its cluster is held while the node settles, and
+    // a worker refreshed then waits (and shows it, one more write).
+    for (node, ttl, k8sd_posts) in [(&worker, "30d", 3), (&cp, "1y", 2)] {
         let calls_before = env.sim.calls("beta", "").await.unwrap().len();
         let writes_before =
             ck8s_certs_e2e::controlplane::audited_writes(&env.dir, "management").len();
@@ -389,17 +409,18 @@ async fn refresh_costs() {
         assert_eq!(posts.len(), k8sd_posts, "{posts:?}");
         // Why each write: the Machine in-progress (naming its request), the request created
         // (a status subresource ignores status on create), its status with the seed before
-        // `run`, its status with the outcome (the journal first), the MachineCertificates'
-        // expiry and conditions, the Machine done.
+        // `run`, the MachineCertificates showing the refresh (Refreshing=True naming the
+        // request), the request's status with the outcome (the journal first), the
+        // MachineCertificates' expiry and conditions, the Machine done.
         assert_eq!(
-            object_writes, 6,
-            "2 Machine patches + the request's create and 2 status writes + 1 MachineCertificates status: {writes:?}"
+            object_writes, 7,
+            "2 Machine patches + the request's create and 2 status writes + 2 MachineCertificates status: {writes:?}"
         );
         for (write, times) in [
             ("patch machines", 2),
             ("create certificaterefreshes", 1),
             ("patch certificaterefreshes/status", 2),
-            ("patch machinecertificates/status", 1),
+            ("patch machinecertificates/status", 2),
         ] {
             assert_eq!(
                 writes.iter().filter(|w| *w == write).count(),
@@ -420,6 +441,7 @@ async fn refresh_costs() {
                 "patch machines",
                 "create certificaterefreshes",
                 "patch certificaterefreshes/status",
+                "patch machinecertificates/status",
                 "patch certificaterefreshes/status",
                 "patch machinecertificates/status",
                 "patch machines",
