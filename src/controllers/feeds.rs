@@ -162,7 +162,7 @@ pub(super) async fn credentials_controller<C, R>(
     R: futures::Stream<Item = Result<ClusterCertificates, watcher::Error>> + Send + 'static,
 {
     stores.synced().await;
-    synced(&ctx.records).await;
+    super::stores::synced(&ctx.records).await;
     let capi = ctx.capi;
     // A record changed or deleted by someone else is set right from the last reading.
     let cluster_of_record = move |record: ClusterCertificates| {

@@ -10,7 +10,8 @@
 //! being held back. A fail-safe bypass of the windows is kept in `lastWindowBypass` (and the
 //! `RenewalWindowBypassed` condition) until a later refresh succeeds.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use ck8s_certs_api::annotations::REFRESH_CERTIFICATES;
 use ck8s_certs_api::machine::MachineView;
@@ -49,7 +50,7 @@ pub enum Governing {
     /// One policy, usable or not (its error message).
     One {
         info: PolicyInfo,
-        policy: Result<Box<ValidPolicy>, String>,
+        policy: Result<Arc<ValidPolicy>, String>,
     },
     /// Several policies select the Machine: a configuration error, never a silent pick.
     Conflict(Vec<String>),
@@ -86,14 +87,125 @@ pub fn readable_selector(raw: &serde_json::Value) -> Option<spec::MachineSelecto
     spec::selector_of(&cluster_selector, &machine_selector).ok()
 }
 
+/// A policy as decoded and checked, once per generation: what [`governing`] needs of it.
+#[derive(Debug)]
+enum Reading {
+    /// Decoded: whom it selects (`None`: its selector is invalid, so it selects nothing here;
+    /// its own status says why), its mode and windows, and whether it can be used.
+    Decoded {
+        selector: Option<spec::MachineSelector>,
+        mode: Mode,
+        windows: WindowsStatus,
+        checked: Result<Arc<ValidPolicy>, String>,
+    },
+    /// Not decodable as a whole: whom it was meant for, when that can be read, and why not.
+    Unreadable {
+        selector: Option<spec::MachineSelector>,
+        message: String,
+    },
+}
+
+impl Reading {
+    fn of(object: &DynamicObject) -> Option<Self> {
+        let raw = match serde_json::to_value(object) {
+            Ok(raw) => raw,
+            Err(err) => {
+                tracing::warn!(policy = %object.name_any(), error = %err, "Ignoring an unreadable CertificateRenewalPolicy");
+                return None;
+            }
+        };
+        Some(
+            match serde_json::from_value::<CertificateRenewalPolicy>(raw.clone()) {
+                Ok(policy) => Self::Decoded {
+                    selector: spec::selector(&policy.spec).ok(),
+                    mode: policy.spec.policy,
+                    windows: windows_status(&policy.spec.windows),
+                    checked: spec::validate(&policy.spec)
+                        .map(Arc::new)
+                        .map_err(|invalid| invalid.to_string()),
+                },
+                Err(err) => Self::Unreadable {
+                    selector: readable_selector(&raw),
+                    message: format!("Renewal policy cannot be read: {err}"),
+                },
+            },
+        )
+    }
+
+    fn selects(
+        &self,
+        cluster_labels: Option<&BTreeMap<String, String>>,
+        machine_labels: &BTreeMap<String, String>,
+    ) -> bool {
+        let (Self::Decoded { selector, .. } | Self::Unreadable { selector, .. }) = self;
+        selector
+            .as_ref()
+            .is_some_and(|s| s.matches(cluster_labels, machine_labels))
+    }
+}
+
+/// The policies of the cache, decoded and validated once per generation (a Machine reconcile
+/// reads every policy of its namespace; decoding them each time cost a JSON round trip and three
+/// window validations per policy per Machine).
+#[derive(Default)]
+pub struct PolicyReadings(Mutex<HashMap<String, Decoded>>);
+
+/// A policy's reading and the generation it was read at, by UID.
+type Decoded = (Option<i64>, Arc<Reading>);
+
+impl PolicyReadings {
+    /// The reading of `object`, decoded now only if its generation is new to us.
+    fn of(&self, object: &DynamicObject) -> Option<Arc<Reading>> {
+        let key = object.metadata.uid.clone().unwrap_or_else(|| {
+            format!(
+                "{}/{}",
+                object.namespace().unwrap_or_default(),
+                object.name_any()
+            )
+        });
+        let generation = object.metadata.generation;
+        let mut readings = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((seen, reading)) = readings.get(&key)
+            && *seen == generation
+        {
+            return Some(reading.clone());
+        }
+        let reading = Arc::new(Reading::of(object)?);
+        readings.insert(key, (generation, reading.clone()));
+        Some(reading)
+    }
+
+    /// Forgets the readings of policies no longer in `current` (deleted): keys are UIDs.
+    fn retain(&self, current: &std::collections::HashSet<String>) {
+        let mut readings = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if readings.len() > current.len() {
+            readings.retain(|key, _| current.contains(key));
+        }
+    }
+
+    /// How many policies are held decoded (for tests).
+    pub fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 pub fn governing(
     policies: &Store<DynamicObject>,
+    readings: &PolicyReadings,
     namespace: &str,
     cluster_labels: Option<&BTreeMap<String, String>>,
     machine_labels: &BTreeMap<String, String>,
 ) -> Governing {
-    let mut in_namespace: Vec<_> = policies
-        .state()
+    let all = policies.state();
+    if readings.len() > all.len() {
+        readings.retain(&all.iter().filter_map(|p| p.metadata.uid.clone()).collect());
+    }
+    let mut in_namespace: Vec<_> = all
         .into_iter()
         .filter(|p| p.metadata.namespace.as_deref() == Some(namespace))
         .collect();
@@ -101,46 +213,37 @@ pub fn governing(
     in_namespace.sort_by_key(|p| p.name_any());
     let mut matched = Vec::new();
     for object in in_namespace {
+        let Some(reading) = readings.of(&object) else {
+            continue;
+        };
+        if !reading.selects(cluster_labels, machine_labels) {
+            continue;
+        }
         let name = object.name_any();
         let generation = object.metadata.generation;
-        let raw = match serde_json::to_value(object.as_ref()) {
-            Ok(raw) => raw,
-            Err(err) => {
-                tracing::warn!(policy = %name, error = %err, "Ignoring an unreadable CertificateRenewalPolicy");
-                continue;
+        match reading.as_ref() {
+            Reading::Decoded {
+                mode,
+                windows,
+                checked,
+                ..
+            } => {
+                let info = PolicyInfo {
+                    name,
+                    generation,
+                    mode: Some(*mode),
+                    windows: Some(windows.clone()),
+                };
+                matched.push((info, checked.clone()));
             }
-        };
-        match serde_json::from_value::<CertificateRenewalPolicy>(raw.clone()) {
-            Ok(policy) => {
-                let selects = spec::selector(&policy.spec)
-                    .is_ok_and(|s| s.matches(cluster_labels, machine_labels));
-                if selects {
-                    let info = PolicyInfo {
-                        name: name.clone(),
-                        generation,
-                        mode: Some(policy.spec.policy),
-                        windows: Some(windows_status(&policy.spec.windows)),
-                    };
-                    let checked = spec::validate(&policy.spec)
-                        .map(Box::new)
-                        .map_err(|invalid| invalid.to_string());
-                    matched.push((info, checked));
-                }
-            }
-            Err(err) => {
-                let selects = readable_selector(&raw)
-                    .is_some_and(|s| s.matches(cluster_labels, machine_labels));
-                if selects {
-                    let info = PolicyInfo {
-                        name: name.clone(),
-                        generation,
-                        mode: None,
-                        windows: None,
-                    };
-                    let message = format!("Renewal policy cannot be read: {err}");
-                    matched.push((info, Err(message)));
-                }
-                // Otherwise it governs nothing we can tell; the policy's own status says why.
+            Reading::Unreadable { message, .. } => {
+                let info = PolicyInfo {
+                    name,
+                    generation,
+                    mode: None,
+                    windows: None,
+                };
+                matched.push((info, Err(message.clone())));
             }
         }
     }

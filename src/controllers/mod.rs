@@ -40,28 +40,7 @@ use feeds::{
 };
 use observe::{CachedExpiries, observed};
 use stores::SharedWatch;
-
-/// The watch caches the reconcilers read (see [`stores`]).
-#[derive(Clone)]
-pub struct Stores {
-    pub machines: Store<Machine>,
-    pub clusters: Store<Cluster>,
-    /// For their fleet refresh trigger.
-    pub deployments: Store<MachineDeployment>,
-    pub certificates: stores::CertificateStore,
-    pub policies: Store<DynamicObject>,
-}
-
-impl Stores {
-    /// Waits until every cache holds a full list.
-    pub async fn synced(&self) {
-        synced(&self.machines).await;
-        synced(&self.clusters).await;
-        synced(&self.deployments).await;
-        self.certificates.synced().await;
-        synced(&self.policies).await;
-    }
-}
+pub use stores::Stores;
 
 /// Runs the Machine controller until its stream ends.
 // One argument per thing the process hands over; a struct of them would only rename them.
@@ -109,6 +88,7 @@ pub async fn run(
         deployments: deployment_watch.store.clone(),
         certificates: certificate_watch.store.clone(),
         policies: policy_watch.store.clone(),
+        policy_readings: Default::default(),
     };
     let machine_events = machine_watch.subscribe();
     let policy_machine_events = machine_watch.subscribe();
@@ -246,9 +226,29 @@ pub async fn run(
         certificates: stores.certificates.clone(),
     });
     let metrics_of_policies = metrics;
-    // A policy change re-checks every Machine of its namespace.
+    // A policy change re-checks every Machine of its namespace; a write of its status alone
+    // (its generation unchanged, as its own controller writes `matchedMachines`) re-checks none.
     let machines_seen = stores.machines.clone();
+    let policies_seen = stores.policies.clone();
+    let generations = std::sync::Mutex::new(std::collections::HashMap::new());
     let machines_of_namespace = move |policy: DynamicObject| {
+        let key = policy.metadata.uid.clone().unwrap_or_default();
+        {
+            let mut seen = generations
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if seen.insert(key, policy.metadata.generation) == Some(policy.metadata.generation) {
+                return Vec::new();
+            }
+            if seen.len() > policies_seen.state().len() + 16 {
+                let current: std::collections::HashSet<_> = policies_seen
+                    .state()
+                    .iter()
+                    .filter_map(|p| p.metadata.uid.clone())
+                    .collect();
+                seen.retain(|uid, _| current.contains(uid));
+            }
+        }
         let namespace = policy.namespace();
         machines_seen
             .state()
@@ -357,28 +357,6 @@ pub async fn run(
         _ = watches => tracing::error!("The watches ended unexpectedly"),
     }
     readiness.abort();
-}
-
-/// Waits until `store` holds a full list. The Controller itself also waits on the store, and a
-/// store wakes only one waiter (kube-runtime's DelayedInit keeps one waker), so this polls.
-async fn synced<K>(store: &Store<K>)
-where
-    K: kube::Resource + Clone + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone,
-{
-    loop {
-        let poll = tokio::time::timeout(
-            std::time::Duration::from_millis(200),
-            store.wait_until_ready(),
-        );
-        if let Ok(result) = poll.await {
-            if result.is_err() {
-                // The writer is gone: the controller stopped, readiness no longer matters.
-                std::future::pending::<()>().await;
-            }
-            return;
-        }
-    }
 }
 
 #[cfg(test)]

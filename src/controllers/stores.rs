@@ -12,8 +12,9 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, PoisonError, RwLock};
 
-use ck8s_certs_api::machine::CapiVersion;
+use ck8s_certs_api::machine::{CapiVersion, Cluster, Machine};
 use ck8s_certs_api::machine_certificates::{MachineCertificates, MachineCertificatesStatus};
+use ck8s_certs_api::machine_deployment::MachineDeployment;
 use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::NamespaceResourceScope;
 use kube::api::DynamicObject;
@@ -23,6 +24,52 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource};
 use serde::Deserialize;
+
+/// The watch caches the reconcilers read .
+#[derive(Clone)]
+pub struct Stores {
+    pub machines: Store<Machine>,
+    pub clusters: Store<Cluster>,
+    /// For their fleet refresh trigger.
+    pub deployments: Store<MachineDeployment>,
+    pub certificates: CertificateStore,
+    pub policies: Store<DynamicObject>,
+    /// The policies decoded and validated, once per generation.
+    pub policy_readings: Arc<super::governing_policy::PolicyReadings>,
+}
+
+impl Stores {
+    /// Waits until every cache holds a full list.
+    pub async fn synced(&self) {
+        synced(&self.machines).await;
+        synced(&self.clusters).await;
+        synced(&self.deployments).await;
+        self.certificates.synced().await;
+        synced(&self.policies).await;
+    }
+}
+
+/// Waits until `store` holds a full list. The Controller itself also waits on the store, and a
+/// store wakes only one waiter (kube-runtime's DelayedInit keeps one waker), so this polls.
+pub(super) async fn synced<K>(store: &Store<K>)
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    loop {
+        let poll = tokio::time::timeout(
+            std::time::Duration::from_millis(200),
+            store.wait_until_ready(),
+        );
+        if let Ok(result) = poll.await {
+            if result.is_err() {
+                // The writer is gone: the controller stopped, readiness no longer matters.
+                std::future::pending::<()>().await;
+            }
+            return;
+        }
+    }
+}
 
 /// Changed objects a subscriber may fall behind by before the watch waits for it.
 const BUFFER: usize = 1024;

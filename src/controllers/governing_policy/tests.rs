@@ -251,3 +251,74 @@ fn windows_are_described_and_checked() {
         "{status:?}"
     );
 }
+
+/// A policy object as the cache holds it.
+fn policy_object(name: &str, generation: i64, spec: serde_json::Value) -> DynamicObject {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "certificates.ck8s.io/v1alpha1",
+        "kind": "CertificateRenewalPolicy",
+        "metadata": { "name": name, "namespace": "ns", "uid": format!("uid-{name}"), "generation": generation },
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+fn store(objects: &[DynamicObject]) -> Store<DynamicObject> {
+    let resource = kube::api::ApiResource::erase::<CertificateRenewalPolicy>(&());
+    let mut writer = kube::runtime::reflector::store::Writer::new(resource);
+    writer.apply_watcher_event(&kube::runtime::watcher::Event::Init);
+    for object in objects {
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::InitApply(object.clone()));
+    }
+    writer.apply_watcher_event(&kube::runtime::watcher::Event::InitDone);
+    writer.as_reader()
+}
+
+#[test]
+fn policies_are_decoded_once_per_generation_and_forgotten_when_gone() {
+    let labels: BTreeMap<String, String> = [("env".to_owned(), "prod".to_owned())].into();
+    let auto = serde_json::json!({ "policy": "Automatic", "clusterSelector": { "matchLabels": { "env": "prod" } } });
+    let unreadable = serde_json::json!({ "policy": "Automatic", "ttl": "forever", "clusterSelector": { "matchLabels": { "env": "lab" } } });
+    let readings = PolicyReadings::default();
+    let first = store(&[
+        policy_object("auto", 1, auto.clone()),
+        policy_object("broken", 1, unreadable),
+    ]);
+    let governs = |store: &Store<DynamicObject>| match governing(
+        store,
+        &readings,
+        "ns",
+        Some(&labels),
+        &BTreeMap::new(),
+    ) {
+        Governing::One { info, policy } => {
+            (info.name, info.generation, policy.map(|p| Arc::as_ptr(&p)))
+        }
+        _ => panic!("one policy governs"),
+    };
+    let (name, generation, decoded) = governs(&first);
+    assert_eq!((name.as_str(), generation), ("auto", Some(1)));
+    assert_eq!(readings.len(), 2);
+    // The same generation again (a second Machine, a status write): the same decoded policy.
+    assert_eq!(governs(&first).2, decoded);
+    // A new generation is decoded anew.
+    let edited = store(&[
+        policy_object("auto", 2, auto),
+        policy_object(
+            "broken",
+            1,
+            serde_json::json!({ "policy": "Automatic", "ttl": "forever", "clusterSelector": { "matchLabels": { "env": "lab" } } }),
+        ),
+    ]);
+    let (_, generation, again) = governs(&edited);
+    assert_eq!(generation, Some(2));
+    assert_ne!(again, decoded);
+    // Deleted: forgotten.
+    let without = store(&[policy_object(
+        "auto",
+        2,
+        serde_json::json!({ "policy": "Automatic", "clusterSelector": { "matchLabels": { "env": "prod" } } }),
+    )]);
+    let _ = governs(&without);
+    assert_eq!(readings.len(), 1);
+}

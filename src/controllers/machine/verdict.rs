@@ -21,6 +21,7 @@ impl Reconciler<'_> {
         let warn_invalid = Some((EventType::Warning, events::RENEWAL_CONFIG_INVALID));
         let governing = crate::controllers::governing_policy::governing(
             &self.ctx.stores.policies,
+            &self.ctx.stores.policy_readings,
             &self.view.namespace,
             Some(&cluster.labels),
             &self.view.labels,
