@@ -295,6 +295,15 @@ pub struct AuditEvent {
     pub request_received_timestamp: Option<String>,
     #[serde(default, rename = "requestURI")]
     pub request_uri: String,
+    #[serde(default)]
+    pub response_status: Option<AuditResponse>,
+}
+
+/// How the API server answered an audited request.
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+pub struct AuditResponse {
+    #[serde(default)]
+    pub code: Option<u16>,
 }
 
 #[derive(Clone, Debug, serde::Deserialize)]
@@ -336,6 +345,11 @@ impl AuditEvent {
     /// When the API server received the request.
     pub fn received(&self) -> Option<jiff::Timestamp> {
         self.request_received_timestamp.as_deref()?.parse().ok()
+    }
+
+    /// The HTTP status the API server answered (`None` when not audited).
+    pub fn code(&self) -> Option<u16> {
+        self.response_status.as_ref().and_then(|r| r.code)
     }
 
     pub fn is_write(&self) -> bool {

@@ -9,6 +9,7 @@ use ck8s_certs_e2e::Environment;
 use ck8s_certs_e2e::fixtures::NodeInfo;
 use ck8s_certs_e2e::shared;
 use ck8s_certs_e2e::sim::{Endpoint, Fault};
+use kube::Api;
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 
@@ -262,4 +263,188 @@ async fn a_reinstalled_node_fails_the_pin_until_the_operator_re_pins_it() {
         env.sim.node(&node).await.unwrap().k8sd_fingerprint_sha256
     );
     assert_ne!(repinned, pinned);
+}
+
+/// A worker whose node hangs gives its cluster back between its tries: a control plane of the
+/// same cluster annotated after it is refreshed before the worker's tries end (by order of the
+/// calls the nodes saw, not by a timed assertion).
+#[tokio::test]
+async fn a_hung_worker_does_not_hold_back_its_cluster_s_control_plane() {
+    let env = shared().await;
+    let trio = env.cluster("trio");
+    let hung = trio.node("trio-md-0-w2").clone();
+    let control_plane = trio.node("trio-cp-2").clone();
+    for node in [&hung, &control_plane] {
+        env.isolate(node, "hung-worker").await;
+        env.sim.clear_calls("trio", &node.node).await.unwrap();
+    }
+    let _controller = env.start_controller(
+        "hung-worker",
+        &["--k8sd-timeout=2s", "--k8sd-attempts=3"],
+    );
+    env.sim
+        .inject(&Fault::hang().on(&hung).at(Endpoint::Plan))
+        .await
+        .unwrap();
+    env.annotate_refresh(&hung, "1y").await;
+    env.wait_for_call(&hung, path::PLAN, TIMEOUT, |_| true)
+        .await;
+    env.annotate_refresh(&control_plane, "1y").await;
+    let annotations = env.wait_for_refresh(&control_plane, TIMEOUT).await;
+    assert_eq!(annotations[REFRESH_CERTIFICATES_STATUS], "done");
+    let error = failure_of(&env, &hung).await;
+    assert!(error.contains("(3 tries)"), "{error}");
+
+    let started = |call: &ck8s_certs_e2e::sim::CallRecord| -> jiff::Timestamp {
+        call.started_at.parse().unwrap()
+    };
+    let cp_calls = env.sim.calls("trio", &control_plane.node).await.unwrap();
+    let cp_run = cp_calls
+        .iter()
+        .find(|c| c.path == path::RUN)
+        .map(started)
+        .expect("the control plane's run");
+    let plans: Vec<jiff::Timestamp> = env
+        .sim
+        .calls("trio", &hung.node)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|c| c.path == path::PLAN)
+        .map(started)
+        .collect();
+    assert_eq!(plans.len(), 3, "{plans:?}");
+    assert!(
+        cp_run < plans[2],
+        "the control plane ran at {cp_run}, after the worker's last try at {}",
+        plans[2]
+    );
+}
+
+/// After `run` answered, the management API refusing our outcome write costs the node no second
+/// `run`: the write is tried again in place, then kept and written before anything else.
+#[tokio::test]
+async fn a_refused_outcome_write_never_sends_run_twice() {
+    use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+    let env = shared().await;
+    let node = env.cluster("trio").node("trio-md-0-w1").clone();
+    env.isolate(&node, "outcome-write").await;
+    env.sim.clear_calls("trio", &node.node).await.unwrap();
+    let management = env.management().await.unwrap();
+    // The API server refuses this Machine's request a Succeeded status until it is allowed.
+    let allow = "e2e.ck8s.io/allow-outcome";
+    let policy_resource = |kind: &str, plural: &str| ApiResource {
+        group: "admissionregistration.k8s.io".into(),
+        version: "v1".into(),
+        api_version: "admissionregistration.k8s.io/v1".into(),
+        kind: kind.into(),
+        plural: plural.into(),
+    };
+    let name = "e2e-refuse-outcome";
+    let policy: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": { "name": name },
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": { "resourceRules": [{
+                "apiGroups": ["certificates.ck8s.io"], "apiVersions": ["*"],
+                "operations": ["UPDATE"], "resources": ["certificaterefreshes/status"],
+            }]},
+            "validations": [{
+                "expression": format!(
+                    "!has(object.spec.target.machine) || object.spec.target.machine != '{}' || !has(object.status) || !has(object.status.operation) || object.status.operation.phase != 'Succeeded' || (has(object.metadata.annotations) && '{allow}' in object.metadata.annotations)",
+                    node.machine
+                ),
+                "message": "refused by the test: the outcome write fails",
+            }],
+        },
+    }))
+    .unwrap();
+    let binding: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": { "name": name },
+        "spec": { "policyName": name, "validationActions": ["Deny"] },
+    }))
+    .unwrap();
+    let policies: Api<DynamicObject> = Api::all_with(
+        management.clone(),
+        &policy_resource("ValidatingAdmissionPolicy", "validatingadmissionpolicies"),
+    );
+    let bindings: Api<DynamicObject> = Api::all_with(
+        management.clone(),
+        &policy_resource(
+            "ValidatingAdmissionPolicyBinding",
+            "validatingadmissionpolicybindings",
+        ),
+    );
+    policies.create(&PostParams::default(), &policy).await.unwrap();
+    bindings.create(&PostParams::default(), &binding).await.unwrap();
+    // Policies take effect after the API server's informer sees them.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let _controller = env.start_controller("outcome-write", &[]);
+    env.annotate_refresh(&node, "1y").await;
+    // Refused until the in-place tries are spent (5 within ~15 s): the outcome is then kept.
+    let refused = |request: &str| {
+        ck8s_certs_e2e::controlplane::audited_writes(&env.dir, "management")
+            .iter()
+            .filter(|w| {
+                w.object_ref.as_ref().is_some_and(|o| {
+                    o.resource == "certificaterefreshes"
+                        && o.subresource == "status"
+                        && o.name == request
+                }) && w.code().is_some_and(|c| c >= 400)
+            })
+            .count()
+    };
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let request = loop {
+        let annotations = env.machine_annotations(&node).await;
+        if let Some(request) =
+            annotations.get(ck8s_certs_api::annotations::IN_FLIGHT_REFRESH)
+            && refused(request) >= 5
+        {
+            break request.clone();
+        }
+        assert!(std::time::Instant::now() < deadline, "{annotations:#?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let calls = env.sim.calls("trio", &node.node).await.unwrap();
+    assert_eq!(ck8s_certs_e2e::sim::answered_runs(&calls).len(), 1);
+    assert_eq!(
+        env.machine_annotations(&node).await[REFRESH_CERTIFICATES_STATUS],
+        "in-progress"
+    );
+
+    // Allowed again: the kept outcome is written, and shown; the node saw one run.
+    let requests: Api<ck8s_certs_api::certificate_refresh::CertificateRefresh> =
+        Api::namespaced(management.clone(), &node.namespace);
+    requests
+        .patch(
+            &request,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "metadata": { "annotations": { allow: "" } } })),
+        )
+        .await
+        .unwrap();
+    let annotations = env.wait_for_refresh(&node, TIMEOUT).await;
+    assert_eq!(annotations[REFRESH_CERTIFICATES_STATUS], "done");
+    let calls = env.sim.calls("trio", &node.node).await.unwrap();
+    assert_eq!(
+        ck8s_certs_e2e::sim::runs(&calls).len(),
+        1,
+        "one run reached the node: {calls:#?}"
+    );
+    let journaled = requests.get(&request).await.unwrap();
+    assert_eq!(
+        journaled
+            .status
+            .and_then(|s| s.operation)
+            .map(|op| op.phase),
+        Some(ck8s_certs_api::machine_certificates::Phase::Succeeded)
+    );
+    let _ = bindings.delete(name, &Default::default()).await;
+    let _ = policies.delete(name, &Default::default()).await;
 }

@@ -93,6 +93,57 @@ async fn a_paused_cluster_is_left_alone_until_it_is_resumed() {
     assert_eq!(annotations[REFRESH_CERTIFICATES_STATUS], "done");
 }
 
+/// Cluster API users pause single Machines (`cluster.x-k8s.io/paused` on the Machine): nothing
+/// new starts on it, and it goes on once the annotation is removed.
+#[tokio::test]
+async fn a_paused_machine_is_left_alone_until_it_is_resumed() {
+    let env = shared().await;
+    let node = env.cluster("trio").node("trio-md-0-w0").clone();
+    env.isolate(&node, "paused-machine").await;
+    let _controller = env.start_controller("paused-machine", &[]);
+    env.wait_for_machine(&node, TIMEOUT, |a| a.contains_key(CERTIFICATES_EXPIRY))
+        .await;
+    env.patch_machine(
+        &node,
+        json!({ "metadata": { "annotations": { capi::PAUSED_ANNOTATION: "" } } }),
+    )
+    .await;
+    env.sim.clear_calls("trio", &node.node).await.unwrap();
+    env.annotate_refresh(&node, "1y").await;
+
+    // Shown paused, and nothing sent to the node meanwhile.
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let status = env
+            .machine_certificates(&node)
+            .await
+            .and_then(|m| m.status)
+            .unwrap_or_default();
+        if let Some(paused) = status.conditions.iter().find(|c| c.reason == "Paused") {
+            assert!(paused.message.contains("The Machine is paused"), "{paused:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{:?}", status.conditions);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let calls = env.sim.calls("trio", &node.node).await.unwrap();
+    assert!(calls.iter().all(|c| c.method != "POST"), "{calls:#?}");
+    let annotations = env.machine_annotations(&node).await;
+    assert_eq!(
+        annotations.get(REFRESH_CERTIFICATES).map(String::as_str),
+        Some("1y")
+    );
+
+    env.patch_machine(
+        &node,
+        json!({ "metadata": { "annotations": { capi::PAUSED_ANNOTATION: null } } }),
+    )
+    .await;
+    let annotations = env.wait_for_refresh(&node, TIMEOUT).await;
+    assert_eq!(annotations[REFRESH_CERTIFICATES_STATUS], "done");
+}
+
 #[tokio::test]
 async fn machines_of_other_bootstrap_providers_are_untouched() {
     let env = shared().await;
