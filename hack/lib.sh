@@ -175,3 +175,32 @@ build_promtool() {
     mv "$out.tmp" "$out"
   )
 }
+
+# build_capi_manager VERSION: the Cluster API core manager (Cluster, Machine, MachineSet,
+# MachineDeployment controllers and CAPI's webhooks) of sigs.k8s.io/cluster-api VERSION, which
+# the e2e suite can run beside the controller (test/e2e/src/capi_manager.rs). Its main package
+# moved: v1.10.x has main.go at the module root, v1.14.x at core/main.go (and its go.mod
+# replaces sigs.k8s.io/cluster-api/api with ./api, which wrapper_module points at the published
+# api module of the same version). Stamped like clusterctl: the manager logs its version.
+build_capi_manager() {
+  local version="$1"
+  local out="$BIN/capi-manager-$version"
+  [[ -x "$out" ]] && return 0
+  local src="$CACHE/src/capi-manager-$version"
+  mkdir -p "$src" "$BIN"
+  log "building the Cluster API core manager $version (first time only)"
+  (
+    cd "$src" || exit 1
+    local dir package=sigs.k8s.io/cluster-api
+    dir="$(quiet go mod download -json "sigs.k8s.io/cluster-api@$version" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
+    [[ -f "$dir/core/main.go" ]] && package=sigs.k8s.io/cluster-api/core
+    wrapper_module capi-manager sigs.k8s.io/cluster-api "$version" "$version" "$package"
+    local minor="${version#v1.}"
+    minor="${minor%%.*}"
+    local pkg=sigs.k8s.io/cluster-api/version
+    go build -trimpath \
+      -ldflags="-s -w -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean" \
+      -o "$out.tmp" "$package"
+    mv "$out.tmp" "$out"
+  )
+}

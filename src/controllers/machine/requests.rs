@@ -24,7 +24,7 @@ impl Reconciler<'_> {
                 Some(trigger.to_owned()),
                 trigger.to_owned(),
                 0,
-                Time(now),
+                after_last(Time(now), status.operation.as_ref()),
             )
         };
         conclude(&mut status, &mut op, Ending::Failed(error.clone()), now);
@@ -176,7 +176,7 @@ impl Reconciler<'_> {
     pub(super) async fn announce_and_execute(
         &self,
         status: MachineCertificatesStatus,
-        op: Operation,
+        mut op: Operation,
         announcement: String,
         cluster: ClusterView,
     ) -> Result<Action, Error> {
@@ -184,6 +184,7 @@ impl Reconciler<'_> {
             return Ok(Action::await_change());
         }
         self.live_only()?;
+        op.started_at = after_last(op.started_at, status.operation.as_ref());
         let request = self.request_name(&op);
         let Some(view) = self.take_up(&op, &request).await? else {
             info!("The Machine changed before the refresh was taken up; looking again");
@@ -275,5 +276,50 @@ impl Reconciler<'_> {
         let role = status.role.unwrap_or(self.role());
         info!(seed = ?op.seed, attempts = op.run_attempts, "Resuming an interrupted refresh");
         self.execute(status, op, opened, role, cluster).await
+    }
+}
+
+/// A new operation's start: `started`, or a second after the last operation's start when that
+/// is not earlier. A request is named after its start second, and a refresh takes well under a
+/// second: a second request within the second of the last one would take its name (and be
+/// taken for it, finished).
+fn after_last(started: Time, last: Option<&Operation>) -> Time {
+    match last {
+        Some(last) if last.started_at.0.as_second() >= started.0.as_second() => {
+            let next = last.started_at.0.as_second().saturating_add(1);
+            Time(Timestamp::from_second(next).unwrap_or(started.0))
+        }
+        _ => started,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(second: i64) -> Time {
+        Time(Timestamp::from_second(second).unwrap())
+    }
+
+    #[test]
+    fn a_new_request_never_takes_the_name_of_the_last_one() {
+        let last = Operation::pending(Origin::Manual, None, None, "1y".into(), 1, at(100));
+        // Within the same second as the last start, or a clock behind it: the next second.
+        let same =
+            Time(Timestamp::from_second(100).unwrap() + jiff::SignedDuration::from_millis(400));
+        assert_eq!(after_last(same.clone(), Some(&last)).0.as_second(), 101);
+        assert_eq!(after_last(at(90), Some(&last)).0.as_second(), 101);
+        assert_eq!(after_last(at(105), Some(&last)), at(105));
+        assert_eq!(after_last(at(105), None), at(105));
+        assert_ne!(
+            journal::record_name(
+                "m",
+                &Operation {
+                    started_at: after_last(same, Some(&last)),
+                    ..last.clone()
+                }
+            ),
+            journal::record_name("m", &last)
+        );
     }
 }

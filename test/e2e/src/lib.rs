@@ -21,6 +21,7 @@
 
 pub mod bench;
 pub mod bootstrap;
+pub mod capi_manager;
 pub mod controller;
 pub mod controlplane;
 pub mod crds;
@@ -223,6 +224,9 @@ pub struct EnvSpec {
     /// The CK8sControlPlane CRD and a CK8sControlPlane per cluster (as the CK8s control plane
     /// provider installs them); `false`: a management cluster without that provider (yet).
     pub control_plane_crd: bool,
+    /// The real Cluster API core manager of `capi_version`, for the clusters in namespace
+    /// [`capi_manager::NAMESPACE`] (made coherent for it); see [`capi_manager`].
+    pub capi_manager: bool,
 }
 
 /// The CK8s control plane provider's CRD in `crds/`.
@@ -287,6 +291,7 @@ impl EnvSpec {
             machine_annotations: BTreeMap::new(),
             move_target: false,
             control_plane_crd: true,
+            capi_manager: false,
         }
     }
 
@@ -359,6 +364,8 @@ pub struct Environment {
     pub clusters: Vec<WorkloadCluster>,
     /// The second management cluster ([`EnvSpec::move_target`]).
     pub move_target: Option<MoveTarget>,
+    /// The Cluster API core manager ([`EnvSpec::capi_manager`]).
+    pub capi_manager: Option<capi_manager::CapiManager>,
     pub sim: SimControl,
     pub measurements: Measurements,
     processes: Arc<Processes>,
@@ -539,6 +546,7 @@ impl Environment {
         )?;
         let management_kubeconfig_yaml = management.kubeconfig_yaml.clone();
         let management_kubeconfig = management.kubeconfig.clone();
+        let management_port = management.port;
         processes.push(management.process);
         for server in servers {
             processes.push(server.process);
@@ -560,6 +568,24 @@ impl Environment {
         sim::wait_ready(&mut nodesim, Duration::from_secs(30)).await?;
         processes.push(nodesim);
 
+        let capi_manager = match spec.capi_manager {
+            true => {
+                let (process, manager) = capi_manager::start(capi_manager::Start {
+                    mgmt: &mgmt,
+                    port: management_port,
+                    ca: &pki.ca,
+                    dir: &dir,
+                    capi_version: &spec.capi_version,
+                    crd_dir: &crd_dir,
+                    clusters: &clusters,
+                })
+                .await?;
+                processes.push(process);
+                Some(manager)
+            }
+            false => None,
+        };
+
         let apiserver_restarts = Arc::new(ApiServerRestarts::new(
             Arc::clone(&processes),
             launches,
@@ -580,6 +606,7 @@ impl Environment {
             controller_kubeconfig,
             clusters,
             move_target,
+            capi_manager,
             sim: SimControl::new(control),
             measurements,
             processes,

@@ -278,10 +278,8 @@ async fn a_hung_worker_does_not_hold_back_its_cluster_s_control_plane() {
         env.isolate(node, "hung-worker").await;
         env.sim.clear_calls("trio", &node.node).await.unwrap();
     }
-    let _controller = env.start_controller(
-        "hung-worker",
-        &["--k8sd-timeout=2s", "--k8sd-attempts=3"],
-    );
+    let _controller =
+        env.start_controller("hung-worker", &["--k8sd-timeout=2s", "--k8sd-attempts=3"]);
     env.sim
         .inject(&Fault::hang().on(&hung).at(Endpoint::Plan))
         .await
@@ -379,8 +377,14 @@ async fn a_refused_outcome_write_never_sends_run_twice() {
             "validatingadmissionpolicybindings",
         ),
     );
-    policies.create(&PostParams::default(), &policy).await.unwrap();
-    bindings.create(&PostParams::default(), &binding).await.unwrap();
+    policies
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap();
+    bindings
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
     // Policies take effect after the API server's informer sees them.
     tokio::time::sleep(Duration::from_secs(2)).await;
 
@@ -402,8 +406,7 @@ async fn a_refused_outcome_write_never_sends_run_twice() {
     let deadline = std::time::Instant::now() + TIMEOUT;
     let request = loop {
         let annotations = env.machine_annotations(&node).await;
-        if let Some(request) =
-            annotations.get(ck8s_certs_api::annotations::IN_FLIGHT_REFRESH)
+        if let Some(request) = annotations.get(ck8s_certs_api::annotations::IN_FLIGHT_REFRESH)
             && refused(request) >= 5
         {
             break request.clone();

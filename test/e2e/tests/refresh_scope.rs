@@ -120,7 +120,10 @@ async fn a_paused_machine_is_left_alone_until_it_is_resumed() {
             .and_then(|m| m.status)
             .unwrap_or_default();
         if let Some(paused) = status.conditions.iter().find(|c| c.reason == "Paused") {
-            assert!(paused.message.contains("The Machine is paused"), "{paused:?}");
+            assert!(
+                paused.message.contains("The Machine is paused"),
+                "{paused:?}"
+            );
             break;
         }
         assert!(Instant::now() < deadline, "{:?}", status.conditions);
