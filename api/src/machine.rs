@@ -39,6 +39,10 @@ pub struct MachineView {
     pub annotations: BTreeMap<String, String>,
     pub labels: BTreeMap<String, String>,
     pub deleting: bool,
+    /// The field manager that last set the refresh trigger, and whether it owns it through
+    /// server-side apply.
+    pub trigger_manager: Option<String>,
+    pub trigger_applied: bool,
 }
 
 impl MachineView {
@@ -77,6 +81,8 @@ impl MachineView {
                     .is_some_and(|a| a.contains_key(DELETE_FOR_MOVE_ANNOTATION)),
             annotations: meta.annotations.clone().unwrap_or_default(),
             labels,
+            trigger_manager: cached::trigger_manager(meta),
+            trigger_applied: cached::trigger_applied(meta),
         }
     }
 
@@ -104,6 +110,8 @@ impl MachineView {
                     .is_some(),
             annotations: machine.annotations.to_map(),
             labels,
+            trigger_manager: machine.trigger_manager.clone(),
+            trigger_applied: machine.trigger_applied,
         }
     }
 

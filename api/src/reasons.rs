@@ -21,6 +21,9 @@ pub mod events {
     pub const KUBECONFIG_EXPIRED: &str = "KubeconfigCertificateExpired";
     /// Reading the node's certificate expiry failed (other than the node still starting).
     pub const EXPIRY_UNKNOWN: &str = "CertificatesExpiryUnknown";
+    /// A trigger was not acted on: its owner applies it again after the refresh it asked for
+    /// (a machine template, a GitOps tool).
+    pub const REFRESH_REFUSED: &str = "CertificatesRefreshRefused";
 }
 
 /// Condition types on MachineCertificates (positive polarity).
@@ -41,6 +44,8 @@ pub mod conditions {
     pub const RENEWAL_WINDOW_BYPASSED: &str = "RenewalWindowBypassed";
     /// The policy is Automatic but has windows, which Automatic ignores.
     pub const WINDOWS_IGNORED: &str = "WindowsIgnored";
+    /// The Machine's trigger is refused: its owner applies it again after each refresh.
+    pub const TRIGGER_REFUSED: &str = "TriggerRefused";
 }
 
 /// Condition reasons.
@@ -53,4 +58,6 @@ pub mod condition_reasons {
     pub const REFRESH_FAILED: &str = "RefreshFailed";
     pub const REFRESH_IN_PROGRESS: &str = "RefreshInProgress";
     pub const IDLE: &str = "Idle";
+    /// The trigger is applied again by the owner of the refresh it asked for.
+    pub const REAPPLIED: &str = "ReappliedByOwner";
 }

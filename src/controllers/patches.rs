@@ -219,6 +219,7 @@ mod tests {
                 .collect(),
             labels: Default::default(),
             deleting: false,
+            ..Default::default()
         }
     }
 

@@ -31,6 +31,9 @@ pub struct Machine {
     /// The field manager that last set the refresh trigger (from `managedFields`), e.g.
     /// `kubectl-annotate`: reported on the refresh.
     pub trigger_manager: Option<String>,
+    /// Whether that manager owns the trigger through server-side apply (an owner that asserts it:
+    /// Cluster API's MachineSet controller copying a machine template, a GitOps tool).
+    pub trigger_applied: bool,
 }
 
 impl Machine {
@@ -185,6 +188,21 @@ impl TriggerMeta {
 }
 
 /// The manager of the `managedFields` entry that owns the refresh trigger.
+/// Whether the refresh trigger is owned through server-side apply (`operation: Apply`).
+pub(crate) fn trigger_applied(meta: &ObjectMeta) -> bool {
+    let key = format!("f:{REFRESH_CERTIFICATES}");
+    meta.managed_fields.iter().flatten().any(|entry| {
+        entry.operation.as_deref() == Some("Apply")
+            && entry.fields_v1.as_ref().is_some_and(|fields| {
+                fields
+                    .0
+                    .pointer("/f:metadata/f:annotations")
+                    .and_then(|a| a.get(&key))
+                    .is_some()
+            })
+    })
+}
+
 pub(crate) fn trigger_manager(meta: &ObjectMeta) -> Option<String> {
     let key = format!("f:{REFRESH_CERTIFICATES}");
     meta.managed_fields.as_ref()?.iter().find_map(|entry| {
@@ -212,6 +230,7 @@ impl<'de> Deserialize<'de> for Machine {
         });
         let mut meta = wire.metadata;
         let trigger_manager = trigger_manager(&meta);
+        let trigger_applied = trigger_applied(&meta);
         Ok(Self {
             metadata: identity(&mut meta),
             labels: Pairs::new(meta.labels, |_| true),
@@ -228,6 +247,7 @@ impl<'de> Deserialize<'de> for Machine {
                 .and_then(|s| s.node_ref.0)
                 .and_then(|n| n.name.0),
             trigger_manager,
+            trigger_applied,
         })
     }
 }

@@ -290,7 +290,7 @@ impl Reconciler<'_> {
         let step = decide(&self.view, cluster.as_ref(), status.as_ref(), None);
         if !matches!(
             step,
-            Step::Ignore | Step::Paused | Step::WaitForNode | Step::Idle
+            Step::Ignore | Step::Paused | Step::WaitForNode | Step::Idle | Step::Reapplied { .. }
         ) || self.view.annotation(IN_FLIGHT_REFRESH).is_some()
         {
             return None;
@@ -377,6 +377,10 @@ impl Reconciler<'_> {
             return Ok(Action::requeue(retry));
         }
         let now = Self::now();
+        if !matches!(step, Step::Reapplied { .. } | Step::Ignore) {
+            // The trigger its owner kept applying is gone (or changed): the refusal is over.
+            self.clear_refusal(&mut status, now).await?;
+        }
         match step {
             Step::Ignore => Ok(Action::await_change()),
             Step::ClusterMissing => {
@@ -439,6 +443,9 @@ impl Reconciler<'_> {
             Step::Start { trigger } => {
                 self.start(status, trigger, cluster.unwrap_or_default())
                     .await
+            }
+            Step::Reapplied { trigger, manager } => {
+                self.refuse_reapplied(status, &trigger, &manager, now).await
             }
             Step::Continue(op) => {
                 let role = self.role();

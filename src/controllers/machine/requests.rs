@@ -45,6 +45,77 @@ impl Reconciler<'_> {
         Ok(Action::await_change())
     }
 
+    /// Refuses a trigger its owner applies again after the refresh it asked for (see
+    /// [`Step::Reapplied`]): the trigger is left where it is (removing it would only make the
+    /// owner apply it again, and the next removal again), the Machine no longer shows it in
+    /// progress, and the `TriggerRefused` condition and one Event say where it comes from.
+    /// Nothing is written again while it stays.
+    pub(super) async fn refuse_reapplied(
+        &self,
+        mut status: MachineCertificatesStatus,
+        trigger: &str,
+        manager: &str,
+        now: Timestamp,
+    ) -> Result<Action, Error> {
+        use ck8s_certs_api::annotations::REFRESH_CERTIFICATES_STATUS;
+        let message = format!(
+            "Not refreshed again: {REFRESH_CERTIFICATES}={trigger} is applied again by {manager} (server-side apply) after the refresh it asked for finished, so every refresh would ask for the next. It comes from an owner that asserts it: a MachineDeployment's or MachineSet's spec.template.metadata.annotations (Cluster API copies them onto each Machine), ClusterClass topology metadata, or a GitOps tool. Remove it there. To refresh the Machines of a MachineDeployment, annotate the MachineDeployment itself: kubectl annotate machinedeployment -n {} <name> {REFRESH_CERTIFICATES}={trigger}",
+            self.view.namespace
+        );
+        if self.view.annotation(REFRESH_CERTIFICATES_STATUS)
+            == Some(RefreshStatus::InProgress.as_str())
+        {
+            // Marked in progress by the admission webhook when it was applied again.
+            self.patch_machine(&MachineChanges {
+                status: Some(RefreshStatus::Failed),
+                release_move: self.view.annotation(BLOCK_MOVE_ANNOTATION) == Some(BLOCK_MOVE_OWNER),
+                ..Default::default()
+            })
+            .await?;
+        }
+        let before = status.clone();
+        set_condition(
+            &mut status,
+            conditions::TRIGGER_REFUSED,
+            true,
+            why::REAPPLIED,
+            message.clone(),
+            now,
+        );
+        if status != before {
+            self.write_status(&status).await?;
+            warn!(manager, "Refused a refresh trigger its owner applies again");
+            self.event(EventType::Warning, events::REFRESH_REFUSED, message)
+                .await;
+        }
+        Ok(Action::await_change())
+    }
+
+    /// Ends a refusal ([`refuse_reapplied`](Self::refuse_reapplied)) once its trigger is gone or
+    /// changed.
+    pub(super) async fn clear_refusal(
+        &self,
+        status: &mut MachineCertificatesStatus,
+        now: Timestamp,
+    ) -> Result<(), Error> {
+        let refused = status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == conditions::TRIGGER_REFUSED && c.status == "True");
+        if !refused {
+            return Ok(());
+        }
+        set_condition(
+            status,
+            conditions::TRIGGER_REFUSED,
+            false,
+            why::IDLE,
+            "No trigger is refused".into(),
+            now,
+        );
+        self.write_status(status).await
+    }
+
     /// The fleet request that set the trigger, if one did.
     pub(super) fn fleet(&self) -> Option<String> {
         self.view

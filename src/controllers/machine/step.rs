@@ -34,6 +34,11 @@ pub enum Step {
     Withdrawn,
     /// A refresh was requested.
     Start { trigger: String },
+    /// The trigger is the one the last refresh was for, applied again by the same owner through
+    /// server-side apply (a machine template that Cluster API copies onto the Machine, a GitOps
+    /// tool): an owner that re-asserts it would make every refresh ask for the next. Refused,
+    /// saying where it comes from.
+    Reapplied { trigger: String, manager: String },
     /// A refresh this process took up waits (for its cluster, its node) before its first seed:
     /// go on with it, without taking it up again.
     Continue(Operation),
@@ -136,6 +141,18 @@ fn decide_unpaused(
         {
             return Step::Record(op.clone());
         }
+        if let Some(op) = operation
+            && op.is_finished()
+            && op.trigger.as_deref() == Some(trigger)
+            && machine.trigger_applied
+            && let Some(manager) = machine.trigger_manager.as_deref()
+            && op.requested_by.as_deref() == Some(manager)
+        {
+            return Step::Reapplied {
+                trigger: trigger.to_owned(),
+                manager: manager.to_owned(),
+            };
+        }
         return Step::Start {
             trigger: trigger.to_owned(),
         };
@@ -187,6 +204,7 @@ mod tests {
                 .collect::<BTreeMap<_, _>>(),
             labels: BTreeMap::new(),
             deleting: false,
+            ..Default::default()
         }
     }
 
@@ -319,6 +337,75 @@ mod tests {
         assert_eq!(
             decide_waiting(&shown, Some(&LIVE), None, None, Some(&renewal)),
             Step::Continue(renewal.clone())
+        );
+    }
+
+    #[test]
+    fn a_trigger_its_owner_applies_again_after_the_refresh_is_refused_not_refreshed() {
+        let applied = |trigger: &str, manager: &str, in_progress: bool| {
+            let mut pairs = vec![(REFRESH_CERTIFICATES, trigger)];
+            if in_progress {
+                // The admission webhook marks a new trigger in-progress, naming a new request.
+                pairs.push((REFRESH_CERTIFICATES_STATUS, "in-progress"));
+                pairs.push((REFRESH_REQUEST, "r2"));
+            }
+            MachineView {
+                trigger_manager: Some(manager.into()),
+                trigger_applied: true,
+                ..machine(&pairs)
+            }
+        };
+        let last = Operation {
+            requested_by: Some("capi-machineset".into()),
+            ..op(Phase::Succeeded, "1y")
+        };
+        let done = status(Some(last.clone()), Some(EXPIRY));
+        let reapplied = Step::Reapplied {
+            trigger: "1y".into(),
+            manager: "capi-machineset".into(),
+        };
+        for in_progress in [false, true] {
+            assert_eq!(
+                decide(
+                    &applied("1y", "capi-machineset", in_progress),
+                    Some(&LIVE),
+                    Some(&done),
+                    None
+                ),
+                reapplied,
+                "webhook: {in_progress}"
+            );
+        }
+        // Another value, another owner, or a plain annotate (an update, not an apply): a new
+        // request.
+        for machine in [
+            applied("30d", "capi-machineset", false),
+            applied("1y", "argocd-controller", false),
+            MachineView {
+                trigger_applied: false,
+                ..applied("1y", "capi-machineset", false)
+            },
+        ] {
+            assert!(
+                matches!(
+                    decide(&machine, Some(&LIVE), Some(&done), None),
+                    Step::Start { .. }
+                ),
+                "{machine:?}"
+            );
+        }
+        // Our own final patch that did not land is still recorded, not refused.
+        let unshown = MachineView {
+            trigger_manager: Some("capi-machineset".into()),
+            trigger_applied: true,
+            ..machine(&[
+                (REFRESH_CERTIFICATES, "1y"),
+                (REFRESH_CERTIFICATES_STATUS, "in-progress"),
+            ])
+        };
+        assert_eq!(
+            decide(&unshown, Some(&LIVE), Some(&done), None),
+            Step::Record(last)
         );
     }
 

@@ -302,6 +302,11 @@ fn the_release_is_config_default_for_an_addon_provider_of_contract_v1beta1() {
         ("RoleBinding", "ck8s-certs-webhook-rolebinding"),
         ("Service", "ck8s-certs-webhook-service"),
         ("MutatingWebhookConfiguration", "ck8s-certs-refresh-trigger"),
+        ("ValidatingAdmissionPolicy", "ck8s-certs-template-trigger"),
+        (
+            "ValidatingAdmissionPolicyBinding",
+            "ck8s-certs-template-trigger",
+        ),
         ("Deployment", DEPLOYMENT),
     ]
     .iter()
