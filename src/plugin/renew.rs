@@ -1,6 +1,7 @@
 //! `kubectl ck8s-certs renew`: the same request as `kubectl annotate machine <m>
-//! v1beta2.k8sd.io/refresh-certificates=<ttl>`, for one or more Machines or a whole Cluster
-//! (the controller refreshes its control planes first), checked before anything is written.
+//! v1beta2.k8sd.io/refresh-certificates=<ttl>` for one or more Machines, or as `kubectl annotate
+//! cluster <c> …` for a whole Cluster (one CertificateRefresh: its control planes one at a time,
+//! then its workers), checked before anything is written.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -19,6 +20,8 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::{PluginError, Session};
+
+mod fleet;
 
 /// The field manager of the annotation (`requestedBy` in the operation record).
 const MANAGER: &str = "kubectl-ck8s-certs";
@@ -65,12 +68,13 @@ pub fn stage(annotations: &BTreeMap<String, String>) -> Stage {
     }
 }
 
-async fn may_patch_machines(session: &Session) -> Result<bool, PluginError> {
+/// Whether the user may patch `resource` (`machines`, `clusters`) of Cluster API here.
+async fn may_patch(session: &Session, resource: &str) -> Result<bool, PluginError> {
     let review = SelfSubjectAccessReview {
         spec: SelfSubjectAccessReviewSpec {
             resource_attributes: Some(ResourceAttributes {
                 group: Some(GROUP.into()),
-                resource: Some("machines".into()),
+                resource: Some(resource.into()),
                 verb: Some("patch".into()),
                 namespace: Some(session.namespace.clone()),
                 ..Default::default()
@@ -144,9 +148,13 @@ pub async fn run(
             args.ttl, worker.name
         )));
     }
-    if !may_patch_machines(session).await? {
+    let resource = match &args.cluster {
+        Some(_) => "clusters",
+        None => "machines",
+    };
+    if !may_patch(session, resource).await? {
         return Err(PluginError::Forbidden(format!(
-            "forbidden: you may not patch machines.{GROUP} in namespace {ns}, which renewing needs (the request is the {REFRESH_CERTIFICATES} annotation); nothing was changed. Ask for that right, or ask someone who has it to run: kubectl ck8s-certs renew {what} -n {ns} --ttl {ttl}",
+            "forbidden: you may not patch {resource}.{GROUP} in namespace {ns}, which renewing needs (the request is the {REFRESH_CERTIFICATES} annotation); nothing was changed. Ask for that right, or ask someone who has it to run: kubectl ck8s-certs renew {what} -n {ns} --ttl {ttl}",
             ns = session.namespace,
             what = match &args.cluster {
                 Some(cluster) => format!("--cluster {cluster}"),
@@ -160,6 +168,17 @@ pub async fn run(
         field_manager: Some(MANAGER.into()),
         ..Default::default()
     };
+    if let Some(cluster) = &args.cluster {
+        return fleet::renew(
+            session,
+            cluster,
+            &args.ttl,
+            &params,
+            args.wait.then_some(args.timeout),
+            out,
+        )
+        .await;
+    }
     for target in &targets {
         let patch = json!({ "metadata": { "annotations": { REFRESH_CERTIFICATES: args.ttl } } });
         api.patch(&target.name, &params, &Patch::Merge(patch))

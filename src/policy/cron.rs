@@ -50,7 +50,7 @@ use jiff::tz::{AmbiguousOffset, TimeZone};
 use jiff::{SignedDuration, Timestamp};
 
 use super::duration::PolicyDuration;
-use super::window::{Occurrence, resolve};
+use super::instants::{Occurrence, resolve};
 
 /// The accepted forms, for error messages.
 const ACCEPTED: &str = "expected five fields, minute hour day-of-month month day-of-week, such as \"0 22 * * 1-5\" (0-59, 0-23, 1-31, 1-12 or JAN-DEC, 0-7 or SUN-SAT; *, values, ranges a-b, steps */n, comma lists), or one of @hourly, @daily, @weekly, @monthly, @yearly";

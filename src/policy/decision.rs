@@ -384,7 +384,7 @@ mod messages;
 
 pub use input::Input;
 use invalid::write_invalid;
-pub use invalid::{InvalidPolicy, PolicyError};
+pub use invalid::{InvalidPolicy, PolicyError, SelectorError};
 
 pub use messages::WINDOWS_IGNORED_MESSAGE;
 

@@ -41,6 +41,7 @@
 pub mod backoff;
 pub mod cron;
 pub mod decision;
+mod instants;
 pub mod spec;
 pub mod stagger;
 pub mod window;

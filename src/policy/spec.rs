@@ -29,6 +29,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::core::{Selector, SelectorExt};
 
 use super::backoff::{Backoff, Failures};
+pub use super::decision::SelectorError;
 use super::decision::{Input, InvalidPolicy, Mode, PolicyError};
 use super::duration::{FailSafeMargin, PolicyDuration, Spread, Ttl};
 use super::window::{ValidWindow, Window, WindowStart, upcoming_starts};
@@ -253,15 +254,6 @@ impl fmt::Display for MachineSelector {
             ),
         }
     }
-}
-
-/// A label selector the API server would reject, with its field path.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{path}: {problem}")]
-pub struct SelectorError {
-    /// Such as `machineSelector.matchExpressions[0].operator`.
-    pub path: String,
-    pub problem: String,
 }
 
 /// Checks a selector as the API server's `ValidateLabelSelector` does, then compiles it;

@@ -37,11 +37,12 @@ use std::sync::LazyLock;
 use jiff::Timestamp;
 use jiff::Zoned;
 use jiff::civil::{Date, DateTime, Time, Weekday};
-use jiff::tz::{AmbiguousOffset, TimeZone, TimeZoneDatabase};
+use jiff::tz::{TimeZone, TimeZoneDatabase};
 
 pub use ck8s_certs_api::renewal_policy::{DayOfWeek, WallTime, WallTimeError, Window};
 
 use super::cron::{CronProblem, CronWindow};
+pub use super::instants::{Occurrence, resolve};
 
 /// How many days around an instant's local date may hold an occurrence that contains it. An
 /// occurrence lasts at most a wall-clock day, but a gap can push its end further (Pacific/Apia
@@ -157,19 +158,6 @@ enum Form {
     },
     /// `schedule`/`duration` (boxed: a parsed cron expression is a few hundred bytes).
     Schedule(Box<CronWindow>),
-}
-
-/// One occurrence of a window: `[start, end)`, never empty.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Occurrence {
-    pub start: Timestamp,
-    pub end: Timestamp,
-}
-
-impl Occurrence {
-    pub fn contains(&self, t: Timestamp) -> bool {
-        self.start <= t && t < self.end
-    }
 }
 
 /// The next opening of one of several windows.
@@ -355,24 +343,6 @@ fn lookup_zone(name: &str) -> Result<TimeZone, WindowProblem> {
 
 fn day_index(day: Weekday) -> usize {
     day.to_monday_zero_offset().unsigned_abs().into()
-}
-
-/// The instant a wall time names in `zone` (see the module docs for gaps and folds).
-pub(super) fn resolve(zone: &TimeZone, wall: DateTime) -> Option<Timestamp> {
-    match zone.to_ambiguous_timestamp(wall).offset() {
-        AmbiguousOffset::Unambiguous { offset } => offset.to_timestamp(wall).ok(),
-        // A repeated hour: the offset in force before the clocks went back gives the earlier
-        // instant.
-        AmbiguousOffset::Fold { before, .. } => before.to_timestamp(wall).ok(),
-        // A gap: read with the offset after the change, the wall time lands before the
-        // transition; the transition itself is the first instant after the gap.
-        AmbiguousOffset::Gap { after, .. } => {
-            let before_transition = after.to_timestamp(wall).ok()?;
-            zone.following(before_transition)
-                .next()
-                .map(|transition| transition.timestamp())
-        }
-    }
 }
 
 /// `count` consecutive dates from `first`, stopping at the end of the calendar.

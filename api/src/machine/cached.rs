@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
 use kube::Resource;
 use kube::core::DynamicResourceScope;
 use serde::Deserialize;
@@ -188,28 +188,34 @@ impl TriggerMeta {
 }
 
 /// The manager of the `managedFields` entry that owns the refresh trigger.
-/// Whether the refresh trigger is owned through server-side apply (`operation: Apply`).
-pub(crate) fn trigger_applied(meta: &ObjectMeta) -> bool {
+/// The `managedFields` entry that last set the refresh trigger: of the entries that own it (a
+/// field applied by one manager and then updated by another has both), the most recent.
+fn trigger_entry(meta: &ObjectMeta) -> Option<&ManagedFieldsEntry> {
     let key = format!("f:{REFRESH_CERTIFICATES}");
-    meta.managed_fields.iter().flatten().any(|entry| {
-        entry.operation.as_deref() == Some("Apply")
-            && entry.fields_v1.as_ref().is_some_and(|fields| {
+    meta.managed_fields
+        .iter()
+        .flatten()
+        .filter(|entry| {
+            entry.fields_v1.as_ref().is_some_and(|fields| {
                 fields
                     .0
                     .pointer("/f:metadata/f:annotations")
                     .and_then(|a| a.get(&key))
                     .is_some()
             })
-    })
+        })
+        .max_by_key(|entry| entry.time.as_ref().map(|t| t.0))
 }
 
+/// Whether the refresh trigger was last set through server-side apply (`operation: Apply`): by
+/// an owner that asserts it.
+pub(crate) fn trigger_applied(meta: &ObjectMeta) -> bool {
+    trigger_entry(meta).is_some_and(|entry| entry.operation.as_deref() == Some("Apply"))
+}
+
+/// The field manager that last set the refresh trigger.
 pub(crate) fn trigger_manager(meta: &ObjectMeta) -> Option<String> {
-    let key = format!("f:{REFRESH_CERTIFICATES}");
-    meta.managed_fields.as_ref()?.iter().find_map(|entry| {
-        let fields = entry.fields_v1.as_ref()?;
-        fields.0.pointer("/f:metadata/f:annotations")?.get(&key)?;
-        entry.manager.clone()
-    })
+    trigger_entry(meta)?.manager.clone()
 }
 
 impl<'de> Deserialize<'de> for Machine {

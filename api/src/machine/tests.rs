@@ -203,3 +203,41 @@ fn capi_kinds_name_their_served_version() {
     );
     assert_eq!(CapiVersion::from_version("v1alpha4"), None);
 }
+
+#[test]
+fn the_trigger_s_owner_is_the_manager_that_last_set_it_and_how() {
+    let machine = |entries: serde_json::Value| -> Machine {
+        serde_json::from_value(json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+            "metadata": {
+                "name": "m", "namespace": "ns",
+                "annotations": { "v1beta2.k8sd.io/refresh-certificates": "1y" },
+                "managedFields": entries,
+            },
+            "spec": { "clusterName": "c" },
+        }))
+        .unwrap()
+    };
+    let trigger = json!({ "f:metadata": { "f:annotations": { "f:v1beta2.k8sd.io/refresh-certificates": {} } } });
+    // Copied from a machine template by Cluster API's MachineSet controller.
+    let applied = machine(json!([
+        { "manager": "capi-machineset", "operation": "Apply", "time": "2026-01-01T00:00:00Z", "fieldsType": "FieldsV1", "fieldsV1": trigger },
+    ]));
+    assert_eq!(applied.trigger_manager.as_deref(), Some("capi-machineset"));
+    assert!(applied.trigger_applied);
+    // Then annotated by a person: theirs, an update.
+    let annotated = machine(json!([
+        { "manager": "capi-machineset", "operation": "Apply", "time": "2026-01-01T00:00:00Z", "fieldsType": "FieldsV1", "fieldsV1": trigger },
+        { "manager": "kubectl-annotate", "operation": "Update", "time": "2026-01-01T00:05:00Z", "fieldsType": "FieldsV1", "fieldsV1": trigger },
+    ]));
+    assert_eq!(
+        annotated.trigger_manager.as_deref(),
+        Some("kubectl-annotate")
+    );
+    assert!(!annotated.trigger_applied);
+    let view = MachineView::of(&annotated);
+    assert_eq!(
+        (view.trigger_manager.as_deref(), view.trigger_applied),
+        (Some("kubectl-annotate"), false)
+    );
+}

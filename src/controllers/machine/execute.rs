@@ -2,12 +2,23 @@
 //! [`Accepted`] refresh with its seams (the node's k8sd, the request as journal), and records
 //! what [`Finished`] says.
 
+use ck8s_certs_api::annotations::{IN_FLIGHT_REFRESH, REFRESH_CERTIFICATES, RefreshStatus};
+use ck8s_certs_api::capi::{CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL};
+use ck8s_certs_api::machine::ClusterView;
+use ck8s_certs_api::machine_certificates::{MachineCertificatesStatus, Operation, Role};
+use ck8s_certs_api::reasons::{condition_reasons as why, conditions};
+use jiff::Timestamp;
+use kube::Client;
+use kube::runtime::controller::Action;
+
+use super::{Error, MANAGER, Reconciler, journal};
 use crate::controllers::executor::{
     self, Accepted, Connector, Failure, Finished, NodeSession, Probe, Waiter,
 };
+use crate::controllers::patches::set_condition;
+use crate::k8sd::{Fingerprint, K8sdError};
 use crate::refresh::NodeApi;
-
-use super::*;
+use crate::refresh::session::Session;
 
 impl Reconciler<'_> {
     /// The Machine as the executor knows it.

@@ -1,7 +1,21 @@
 //! Learning a node's certificate expiry from k8sd (`certificates-expiry`), quietly while the node
 //! is still starting.
 
-use super::*;
+use std::time::Duration;
+
+use ck8s_certs_api::machine::ClusterView;
+use ck8s_certs_api::machine_certificates::MachineCertificatesStatus;
+use ck8s_certs_api::reasons::{condition_reasons as why, conditions, events};
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+
+use super::{Error, Reconciler};
+use crate::controllers::executor::Failure;
+use crate::controllers::patches::{MachineChanges, set_condition};
+use crate::k8sd::Fingerprint;
+use crate::k8sd::wire::{CertificatesExpiryResponse, path};
 
 impl Reconciler<'_> {
     /// Reads the node's expiry through `certificates-expiry`; quiet while the node is starting.

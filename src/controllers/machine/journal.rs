@@ -6,14 +6,24 @@
 //! there. A refused request gets one at once. The last `--refresh-history` finished ones per
 //! Machine are kept: the audit trail.
 
+use ck8s_certs_api::capi::{CLUSTER_NAME_LABEL, WATCH_FILTER_LABEL};
+use ck8s_certs_api::machine::{CapiVersion, Machine, MachineView};
+use ck8s_certs_api::machine_certificates::{Operation, Phase, Role};
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Resource};
+use serde_json::json;
+use tracing::warn;
+
+use super::{Error, MANAGER, Reconciler};
+
 use ck8s_certs_api::annotations::IN_FLIGHT_REFRESH;
 use ck8s_certs_api::certificate_refresh::{
     CertificateRefresh, CertificateRefreshSpec, CertificateRefreshStatus, MachinePhase,
     MachineProgress, RequestPhase, Target, labels,
 };
 use kube::api::{DeleteParams, ObjectMeta};
-
-use super::*;
 
 /// A record's name: the Machine's and the operation's start (unique per Machine: one operation
 /// at a time, and a start is recorded to the second).

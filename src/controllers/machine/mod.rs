@@ -20,39 +20,27 @@
 //! and after a lost answer it does not serve what it wrote), at most [`MAX_RUN_SENDS`] `run`s per
 //! operation in total. An expiry is recorded only from a `run` answer.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use ck8s_certs_api::annotations::{IN_FLIGHT_REFRESH, REFRESH_CERTIFICATES, RefreshStatus};
-use ck8s_certs_api::capi::{
-    BLOCK_MOVE_ANNOTATION, BLOCK_MOVE_OWNER, CK8S_CONFIG_GROUP, CK8S_CONFIG_KIND,
-    CK8S_CONFIG_VERSION, CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL, WATCH_FILTER_LABEL,
-};
-use ck8s_certs_api::k8sd::DEFAULT_MICROCLUSTER_PORT;
+use ck8s_certs_api::annotations::{IN_FLIGHT_REFRESH, RefreshStatus};
+use ck8s_certs_api::capi::{BLOCK_MOVE_ANNOTATION, BLOCK_MOVE_OWNER};
 use ck8s_certs_api::machine::{CapiVersion, Cluster, ClusterView, Machine, MachineView};
 use ck8s_certs_api::machine_certificates::{
-    MachineCertificates, MachineCertificatesSpec, MachineCertificatesStatus, Operation, Origin,
-    Phase, RenewalStatus, Role,
+    MachineCertificates, MachineCertificatesStatus, Operation, Role,
 };
-use ck8s_certs_api::reasons::{condition_reasons as why, conditions, events};
+use ck8s_certs_api::reasons::{condition_reasons as why, events};
 use jiff::Timestamp;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
-use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use kube::core::GroupVersionKind;
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder};
-use kube::{Api, Client, Resource};
-use serde_json::json;
-use tracing::{Instrument, info, warn};
+use kube::runtime::events::{EventType, Recorder};
+use kube::{Api, Client};
+use tracing::{Instrument, warn};
 
 use self::step::{Step, decide};
-use super::patches::{MachineChanges, MachinePatch, machine_patch, set_condition};
-use crate::k8sd::wire::{CertificatesExpiryResponse, path};
-use crate::k8sd::{Fingerprint, K8sdError};
-use crate::policy::Ttl;
+use super::patches::MachineChanges;
+use crate::k8sd::K8sdError;
 use crate::refresh::session::{Session, Timeouts};
-use crate::workload::endpoint::{self, Transport};
+use crate::workload::endpoint::Transport;
 use crate::workload::{self, WorkloadError};
 
 mod conclusion;
@@ -66,8 +54,8 @@ mod requests;
 pub mod step;
 mod verdict;
 
+use crate::controllers::executor::ApiError;
 pub use crate::controllers::executor::MAX_RUN_SENDS;
-use crate::controllers::executor::{ApiError, Failure, truncate};
 pub use outcome::KeptOutcomes;
 
 /// Field manager of our writes.

@@ -1,7 +1,23 @@
 //! Reaching k8sd: the node's session (endpoint, port, tokens, pinned certificate) and, for a
 //! worker, a Ready control plane's to approve its CSRs.
 
-use super::*;
+use ck8s_certs_api::capi::{
+    CK8S_CONFIG_GROUP, CK8S_CONFIG_KIND, CK8S_CONFIG_VERSION, CLUSTER_NAME_LABEL,
+    CONTROL_PLANE_LABEL,
+};
+use ck8s_certs_api::k8sd::DEFAULT_MICROCLUSTER_PORT;
+use ck8s_certs_api::machine::{ClusterView, MachineView};
+use ck8s_certs_api::machine_certificates::{MachineCertificates, Role};
+use kube::Api;
+use kube::api::{ApiResource, DynamicObject, ListParams};
+use kube::core::GroupVersionKind;
+
+use super::{Node, Reconciler};
+use crate::k8sd::Fingerprint;
+use crate::refresh::session::Session;
+use crate::workload;
+use crate::workload::endpoint;
+
 use crate::controllers::executor::Failure;
 
 impl Reconciler<'_> {

@@ -3,8 +3,22 @@
 //! them, with a copy of the operation), then the Machine's annotations, then Events and metrics
 //! (idempotent: also used after a crash).
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use ck8s_certs_api::annotations::{IN_FLIGHT_REFRESH, REFRESH_CERTIFICATES, RefreshStatus};
+use ck8s_certs_api::machine_certificates::{MachineCertificatesStatus, Operation, Phase};
+use ck8s_certs_api::reasons::events;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use tracing::{info, warn};
+
+use super::{Error, Reconciler, role_label};
+use crate::controllers::executor::Failure;
+use crate::controllers::patches::MachineChanges;
+
 use super::conclusion::{Ending, conclude, ending_of};
-use super::*;
 
 impl Reconciler<'_> {
     /// Records the outcome: the request, the status, then the Machine, then Events.
@@ -245,6 +259,9 @@ mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
 
     use super::*;
+    use ck8s_certs_api::machine_certificates::Origin;
+    use jiff::Timestamp;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     #[tokio::test(start_paused = true)]
     async fn a_refused_write_is_tried_again_in_place_until_the_delays_run_out() {

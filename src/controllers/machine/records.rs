@@ -1,7 +1,23 @@
 //! The Machine reconciler's writes: its MachineCertificates (created with the Machine as owner),
 //! the status (server-side apply of the whole status), our annotation keys on the Machine, Events.
 
-use super::*;
+use ck8s_certs_api::capi::{CLUSTER_NAME_LABEL, WATCH_FILTER_LABEL};
+use ck8s_certs_api::machine::{Machine, MachineView};
+use ck8s_certs_api::machine_certificates::{
+    MachineCertificates, MachineCertificatesSpec, MachineCertificatesStatus,
+};
+use ck8s_certs_api::reasons::conditions;
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::Resource;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event, EventType};
+use serde_json::json;
+use tracing::warn;
+
+use super::{Error, MANAGER, Mode, Reconciler};
+use crate::controllers::executor::truncate;
+use crate::controllers::patches::{MachineChanges, MachinePatch, machine_patch, set_condition};
 
 impl Reconciler<'_> {
     /// The Machine's MachineCertificates, created (owned by the Machine) when missing and

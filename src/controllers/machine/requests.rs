@@ -2,8 +2,23 @@
 //! renewal, or an interrupted operation resumed; control planes of a cluster go first. Taking one
 //! up shows the Machine in-progress and names the CertificateRefresh that will carry it.
 
+use ck8s_certs_api::annotations::{REFRESH_CERTIFICATES, RefreshStatus};
+use ck8s_certs_api::capi::{BLOCK_MOVE_ANNOTATION, BLOCK_MOVE_OWNER};
+use ck8s_certs_api::machine::{ClusterView, MachineView};
+use ck8s_certs_api::machine_certificates::{MachineCertificatesStatus, Operation, Origin, Role};
+use ck8s_certs_api::reasons::{condition_reasons as why, conditions, events};
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::Resource;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use tracing::{info, warn};
+
+use super::{Error, Reconciler};
+use crate::controllers::patches::{MachineChanges, set_condition};
+use crate::policy::Ttl;
+
 use super::conclusion::{Ending, conclude};
-use super::*;
 
 impl Reconciler<'_> {
     /// Fails a request before anything happened on the node (bad input).
@@ -367,6 +382,7 @@ fn after_last(started: Time, last: Option<&Operation>) -> Time {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controllers::machine::journal;
 
     fn at(second: i64) -> Time {
         Time(Timestamp::from_second(second).unwrap())

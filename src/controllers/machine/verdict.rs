@@ -1,7 +1,17 @@
 //! Automatic renewal: the governing policy's verdict for this Machine, shown in its status (written
 //! only when it changes) and carried out when it says renew now.
 
-use super::*;
+use std::time::Duration;
+
+use ck8s_certs_api::machine::ClusterView;
+use ck8s_certs_api::machine_certificates::{MachineCertificatesStatus, RenewalStatus};
+use ck8s_certs_api::reasons::{conditions, events};
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+
+use super::{Error, Reconciler};
 
 impl Reconciler<'_> {
     /// Applies the governing renewal policy, if any: renew now, or record why not and come back

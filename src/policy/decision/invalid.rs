@@ -5,7 +5,6 @@ use std::fmt;
 
 use super::Decision;
 use crate::policy::duration::{PolicyDuration, Spread, Ttl};
-use crate::policy::spec::SelectorError;
 use crate::policy::window::WindowError;
 
 /// A reason the policy is invalid, with the field path.
@@ -84,4 +83,13 @@ pub(super) fn write_invalid(f: &mut fmt::Formatter<'_>, errors: &[PolicyError]) 
         write!(f, "{error}")?;
     }
     Ok(())
+}
+
+/// A label selector the API server would reject, with its field path.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{path}: {problem}")]
+pub struct SelectorError {
+    /// Such as `machineSelector.matchExpressions[0].operator`.
+    pub path: String,
+    pub problem: String,
 }

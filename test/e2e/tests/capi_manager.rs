@@ -476,7 +476,9 @@ async fn a_trigger_in_the_machine_template_refreshes_each_worker_once() {
         "defect 9, CAPI {}: `run` calls per worker in 30 s with the trigger in the template: {counts:?}",
         manager.version
     );
-    // Leave the cluster as it was for the next test.
+    // Leave the cluster as it was for the next test: the trigger out of the template, and so
+    // (the MachineSet controller applies the template again) off the Machines, where the
+    // refusal then clears.
     deployments
         .patch(
             &deployment,
@@ -485,6 +487,32 @@ async fn a_trigger_in_the_machine_template_refreshes_each_worker_once() {
         )
         .await
         .unwrap();
+    for node in &workers {
+        wait_for(&env, node, "lost the template's trigger", |m| {
+            m.metadata
+                .annotations
+                .as_ref()
+                .is_none_or(|a| !a.contains_key(REFRESH_CERTIFICATES))
+        })
+        .await;
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            let refused = env
+                .machine_certificates(node)
+                .await
+                .and_then(|m| m.status)
+                .is_some_and(|s| {
+                    s.conditions
+                        .iter()
+                        .any(|c| c.type_ == "TriggerRefused" && c.status == "True")
+                });
+            if !refused {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{}: still refused", node.machine);
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
     for (machine, count) in &counts {
         assert!(
             *count <= 1,

@@ -355,7 +355,8 @@ async fn status_explain_and_renew_answer_for_a_small_fleet_and_a_reader_cannot_r
         )
     );
 
-    // renew --cluster --wait: every Machine of the cluster, the control plane first.
+    // renew --cluster --wait: one CertificateRefresh (as `kubectl annotate cluster`), every
+    // Machine of the cluster, the control plane first.
     let renewed = stdout(&run(
         &env,
         &admin,
@@ -372,17 +373,16 @@ async fn status_explain_and_renew_answer_for_a_small_fleet_and_a_reader_cannot_r
     ));
     println!("{renewed}");
     let lines: Vec<&str> = renewed.lines().collect();
+    assert_eq!(
+        lines[0],
+        "cluster.cluster.x-k8s.io/solo renewal requested (2y): one CertificateRefresh, control planes one at a time, then workers",
+        "{renewed}"
+    );
+    assert!(
+        lines[1].starts_with("certificaterefresh/solo-"),
+        "{renewed}"
+    );
     for node in &nodes {
-        assert!(
-            lines.contains(
-                &format!(
-                    "machine.cluster.x-k8s.io/{} renewal requested (2y)",
-                    node.machine
-                )
-                .as_str()
-            ),
-            "{renewed}"
-        );
         assert!(
             lines.iter().any(|l| l.starts_with(&format!("{}: done, certificates expire at ", node.machine))),
             "{renewed}"
@@ -435,20 +435,38 @@ async fn status_explain_and_renew_answer_for_a_small_fleet_and_a_reader_cannot_r
     assert_eq!(recorded.len(), 2, "{recorded:?}");
     recorded.sort_by_key(|r| std::cmp::Reverse(r.status.as_ref().unwrap().started_at.clone()));
     let width = worker.machine.len().max("TARGET".len());
+    // The newest through the cluster's request (origin Fleet, asked for by it), the older one
+    // asked for on the Machine.
+    let asked_by = |r: &CertificateRefresh| r.spec.requested_by.clone().unwrap_or_default();
+    let by = recorded
+        .iter()
+        .map(|r| asked_by(r).len())
+        .max()
+        .unwrap_or_default()
+        .max("REQUESTED BY".len());
     let mut expected = vec![format!(
-        "NAMESPACE  {:<width$}  TTL  ORIGIN  REQUESTED BY        STARTED               RESULT     NEW EXPIRY",
-        "TARGET"
+        "NAMESPACE  {:<width$}  TTL  ORIGIN  {:<by$}  STARTED               RESULT     NEW EXPIRY",
+        "TARGET", "REQUESTED BY"
     )];
     for record in &recorded {
         let status = record.status.as_ref().unwrap();
         expected.push(format!(
-            "fleet      {:<width$}  {}   Manual  kubectl-ck8s-certs  {}  Succeeded  {}",
+            "fleet      {:<width$}  {}   {:<6}  {:<by$}  {}  Succeeded  {}",
             worker.machine,
             record.spec.ttl,
+            format!("{:?}", record.spec.origin),
+            asked_by(record),
             when(status.started_at.as_ref().unwrap().0),
             when(status.new_expiry.as_ref().unwrap().0),
         ));
     }
+    assert_eq!(
+        recorded
+            .iter()
+            .map(|r| format!("{:?}", r.spec.origin))
+            .collect::<Vec<_>>(),
+        ["Fleet", "Manual"]
+    );
     assert_eq!(history.lines().collect::<Vec<_>>(), expected, "{history}");
     assert_eq!(recorded[0].spec.ttl, "2y");
 }
