@@ -10,6 +10,7 @@
 pub mod admission;
 pub mod capi_version;
 pub mod cli;
+pub mod clock;
 pub mod controllers;
 pub mod failpoint;
 pub mod health;

@@ -51,6 +51,8 @@ pub struct Context {
     pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
     pub config: Config,
+    /// The time decisions are taken at.
+    pub clock: crate::clock::SharedClock,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -246,7 +248,7 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         // (from the cache: no read).
         return Ok(Action::requeue(ctx.config.interval));
     }
-    let now = Timestamp::now();
+    let now = ctx.clock.now();
     let secret = format!("{namespace}/{}", kubeconfig_secret_name(&name));
     let key = (namespace.clone(), name.clone());
     let recent = ctx.readings.lock().ok().and_then(|readings| {

@@ -219,6 +219,8 @@ pub(super) struct PolicyFeeds<P, M> {
     pub(super) siblings: P,
     pub(super) machines: M,
     pub(super) stores: Stores,
+    /// The time decisions are taken at.
+    pub(super) clock: crate::clock::SharedClock,
 }
 
 /// Reports on every CertificateRenewalPolicy. A Machine or policy change re-checks the policies
@@ -256,6 +258,7 @@ where
         machines: feeds.stores.machines.clone(),
         clusters: feeds.stores.clusters.clone(),
         policies: feeds.stores.policies.clone(),
+        clock: feeds.clock,
     });
     Controller::for_stream_with(feeds.policies, feeds.stores.policies, resource.clone())
         .graceful_shutdown_on(stop.cancelled_owned())

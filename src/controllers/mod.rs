@@ -156,7 +156,10 @@ pub async fn run(
             instance: std::env::var("POD_NAME").ok(),
         },
     );
+    // One clock for every controller.
+    let clock = crate::clock::SystemClock::shared();
     let credentials = cluster_credentials::Context {
+        clock: clock.clone(),
         readings: Default::default(),
         client: client.clone(),
         capi,
@@ -171,6 +174,7 @@ pub async fn run(
         },
     };
     let fleet_ctx = Arc::new(fleet::Context {
+        clock: clock.clone(),
         client: client.clone(),
         capi,
         stores: stores.clone(),
@@ -187,6 +191,7 @@ pub async fn run(
     let (wakes, woken) = futures::channel::mpsc::unbounded::<executor::Waiter>();
     let woken = woken.map(move |w| ObjectRef::new_with(&w.machine, capi).within(&w.namespace));
     let ctx = Arc::new(machine::Context {
+        clock: clock.clone(),
         client: client.clone(),
         capi,
         workload: crate::workload::Clients::new(client.clone()),
@@ -216,7 +221,7 @@ pub async fn run(
             stop.clone(),
         ),
         outcomes: machine::KeptOutcomes::default(),
-        shard: shard::Shard::new(client.clone(), carrier),
+        shard: shard::Shard::new(client.clone(), carrier, clock.clone()),
         metrics: metrics.clone(),
         stop: stop.clone(),
     });
@@ -323,6 +328,7 @@ pub async fn run(
             siblings: policy_sibling_events,
             machines: policy_machine_events,
             stores: stores.clone(),
+            clock: clock.clone(),
         },
         stop.clone(),
     );

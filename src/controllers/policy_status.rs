@@ -11,7 +11,6 @@ use ck8s_certs_api::machine::{Cluster, ClusterView, Machine, MachineView};
 use ck8s_certs_api::renewal_policy::{
     CertificateRenewalPolicy, CertificateRenewalPolicyStatus, conditions, reasons,
 };
-use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -29,6 +28,8 @@ pub struct Context {
     pub machines: Store<Machine>,
     pub clusters: Store<Cluster>,
     pub policies: Store<DynamicObject>,
+    /// The time decisions are taken at.
+    pub clock: crate::clock::SharedClock,
 }
 
 pub fn error_policy(
@@ -55,7 +56,7 @@ pub async fn reconcile(
 ) -> Result<Action, kube::Error> {
     let namespace = object.namespace().unwrap_or_default();
     let name = object.name_any();
-    let now = Timestamp::now();
+    let now = ctx.clock.now();
     let generation = object.metadata.generation;
     let raw = serde_json::to_value(object.as_ref()).unwrap_or_default();
     let policy: Result<CertificateRenewalPolicy, _> = serde_json::from_value(raw.clone());

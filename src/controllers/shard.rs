@@ -132,6 +132,8 @@ pub struct Shard {
     ours: Option<Carrier>,
     /// Per Lease: the record last read and when (our clock) it last changed.
     observed: Mutex<HashMap<String, (Option<LeaseSpec>, Instant)>>,
+    /// The time decisions are taken at.
+    clock: crate::clock::SharedClock,
 }
 
 /// What [`Shard::claim`] found.
@@ -145,11 +147,12 @@ pub enum Claimed {
 
 impl Shard {
     /// `ours` is `None` without leader election (no Lease: nobody can be told to wait for us).
-    pub fn new(client: Client, ours: Option<Carrier>) -> Self {
+    pub fn new(client: Client, ours: Option<Carrier>, clock: crate::clock::SharedClock) -> Self {
         Self {
             client,
             ours,
             observed: Mutex::new(HashMap::new()),
+            clock,
         }
     }
 
@@ -268,7 +271,7 @@ impl Shard {
             true,
             ck8s_certs_api::reasons::condition_reasons::REFRESH_IN_PROGRESS,
             message,
-            Timestamp::now(),
+            self.clock.now(),
         );
         // Not written when the carrier wrote first: shown at the next look, if still needed.
         write_unchanged(&api, &fresh, &status, manager).await?;
@@ -317,7 +320,7 @@ pub async fn gate(
 ) -> Result<Option<Duration>, ShardError> {
     let op = match step {
         Step::Resume(op) => op,
-        Step::Record(op) if leave_record(op, Timestamp::now()) => op,
+        Step::Record(op) if leave_record(op, shard.clock.now()) => op,
         _ => return Ok(None),
     };
     match shard.check(op).await? {

@@ -26,7 +26,6 @@ use ck8s_certs_api::certificate_refresh::{CertificateRefresh, MachinePhase, Requ
 use ck8s_certs_api::control_plane::{ControlPlane, ControlPlaneVersion};
 use ck8s_certs_api::machine::{CapiVersion, ClusterView, Machine, MachineView};
 use ck8s_certs_api::machine_certificates::{MachineCertificates, Phase};
-use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -71,6 +70,8 @@ pub struct Context {
     pub synced: tokio::sync::watch::Receiver<bool>,
     /// The CK8s control plane kind's version and cache, once it is served (its trigger).
     pub control_planes: ControlPlanes,
+    /// The time decisions are taken at.
+    pub clock: crate::clock::SharedClock,
 }
 
 /// The CK8s control plane kind, set once it is discovered (it may be installed after we start).
@@ -138,7 +139,7 @@ pub async fn reconcile(
         .clone()
         .or_else(|| clusters.first().cloned());
     hold_move(&ctx, &api, &request, cluster.as_deref()).await?;
-    let now = Timestamp::now();
+    let now = ctx.clock.now();
     let mut world = World {
         machines: views.map(|views| views.iter().map(|v| state_of(&ctx, v, &name)).collect()),
         clusters,

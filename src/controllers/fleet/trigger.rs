@@ -274,7 +274,7 @@ async fn handle(ctx: &Context, object: Triggered<'_>) -> Result<Action, Error> {
         ..
     } = &object;
     let last = annotations.get(FLEET_REQUEST);
-    let (ttl, request) = match step(name, trigger, pending, last, jiff::Timestamp::now()) {
+    let (ttl, request) = match step(name, trigger, pending, last, ctx.clock.now()) {
         Step::Nothing => return Ok(Action::await_change()),
         Step::Withdraw { name: request } => {
             let ops = vec![

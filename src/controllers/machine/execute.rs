@@ -191,7 +191,7 @@ impl Reconciler<'_> {
             true,
             why::REFRESH_IN_PROGRESS,
             message,
-            Self::now(),
+            self.now(),
         );
         if *status != before {
             self.write_status(status).await?;
@@ -256,7 +256,7 @@ impl executor::Journal for RequestJournal<'_, '_> {
     }
 
     fn now(&self) -> Timestamp {
-        Reconciler::now()
+        self.reconciler.now()
     }
 }
 

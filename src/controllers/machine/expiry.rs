@@ -24,7 +24,7 @@ impl Reconciler<'_> {
         mut status: MachineCertificatesStatus,
         cluster: ClusterView,
     ) -> Result<Action, Error> {
-        let now = Self::now();
+        let now = self.now();
         let role = self.role();
         let pin = status
             .k8sd_fingerprint

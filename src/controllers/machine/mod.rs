@@ -91,6 +91,8 @@ pub struct Context {
     /// Our identity among the --watch-filter shards, and what we saw of the others' Leases.
     pub shard: super::shard::Shard,
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// The time decisions are taken at.
+    pub clock: crate::clock::SharedClock,
     /// Cancelled when the process is asked to stop: operations not yet started on a node are
     /// left for the next leader; those already started finish.
     pub stop: tokio_util::sync::CancellationToken,
@@ -231,8 +233,8 @@ struct Node {
 }
 
 impl Reconciler<'_> {
-    fn now() -> Timestamp {
-        Timestamp::now()
+    fn now(&self) -> Timestamp {
+        self.ctx.clock.now()
     }
 
     fn role(&self) -> Role {
@@ -364,7 +366,7 @@ impl Reconciler<'_> {
         {
             return Ok(Action::requeue(retry));
         }
-        let now = Self::now();
+        let now = self.now();
         if !matches!(step, Step::Reapplied { .. } | Step::Ignore) {
             // The trigger its owner kept applying is gone (or changed): the refusal is over.
             self.clear_refusal(&mut status, now).await?;

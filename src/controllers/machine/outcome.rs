@@ -28,7 +28,7 @@ impl Reconciler<'_> {
         mut op: Operation,
         result: Result<(), Failure>,
     ) -> Result<Action, Error> {
-        let now = Self::now();
+        let now = self.now();
         let outcome = if result.is_ok() {
             "succeeded"
         } else {
@@ -123,7 +123,7 @@ impl Reconciler<'_> {
         }
         if status.operation.as_ref() != Some(op) {
             let mut concluded = op.clone();
-            let now = op.finished_at.as_ref().map_or_else(Self::now, |t| t.0);
+            let now = op.finished_at.as_ref().map_or_else(|| self.now(), |t| t.0);
             conclude(&mut status, &mut concluded, ending_of(op), now);
             self.write_status(&status).await?;
         }

@@ -28,7 +28,7 @@ impl Reconciler<'_> {
         trigger: &str,
         error: String,
     ) -> Result<Action, Error> {
-        let now = Self::now();
+        let now = self.now();
         let mut op = Operation {
             request: self.request(),
             fleet: self.fleet(),
@@ -217,7 +217,7 @@ impl Reconciler<'_> {
                 Some(trigger.clone()),
                 trigger,
                 ttl.as_seconds(),
-                Time(Self::now()),
+                Time(self.now()),
             )
         };
         self.announce_and_execute(status, op, announcement, cluster)
@@ -248,7 +248,7 @@ impl Reconciler<'_> {
                 None,
                 ttl.to_string(),
                 ttl.as_seconds(),
-                Time(Self::now()),
+                Time(self.now()),
             )
         };
         self.announce_and_execute(status, op, announcement, cluster)

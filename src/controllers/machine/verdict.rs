@@ -23,7 +23,7 @@ impl Reconciler<'_> {
     ) -> Result<Action, Error> {
         use crate::controllers::governing_policy::{CONFIG_INVALID, Governing, Verdict, with_hint};
         use crate::policy::{Decision, DeferReason, RenewReason};
-        let now = Self::now();
+        let now = self.now();
         let resync = self.ctx.config.resync;
         let hint =
             |ttl: &str| crate::controllers::governing_policy::renew_now_hint(&self.view, ttl);
