@@ -42,6 +42,8 @@ use crate::refresh::{ApproveApi, NodeApi};
 pub mod admission;
 mod attempts;
 mod failure;
+#[cfg(test)]
+mod scripted;
 
 pub use admission::{Admission, Busy, Guard, Waiter};
 pub use failure::{ApiError, Failure, Wait, deadline_after, truncate};

@@ -9,6 +9,7 @@ use ck8s_certs_api::machine_certificates::{Origin, Phase};
 use futures::channel::mpsc;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use super::scripted::{api, no_answer, refused};
 use super::*;
 use crate::k8sd::wire::{PlanResponse, RunRequest, RunResponse};
 
@@ -23,30 +24,6 @@ fn push(log: &Log, entry: impl Into<String>) {
 
 fn entries(log: &Log) -> Vec<String> {
     log.lock().unwrap().clone()
-}
-
-fn no_answer(endpoint: &str) -> K8sdError {
-    K8sdError::Timeout {
-        node: "n".into(),
-        endpoint: endpoint.into(),
-        timeout: Duration::from_secs(10),
-    }
-}
-
-fn refused() -> K8sdError {
-    K8sdError::Connect {
-        node: "n".into(),
-        route: "port-forward".into(),
-        reason: "connection refused".into(),
-    }
-}
-
-fn api(status: u16, message: &str) -> K8sdError {
-    K8sdError::Api {
-        endpoint: "x".into(),
-        status,
-        message: message.into(),
-    }
 }
 
 /// A scripted node: each `plan` pops a seed (or an error), each `run` an expiry (or an error);
@@ -256,6 +233,20 @@ fn accepted(machine: &str, role: Role, op: Operation) -> Accepted {
     }
 }
 
+/// Runs `op` of `machine` (in cluster `c`) through `executor`.
+async fn go(
+    executor: &Executor,
+    machine: &str,
+    role: Role,
+    op: Operation,
+    link: &mut Link,
+    journal: &mut Journal,
+) -> Finished<Node> {
+    executor
+        .execute(accepted(machine, role, op), link, journal)
+        .await
+}
+
 fn woken(rx: &mut mpsc::UnboundedReceiver<Waiter>) -> Vec<String> {
     let mut names = Vec::new();
     while let Ok(w) = rx.try_recv() {
@@ -285,13 +276,15 @@ async fn a_control_plane_is_refreshed_and_keeps_its_cluster_until_it_answers_aga
     let log = Log::default();
     let (executor, mut rx) = executor();
     let mut link = node(&log, "cp-0", vec![Ok(42)], vec![Ok(EXPIRY)]);
-    let finished = executor
-        .execute(
-            accepted("cp-0", Role::ControlPlane, operation(None, 0)),
-            &mut link,
-            &mut journal(&log),
-        )
-        .await;
+    let finished = go(
+        &executor,
+        "cp-0",
+        Role::ControlPlane,
+        operation(None, 0),
+        &mut link,
+        &mut journal(&log),
+    )
+    .await;
     assert_eq!(
         said(&finished),
         format!("ran Succeeded expiry={EXPIRY} settle=true")
@@ -316,13 +309,15 @@ async fn a_control_plane_is_refreshed_and_keeps_its_cluster_until_it_answers_aga
     // While it settles, the cluster is taken: a second control plane and a worker wait.
     settle.spawn();
     let mut other = node(&log, "cp-1", vec![Ok(7)], vec![Ok(EXPIRY)]);
-    let waiting = executor
-        .execute(
-            accepted("cp-1", Role::ControlPlane, operation(None, 0)),
-            &mut other,
-            &mut journal(&log),
-        )
-        .await;
+    let waiting = go(
+        &executor,
+        "cp-1",
+        Role::ControlPlane,
+        operation(None, 0),
+        &mut other,
+        &mut journal(&log),
+    )
+    .await;
     assert_eq!(
         said(&waiting),
         "wait: another control plane of the cluster is being refreshed"
@@ -337,13 +332,15 @@ async fn a_control_plane_is_refreshed_and_keeps_its_cluster_until_it_answers_aga
         3
     );
     assert_eq!(woken(&mut rx), ["cp-1"]);
-    let finished = executor
-        .execute(
-            accepted("cp-1", Role::ControlPlane, operation(None, 0)),
-            &mut other,
-            &mut journal(&log),
-        )
-        .await;
+    let finished = go(
+        &executor,
+        "cp-1",
+        Role::ControlPlane,
+        operation(None, 0),
+        &mut other,
+        &mut journal(&log),
+    )
+    .await;
     assert!(
         said(&finished).starts_with("ran Succeeded"),
         "{}",
@@ -360,13 +357,15 @@ async fn a_worker_runs_while_a_control_plane_approves_and_an_approve_error_is_no
     link.approver.as_mut().unwrap().answers =
         (0..10).map(|_| Err(api(500, "already approved"))).collect();
     link.node.as_mut().unwrap().run_takes = Duration::from_secs(3);
-    let finished = executor
-        .execute(
-            accepted("w-0", Role::Worker, operation(None, 0)),
-            &mut link,
-            &mut journal(&log),
-        )
-        .await;
+    let finished = go(
+        &executor,
+        "w-0",
+        Role::Worker,
+        operation(None, 0),
+        &mut link,
+        &mut journal(&log),
+    )
+    .await;
     let Finished::Ran { op, settle } = finished else {
         panic!("not run: {}", said(&finished));
     };
@@ -396,13 +395,15 @@ async fn a_lost_answer_is_followed_by_a_new_plan_and_a_restart_counts_the_runs_s
         vec![Ok(1), Ok(2)],
         vec![Err(no_answer("run")), Ok(EXPIRY)],
     );
-    let finished = executor
-        .execute(
-            accepted("cp-0", Role::ControlPlane, operation(None, 0)),
-            &mut link,
-            &mut journal(&log),
-        )
-        .await;
+    let finished = go(
+        &executor,
+        "cp-0",
+        Role::ControlPlane,
+        operation(None, 0),
+        &mut link,
+        &mut journal(&log),
+    )
+    .await;
     assert!(said(&finished).starts_with("ran Succeeded"));
     // Its settle is not started: the cluster is free.
     drop(finished);
@@ -455,24 +456,28 @@ async fn a_journal_that_cannot_record_the_seed_stops_the_operation_before_run() 
         refuse: Some(|| Failure::Api("the API server refused the write".into())),
         ..journal(&log)
     };
-    let finished = executor
-        .execute(
-            accepted("cp-0", Role::ControlPlane, operation(None, 0)),
-            &mut link,
-            &mut journal,
-        )
-        .await;
+    let finished = go(
+        &executor,
+        "cp-0",
+        Role::ControlPlane,
+        operation(None, 0),
+        &mut link,
+        &mut journal,
+    )
+    .await;
     assert_eq!(said(&finished), "failed: the API server refused the write");
     assert!(!entries(&log).iter().any(|e| e.contains(" run ")));
     // The cluster is free again at once.
     let mut next = node(&log, "cp-1", vec![Ok(1)], vec![Ok(EXPIRY)]);
-    let finished = executor
-        .execute(
-            accepted("cp-1", Role::ControlPlane, operation(None, 0)),
-            &mut next,
-            &mut self::journal(&log),
-        )
-        .await;
+    let finished = go(
+        &executor,
+        "cp-1",
+        Role::ControlPlane,
+        operation(None, 0),
+        &mut next,
+        &mut self::journal(&log),
+    )
+    .await;
     assert!(said(&finished).starts_with("ran"), "{}", said(&finished));
 }
 
@@ -481,13 +486,15 @@ async fn a_hung_worker_gives_its_cluster_back_between_tries_so_a_control_plane_g
     let log = Log::default();
     let (executor, _rx) = executor();
     let mut worker = node(&log, "w-0", vec![Err(no_answer("plan"))], vec![]);
-    let first = executor
-        .execute(
-            accepted("w-0", Role::Worker, operation(None, 0)),
-            &mut worker,
-            &mut journal(&log),
-        )
-        .await;
+    let first = go(
+        &executor,
+        "w-0",
+        Role::Worker,
+        operation(None, 0),
+        &mut worker,
+        &mut journal(&log),
+    )
+    .await;
     assert!(
         said(&first).starts_with("wait: the node's k8sd"),
         "{}",
@@ -495,13 +502,15 @@ async fn a_hung_worker_gives_its_cluster_back_between_tries_so_a_control_plane_g
     );
     // Between the worker's tries, a control plane of its cluster refreshes.
     let mut cp = node(&log, "cp-0", vec![Ok(3)], vec![Ok(EXPIRY)]);
-    let finished = executor
-        .execute(
-            accepted("cp-0", Role::ControlPlane, operation(None, 0)),
-            &mut cp,
-            &mut journal(&log),
-        )
-        .await;
+    let finished = go(
+        &executor,
+        "cp-0",
+        Role::ControlPlane,
+        operation(None, 0),
+        &mut cp,
+        &mut journal(&log),
+    )
+    .await;
     let Finished::Ran { settle, .. } = finished else {
         panic!("the control plane waited for the hung worker");
     };
@@ -512,13 +521,15 @@ async fn a_hung_worker_gives_its_cluster_back_between_tries_so_a_control_plane_g
     for _ in 0..2 {
         let mut worker = node(&log, "w-0", vec![Err(no_answer("plan"))], vec![]);
         last = said(
-            &executor
-                .execute(
-                    accepted("w-0", Role::Worker, operation(None, 0)),
-                    &mut worker,
-                    &mut journal,
-                )
-                .await,
+            &go(
+                &executor,
+                "w-0",
+                Role::Worker,
+                operation(None, 0),
+                &mut worker,
+                &mut journal,
+            )
+            .await,
         );
     }
     assert!(last.contains("(3 tries)"), "{last}");
@@ -567,13 +578,15 @@ async fn workers_wait_for_their_cluster_s_control_planes_and_for_a_place() {
     );
     // The control plane's refresh wakes it.
     let mut cp = node(&log, "cp-0", vec![Ok(3)], vec![Ok(EXPIRY)]);
-    let Finished::Ran { settle, .. } = executor
-        .execute(
-            accepted("cp-0", Role::ControlPlane, operation(None, 0)),
-            &mut cp,
-            &mut self::journal(&log),
-        )
-        .await
+    let Finished::Ran { settle, .. } = go(
+        &executor,
+        "cp-0",
+        Role::ControlPlane,
+        operation(None, 0),
+        &mut cp,
+        &mut self::journal(&log),
+    )
+    .await
     else {
         panic!("the control plane did not run");
     };
@@ -605,23 +618,27 @@ async fn workers_wait_for_their_cluster_s_control_planes_and_for_a_place() {
             },
         )
         .unwrap();
-    let waiting = executor
-        .execute(
-            accepted("w-0", Role::Worker, operation(None, 0)),
-            &mut link,
-            &mut journal,
-        )
-        .await;
+    let waiting = go(
+        &executor,
+        "w-0",
+        Role::Worker,
+        operation(None, 0),
+        &mut link,
+        &mut journal,
+    )
+    .await;
     assert!(said(&waiting).contains("(--max-worker-refreshes-per-cluster)"));
     drop(a);
     assert_eq!(woken(&mut rx), ["w-0"]);
-    let finished = executor
-        .execute(
-            accepted("w-0", Role::Worker, operation(None, 0)),
-            &mut link,
-            &mut journal,
-        )
-        .await;
+    let finished = go(
+        &executor,
+        "w-0",
+        Role::Worker,
+        operation(None, 0),
+        &mut link,
+        &mut journal,
+    )
+    .await;
     assert!(said(&finished).starts_with("ran"), "{}", said(&finished));
 }
 
@@ -636,13 +653,15 @@ async fn a_restarting_workload_api_is_waited_for_then_given_up_on() {
     let mut journal = journal(&log);
     let mut waited = Duration::ZERO;
     let last = loop {
-        let finished = executor
-            .execute(
-                accepted("cp-0", Role::ControlPlane, operation(None, 0)),
-                &mut link,
-                &mut journal,
-            )
-            .await;
+        let finished = go(
+            &executor,
+            "cp-0",
+            Role::ControlPlane,
+            operation(None, 0),
+            &mut link,
+            &mut journal,
+        )
+        .await;
         match finished {
             Finished::Wait { after, .. } => {
                 waited += after;
@@ -666,13 +685,15 @@ async fn a_stopping_process_starts_nothing_new() {
     let (executor, _rx) = executor();
     executor.stop.cancel();
     let mut link = node(&log, "cp-0", vec![Ok(1)], vec![Ok(EXPIRY)]);
-    let finished = executor
-        .execute(
-            accepted("cp-0", Role::ControlPlane, operation(None, 0)),
-            &mut link,
-            &mut journal(&log),
-        )
-        .await;
+    let finished = go(
+        &executor,
+        "cp-0",
+        Role::ControlPlane,
+        operation(None, 0),
+        &mut link,
+        &mut journal(&log),
+    )
+    .await;
     assert_eq!(said(&finished), "stopping");
     assert!(entries(&log).is_empty());
 }

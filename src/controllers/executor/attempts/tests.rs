@@ -8,6 +8,7 @@ use std::time::Duration;
 use ck8s_certs_api::machine_certificates::Origin;
 
 use super::*;
+use crate::controllers::executor::scripted::{self, api, refused};
 use crate::k8sd::K8sdError;
 use crate::k8sd::wire::{PlanResponse, RunResponse};
 
@@ -25,27 +26,7 @@ fn entries(log: &Log) -> Vec<String> {
 const EXPIRY: i64 = 1_900_000_000;
 
 fn no_answer() -> K8sdError {
-    K8sdError::Timeout {
-        node: "n".into(),
-        endpoint: "run".into(),
-        timeout: Duration::from_secs(30),
-    }
-}
-
-fn refused() -> K8sdError {
-    K8sdError::Connect {
-        node: "n".into(),
-        route: "port-forward".into(),
-        reason: "connection refused".into(),
-    }
-}
-
-fn api(status: u16, message: &str) -> K8sdError {
-    K8sdError::Api {
-        endpoint: "x".into(),
-        status,
-        message: message.into(),
-    }
+    scripted::no_answer("run")
 }
 
 /// A scripted node: each `plan` pops a seed (or an error), each `run` an expiry (or an error).
