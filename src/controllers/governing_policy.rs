@@ -194,6 +194,32 @@ impl PolicyReadings {
     }
 }
 
+/// The generation of each policy last seen, to tell a change of its spec (which can change
+/// every verdict of its namespace) from a write of its status alone (its own controller's
+/// `matchedMachines`, which changes none).
+#[derive(Default)]
+pub struct PolicyGenerations(Mutex<HashMap<String, Option<i64>>>);
+
+impl PolicyGenerations {
+    /// Whether `policy` is new or its generation changed since last seen. Policies no longer in
+    /// `current` are forgotten now and then.
+    pub fn changed(&self, policy: &DynamicObject, current: &Store<DynamicObject>) -> bool {
+        let key = policy.metadata.uid.clone().unwrap_or_default();
+        let mut seen = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let changed =
+            seen.insert(key, policy.metadata.generation) != Some(policy.metadata.generation);
+        if seen.len() > current.state().len() + 16 {
+            let uids: std::collections::HashSet<String> = current
+                .state()
+                .iter()
+                .filter_map(|p| p.metadata.uid.clone())
+                .collect();
+            seen.retain(|uid, _| uids.contains(uid));
+        }
+        changed
+    }
+}
+
 pub fn governing(
     policies: &Store<DynamicObject>,
     readings: &PolicyReadings,

@@ -235,24 +235,10 @@ pub async fn run(
     // (its generation unchanged, as its own controller writes `matchedMachines`) re-checks none.
     let machines_seen = stores.machines.clone();
     let policies_seen = stores.policies.clone();
-    let generations = std::sync::Mutex::new(std::collections::HashMap::new());
+    let generations = governing_policy::PolicyGenerations::default();
     let machines_of_namespace = move |policy: DynamicObject| {
-        let key = policy.metadata.uid.clone().unwrap_or_default();
-        {
-            let mut seen = generations
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if seen.insert(key, policy.metadata.generation) == Some(policy.metadata.generation) {
-                return Vec::new();
-            }
-            if seen.len() > policies_seen.state().len() + 16 {
-                let current: std::collections::HashSet<_> = policies_seen
-                    .state()
-                    .iter()
-                    .filter_map(|p| p.metadata.uid.clone())
-                    .collect();
-                seen.retain(|uid, _| current.contains(uid));
-            }
+        if !generations.changed(&policy, &policies_seen) {
+            return Vec::new();
         }
         let namespace = policy.namespace();
         machines_seen

@@ -146,3 +146,67 @@ fn an_unchanged_reading_gives_an_equal_status() {
         Some(Time(at(NOW + 10 * DAY)))
     );
 }
+
+/// A Cluster's expiry series goes with the Cluster: the shipped alerts would otherwise fire for
+/// clusters that are gone.
+#[tokio::test]
+async fn the_series_of_a_deleted_cluster_are_dropped_by_the_sweep() {
+    let client =
+        kube::Client::try_from(kube::Config::new("https://127.0.0.1:1".parse().unwrap())).unwrap();
+    let metrics = Arc::new(Metrics::default());
+    let ctx = Context {
+        readings: Default::default(),
+        client: client.clone(),
+        capi: CapiVersion::V1Beta2,
+        machines: kube::runtime::reflector::store::Writer::<Machine>::new(CapiVersion::V1Beta2)
+            .as_reader(),
+        records: kube::runtime::reflector::store::Writer::<ClusterCertificates>::new(())
+            .as_reader(),
+        recorder: Recorder::new(
+            client,
+            kube::runtime::events::Reporter {
+                controller: "test".into(),
+                instance: None,
+            },
+        ),
+        metrics: metrics.clone(),
+        config: Config {
+            warning: WARNING,
+            interval: Duration::from_secs(3600),
+        },
+        clock: crate::clock::SystemClock::shared(),
+    };
+    for cluster in ["gone", "kept"] {
+        let reading = read(Some(NOW + 100 * DAY), Some(NOW + 900 * DAY));
+        export(&metrics, "ns", cluster, &reading);
+        ctx.readings.lock().unwrap().insert(
+            ("ns".into(), cluster.into()),
+            (std::time::Instant::now(), reading),
+        );
+    }
+    let series = |cluster: &str| {
+        metrics
+            .encode()
+            .unwrap()
+            .lines()
+            .filter(|l| {
+                l.starts_with("ck8s_certs_kubeconfig_expiry_timestamp_seconds{")
+                    && l.contains(&format!("cluster=\"{cluster}\""))
+            })
+            .count()
+    };
+    assert_eq!((series("gone"), series("kept")), (2, 2));
+    // Only "kept" is still in the cache.
+    let mut clusters =
+        kube::runtime::reflector::store::Writer::<Cluster>::new(CapiVersion::V1Beta2);
+    let kept: Cluster = serde_json::from_value(serde_json::json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+        "metadata": { "name": "kept", "namespace": "ns" },
+        "spec": {},
+    }))
+    .unwrap();
+    clusters.apply_watcher_event(&kube::runtime::watcher::Event::Apply(kept));
+    sweep(&ctx, &clusters.as_reader());
+    assert_eq!((series("gone"), series("kept")), (0, 2));
+    assert_eq!(ctx.readings.lock().unwrap().len(), 1);
+}

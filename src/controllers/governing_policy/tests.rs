@@ -322,3 +322,15 @@ fn policies_are_decoded_once_per_generation_and_forgotten_when_gone() {
     let _ = governs(&without);
     assert_eq!(readings.len(), 1);
 }
+
+#[test]
+fn only_a_new_generation_of_a_policy_re_checks_its_machines() {
+    let generations = PolicyGenerations::default();
+    let spec = serde_json::json!({ "policy": "Automatic", "clusterSelector": { "matchLabels": { "env": "prod" } } });
+    let current = store(&[policy_object("auto", 1, spec.clone())]);
+    assert!(generations.changed(&policy_object("auto", 1, spec.clone()), &current));
+    // Its status written (matchedMachines): the same generation.
+    assert!(!generations.changed(&policy_object("auto", 1, spec.clone()), &current));
+    // Its spec edited.
+    assert!(generations.changed(&policy_object("auto", 2, spec), &current));
+}
