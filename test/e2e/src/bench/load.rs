@@ -46,6 +46,22 @@ pub struct LatencyFigures {
     pub max_ms: f64,
 }
 
+/// Workers waiting for the control planes of their clusters.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct WaitingFigures {
+    /// Workers annotated while a control plane of their cluster was being refreshed.
+    pub workers: usize,
+    pub clusters: usize,
+    /// The length of the measurement, after every worker was taken up.
+    pub window_seconds: f64,
+    /// The controller's CPU time over the window.
+    pub cpu_seconds: f64,
+    /// API requests of the controller over the window.
+    pub api_requests: usize,
+    /// `run`s the waiting workers received in the window (0: they waited).
+    pub worker_runs: usize,
+}
+
 /// Calls of one worker refresh on the critical path: plan and run on the worker, approve on a
 /// control plane.
 const CALLS_PER_WORKER_REFRESH: u32 = 3;
@@ -64,6 +80,75 @@ pub async fn annotate(env: &Environment, client: &Client, node: &NodeInfo) -> Re
         .await
         .map(drop)
         .map_err(Error::Kube)
+}
+
+/// What waiting costs: one control plane per cluster is refreshed while its `plan` hangs (it is
+/// tried again, and stays pending, for about a minute), and `workers` of those clusters are
+/// annotated at once; over `window` (after they have been taken up) the controller's CPU time
+/// and API requests are measured while the workers wait for their control planes.
+pub async fn waiting_cost(
+    env: &Environment,
+    audit: &mut AuditTail,
+    user: &str,
+    pid: u32,
+    control_planes: &[&NodeInfo],
+    workers: &[&NodeInfo],
+    window: Duration,
+) -> Result<WaitingFigures, Error> {
+    use crate::sim::Endpoint;
+    let client = env.management().await?;
+    for node in control_planes {
+        env.sim
+            .inject(&Fault::hang().on(node).at(Endpoint::Plan))
+            .await
+            .map_err(|e| Error::Sim(e.to_string()))?;
+    }
+    for node in control_planes {
+        annotate(env, &client, node).await?;
+    }
+    futures::stream::iter(workers.iter().map(|node| annotate(env, &client, node)))
+        .buffer_unordered(16)
+        .try_collect::<Vec<()>>()
+        .await?;
+    // Every worker taken up (in-progress) before the window opens.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let probe = super::probe::ProcessProbe { pid };
+    let runs_before = worker_runs(env, workers).await?;
+    let cpu_before = probe.cpu_seconds().unwrap_or_default();
+    let from = Timestamp::now();
+    tokio::time::sleep(window).await;
+    let cpu = probe.cpu_seconds().unwrap_or_default() - cpu_before;
+    audit.refresh();
+    let requests = audit.requests(user, from, Timestamp::now()).other;
+    let runs = worker_runs(env, workers).await? - runs_before;
+    Ok(WaitingFigures {
+        workers: workers.len(),
+        clusters: control_planes.len(),
+        window_seconds: window.as_secs_f64(),
+        cpu_seconds: cpu,
+        api_requests: requests,
+        worker_runs: runs,
+    })
+}
+
+/// `run`s received so far by `workers`.
+async fn worker_runs(env: &Environment, workers: &[&NodeInfo]) -> Result<usize, Error> {
+    let calls = env
+        .sim
+        .calls("", "")
+        .await
+        .map_err(|e| Error::Sim(e.to_string()))?;
+    let names: std::collections::HashSet<(&str, &str)> = workers
+        .iter()
+        .map(|n| (n.cluster.as_str(), n.node.as_str()))
+        .collect();
+    Ok(calls
+        .iter()
+        .filter(|c| {
+            c.path == ck8s_certs::k8sd::wire::path::RUN
+                && names.contains(&(c.cluster.as_str(), c.node.as_str()))
+        })
+        .count())
 }
 
 /// Refreshes `nodes` all at once and waits until each finished (or `timeout`).

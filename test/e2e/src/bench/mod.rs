@@ -46,6 +46,13 @@ pub struct Options {
     /// Annotate → in-progress samples (0 skips them).
     #[arg(long, default_value_t = 100)]
     pub latency_samples: usize,
+    /// Workers annotated while a control plane of each cluster is pending, for the cost of
+    /// waiting (0 skips it).
+    #[arg(long, default_value_t = 1000)]
+    pub waiting: usize,
+    /// How long the waiting workers are measured.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "45s")]
+    pub waiting_window: Duration,
     /// Skip the reference manager.
     #[arg(long)]
     pub no_reference: bool,
@@ -150,7 +157,7 @@ pub async fn run(options: &Options) -> Result<report::Report, crate::Error> {
         );
     }
 
-    if options.refreshes > 0 || options.latency_samples > 0 {
+    if options.refreshes > 0 || options.latency_samples > 0 || options.waiting > 0 {
         eprintln!("bench: ck8s-certs under load…");
         let mut args = options.controller_args.clone();
         if let Some(c) = options.concurrency {
@@ -203,6 +210,27 @@ pub async fn run(options: &Options) -> Result<report::Report, crate::Error> {
             let picked: Vec<&crate::fixtures::NodeInfo> =
                 workers.iter().rev().take(samples).copied().collect();
             report.latency = Some(load::in_progress_latency(&env, &watch, &picked).await?);
+        }
+        let spare = &workers[batch..workers.len() - samples];
+        let waiting = options.waiting.min(spare.len());
+        if waiting > 0 {
+            let control_planes: Vec<&crate::fixtures::NodeInfo> = env
+                .clusters
+                .iter()
+                .filter_map(|c| c.nodes_with_role(Role::ControlPlane).next())
+                .collect();
+            report.waiting = Some(
+                load::waiting_cost(
+                    &env,
+                    &mut audit,
+                    &user,
+                    process.pid(),
+                    &control_planes,
+                    &spare[..waiting],
+                    options.waiting_window,
+                )
+                .await?,
+            );
         }
         process.terminate(Duration::from_secs(30));
     }

@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use super::idle::IdleFigures;
-use super::load::{LatencyFigures, RefreshFigures};
+use super::load::{LatencyFigures, RefreshFigures, WaitingFigures};
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct Report {
@@ -18,6 +18,7 @@ pub struct Report {
     pub reference: Option<IdleFigures>,
     pub refresh: Option<RefreshFigures>,
     pub latency: Option<LatencyFigures>,
+    pub waiting: Option<WaitingFigures>,
 }
 
 fn mib(kib: u64) -> String {
@@ -178,6 +179,19 @@ impl Report {
                 r.k8sd_calls_per_refresh,
                 r.api_writes_per_refresh,
                 r.api_requests_per_refresh,
+            );
+        }
+        if let Some(w) = &self.waiting {
+            let _ = writeln!(
+                out,
+                "\n{} workers of {} clusters waiting for their control planes: {:.2} CPU s over {:.0} s ({:.2} CPU s per minute), {} API requests, {} worker runs meanwhile.",
+                w.workers,
+                w.clusters,
+                w.cpu_seconds,
+                w.window_seconds,
+                w.cpu_seconds * 60.0 / w.window_seconds.max(1.0),
+                w.api_requests,
+                w.worker_runs,
             );
         }
         if let Some(l) = &self.latency {
