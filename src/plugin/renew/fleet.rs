@@ -60,6 +60,8 @@ pub(super) async fn renew(
         ))
     };
     // The controller names the request on the Cluster once it made it.
+    let asked = tokio::time::Instant::now();
+    let mut said = false;
     let name = loop {
         let named = clusters
             .get_opt(cluster)
@@ -70,6 +72,14 @@ pub(super) async fn renew(
         }
         if tokio::time::Instant::now() >= deadline {
             return Err(gave_up());
+        }
+        if !said && asked.elapsed() > Duration::from_secs(30) {
+            said = true;
+            writeln!(
+                out,
+                "no CertificateRefresh for it yet: is the controller running, and does its --watch-filter select Cluster {cluster} (label cluster.x-k8s.io/watch-filter)?"
+            )
+            .map_err(io)?;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     };

@@ -137,8 +137,9 @@ async fn status_explain_and_renew_answer_for_a_small_fleet_and_a_reader_cannot_r
     let env = shared().await;
     let solo = env.cluster("solo");
     let nodes = solo.nodes.clone();
+    // The Cluster too: `renew --cluster` is the Cluster's trigger.
+    env.isolate_cluster("solo", FILTER).await;
     for node in &nodes {
-        env.isolate(node, FILTER).await;
         env.patch_machine(
             node,
             json!({ "metadata": { "labels": { "e2e-policy": FILTER } } }),
