@@ -28,7 +28,7 @@ pub const VERSION: &str = "v1alpha1";
     printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.clusterName"}"#,
     printcolumn = r#"{"name":"Role","type":"string","jsonPath":".status.role"}"#,
     printcolumn = r#"{"name":"Expiry","type":"string","jsonPath":".status.expiry"}"#,
-    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.operation.phase"}"#,
+    printcolumn = r#"{"name":"Refreshing","type":"string","jsonPath":".status.conditions[?(@.type==\"Refreshing\")].reason"}"#,
     printcolumn = r#"{"name":"Result","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
     printcolumn = r#"{"name":"Next Renewal","type":"string","jsonPath":".status.renewal.nextRenewalTime"}"#,
     printcolumn = r#"{"name":"Why","type":"string","jsonPath":".status.renewal.reason"}"#,
