@@ -487,6 +487,16 @@ async fn a_trigger_in_the_machine_template_refreshes_each_worker_once() {
         )
         .await
         .unwrap();
+    // The MachineSet's template too: the MachineDeployment controller propagates what it adds
+    // to its templates in place, but a removal was seen to stay in the MachineSet's.
+    env.capi_api(client.clone(), ns, "MachineSet")
+        .patch(
+            &capi_manager::machine_set_name(CLUSTER),
+            &PatchParams::default(),
+            &trigger(serde_json::Value::Null),
+        )
+        .await
+        .unwrap();
     let has_trigger = |m: &DynamicObject| {
         m.metadata
             .annotations

@@ -412,7 +412,7 @@ async fn status_explain_and_renew_answer_for_a_small_fleet_and_a_reader_cannot_r
         table
             .lines()
             .skip(1)
-            .all(|l| l.contains("(manual)") && l.ends_with("Succeeded")),
+            .all(|l| l.contains("(fleet)") && l.ends_with("Succeeded")),
         "{table}"
     );
 
