@@ -296,6 +296,15 @@ impl Executor {
         {
             Ok(guard) => guard,
             Err(busy) => {
+                // Waiting for a place in the queue is shown once (its first cause): with many
+                // refreshes queued, a write per change of cause would cost more than it tells.
+                if parked.shown.is_some() {
+                    self.keep(who, parked, op);
+                    return Finished::Wait {
+                        after: WAITING_RECHECK,
+                        why: busy.to_string(),
+                    };
+                }
                 return self
                     .park(who, parked, op, journal, busy.to_string(), WAITING_RECHECK)
                     .await;

@@ -628,6 +628,11 @@ async fn workers_wait_for_their_cluster_s_control_planes_and_for_a_place() {
     )
     .await;
     assert!(said(&waiting).contains("(--max-worker-refreshes-per-cluster)"));
+    // Shown once: the queue's causes are not written one by one.
+    assert_eq!(
+        journal.shown,
+        ["Waiting: the control planes of cluster c are refreshed first"]
+    );
     drop(a);
     assert_eq!(woken(&mut rx), ["w-0"]);
     let finished = go(

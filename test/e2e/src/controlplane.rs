@@ -193,6 +193,9 @@ impl ApiServer {
                 "--audit-log-path={}",
                 dir.join(format!("audit-{name}.log")).display()
             ),
+            // Never rotated (0 would mean lumberjack's 100 MB, which a benchmark's log passes):
+            // readers tail one file.
+            "--audit-log-maxsize=100000".into(),
             "--v=1".into(),
         ]
         .into_iter()

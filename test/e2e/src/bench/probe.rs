@@ -124,16 +124,27 @@ impl AuditTail {
         let Ok(mut file) = std::fs::File::open(&self.path) else {
             return;
         };
+        if file.metadata().is_ok_and(|m| m.len() < self.offset) {
+            // Rotated under us: the new file from its start (what the old one got after the
+            // last read is lost; the API servers here do not rotate).
+            eprintln!(
+                "bench: {} was rotated; reading the new file",
+                self.path.display()
+            );
+            self.offset = 0;
+            self.partial.clear();
+        }
         if file.seek(SeekFrom::Start(self.offset)).is_err() {
             return;
         }
-        let mut text = std::mem::take(&mut self.partial);
-        let before = text.len();
-        if file.read_to_string(&mut text).is_err() {
-            self.partial = text;
+        let mut bytes = Vec::new();
+        if file.read_to_end(&mut bytes).is_err() {
             return;
         }
-        self.offset += (text.len() - before) as u64;
+        self.offset += bytes.len() as u64;
+        // Lossy: one line with bytes that are not UTF-8 must not stop the tail for good.
+        let mut text = std::mem::take(&mut self.partial);
+        text.push_str(&String::from_utf8_lossy(&bytes));
         // A line still being written stays for the next call.
         let complete = text.rfind('\n').map_or(0, |i| i + 1);
         self.partial = text[complete..].to_owned();
