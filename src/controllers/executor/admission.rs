@@ -97,6 +97,42 @@ type ClusterKey = (String, String);
 struct State {
     clusters: HashMap<ClusterKey, ClusterState>,
     workers: usize,
+    /// Waiters woken for a place that frees, and when: the place is theirs for [`INVITED_FOR`],
+    /// so the other waiters that look meanwhile (every [`super::WAITING_RECHECK`]) do not race
+    /// them for it.
+    invited: HashMap<Waiter, (ClusterKey, Role, Instant)>,
+}
+
+/// How long a place stays kept for the waiter woken for it.
+pub const INVITED_FOR: Duration = Duration::from_secs(5);
+
+impl State {
+    /// Forgets invitations older than [`INVITED_FOR`].
+    fn expire(&mut self, now: Instant) {
+        self.invited
+            .retain(|_, (_, _, at)| now.duration_since(*at) < INVITED_FOR);
+    }
+
+    /// Places kept for others than `who`: in `cluster`, and overall (workers); and whether a
+    /// control plane of `cluster` other than `who` is invited.
+    fn kept(&self, cluster: &ClusterKey, who: &Waiter) -> (usize, usize, bool) {
+        let mut in_cluster = 0;
+        let mut overall = 0;
+        let mut control_plane = false;
+        for (waiter, (key, role, _)) in &self.invited {
+            if waiter == who {
+                continue;
+            }
+            match role {
+                Role::Worker => {
+                    overall += 1;
+                    in_cluster += usize::from(key == cluster);
+                }
+                Role::ControlPlane => control_plane |= key == cluster,
+            }
+        }
+        (in_cluster, overall, control_plane)
+    }
 }
 
 struct Inner {
@@ -145,30 +181,23 @@ impl Admission {
         let inner = &self.0;
         let now = Instant::now();
         let mut state = inner.lock();
+        state.expire(now);
         let key = (namespace.to_owned(), cluster.to_owned());
-        let workers_total = state.workers;
-        let entry = state.clusters.entry(key.clone()).or_default();
-        entry
-            .waiting
-            .retain(|(_, _, asked)| now.duration_since(*asked) < WAITER_TTL);
-        let busy = match role {
-            Role::ControlPlane if entry.control_plane => Some(Busy::ControlPlane),
-            Role::ControlPlane if entry.workers > 0 => Some(Busy::Workers),
-            Role::ControlPlane => None,
-            Role::Worker if entry.control_plane => Some(Busy::ControlPlane),
-            Role::Worker if entry.control_plane_waiting(who) => Some(Busy::ControlPlaneWaiting),
-            Role::Worker if entry.workers >= inner.per_cluster => {
-                Some(Busy::ClusterWorkers(inner.per_cluster))
-            }
-            Role::Worker if workers_total >= inner.max_workers => {
-                Some(Busy::AllWorkers(inner.max_workers))
-            }
-            Role::Worker => None,
-        };
-        if let Some(busy) = busy {
-            entry.note_waiting(who, role, now);
+        if let Some(entry) = state.clusters.get_mut(&key) {
+            entry
+                .waiting
+                .retain(|(_, _, asked)| now.duration_since(*asked) < WAITER_TTL);
+        }
+        if let Some(busy) = inner.busy(&state, &key, role, who) {
+            state
+                .clusters
+                .entry(key)
+                .or_default()
+                .note_waiting(who, role, now);
             return Err(busy);
         }
+        state.invited.remove(who);
+        let entry = state.clusters.entry(key.clone()).or_default();
         entry.waiting.retain(|(w, _, _)| w != who);
         match role {
             Role::ControlPlane => entry.control_plane = true,
@@ -187,22 +216,10 @@ impl Admission {
     /// Whether `try_enter` would let `who` go now (nothing is noted).
     pub fn would_enter(&self, namespace: &str, cluster: &str, role: Role, who: &Waiter) -> bool {
         let inner = &self.0;
-        let state = inner.lock();
-        let Some(entry) = state
-            .clusters
-            .get(&(namespace.to_owned(), cluster.to_owned()))
-        else {
-            return role == Role::ControlPlane || state.workers < inner.max_workers;
-        };
-        match role {
-            Role::ControlPlane => !entry.control_plane && entry.workers == 0,
-            Role::Worker => {
-                !entry.control_plane
-                    && !entry.control_plane_waiting(who)
-                    && entry.workers < inner.per_cluster
-                    && state.workers < inner.max_workers
-            }
-        }
+        let mut state = inner.lock();
+        state.expire(Instant::now());
+        let key = (namespace.to_owned(), cluster.to_owned());
+        inner.busy(&state, &key, role, who).is_none()
     }
 
     /// Notes `who` as waiting for `cluster` (for something else than a place: woken with the
@@ -239,19 +256,61 @@ impl Inner {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Why `who` may not go now as `role` in `cluster`, counting the places kept for waiters
+    /// already woken.
+    fn busy(&self, state: &State, cluster: &ClusterKey, role: Role, who: &Waiter) -> Option<Busy> {
+        let (kept_here, kept_overall, control_plane_invited) = state.kept(cluster, who);
+        let idle = ClusterState::default();
+        let entry = state.clusters.get(cluster).unwrap_or(&idle);
+        match role {
+            Role::ControlPlane if entry.control_plane || control_plane_invited => {
+                Some(Busy::ControlPlane)
+            }
+            Role::ControlPlane if entry.workers > 0 => Some(Busy::Workers),
+            Role::ControlPlane => None,
+            Role::Worker if entry.control_plane => Some(Busy::ControlPlane),
+            Role::Worker if control_plane_invited || entry.control_plane_waiting(who) => {
+                Some(Busy::ControlPlaneWaiting)
+            }
+            Role::Worker if entry.workers + kept_here >= self.per_cluster => {
+                Some(Busy::ClusterWorkers(self.per_cluster))
+            }
+            Role::Worker if state.workers + kept_overall >= self.max_workers => {
+                Some(Busy::AllWorkers(self.max_workers))
+            }
+            Role::Worker => None,
+        }
+    }
+
     /// `role` left `cluster`: the waiters that can go now are woken, in the order they asked: a
     /// control plane alone once no worker is left, else workers up to the free places (a
     /// worker place freed overall also wakes a worker of another cluster).
     fn leave(&self, cluster: &ClusterKey, role: Role) {
-        let mut woken = Vec::new();
+        let mut woken: Vec<(Waiter, ClusterKey, Role)> = Vec::new();
         {
             let mut state = self.lock();
+            let now = Instant::now();
+            state.expire(now);
             if role == Role::Worker {
                 state.workers = state.workers.saturating_sub(1);
             }
-            let free_overall = self.max_workers.saturating_sub(state.workers);
-            if let Some(entry) = state.clusters.get_mut(cluster) {
-                let now = Instant::now();
+            let invited_workers = state
+                .invited
+                .values()
+                .filter(|(_, role, _)| *role == Role::Worker)
+                .count();
+            let free_overall = self
+                .max_workers
+                .saturating_sub(state.workers + invited_workers);
+            let kept_here = state
+                .invited
+                .values()
+                .filter(|(key, role, _)| key == cluster && *role == Role::Worker)
+                .count();
+            let State {
+                clusters, invited, ..
+            } = &mut *state;
+            if let Some(entry) = clusters.get_mut(cluster) {
                 entry
                     .waiting
                     .retain(|(_, _, asked)| now.duration_since(*asked) < WAITER_TTL);
@@ -259,35 +318,58 @@ impl Inner {
                     Role::ControlPlane => entry.control_plane = false,
                     Role::Worker => entry.workers = entry.workers.saturating_sub(1),
                 }
-                woken = wake_in(entry, self.per_cluster, free_overall);
+                let places = self
+                    .per_cluster
+                    .saturating_sub(entry.workers + kept_here)
+                    .min(free_overall);
+                woken.extend(
+                    wake_in(entry, places, invited)
+                        .into_iter()
+                        .map(|(w, role)| (w, cluster.clone(), role)),
+                );
                 if entry.idle() {
-                    state.clusters.remove(cluster);
+                    clusters.remove(cluster);
                 }
             }
             if role == Role::Worker && woken.is_empty() && free_overall > 0 {
                 // A worker place freed overall: the first worker waiting elsewhere for one.
-                let other = state.clusters.iter().find_map(|(key, entry)| {
-                    let first = entry
+                let other = clusters.iter().find_map(|(key, entry)| {
+                    let kept = invited
+                        .values()
+                        .filter(|(k, role, _)| k == key && *role == Role::Worker)
+                        .count();
+                    let (first, _, _) = entry
                         .waiting
                         .iter()
-                        .position(|(_, role, _)| *role == Role::Worker)?;
-                    (key != cluster && !entry.control_plane && entry.workers < self.per_cluster)
-                        .then(|| entry.waiting[first].0.clone())
+                        .find(|(w, role, _)| *role == Role::Worker && !invited.contains_key(w))?;
+                    (key != cluster
+                        && !entry.control_plane
+                        && entry.workers + kept < self.per_cluster)
+                        .then(|| (first.clone(), key.clone(), Role::Worker))
                 });
                 woken.extend(other);
             }
+            for (waiter, key, role) in &woken {
+                invited.insert(waiter.clone(), (key.clone(), *role, now));
+            }
         }
         if let Some(wakes) = &self.wakes {
-            for waiter in woken {
+            for (waiter, _, _) in woken {
                 let _ = wakes.unbounded_send(waiter);
             }
         }
     }
 }
 
-/// Those of `entry`'s waiters that can go now. They stay noted as waiting until they enter (a
-/// woken control plane keeps its turn before the workers) or stop asking.
-fn wake_in(entry: &ClusterState, per_cluster: usize, free_overall: usize) -> Vec<Waiter> {
+/// Those of `entry`'s waiters that can go now, with their role: a control plane alone once no
+/// worker is left, else workers up to `places`, skipping those woken already. They stay noted
+/// as waiting until they enter (a woken control plane keeps its turn before the workers) or
+/// stop asking.
+fn wake_in(
+    entry: &ClusterState,
+    places: usize,
+    invited: &HashMap<Waiter, (ClusterKey, Role, Instant)>,
+) -> Vec<(Waiter, Role)> {
     if entry.control_plane {
         return Vec::new();
     }
@@ -296,17 +378,17 @@ fn wake_in(entry: &ClusterState, per_cluster: usize, free_overall: usize) -> Vec
         .iter()
         .find(|(_, role, _)| *role == Role::ControlPlane)
     {
-        return match entry.workers {
-            0 => vec![first.clone()],
+        return match (entry.workers, invited.contains_key(first)) {
+            (0, false) => vec![(first.clone(), Role::ControlPlane)],
             _ => Vec::new(),
         };
     }
-    let places = per_cluster.saturating_sub(entry.workers).min(free_overall);
     entry
         .waiting
         .iter()
+        .filter(|(w, _, _)| !invited.contains_key(w))
         .take(places)
-        .map(|(w, _, _)| w.clone())
+        .map(|(w, role, _)| (w.clone(), *role))
         .collect()
 }
 
@@ -434,6 +516,38 @@ mod tests {
         drop(a0);
         // One place freed: the first waiter of that cluster.
         assert_eq!(woken(&mut rx), ["a-2"]);
+    }
+
+    #[test]
+    fn a_freed_place_is_kept_for_the_waiter_woken_for_it() {
+        let (admission, mut rx) = admission(1, 10);
+        let running = admission
+            .try_enter("ns", "c", Role::Worker, &who("w-0"))
+            .unwrap();
+        for waiter in ["w-1", "w-2"] {
+            assert!(
+                admission
+                    .try_enter("ns", "c", Role::Worker, &who(waiter))
+                    .is_err()
+            );
+        }
+        drop(running);
+        assert_eq!(woken(&mut rx), ["w-1"]);
+        // The other waiter, looking meanwhile, finds the place taken...
+        assert!(!admission.would_enter("ns", "c", Role::Worker, &who("w-2")));
+        assert_eq!(
+            admission
+                .try_enter("ns", "c", Role::Worker, &who("w-2"))
+                .err(),
+            Some(Busy::ClusterWorkers(1))
+        );
+        // ...the woken one goes.
+        assert!(admission.would_enter("ns", "c", Role::Worker, &who("w-1")));
+        let next = admission
+            .try_enter("ns", "c", Role::Worker, &who("w-1"))
+            .unwrap();
+        drop(next);
+        assert_eq!(woken(&mut rx), ["w-2"]);
     }
 
     #[test]
