@@ -296,18 +296,15 @@ impl Executor {
         {
             Ok(guard) => guard,
             Err(busy) => {
-                // Waiting for a place in the queue is shown once (its first cause): with many
-                // refreshes queued, a write per change of cause would cost more than it tells.
-                if parked.shown.is_some() {
-                    self.keep(who, parked, op);
-                    return Finished::Wait {
-                        after: WAITING_RECHECK,
-                        why: busy.to_string(),
-                    };
-                }
-                return self
-                    .park(who, parked, op, journal, busy.to_string(), WAITING_RECHECK)
-                    .await;
+                // Queued for its cluster's turn: not written anywhere (with a whole cluster
+                // queued, a status write per waiting refresh would slow the queue itself); the
+                // Machine shows in-progress, and Refreshing turns True when it reaches its node.
+                info!(why = %busy, "Queued");
+                self.keep(who, parked, op);
+                return Finished::Wait {
+                    after: WAITING_RECHECK,
+                    why: busy.to_string(),
+                };
             }
         };
         if op.seed.is_none() && self.stop.is_cancelled() {
