@@ -56,9 +56,11 @@ async fn a_cluster_annotated_at_once_does_not_hold_up_a_machine_of_another_clust
         pid: controller.process.pid(),
     };
     let cpu_before = probe.cpu_seconds().unwrap_or_default();
-    // As `kubectl annotate machine -l cluster.x-k8s.io/cluster-name=bulk` would: the workers,
-    // then the control plane; then the Machine of the other cluster.
-    for node in workers.iter().chain(&control_planes) {
+    // As `kubectl annotate machine -l cluster.x-k8s.io/cluster-name=bulk` would, in name order:
+    // the control plane, then the workers; then the Machine of the other cluster. (A worker
+    // taken up before its control plane was asked for would go first: the order is the
+    // user's.)
+    for node in control_planes.iter().chain(&workers) {
         env.annotate_refresh(node, "1y").await;
     }
     env.annotate_refresh(&other, "1y").await;
