@@ -247,6 +247,14 @@ async fn go(
         .await
 }
 
+/// A Machine of namespace `ns`.
+fn who(machine: &str) -> Waiter {
+    Waiter {
+        namespace: "ns".into(),
+        machine: machine.into(),
+    }
+}
+
 fn woken(rx: &mut mpsc::UnboundedReceiver<Waiter>) -> Vec<String> {
     let mut names = Vec::new();
     while let Ok(w) = rx.try_recv() {
@@ -567,13 +575,7 @@ async fn workers_wait_for_their_cluster_s_control_planes_and_for_a_place() {
         ["Waiting: the control planes of cluster c are refreshed first"]
     );
     assert_eq!(
-        executor.waiting_operation(
-            &Waiter {
-                namespace: "ns".into(),
-                machine: "w-0".into()
-            },
-            "w-0-1"
-        ),
+        executor.waiting_operation(&who("w-0"), "w-0-1"),
         Some(operation(None, 0))
     );
     // The control plane's refresh wakes it.
@@ -609,27 +611,11 @@ async fn workers_wait_for_their_cluster_s_control_planes_and_for_a_place() {
     let mut journal = self::journal(&log);
     let a = executor
         .admission
-        .try_enter(
-            "ns",
-            "c",
-            Role::Worker,
-            &Waiter {
-                namespace: "ns".into(),
-                machine: "w-1".into(),
-            },
-        )
+        .try_enter("ns", "c", Role::Worker, &who("w-1"))
         .unwrap();
     let _b = executor
         .admission
-        .try_enter(
-            "ns",
-            "c",
-            Role::Worker,
-            &Waiter {
-                namespace: "ns".into(),
-                machine: "w-2".into(),
-            },
-        )
+        .try_enter("ns", "c", Role::Worker, &who("w-2"))
         .unwrap();
     let waiting = go(
         &executor,
