@@ -259,6 +259,11 @@ impl CachedStatus {
         self.json.as_deref().map(serde_json::from_str).transpose()
     }
 
+    /// A digest of the status as stored (see [`status_digest`]).
+    pub fn digest(&self) -> u64 {
+        digest_json(self.json.as_deref())
+    }
+
     /// `status.expiry`, when known.
     pub fn expiry(&self) -> Option<jiff::Timestamp> {
         self.expiry_ms
@@ -320,6 +325,21 @@ impl<'de> Deserialize<'de> for CachedCertificates {
             status: Arc::new(CachedStatus { json, expiry_ms }),
         })
     }
+}
+
+/// A digest of a MachineCertificates' status as the API server returned it, equal to the
+/// [`CachedStatus::digest`] of the cache once the cache holds that same status: the serialized
+/// form of the decoded status (the status has no maps, so the form is one).
+pub fn status_digest(status: Option<&MachineCertificatesStatus>) -> u64 {
+    let json = status.and_then(|status| serde_json::to_string(status).ok());
+    digest_json(json.as_deref())
+}
+
+fn digest_json(json: Option<&str>) -> u64 {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut hasher = DefaultHasher::new();
+    json.hash(&mut hasher);
+    hasher.finish()
 }
 
 /// Statuses by name, in one namespace.

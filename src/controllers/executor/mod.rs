@@ -194,6 +194,9 @@ struct Parked {
     shown: Option<String>,
     /// When it first waited for the control planes of its cluster.
     waiting_for_control_planes: Option<tokio::time::Instant>,
+    /// What the reconciler that parked it last saw of the Machine's state (a digest, see
+    /// [`Executor::note_seen`]).
+    seen: Option<u64>,
 }
 
 pub struct Executor {
@@ -223,6 +226,21 @@ impl Executor {
             .get(who)
             .filter(|p| p.request == request)
             .and_then(|p| p.op.clone())
+    }
+
+    /// Notes a digest of the Machine's state as the reconciler that parked `who` last saw it:
+    /// when woken, a cache showing that same state lets it go on without reading anything.
+    pub fn note_seen(&self, who: &Waiter, digest: u64) {
+        if let Some(parked) = self.parked().get_mut(who) {
+            parked.seen = Some(digest);
+        }
+    }
+
+    /// [`waiting_operation`](Self::waiting_operation), with the digest noted for it.
+    pub fn waiting_seen(&self, who: &Waiter, request: &str) -> Option<(Operation, u64)> {
+        let parked = self.parked();
+        let parked = parked.get(who).filter(|p| p.request == request)?;
+        Some((parked.op.clone()?, parked.seen?))
     }
 
     /// Whether `who` waits for `request` and still could not go now (so reading anything
@@ -391,7 +409,11 @@ impl Executor {
 
     fn unpark(&self, who: &Waiter, request: &str, cluster: &str) -> Parked {
         match self.parked().remove(who) {
-            Some(parked) if parked.request == request => parked,
+            // What its reconciler saw is noted again when it parks again.
+            Some(parked) if parked.request == request => Parked {
+                seen: None,
+                ..parked
+            },
             _ => Parked {
                 request: request.to_owned(),
                 cluster: cluster.to_owned(),
@@ -399,6 +421,7 @@ impl Executor {
                 wait: Wait::new(self.settings.wait_timeout, self.settings.tries),
                 shown: None,
                 waiting_for_control_planes: None,
+                seen: None,
             },
         }
     }

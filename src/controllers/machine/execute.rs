@@ -11,7 +11,8 @@ use jiff::Timestamp;
 use kube::Client;
 use kube::runtime::controller::Action;
 
-use super::{Error, MANAGER, Reconciler, journal};
+use super::step::{self, Step};
+use super::{Error, MANAGER, Mode, Reconciler, journal};
 use crate::controllers::executor::{
     self, Accepted, Connector, Failure, Finished, NodeSession, Probe, Waiter,
 };
@@ -93,7 +94,12 @@ impl Reconciler<'_> {
                 action
             }
             Finished::Failed { op, failure } => self.finish(status, op, Err(failure)).await,
-            Finished::Wait { after, .. } => Ok(Action::requeue(after)),
+            Finished::Wait { after, .. } => {
+                if let Some(digest) = self.seen.get() {
+                    self.ctx.executor.note_seen(&self.waiter(), digest);
+                }
+                Ok(Action::requeue(after))
+            }
             // Stopping: the next leader takes this up from the request.
             Finished::Stopping => Ok(Action::await_change()),
             // Another instance recorded its own attempt first: it carries the refresh out.
@@ -121,6 +127,55 @@ impl Reconciler<'_> {
         executor
             .still_blocked(&waiter, request, role, || self.control_planes_pending())
             .then_some(Action::requeue(executor::WAITING_RECHECK))
+    }
+
+    /// A refresh this process parked before its first seed that may go now, woken with the
+    /// caches showing what it left (the Machine still asking for it, the MachineCertificates'
+    /// status as it last saw it): it goes on without reading anything. `None` when anything
+    /// differs; the live path then reads what it needs.
+    pub(super) async fn continue_parked(&self) -> Option<Result<Action, Error>> {
+        let request = self.view.annotation(IN_FLIGHT_REFRESH)?;
+        let (op, seen) = self.ctx.executor.waiting_seen(&self.waiter(), request)?;
+        let ctx = self.ctx;
+        let cached = super::super::stores::get(
+            &ctx.stores.certificates,
+            &self.view.namespace,
+            &self.view.name,
+        )?;
+        if cached.digest() != seen
+            || ctx
+                .outcomes
+                .get(&self.view.namespace, &self.view.name)
+                .is_some()
+        {
+            return None;
+        }
+        let status = cached.status().ok()?;
+        let cluster = super::super::stores::get_capi(
+            &ctx.stores.clusters,
+            ctx.capi,
+            &self.view.namespace,
+            self.view.cluster.as_deref()?,
+        )?;
+        let cluster = ClusterView::of(&cluster);
+        let step =
+            step::decide_waiting(&self.view, Some(&cluster), status.as_ref(), None, Some(&op));
+        if !matches!(step, Step::Continue(_)) {
+            return None;
+        }
+        self.seen.set(status.as_ref());
+        // The generation its conditions were last written with: the status is the one this
+        // process last read or wrote, and the spec (the cluster's name) does not change.
+        let generation = status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find_map(|c| c.observed_generation))?;
+        let live = Reconciler {
+            view: self.view.clone(),
+            mode: Mode::Live,
+            generation: Some(generation),
+            ..*self
+        };
+        Some(live.act(Some(cluster), status, None, step).await)
     }
 
     /// Whether a control plane of this Machine's cluster is being refreshed or asked to be (from

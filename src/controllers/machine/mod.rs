@@ -157,6 +157,7 @@ pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Actio
         // The caches decide whether there is anything to do: a Machine at rest costs no request.
         // What to do is decided on what the API server holds now (our own last write may not be
         // in the cache yet, and a status write replaces the whole status).
+        let seen = Seen::default();
         let cached = Reconciler {
             ctx: &ctx,
             machine: &machine,
@@ -164,9 +165,13 @@ pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Actio
             mode: Mode::Cache,
             generation: None,
             fresh: false,
+            seen: &seen,
         };
         if let Some(action) = cached.still_waiting() {
             return Ok(action);
+        }
+        if let Some(result) = cached.continue_parked().await {
+            return result;
         }
         if let Some(result) = cached.run_from_cache().await {
             return result;
@@ -178,6 +183,7 @@ pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Actio
             mode: Mode::Live,
             generation: None,
             fresh: false,
+            seen: &seen,
         }
         .run()
         .await;
@@ -196,6 +202,7 @@ pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Actio
             mode: Mode::Live,
             generation: None,
             fresh: true,
+            seen: &seen,
         }
         .run()
         .await
@@ -223,6 +230,30 @@ struct Reconciler<'a> {
     generation: Option<i64>,
     /// Whether the Machine was read from the API server (else from the cache).
     fresh: bool,
+    /// What this reconcile last read or wrote of the MachineCertificates' status.
+    seen: &'a Seen,
+}
+
+/// A digest of the MachineCertificates' status as a reconcile last read or wrote it: a refresh
+/// that parks notes it, and when woken goes on from the cache if the cache shows that status.
+#[derive(Default)]
+struct Seen(std::sync::Mutex<Option<u64>>);
+
+impl Seen {
+    fn set(&self, status: Option<&MachineCertificatesStatus>) {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some(super::stores::status_digest(status));
+    }
+
+    fn get(&self) -> Option<u64> {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// What `prepare` found out about the node.
@@ -308,6 +339,7 @@ impl Reconciler<'_> {
             return Ok(Action::await_change());
         };
         self.generation = mc.metadata.generation;
+        self.seen.set(mc.status.as_ref());
         let status = mc.status;
         // An outcome whose write failed is journaled before the request is read: resuming the
         // request as still Running would send the node a second `run`.

@@ -117,13 +117,15 @@ impl Reconciler<'_> {
             "kind": MachineCertificates::kind(&()),
             "status": status,
         });
-        self.certificates()
+        let written = self
+            .certificates()
             .patch_status(
                 &self.view.name,
                 &PatchParams::apply(MANAGER).force(),
                 &Patch::Apply(apply),
             )
             .await?;
+        self.seen.set(written.status.as_ref());
         Ok(())
     }
 

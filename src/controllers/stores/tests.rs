@@ -37,6 +37,14 @@ fn cached_certificates_keep_identity_and_status() {
         (&None, &None, &None, &None, None)
     );
     assert_eq!(cached.status().expect("status"), decoded.status);
+    // The cache's digest is the one of the same status read from the API server, and no other.
+    assert_eq!(
+        cached.status.digest(),
+        status_digest(decoded.status.as_ref())
+    );
+    let mut other = decoded.status.clone().expect("status");
+    other.node_name = Some("n2".into());
+    assert_ne!(cached.status.digest(), status_digest(Some(&other)));
     assert_eq!(
         cached.status.expiry().map(|t| t.to_string()).as_deref(),
         Some("2027-01-01T00:00:00Z")
@@ -45,6 +53,7 @@ fn cached_certificates_keep_identity_and_status() {
         serde_json::from_str(r#"{"metadata":{"name":"m"},"spec":{"clusterName":"c"}}"#)
             .expect("cached");
     assert_eq!(bare.status().expect("status"), None);
+    assert_eq!(bare.status.digest(), status_digest(None));
     assert_eq!(bare.status.expiry(), None);
 }
 
