@@ -118,6 +118,22 @@ pub struct Args {
     #[arg(long, env = "CK8S_CERTS_KUBECONFIG_CHECK_INTERVAL", value_parser = duration, default_value = "6h")]
     pub kubeconfig_check_interval: Duration,
 
+    /// Let the users of workload kubeconfigs (`<cluster>-kubeconfig`) authenticate with an
+    /// `exec` credential plugin. Off by default: anyone who may write that Secret could then run
+    /// a command in the controller's pod. Every other refused field (`tokenFile`, file paths,
+    /// `auth-provider`, `proxy-url`, basic authentication, impersonation) stays refused. The
+    /// bare flag turns it on; `=true|false` and the environment variable take a value.
+    #[arg(
+        long,
+        env = "CK8S_CERTS_INSECURE_KUBECONFIG_EXEC",
+        default_value_t = false,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub insecure_kubeconfig_exec: bool,
+
     /// How often idle Machines are re-checked (everything else is event-driven).
     #[arg(long, env = "CK8S_CERTS_RESYNC_PERIOD", value_parser = duration, default_value = "1h")]
     pub resync_period: Duration,
@@ -233,6 +249,15 @@ pub struct Args {
     /// A tool to run instead of the controller.
     #[command(subcommand)]
     pub command: Option<Command>,
+}
+
+impl Args {
+    /// What workload kubeconfigs may use beyond inline credentials.
+    pub fn kubeconfig_vetting(&self) -> crate::workload::Vetting {
+        crate::workload::Vetting {
+            allow_exec: self.insecure_kubeconfig_exec,
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -379,6 +404,19 @@ mod tests {
             let row = format!("| `--{long}` | `{env}` |");
             assert!(reference.contains(&row), "docs/reference.md lacks {row}");
         }
+    }
+
+    #[test]
+    fn kubeconfig_exec_is_refused_unless_allowed() {
+        let exec = |args: &[&str]| {
+            Args::try_parse_from(std::iter::once("ck8s-certs").chain(args.iter().copied()))
+                .map(|args| args.kubeconfig_vetting().allow_exec)
+                .unwrap()
+        };
+        assert!(!exec(&[]));
+        assert!(exec(&["--insecure-kubeconfig-exec"]));
+        assert!(exec(&["--insecure-kubeconfig-exec=true"]));
+        assert!(!exec(&["--insecure-kubeconfig-exec=false"]));
     }
 
     #[test]

@@ -26,6 +26,9 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 use tracing::{info, warn};
 
+pub mod term;
+pub use term::{Term, boottime};
+
 /// Timing and identity of one candidate.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -51,6 +54,14 @@ pub enum SettingsError {
         "--leader-elect-renew-deadline ({renew:?}) must be longer than --leader-elect-retry-period ({retry:?})"
     )]
     RenewNotLongerThanRetry { renew: Duration, retry: Duration },
+    #[error(
+        "--leader-elect-lease-duration ({lease:?}) must exceed --leader-elect-renew-deadline ({renew:?}) by at least {needed:?} (2s or a fifth of the lease, whichever is more): a leader stops acting at its renew deadline, and this margin is what covers its last call to a node and clock drift before a standby takes over"
+    )]
+    MarginTooSmall {
+        lease: Duration,
+        renew: Duration,
+        needed: Duration,
+    },
     #[error("--leader-elect-retry-period must be at least 100ms")]
     RetryTooShort,
     #[error(
@@ -77,6 +88,14 @@ impl Settings {
         }
         if lease <= renew {
             return Err(SettingsError::LeaseNotLongerThanRenew { lease, renew });
+        }
+        let needed = (lease / 5).max(Duration::from_secs(2));
+        if lease - renew < needed {
+            return Err(SettingsError::MarginTooSmall {
+                lease,
+                renew,
+                needed,
+            });
         }
         if renew <= retry {
             return Err(SettingsError::RenewNotLongerThanRetry { renew, retry });
@@ -161,7 +180,10 @@ pub struct Elector {
     settings: Settings,
     /// The record last read and when (our clock) it last changed.
     observed: Option<(Option<LeaseSpec>, Instant)>,
-    last_renewal: Option<Instant>,
+    /// When (on [`boottime`]) the last renewal that succeeded was started.
+    last_renewal: Option<Duration>,
+    /// What the rest of the process checks before it acts.
+    term: Term,
 }
 
 #[derive(Debug)]
@@ -182,7 +204,30 @@ impl Elector {
             settings,
             observed: None,
             last_renewal: None,
+            term: Term::none(),
         })
+    }
+
+    /// This candidate's term as leader: over from the moment a renewal is overdue, whether or
+    /// not [`hold`](Self::hold) has noticed yet (a process stopped or suspended past it).
+    pub fn term(&self) -> Term {
+        self.term.clone()
+    }
+
+    /// What is left of the renew deadline since the last renewal.
+    fn left(&self) -> Option<Duration> {
+        self.last_renewal
+            .and_then(|at| {
+                self.settings
+                    .renew_deadline
+                    .checked_sub(boottime().saturating_sub(at))
+            })
+            .filter(|left| !left.is_zero())
+    }
+
+    fn lost(&mut self) {
+        self.last_renewal = None;
+        self.term.end();
     }
 
     pub fn lease(&self) -> String {
@@ -224,12 +269,8 @@ impl Elector {
     pub async fn hold(&mut self) -> Lost {
         let mut last_error = String::from("no renewal was attempted");
         loop {
-            let left = self
-                .last_renewal
-                .and_then(|at| self.settings.renew_deadline.checked_sub(at.elapsed()))
-                .filter(|left| !left.is_zero());
-            let Some(left) = left else {
-                self.last_renewal = None;
+            let Some(left) = self.left() else {
+                self.lost();
                 return Lost::Deadline {
                     lease: self.lease(),
                     deadline: self.settings.renew_deadline,
@@ -237,14 +278,11 @@ impl Elector {
                 };
             };
             tokio::time::sleep(self.settings.retry_period.min(left)).await;
-            let left = self
-                .last_renewal
-                .and_then(|at| self.settings.renew_deadline.checked_sub(at.elapsed()))
-                .unwrap_or_default();
+            let left = self.left().unwrap_or_default();
             match self.attempt(left).await {
                 Ok(Attempt::Leading) => {}
                 Ok(Attempt::Standby { holder }) => {
-                    self.last_renewal = None;
+                    self.lost();
                     return Lost::TakenOver {
                         lease: self.lease(),
                         holder,
@@ -262,6 +300,8 @@ impl Elector {
     /// Gives the lease up so that a standby takes over at its next attempt instead of waiting
     /// for expiry (client-go's ReleaseOnCancel: empty holder, 1s duration).
     pub async fn release(&mut self) -> Result<(), kube::Error> {
+        // Nothing acts on our term once a standby may take it.
+        self.term.end();
         let bounded = tokio::time::timeout(self.settings.renew_deadline, async {
             let lease = self.api.get(&self.settings.name).await?;
             let Some(spec) = lease.spec.as_ref() else {
@@ -288,7 +328,7 @@ impl Elector {
                 .map(|_| ())
         })
         .await;
-        self.last_renewal = None;
+        self.lost();
         match bounded {
             Ok(result) => result,
             Err(_) => Err(timeout_error("releasing", self.settings.renew_deadline)),
@@ -304,12 +344,18 @@ impl Elector {
     }
 
     async fn attempt_unbounded(&mut self) -> Result<Attempt, kube::Error> {
+        let started = boottime();
         let current = self.api.get_opt(&self.settings.name).await?;
         let spec = current.as_ref().and_then(|l| l.spec.clone());
         let now = Instant::now();
-        let unchanged_since = match &self.observed {
-            Some((seen, at)) if same_record(seen.as_ref(), spec.as_ref()) => *at,
-            _ => now,
+        let (spec, unchanged_since) = match (&self.observed, &spec) {
+            (Some((seen, at)), _) if same_record(seen.as_ref(), spec.as_ref()) => (spec, *at),
+            // Deleted by hand while another replica held it: that holder may still be acting,
+            // so it is waited out from its last renewal we saw, as if the Lease were there.
+            (Some((Some(seen), at)), None) if held_by_other(seen, &self.settings.identity) => {
+                (Some(seen.clone()), *at)
+            }
+            _ => (spec, now),
         };
         self.observed = Some((spec.clone(), unchanged_since));
         match claim(
@@ -351,13 +397,20 @@ impl Elector {
         match written {
             Ok(lease) => {
                 self.observed = Some((lease.spec, Instant::now()));
-                self.last_renewal = Some(now);
+                self.last_renewal = Some(started);
+                self.term.extend(started, self.settings.renew_deadline);
                 Ok(Attempt::Leading)
             }
             Err(kube::Error::Api(status)) if status.code == 409 => Ok(Attempt::Conflict),
             Err(err) => Err(err),
         }
     }
+}
+
+fn held_by_other(spec: &LeaseSpec, identity: &str) -> bool {
+    spec.holder_identity
+        .as_deref()
+        .is_some_and(|holder| !holder.is_empty() && holder != identity)
 }
 
 /// Two reads show the same record when holder and renew time agree (what a live holder changes).

@@ -129,6 +129,11 @@ pub async fn run(args: cli::Args) -> Result<(), Error> {
             lease: e.lease(),
             holder: e.identity().to_owned(),
         });
+    // Checked right before every call that changes a node: a replica frozen or suspended past
+    // its renew deadline does nothing after it wakes, whatever its tasks were about to do.
+    let term = elector
+        .as_ref()
+        .map_or_else(leader::Term::always, leader::Elector::term);
     let outcome = lead(
         controllers::run(
             client,
@@ -139,6 +144,7 @@ pub async fn run(args: cli::Args) -> Result<(), Error> {
             health.clone(),
             shutdown.stop.clone(),
             carrier,
+            term,
         ),
         elector.as_mut(),
         &shutdown,

@@ -51,9 +51,12 @@ fn controller(args: Args) -> anyhow::Result<()> {
         .install_default()
         .map_err(|_| anyhow::anyhow!("a rustls crypto provider was already installed"))?;
     ck8s_certs::telemetry::init(&args.log)?;
-    tokio::runtime::Builder::new_multi_thread()
+    let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .build()?
-        .block_on(ck8s_certs::run(args))?;
-    Ok(())
+        .build()?;
+    let result = runtime.block_on(ck8s_certs::run(args));
+    // Exit at once, above all after leadership was lost: dropping the runtime would wait for
+    // its blocking tasks (a DNS lookup, a file read) first.
+    runtime.shutdown_background();
+    Ok(result?)
 }

@@ -19,6 +19,13 @@ pub const CERTIFICATES_EXPIRY: &str = "machine.cluster.x-k8s.io/certificates-exp
 /// not shared with CK8s tooling.
 pub const REFRESH_REQUEST: &str = "certificates.ck8s.io/refresh-request";
 
+/// Set by ck8s-certs' admission webhook in the same write that sets or changes
+/// [`REFRESH_CERTIFICATES`] (on a Machine, Cluster, MachineDeployment or CK8sControlPlane): the
+/// username of who wrote it, as the API server authenticated them. The request made for the
+/// trigger names that user (`spec.requester`). The `ck8s-certs-requests` admission policy
+/// refuses any other write of it that names someone else than the writer. Ours.
+pub const REQUESTER: &str = "certificates.ck8s.io/requester";
+
 /// On a Machine: the fleet `CertificateRefresh` its trigger was set by (the refresh is then of
 /// origin Fleet and reported to that request); removed with the trigger. On a Cluster: the
 /// request the Cluster's own trigger last created. Ours, not shared with CK8s tooling.

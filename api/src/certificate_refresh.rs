@@ -17,7 +17,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-pub use crate::machine_certificates::{Operation, Origin, Role};
+pub use crate::machine_certificates::{Operation, Origin, Requester, Role};
 
 /// Worker refreshes at once of a fleet request, when `maxParallelWorkers` is not set.
 pub const DEFAULT_MAX_PARALLEL_WORKERS: u32 = 2;
@@ -45,7 +45,7 @@ pub const DEFAULT_MAX_PARALLEL_WORKERS: u32 = 2;
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[x_kube(
-    validation = Rule::new("self.target == oldSelf.target && self.ttl == oldSelf.ttl && self.origin == oldSelf.origin && self.continueOnFailure == oldSelf.continueOnFailure && has(self.requestedBy) == has(oldSelf.requestedBy) && (!has(self.requestedBy) || self.requestedBy == oldSelf.requestedBy) && has(self.maxParallelWorkers) == has(oldSelf.maxParallelWorkers) && (!has(self.maxParallelWorkers) || self.maxParallelWorkers == oldSelf.maxParallelWorkers)")
+    validation = Rule::new("self.target == oldSelf.target && self.ttl == oldSelf.ttl && self.origin == oldSelf.origin && self.continueOnFailure == oldSelf.continueOnFailure && has(self.requestedBy) == has(oldSelf.requestedBy) && (!has(self.requestedBy) || self.requestedBy == oldSelf.requestedBy) && has(self.requester) == has(oldSelf.requester) && (!has(self.requester) || self.requester == oldSelf.requester) && has(self.maxParallelWorkers) == has(oldSelf.maxParallelWorkers) && (!has(self.maxParallelWorkers) || self.maxParallelWorkers == oldSelf.maxParallelWorkers)")
         .message("a CertificateRefresh cannot be changed once created, except spec.suspend; create a new one")
         .reason(Reason::FieldValueForbidden)
 )]
@@ -66,6 +66,11 @@ pub struct CertificateRefreshSpec {
     /// (`CertificateRefresh/<name>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requested_by: Option<String>,
+    /// The user who asked, as the API server authenticated them. Written at admission from who
+    /// creates the request (leave it out); the controller writes the user who set the trigger.
+    /// Nobody else may name anyone but themselves, and it never changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requester: Option<Requester>,
     /// Fleet requests: worker refreshes at once (control planes are always one at a time).
     /// Default 2.
     #[serde(default, skip_serializing_if = "Option::is_none")]

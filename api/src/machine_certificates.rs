@@ -176,6 +176,19 @@ pub enum Phase {
     Failed,
 }
 
+/// Who asked for a refresh, as the API server authenticated them: written at admission from
+/// the request's `userInfo` (the user who wrote the trigger, or who created the request); a
+/// client cannot set it to anyone but itself (the `ck8s-certs-requests` admission policy).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Requester {
+    pub username: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<String>,
+}
+
 /// One refresh of one node.
 #[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -184,6 +197,10 @@ pub struct Operation {
     /// The field manager that set the trigger annotation (e.g. `kubectl-annotate`), when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requested_by: Option<String>,
+    /// The user who asked, as authenticated at admission (see [`Requester`]); absent where no
+    /// admission webhook saw the request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requester: Option<Requester>,
     /// The trigger annotation value this operation acts on. The trigger is removed only while it
     /// still holds this value, so a re-annotation with another TTL is not lost.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -208,6 +225,11 @@ pub struct Operation {
     /// time with a new seed.
     #[serde(default)]
     pub run_attempts: u32,
+    /// When the last seed was recorded, right before its `run` was sent. A `run` can take up to
+    /// the run timeout on the node: another leader taking the operation over (a handover, a
+    /// restart) does not plan again before that much time has passed since.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seeded_at: Option<Time>,
     pub started_at: Time,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<Time>,
@@ -260,6 +282,7 @@ impl Operation {
         Self {
             origin,
             requested_by,
+            requester: None,
             trigger,
             request: None,
             fleet: None,
@@ -268,6 +291,7 @@ impl Operation {
             seed: None,
             phase: Phase::Pending,
             run_attempts: 0,
+            seeded_at: None,
             started_at: now,
             finished_at: None,
             new_expiry: None,

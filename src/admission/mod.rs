@@ -16,20 +16,35 @@
 //! webhook, a new trigger is refused with the API server's message instead of being handled by
 //! the other reconciler. Everything else about a Machine never waits for us.
 //!
-//! [`mutate`] is the pure decision; [`server`] serves it over TLS; [`certificate`] keeps the
+//! The same call refuses a trigger the controller would refuse (a TTL outside the grammar or its
+//! bounds, a worker TTL a CertificateSigningRequest cannot carry: `step::check_trigger`, decided
+//! from the Machine alone), with the message the controller would report, so a typo fails at the
+//! keyboard and nothing is stored. A trigger on a Machine being created, or set through
+//! server-side apply, is accepted with that message as a warning instead: its owner (a MachineSet
+//! or control-plane provider copying a machine template, a GitOps tool) would otherwise be
+//! stalled, and the controller refuses it as before. Accepted values that probably do not do what
+//! was meant (a TTL under a day, a paused Machine, one without a node) come back as admission
+//! warnings, which kubectl prints. The controller keeps its own checks for clusters without the
+//! webhook.
+//!
+//! [`decide`] is the pure decision; [`server`] serves it over TLS; [`certificate`] keeps the
 //! serving certificate (in a Secret, shared by the replicas) and the configuration's caBundle.
 
 pub mod certificate;
+pub mod requests;
 pub mod server;
 
 use ck8s_certs_api::annotations::{
     REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS, REFRESH_REQUEST, RefreshStatus,
 };
-use ck8s_certs_api::capi::WATCH_FILTER_LABEL;
+use ck8s_certs_api::capi::{PAUSED_ANNOTATION, WATCH_FILTER_LABEL};
 use ck8s_certs_api::machine::MachineView;
 use kube::api::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use serde_json::json;
+
+use crate::controllers::machine::step::check_trigger;
+use crate::policy::Ttl;
 
 /// Everything the webhook needs, from the flags.
 #[derive(Clone, Debug)]
@@ -67,6 +82,7 @@ pub async fn start(
         settings.address,
         certificates.clone(),
         settings.scope.clone(),
+        server::Limits::default(),
     )
     .await?;
     let client = client.clone();
@@ -151,28 +167,78 @@ impl Scope {
     }
 }
 
-/// The JSON Patch that marks a new refresh request as ours, or `None` when the write is not one
-/// (no trigger, an unchanged trigger, not a CK8s Machine, not in our scope).
-pub fn mutate(
-    request: &AdmissionRequest<DynamicObject>,
-    scope: &Scope,
-) -> Option<json_patch::Patch> {
+/// What the webhook does with one write.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Decision {
+    /// Not a new refresh request of ours (no trigger, an unchanged or removed one, not a CK8s
+    /// Machine, not in our scope): allowed as it is.
+    Pass,
+    /// A new request: marked ours in the same write, with warnings for a value that is accepted
+    /// but probably not what was meant.
+    Mark {
+        patch: json_patch::Patch,
+        warnings: Vec<String>,
+    },
+    /// A trigger the controller would refuse: the write is denied with the message the
+    /// controller would report, so nothing is stored and `kubectl annotate` fails at once.
+    Deny(String),
+}
+
+/// A TTL this short is accepted but warned about: the node's certificates would expire within
+/// a day of the refresh (often `m`, minutes, typed for months).
+const SHORT_TTL_SECONDS: i64 = 24 * 3600;
+
+/// The decision for one admission request. Pure: the request is all it reads.
+pub fn decide(request: &AdmissionRequest<DynamicObject>, scope: &Scope) -> Decision {
     if !matches!(request.operation, Operation::Create | Operation::Update) {
-        return None;
+        return Decision::Pass;
     }
-    let machine = MachineView::from_dynamic(request.object.as_ref()?);
+    let Some(object) = request.object.as_ref() else {
+        return Decision::Pass;
+    };
+    match request.kind.kind.as_str() {
+        "Machine" => {}
+        "CertificateRefresh" => return mark(requests::stamp_request(request), Vec::new()),
+        // A fleet trigger (on a Cluster, MachineDeployment or CK8sControlPlane): its author is
+        // written; the fleet request it becomes checks its TTL and reports.
+        _ => return fleet_trigger(request, object),
+    }
+    let machine = MachineView::from_dynamic(object);
     if !machine.is_ck8s() || !scope.covers(&machine) {
-        return None;
+        return Decision::Pass;
     }
-    let trigger = machine.annotation(REFRESH_CERTIFICATES)?;
+    let Some(trigger) = machine.annotation(REFRESH_CERTIFICATES) else {
+        return Decision::Pass;
+    };
     let before = request
         .old_object
         .as_ref()
         .map(MachineView::from_dynamic)
         .and_then(|old| old.annotation(REFRESH_CERTIFICATES).map(str::to_owned));
+    // Unchanged (our own status writes; a bad value stored before the webhook was installed
+    // must not make the Machine unwritable).
     if before.as_deref() == Some(trigger) {
-        return None;
+        return Decision::Pass;
     }
+    let warnings = if machine.deleting {
+        // The controller leaves a Machine that is going away alone: nothing to refuse.
+        vec![format!(
+            "Machine {} is being deleted: its certificates will not be refreshed",
+            machine.name
+        )]
+    } else {
+        // Set when the Machine is created (by a MachineSet or a control-plane provider copying a
+        // template written before the template-trigger policy), or through server-side apply (an
+        // owner that asserts it: Cluster API syncing a template, a GitOps tool): a denial would
+        // stall that owner (Cluster API's MachineSet creates no Machines while one cannot be
+        // synced), so the controller refuses the trigger instead, and the writer is told why.
+        let owned = request.operation == Operation::Create || machine.trigger_applied;
+        match check_trigger(&machine, trigger) {
+            Ok(ttl) => surprises(&machine, trigger, ttl),
+            Err(refusal) if owned => vec![refusal.message(&machine)],
+            Err(refusal) => return Decision::Deny(refusal.message(&machine)),
+        }
+    };
     let key = |k: &str| {
         format!(
             "/metadata/annotations/{}",
@@ -180,27 +246,119 @@ pub fn mutate(
         )
     };
     // The annotations map exists: it holds the trigger.
-    serde_json::from_value(json!([
-        { "op": "add", "path": key(REFRESH_CERTIFICATES_STATUS), "value": RefreshStatus::InProgress.as_str() },
-        { "op": "add", "path": key(REFRESH_REQUEST), "value": request.uid },
-    ]))
-    .ok()
+    let mut ops = vec![
+        json!({ "op": "add", "path": key(REFRESH_CERTIFICATES_STATUS), "value": RefreshStatus::InProgress.as_str() }),
+        json!({ "op": "add", "path": key(REFRESH_REQUEST), "value": request.uid }),
+    ];
+    ops.extend(requests::trigger_author(request));
+    // String values always make a patch; should they not, allow the write unmarked.
+    mark(serde_json::from_value(json!(ops)).ok(), warnings)
 }
 
-/// The answer to one review: always allowed (we never refuse a Machine write), patched when
-/// [`mutate`] says so.
+/// A new or changed trigger on a Cluster, MachineDeployment or CK8sControlPlane: marked with
+/// its author.
+fn fleet_trigger(request: &AdmissionRequest<DynamicObject>, object: &DynamicObject) -> Decision {
+    let trigger = |o: &DynamicObject| {
+        o.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(REFRESH_CERTIFICATES))
+            .cloned()
+    };
+    let Some(now) = trigger(object) else {
+        return Decision::Pass;
+    };
+    if request.old_object.as_ref().and_then(trigger) == Some(now) {
+        return Decision::Pass;
+    }
+    let author = requests::trigger_author(request).map(|op| json!([op]));
+    mark(
+        author.and_then(|ops| serde_json::from_value(ops).ok()),
+        Vec::new(),
+    )
+}
+
+fn mark(patch: Option<json_patch::Patch>, warnings: Vec<String>) -> Decision {
+    match patch {
+        Some(patch) => Decision::Mark { patch, warnings },
+        None => Decision::Pass,
+    }
+}
+
+/// Warnings for a valid trigger that will not do what a person probably expects, decided from
+/// the Machine alone (no API reads: the answer stays a pure function of the request).
+fn surprises(machine: &MachineView, trigger: &str, ttl: Ttl) -> Vec<String> {
+    let mut warnings = Vec::new();
+    if ttl.as_seconds() < SHORT_TTL_SECONDS {
+        let minutes = trigger
+            .trim()
+            .strip_suffix('m')
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+        warnings.push(format!(
+            "TTL {trigger}: the new certificates will expire {ttl} after the refresh, in less than a day{}",
+            if minutes {
+                " (m is minutes; months are mo, e.g. 6mo)"
+            } else {
+                ""
+            }
+        ));
+    }
+    if machine.annotation(PAUSED_ANNOTATION).is_some() {
+        warnings.push(format!(
+            "Machine {} is paused ({PAUSED_ANNOTATION}): the refresh starts once that annotation is removed",
+            machine.name
+        ));
+    }
+    if machine.node_name.is_none() {
+        warnings.push(format!(
+            "Machine {} has no node yet (status.nodeRef): the refresh starts once it has one",
+            machine.name
+        ));
+    }
+    warnings
+}
+
+/// The answer to one review: allowed unchanged, allowed and marked ours (with any warnings), or
+/// denied as invalid with the controller's message.
 pub fn review(request: &AdmissionRequest<DynamicObject>, scope: &Scope) -> AdmissionResponse {
     let response = AdmissionResponse::from(request);
-    match mutate(request, scope) {
-        None => response,
-        Some(patch) => {
+    let machine = || {
+        format!(
+            "{}/{}",
+            request.namespace.as_deref().unwrap_or(""),
+            request.name
+        )
+    };
+    match decide(request, scope) {
+        Decision::Pass => response,
+        Decision::Deny(message) => {
             tracing::info!(
-                Machine = %format!("{}/{}", request.namespace.as_deref().unwrap_or(""), request.name),
+                Machine = %machine(),
                 request = %request.uid,
-                "Marking a new refresh request in-progress at admission"
+                user = %request.user_info.username.as_deref().unwrap_or(""),
+                reason = %message,
+                "Denied a refresh trigger the controller would refuse"
+            );
+            let mut denied = response.deny(message);
+            // 422 Invalid, as for a field the API server itself rejects: kubectl prints "The
+            // request is invalid: …" with our message.
+            denied.result.code = 422;
+            denied.result.reason = "Invalid".into();
+            denied
+        }
+        Decision::Mark { patch, warnings } => {
+            tracing::info!(
+                kind = %request.kind.kind,
+                object = %machine(),
+                request = %request.uid,
+                user = %request.user_info.username.as_deref().unwrap_or(""),
+                "Marking a new refresh request at admission"
             );
             match response.with_patch(patch) {
-                Ok(patched) => patched,
+                Ok(mut patched) => {
+                    patched.warnings = (!warnings.is_empty()).then_some(warnings);
+                    patched
+                }
                 // Serialising a patch of two strings cannot fail; should it, allow unmarked.
                 Err(err) => {
                     tracing::warn!(error = %err, "Could not serialise the admission patch");
@@ -223,8 +381,31 @@ mod tests {
             "spec": {
                 "clusterName": "c",
                 "bootstrap": { "configRef": { "apiVersion": "bootstrap.cluster.x-k8s.io/v1beta2", "kind": "CK8sConfig", "name": "m" } }
-            }
+            },
+            "status": { "nodeRef": { "name": "n" } }
         })
+    }
+
+    /// A control-plane Machine (the role is its label).
+    fn control_plane(annotations: serde_json::Value) -> serde_json::Value {
+        machine(annotations, json!({ "cluster.x-k8s.io/control-plane": "" }))
+    }
+
+    fn worker(annotations: serde_json::Value) -> serde_json::Value {
+        machine(annotations, json!({}))
+    }
+
+    /// The trigger last set by `manager` through `operation` (`Apply` or `Update`).
+    fn set_by(mut object: serde_json::Value, manager: &str, operation: &str) -> serde_json::Value {
+        object["metadata"]["managedFields"] = json!([{
+            "manager": manager,
+            "operation": operation,
+            "apiVersion": "cluster.x-k8s.io/v1beta1",
+            "time": "2026-01-01T00:00:00Z",
+            "fieldsType": "FieldsV1",
+            "fieldsV1": { "f:metadata": { "f:annotations": { format!("f:{REFRESH_CERTIFICATES}"): {} } } }
+        }]);
+        object
     }
 
     fn request(
@@ -246,98 +427,346 @@ mod tests {
         .unwrap()
     }
 
+    /// An update that sets the trigger to `ttl` on `object` (which had none).
+    fn annotate(object: impl Fn(serde_json::Value) -> serde_json::Value, ttl: &str) -> Decision {
+        let new = object(json!({ REFRESH_CERTIFICATES: ttl }));
+        let old = object(json!({}));
+        decide(&request("UPDATE", new, Some(old)), &Scope::default())
+    }
+
     fn applied(patch: &json_patch::Patch, mut object: serde_json::Value) -> serde_json::Value {
         json_patch::patch(&mut object, patch).unwrap();
         object["metadata"]["annotations"].clone()
     }
 
+    /// What the controller would report for `ttl` on `object`.
+    fn controller_message(object: &serde_json::Value, ttl: &str) -> String {
+        let view = MachineView::from_dynamic(&serde_json::from_value(object.clone()).unwrap());
+        check_trigger(&view, ttl).unwrap_err().message(&view)
+    }
+
+    fn marked(decision: Decision) -> (json_patch::Patch, Vec<String>) {
+        match decision {
+            Decision::Mark { patch, warnings } => (patch, warnings),
+            other => panic!("not marked: {other:?}"),
+        }
+    }
+
     #[test]
     fn a_new_trigger_is_marked_in_progress_and_named_in_the_same_write() {
-        let new = machine(json!({ REFRESH_CERTIFICATES: "1y" }), json!({}));
-        let old = machine(json!({}), json!({}));
-        let patch = mutate(
+        let new = control_plane(json!({ REFRESH_CERTIFICATES: "1y" }));
+        let old = control_plane(json!({}));
+        let (patch, warnings) = marked(decide(
             &request("UPDATE", new.clone(), Some(old)),
             &Scope::default(),
-        )
-        .unwrap();
+        ));
         assert_eq!(
             applied(&patch, new),
-            json!({ REFRESH_CERTIFICATES: "1y", REFRESH_CERTIFICATES_STATUS: "in-progress", REFRESH_REQUEST: "req-1" })
+            json!({ REFRESH_CERTIFICATES: "1y", REFRESH_CERTIFICATES_STATUS: "in-progress", REFRESH_REQUEST: "req-1",
+                ck8s_certs_api::annotations::REQUESTER: "alice" })
+        );
+        assert!(warnings.is_empty(), "{warnings:?}");
+    }
+
+    #[test]
+    fn a_fleet_trigger_is_marked_with_its_author_only_when_it_changes() {
+        let cluster = |annotations: serde_json::Value| {
+            json!({ "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+                "metadata": { "name": "c", "namespace": "fleet", "annotations": annotations } })
+        };
+        let as_cluster = |mut request: AdmissionRequest<DynamicObject>| {
+            request.kind.kind = "Cluster".into();
+            request
+        };
+        let new = cluster(json!({ REFRESH_CERTIFICATES: "1y" }));
+        let (patch, _) = marked(decide(
+            &as_cluster(request("UPDATE", new.clone(), Some(cluster(json!({}))))),
+            &Scope::default(),
+        ));
+        assert_eq!(
+            applied(&patch, new.clone()),
+            json!({ REFRESH_CERTIFICATES: "1y", ck8s_certs_api::annotations::REQUESTER: "alice" })
+        );
+        assert_eq!(
+            decide(
+                &as_cluster(request("UPDATE", new.clone(), Some(new))),
+                &Scope::default()
+            ),
+            Decision::Pass
         );
     }
 
     #[test]
     fn a_changed_trigger_and_a_machine_created_with_one_are_new_requests() {
-        let new = machine(
-            json!({ REFRESH_CERTIFICATES: "90d", REFRESH_CERTIFICATES_STATUS: "done" }),
-            json!({}),
-        );
-        let old = machine(
+        let new =
+            worker(json!({ REFRESH_CERTIFICATES: "90d", REFRESH_CERTIFICATES_STATUS: "done" }));
+        let old = worker(
             json!({ REFRESH_CERTIFICATES: "1y", REFRESH_CERTIFICATES_STATUS: "in-progress" }),
-            json!({}),
         );
-        let patch = mutate(
+        let (patch, _) = marked(decide(
             &request("UPDATE", new.clone(), Some(old)),
             &Scope::default(),
-        )
-        .unwrap();
+        ));
         assert_eq!(
             applied(&patch, new)[REFRESH_CERTIFICATES_STATUS],
             "in-progress"
         );
-        let created = machine(json!({ REFRESH_CERTIFICATES: "1y" }), json!({}));
-        assert!(mutate(&request("CREATE", created, None), &Scope::default()).is_some());
+        let created = worker(json!({ REFRESH_CERTIFICATES: "1y" }));
+        marked(decide(&request("CREATE", created, None), &Scope::default()));
+    }
+
+    #[test]
+    fn every_valid_ttl_is_accepted_without_a_warning() {
+        for ttl in [
+            "1y", "6mo", "90d", "2w", "36h", "1d12h30m", "1y6mo", " 1Y ", "10000y",
+        ] {
+            let (_, warnings) = marked(annotate(control_plane, ttl));
+            assert!(warnings.is_empty(), "{ttl}: {warnings:?}");
+        }
+        // A worker: from 10m (CSR minimum; under a day, so warned) to 68y (int32 seconds).
+        for ttl in ["1d", "1y", "68y"] {
+            let (_, warnings) = marked(annotate(worker, ttl));
+            assert!(warnings.is_empty(), "{ttl}: {warnings:?}");
+        }
+    }
+
+    #[test]
+    fn a_trigger_outside_the_grammar_is_denied_with_the_controllers_message() {
+        for ttl in [
+            "1yr", "abc", "", " ", "1.5h", "1,5h", "-1h", "+1h", "0", "0s", "90", "1M", "30m1h",
+            "1h1h", "1h 30m", "1e3s", "1 y", "１y",
+        ] {
+            let object = control_plane(json!({ REFRESH_CERTIFICATES: ttl }));
+            let Decision::Deny(message) = annotate(control_plane, ttl) else {
+                panic!("{ttl:?} was not denied");
+            };
+            assert_eq!(message, controller_message(&object, ttl), "{ttl:?}");
+            assert!(
+                message.starts_with("Refusing to refresh: invalid TTL")
+                    && message.contains("expected a positive duration such as 1y")
+                    && message.ends_with(
+                        ". Renew now: kubectl annotate machines.cluster.x-k8s.io m -n fleet v1beta2.k8sd.io/refresh-certificates=1y --overwrite"
+                    ),
+                "{ttl:?}: {message}"
+            );
+        }
+        // Pinned once: the text a person sees for the typo the docs use.
+        let Decision::Deny(message) = annotate(worker, "1yr") else {
+            panic!("1yr was not denied");
+        };
+        assert!(
+            message.starts_with(
+                "Refusing to refresh: invalid TTL \"1yr\": unknown unit \"yr\"; expected a positive duration such as 1y, 6mo, 90d, 12h, 1h30m or 1y6mo"
+            ),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_trigger_out_of_bounds_is_denied_with_the_controllers_message() {
+        // Longer than the grammar allows, for any node.
+        for object in [control_plane, worker] {
+            let Decision::Deny(message) = annotate(object, "10001y") else {
+                panic!("10001y was not denied");
+            };
+            assert!(message.contains("longer than 10000y"), "{message}");
+        }
+        // What a worker's CSR cannot carry; a control plane takes it.
+        for (ttl, why) in [
+            ("69y", "too long for a worker node"),
+            ("9m", "too short for a worker node"),
+            ("599s", "too short for a worker node"),
+        ] {
+            let object = worker(json!({ REFRESH_CERTIFICATES: ttl }));
+            let Decision::Deny(message) = annotate(worker, ttl) else {
+                panic!("{ttl} was not denied on a worker");
+            };
+            assert_eq!(message, controller_message(&object, ttl));
+            assert!(
+                message.contains(why)
+                    && message.contains("annotate again with a TTL from 10m to 68y"),
+                "{message}"
+            );
+            marked(annotate(control_plane, ttl));
+        }
+        let (_, warnings) = marked(annotate(worker, "10m"));
+        assert_eq!(warnings.len(), 1, "under a day: {warnings:?}");
+    }
+
+    #[test]
+    fn a_short_ttl_is_accepted_with_a_warning() {
+        let (_, warnings) = marked(annotate(control_plane, "6m"));
+        assert_eq!(
+            warnings,
+            [
+                "TTL 6m: the new certificates will expire 6m after the refresh, in less than a day (m is minutes; months are mo, e.g. 6mo)"
+            ]
+        );
+        let (_, warnings) = marked(annotate(control_plane, "23h59m"));
+        assert_eq!(
+            warnings,
+            [
+                "TTL 23h59m: the new certificates will expire 23h59m after the refresh, in less than a day"
+            ]
+        );
+        let (_, warnings) = marked(annotate(control_plane, "24h"));
+        assert!(warnings.is_empty(), "{warnings:?}");
+    }
+
+    #[test]
+    fn a_paused_machine_or_one_without_a_node_is_marked_with_a_warning() {
+        let paused = |annotations: serde_json::Value| {
+            let mut object = control_plane(annotations);
+            object["metadata"]["annotations"][PAUSED_ANNOTATION] = json!("");
+            object
+        };
+        let (_, warnings) = marked(annotate(paused, "1y"));
+        assert_eq!(warnings.len(), 1);
+        assert!(warnings[0].contains("is paused"), "{warnings:?}");
+        let nodeless = |annotations: serde_json::Value| {
+            let mut object = worker(annotations);
+            object["status"] = json!({});
+            object
+        };
+        let (_, warnings) = marked(annotate(nodeless, "1y"));
+        assert_eq!(warnings.len(), 1);
+        assert!(warnings[0].contains("has no node yet"), "{warnings:?}");
+        // A bad value on either is still refused.
+        assert!(matches!(annotate(nodeless, "1yr"), Decision::Deny(_)));
+    }
+
+    #[test]
+    fn a_bad_trigger_an_owner_sets_is_accepted_with_the_controllers_message_as_a_warning() {
+        // Machines are created by their owners (a MachineSet, a control-plane provider), and
+        // Cluster API syncs a template's annotations by server-side apply: denying would stop
+        // them from creating Machines.
+        for object in [
+            worker(json!({ REFRESH_CERTIFICATES: "1yr" })),
+            set_by(
+                worker(json!({ REFRESH_CERTIFICATES: "1yr" })),
+                "kubectl-create",
+                "Update",
+            ),
+        ] {
+            let (_, warnings) = marked(decide(
+                &request("CREATE", object.clone(), None),
+                &Scope::default(),
+            ));
+            assert_eq!(warnings, [controller_message(&object, "1yr")]);
+        }
+        let applied_trigger = |a: serde_json::Value| set_by(worker(a), "capi-machineset", "Apply");
+        let object = applied_trigger(json!({ REFRESH_CERTIFICATES: "69y" }));
+        let (_, warnings) = marked(annotate(applied_trigger, "69y"));
+        assert_eq!(warnings, [controller_message(&object, "69y")]);
+        // The same value set by an ordinary write (kubectl annotate, kubectl apply) is denied.
+        let annotated = |a: serde_json::Value| set_by(worker(a), "kubectl-annotate", "Update");
+        assert!(matches!(annotate(annotated, "1yr"), Decision::Deny(_)));
     }
 
     #[test]
     fn other_writes_are_left_alone() {
-        let with = machine(json!({ REFRESH_CERTIFICATES: "1y" }), json!({}));
-        let without = machine(json!({}), json!({}));
         let scope = Scope::default();
-        // The trigger unchanged (our own status writes), removed, or never there.
-        assert!(mutate(&request("UPDATE", with.clone(), Some(with.clone())), &scope).is_none());
-        assert!(
-            mutate(
-                &request("UPDATE", without.clone(), Some(with.clone())),
-                &scope
-            )
-            .is_none()
-        );
-        assert!(mutate(&request("UPDATE", without.clone(), Some(without)), &scope).is_none());
-        // Not a CK8s Machine.
-        let mut foreign = with.clone();
-        foreign["spec"]["bootstrap"]["configRef"]["kind"] = json!("KubeadmConfig");
-        assert!(mutate(&request("CREATE", foreign, None), &scope).is_none());
+        for ttl in ["1y", "1yr"] {
+            let with = worker(json!({ REFRESH_CERTIFICATES: ttl }));
+            let without = worker(json!({}));
+            // The trigger unchanged (our own status writes; a bad value stored before the
+            // webhook was installed), removed, or never there.
+            let unchanged = request("UPDATE", with.clone(), Some(with.clone()));
+            assert_eq!(decide(&unchanged, &scope), Decision::Pass, "{ttl}");
+            let removed = request("UPDATE", without.clone(), Some(with.clone()));
+            assert_eq!(decide(&removed, &scope), Decision::Pass, "{ttl}");
+            let never = request("UPDATE", without.clone(), Some(without.clone()));
+            assert_eq!(decide(&never, &scope), Decision::Pass, "{ttl}");
+            // Not a CK8s Machine: not ours to mark or refuse.
+            let mut foreign = with.clone();
+            foreign["spec"]["bootstrap"]["configRef"]["kind"] = json!("KubeadmConfig");
+            assert_eq!(
+                decide(&request("CREATE", foreign, None), &scope),
+                Decision::Pass,
+                "{ttl}"
+            );
+            // Neither a create nor an update.
+            let deleted = request("DELETE", with.clone(), Some(with.clone()));
+            assert_eq!(decide(&deleted, &scope), Decision::Pass, "{ttl}");
+        }
+    }
+
+    #[test]
+    fn a_machine_being_deleted_is_not_refused_but_warned_about() {
+        let deleting = |annotations: serde_json::Value| {
+            let mut object = worker(annotations);
+            object["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+            object
+        };
+        for ttl in ["1y", "1yr"] {
+            let (_, warnings) = marked(annotate(deleting, ttl));
+            assert_eq!(warnings.len(), 1, "{ttl}");
+            assert!(warnings[0].contains("being deleted"), "{warnings:?}");
+        }
     }
 
     #[test]
     fn requests_outside_our_scope_are_left_for_the_controller_that_handles_them() {
-        let labelled = machine(
-            json!({ REFRESH_CERTIFICATES: "1y" }),
-            json!({ WATCH_FILTER_LABEL: "a" }),
-        );
+        let labelled = |ttl: &str| {
+            machine(
+                json!({ REFRESH_CERTIFICATES: ttl }),
+                json!({ WATCH_FILTER_LABEL: "a" }),
+            )
+        };
         let mine = Scope {
             namespace: Some("fleet".into()),
             watch_filter: Some("a".into()),
         };
-        assert!(mutate(&request("CREATE", labelled.clone(), None), &mine).is_some());
+        let update = |ttl: &str| {
+            let old = machine(json!({}), json!({ WATCH_FILTER_LABEL: "a" }));
+            request("UPDATE", labelled(ttl), Some(old))
+        };
+        marked(decide(&update("1y"), &mine));
+        assert!(matches!(decide(&update("1yr"), &mine), Decision::Deny(_)));
         let other_filter = Scope {
             watch_filter: Some("b".into()),
             ..Scope::default()
         };
-        assert!(mutate(&request("CREATE", labelled.clone(), None), &other_filter).is_none());
         let other_namespace = Scope {
             namespace: Some("edge".into()),
             ..Scope::default()
         };
-        assert!(mutate(&request("CREATE", labelled, None), &other_namespace).is_none());
+        for scope in [other_filter, other_namespace] {
+            for ttl in ["1y", "1yr"] {
+                let decision = decide(&update(ttl), &scope);
+                assert_eq!(decision, Decision::Pass, "{ttl} {scope:?}");
+            }
+        }
     }
 
     #[test]
-    fn a_review_is_always_allowed() {
-        let new = machine(json!({ REFRESH_CERTIFICATES: "1y" }), json!({}));
+    fn a_review_allows_marks_with_warnings_or_denies_as_invalid() {
+        let new = control_plane(json!({ REFRESH_CERTIFICATES: "1y" }));
         let response = review(&request("CREATE", new, None), &Scope::default());
         assert!(response.allowed);
         assert!(response.patch.is_some());
+        assert_eq!(response.warnings, None);
+
+        let short = control_plane(json!({ REFRESH_CERTIFICATES: "1h" }));
+        let response = review(&request("CREATE", short, None), &Scope::default());
+        assert!(response.allowed && response.patch.is_some());
+        assert_eq!(response.warnings.map(|w| w.len()), Some(1));
+
+        let bad = control_plane(json!({ REFRESH_CERTIFICATES: "1yr" }));
+        let before = control_plane(json!({}));
+        let response = review(
+            &request("UPDATE", bad.clone(), Some(before)),
+            &Scope::default(),
+        );
+        assert!(!response.allowed);
+        assert!(response.patch.is_none());
+        assert_eq!(response.result.code, 422);
+        assert_eq!(response.result.reason, "Invalid");
+        assert_eq!(response.result.message, controller_message(&bad, "1yr"));
+        assert_eq!(response.uid, "req-1");
+
+        let untouched = worker(json!({}));
+        let response = review(&request("CREATE", untouched, None), &Scope::default());
+        assert!(response.allowed && response.patch.is_none());
     }
 }

@@ -38,6 +38,8 @@ pub struct Config {
     pub warning: SignedDuration,
     /// Read each Secret at least this often.
     pub interval: Duration,
+    /// What the kubeconfig may use: one the refreshes would refuse is reported as unreadable.
+    pub vetting: crate::workload::Vetting,
 }
 
 pub struct Context {
@@ -260,7 +262,7 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
     let reading = match recent {
         Some(reading) => reading,
         None => {
-            let reading = read(&ctx.client, &namespace, &name).await?;
+            let reading = read(&ctx.client, &namespace, &name, ctx.config.vetting).await?;
             if let Ok(mut readings) = ctx.readings.lock() {
                 readings.insert(key, (std::time::Instant::now(), reading.clone()));
             }
@@ -366,14 +368,21 @@ pub fn sweep(ctx: &Context, clusters: &Store<Cluster>) {
 }
 
 /// Reads `<cluster>-kubeconfig`.
-async fn read(client: &Client, namespace: &str, cluster: &str) -> Result<Reading, Error> {
+async fn read(
+    client: &Client,
+    namespace: &str,
+    cluster: &str,
+    vetting: crate::workload::Vetting,
+) -> Result<Reading, Error> {
     Ok(
         match crate::workload::kubeconfig_secret(client, namespace, cluster).await {
-            Ok(object) => match crate::workload::kubeconfig_of(&object, namespace) {
+            Ok(object) => match crate::workload::kubeconfig_of(&object, namespace, vetting) {
                 Ok(kubeconfig) => match kubeconfig_expiry(&kubeconfig) {
                     Ok(expiry) => Reading::Read(expiry),
                     Err(reason) => Reading::Unreadable(reason),
                 },
+                // The message names the Secret already.
+                Err(WorkloadError::Kubeconfig { reason, .. }) => Reading::Unreadable(reason),
                 Err(err) => Reading::Unreadable(err.to_string()),
             },
             Err(WorkloadError::Secret {

@@ -54,6 +54,7 @@ pub async fn run(
     health: Health,
     stop: CancellationToken,
     carrier: Option<ck8s_certs_api::machine_certificates::Carrier>,
+    term: crate::leader::Term,
 ) {
     let (machines, clusters, owned): (Api<Machine>, Api<Cluster>, Api<stores::CachedCertificates>) =
         match &args.namespace {
@@ -171,6 +172,7 @@ pub async fn run(
             warning: jiff::SignedDuration::try_from(args.kubeconfig_expiry_warning)
                 .unwrap_or(jiff::SignedDuration::MAX),
             interval: args.kubeconfig_check_interval,
+            vetting: args.kubeconfig_vetting(),
         },
     };
     let fleet_ctx = Arc::new(fleet::Context {
@@ -179,7 +181,7 @@ pub async fn run(
         capi,
         stores: stores.clone(),
         requests: requests_store.clone(),
-        workload: crate::workload::Clients::new(client.clone()),
+        workload: crate::workload::Clients::new(client.clone(), args.kubeconfig_vetting()),
         recorder: recorder.clone(),
         wait_timeout: args.refresh_wait_timeout,
         history: args.refresh_history,
@@ -194,7 +196,7 @@ pub async fn run(
         clock: clock.clone(),
         client: client.clone(),
         capi,
-        workload: crate::workload::Clients::new(client.clone()),
+        workload: crate::workload::Clients::new(client.clone(), args.kubeconfig_vetting()),
         stores: stores.clone(),
         recorder,
         config: machine::Config {
@@ -217,8 +219,10 @@ pub async fn run(
                 wait_timeout: args.refresh_wait_timeout,
                 tries: args.k8sd_attempts.max(1),
                 settle_timeout: args.settle_timeout,
+                run_timeout: args.k8sd_run_timeout,
             },
             stop.clone(),
+            term,
         ),
         outcomes: machine::KeptOutcomes::default(),
         shard: shard::Shard::new(client.clone(), carrier, clock.clone()),

@@ -111,6 +111,28 @@ fn timings_must_nest() {
 }
 
 #[test]
+fn the_lease_outlasts_the_renew_deadline_by_a_margin() {
+    let with = |lease: u64, renew_ms: u64| Settings {
+        lease_duration: Duration::from_secs(lease),
+        renew_deadline: Duration::from_millis(renew_ms),
+        retry_period: Duration::from_millis(500),
+        ..settings()
+    };
+    // 2 s at least…
+    assert!(with(6, 4_000).validate().is_ok());
+    assert!(matches!(
+        with(6, 4_500).validate(),
+        Err(SettingsError::MarginTooSmall { needed, .. }) if needed == Duration::from_secs(2)
+    ));
+    // …and a fifth of the lease.
+    assert!(with(60, 48_000).validate().is_ok());
+    assert!(matches!(
+        with(60, 50_000).validate(),
+        Err(SettingsError::MarginTooSmall { needed, .. }) if needed == Duration::from_secs(12)
+    ));
+}
+
+#[test]
 fn identities_are_unique_per_call() {
     assert_ne!(identity(), identity());
 }

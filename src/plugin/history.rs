@@ -39,6 +39,8 @@ pub struct Entry {
     pub ttl: String,
     pub origin: String,
     pub requested_by: Option<String>,
+    /// The user who asked, as authenticated at admission.
+    pub requester: Option<String>,
     pub started: Option<Timestamp>,
     pub finished: Option<Timestamp>,
     /// Pending, Running, Suspended, Succeeded or Failed.
@@ -70,6 +72,7 @@ pub fn entry(request: &CertificateRefresh) -> Entry {
         ttl: spec.ttl.clone(),
         origin: format!("{:?}", spec.origin),
         requested_by: spec.requested_by.clone(),
+        requester: spec.requester.as_ref().map(|r| r.username.clone()),
         started: status
             .started_at
             .map(|t| t.0)
@@ -128,7 +131,13 @@ fn cells(entry: &Entry) -> Vec<Cell> {
         Cell::plain(&entry.target),
         Cell::plain(&entry.ttl),
         Cell::plain(&entry.origin),
-        Cell::plain(entry.requested_by.as_deref().unwrap_or("-")),
+        // The user when known (with the tool or object they went through), else the tool.
+        Cell::plain(match (&entry.requester, &entry.requested_by) {
+            (Some(user), Some(by)) => format!("{user} ({by})"),
+            (Some(user), None) => user.clone(),
+            (None, Some(by)) => by.clone(),
+            (None, None) => "-".into(),
+        }),
         Cell::plain(entry.started.map_or_else(|| "-".into(), when)),
         Cell::with(result, tone),
         Cell::plain(entry.new_expiry.map_or_else(|| "-".into(), when)),
@@ -221,6 +230,10 @@ mod tests {
                     Origin::Manual
                 },
                 requested_by: Some("kubectl-annotate".into()),
+                requester: Some(ck8s_certs_api::machine_certificates::Requester {
+                    username: "alice".into(),
+                    ..Default::default()
+                }),
                 max_parallel_workers: None,
                 continue_on_failure: false,
                 suspend: false,
@@ -248,9 +261,9 @@ mod tests {
         table(&mut out, &HEADERS, &rows, false).unwrap();
         assert_eq!(
             String::from_utf8(out).unwrap(),
-            "NAMESPACE  TARGET     TTL  ORIGIN  REQUESTED BY      STARTED               RESULT       NEW EXPIRY\n\
-             ns         cluster/c  1y   Manual  kubectl-annotate  2027-01-15T08:00:10Z  Running 2/3  -\n\
-             ns         m          1y   Fleet   kubectl-annotate  2027-01-15T08:00:05Z  Failed       -\n"
+            "NAMESPACE  TARGET     TTL  ORIGIN  REQUESTED BY              STARTED               RESULT       NEW EXPIRY\n\
+             ns         cluster/c  1y   Manual  alice (kubectl-annotate)  2027-01-15T08:00:10Z  Running 2/3  -\n\
+             ns         m          1y   Fleet   alice (kubectl-annotate)  2027-01-15T08:00:05Z  Failed       -\n"
         );
     }
 }

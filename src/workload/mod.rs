@@ -1,13 +1,15 @@
 //! Access to workload clusters from the management cluster.
 //!
 //! - [`Clients`]: a kube client per workload cluster, built from the `<cluster>-kubeconfig`
-//!   Secret and cached until that Secret's resourceVersion changes (one GET per operation, no
-//!   watch: least privilege is `get` on Secrets).
+//!   Secret once [`kubeconfig::vet`] accepts it, and cached until that Secret's resourceVersion
+//!   changes or the workload API server answers 401 (one GET per operation, no watch: least
+//!   privilege is `get` on Secrets).
 //! - [`tokens`]: the k8sd tokens of a Machine, read when needed and never cached or logged.
 //! - [`endpoint`]: where a node's k8sd is: its InternalIP, microcluster port and route.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 
 use ck8s_certs_api::{capi, k8sd};
 use k8s_openapi::api::core::v1::Secret;
@@ -18,6 +20,9 @@ use crate::k8sd::Token;
 
 pub mod credentials;
 pub mod endpoint;
+pub mod kubeconfig;
+
+pub use kubeconfig::Vetting;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkloadError {
@@ -119,29 +124,38 @@ fn secret_value(
 /// for those being refreshed.
 pub struct Clients {
     management: Client,
-    cache: Mutex<HashMap<(String, String), Cached>>,
+    vetting: Vetting,
+    cache: Arc<Cache>,
+    /// Tells the clients apart, so that a late 401 of a replaced client does not evict the new.
+    next_id: AtomicU64,
 }
+
+type Key = (String, String);
+type Cache = Mutex<HashMap<Key, Cached>>;
 
 struct Cached {
     /// The kubeconfig Secret's resourceVersion the client was built from.
     version: String,
     client: Client,
     used: std::time::Instant,
+    id: u64,
 }
 
 impl Clients {
     pub const IDLE: std::time::Duration = std::time::Duration::from_secs(600);
     pub const MAX: usize = 64;
 
-    pub fn new(management: Client) -> Self {
+    pub fn new(management: Client, vetting: Vetting) -> Self {
         Self {
             management,
-            cache: Mutex::new(HashMap::new()),
+            vetting,
+            cache: Arc::new(Mutex::new(HashMap::new())),
+            next_id: AtomicU64::new(0),
         }
     }
 
     /// The cached client for `key` built from `version`, if any; evicts idle clients.
-    fn cached(&self, key: &(String, String), version: &str) -> Option<Client> {
+    fn cached(&self, key: &Key, version: &str) -> Option<Client> {
         let mut cache = self.cache.lock().ok()?;
         cache.retain(|_, c| c.used.elapsed() < Self::IDLE);
         let cached = cache.get_mut(key).filter(|c| c.version == version)?;
@@ -149,7 +163,7 @@ impl Clients {
         Some(cached.client.clone())
     }
 
-    fn insert(&self, key: (String, String), version: String, client: Client) {
+    fn insert(&self, key: Key, version: String, client: Client, id: u64) {
         let Ok(mut cache) = self.cache.lock() else {
             return;
         };
@@ -168,13 +182,25 @@ impl Clients {
                 version,
                 client,
                 used: std::time::Instant::now(),
+                id,
             },
         );
     }
 
+    /// Drops the cached client of `cluster` in `namespace`: the next [`Clients::get`] builds it
+    /// again from the Secret. Clients built here forget themselves when the workload API server
+    /// answers 401 Unauthorized (credentials revoked or rotated).
+    pub fn forget(&self, namespace: &str, cluster: &str) {
+        if let Ok(mut cache) = self.cache.lock() {
+            cache.remove(&(namespace.to_owned(), cluster.to_owned()));
+        }
+    }
+
     /// The client of `cluster` in `namespace`; rebuilt when its kubeconfig Secret changed.
-    /// Credentials that have expired are refused here with the Secret and the date, rather than
-    /// by the workload API server with a bare TLS error.
+    /// A kubeconfig that would make the controller read its own files, run a command or act as
+    /// another identity is refused before anything is built ([`kubeconfig::vet`]). Credentials
+    /// that have expired are refused here with the Secret and the date, rather than by the
+    /// workload API server with a bare TLS error.
     pub async fn get(&self, namespace: &str, cluster: &str) -> Result<Client, WorkloadError> {
         let name = capi::kubeconfig_secret_name(cluster);
         let secret = get_secret(&self.management, namespace, &name).await?;
@@ -185,7 +211,7 @@ impl Clients {
             name: name.clone(),
             reason,
         };
-        let kubeconfig = kubeconfig_of(&secret, namespace)?;
+        let kubeconfig = kubeconfig_of(&secret, namespace, self.vetting)?;
         if let Some((certificate, at)) = credentials::kubeconfig_expiry(&kubeconfig)
             .map_err(&bad)?
             .expired(jiff::Timestamp::now())
@@ -200,16 +226,148 @@ impl Clients {
         if let Some(client) = self.cached(&key, &version) {
             return Ok(client);
         }
-        let mut config =
-            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-                .await
-                .map_err(|e| bad(e.to_string()))?;
-        // A workload API server that stops answering must not stall a refresh forever.
-        config.connect_timeout = Some(std::time::Duration::from_secs(10));
-        config.read_timeout = Some(std::time::Duration::from_secs(60));
-        let client = Client::try_from(config).map_err(|e| bad(e.to_string()))?;
-        self.insert(key, version, client.clone());
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let forget = ForgetOnUnauthorized {
+            cache: Arc::downgrade(&self.cache),
+            key: key.clone(),
+            id,
+        };
+        let client = build(kubeconfig, &forget)
+            .await
+            .map_err(|r| bad(r.to_owned()))?;
+        self.insert(key, version, client.clone(), id);
         Ok(client)
+    }
+}
+
+/// A client of a vetted kubeconfig, with `forget` as its outermost layer. The error is a fixed
+/// reason: kube-rs's texts may quote the kubeconfig (PEM, paths, names).
+async fn build(
+    kubeconfig: Kubeconfig,
+    forget: &ForgetOnUnauthorized,
+) -> Result<Client, &'static str> {
+    let mut config =
+        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .map_err(|e| config_error_reason(&e))?;
+    // A workload API server that stops answering must not stall a refresh forever.
+    config.connect_timeout = Some(std::time::Duration::from_secs(10));
+    config.read_timeout = Some(std::time::Duration::from_secs(60));
+    Ok(kube::client::ClientBuilder::try_from(config)
+        .map_err(|e| client_error_reason(&e))?
+        .with_layer(forget)
+        .build())
+}
+
+/// Why kube-rs could not make a configuration of a vetted kubeconfig, naming fields only.
+fn config_error_reason(error: &kube::config::KubeconfigError) -> &'static str {
+    use kube::config::KubeconfigError as E;
+    match error {
+        E::MissingClusterUrl | E::ParseClusterUrl(_) => {
+            "`server` is not a valid URL: set it to the workload API server's https:// URL"
+        }
+        E::LoadCertificateAuthority(_) | E::ParseCertificates(_) => {
+            "`certificate-authority-data` is not base64-encoded PEM certificates"
+        }
+        E::LoadClientCertificate(_) => "`client-certificate-data` is not base64-encoded PEM",
+        E::LoadClientKey(_) => "`client-key-data` is not base64-encoded PEM",
+        _ => {
+            "kube-rs cannot make a client configuration of it (its error is not shown: it may quote the kubeconfig)"
+        }
+    }
+}
+
+/// Why kube-rs could not build a client of a vetted kubeconfig's configuration.
+fn client_error_reason(error: &kube::Error) -> &'static str {
+    match error {
+        kube::Error::RustlsTls(_) => {
+            "the TLS set-up failed: check `client-certificate-data` and `client-key-data` (base64 PEM; the key PKCS#8, RSA or EC), `certificate-authority-data` and `tls-server-name`"
+        }
+        kube::Error::Auth(_) => "the user's credentials cannot be loaded",
+        // The client identity is loaded only now.
+        kube::Error::InferKubeconfig(e) => config_error_reason(e),
+        _ => {
+            "kube-rs cannot build a client of it (its error is not shown: it may quote the kubeconfig)"
+        }
+    }
+}
+
+/// A layer of each workload client: a 401 Unauthorized from the workload API server forgets
+/// that client, so the next use builds it again from the Secret (the Secret may have been
+/// rotated meanwhile, or a freshly built client may authenticate again). Every request of the
+/// client passes here, port-forwards included, so no caller has to remember it.
+#[derive(Clone)]
+struct ForgetOnUnauthorized {
+    /// Weak: the cache holds the client that holds this layer.
+    cache: Weak<Cache>,
+    key: Key,
+    id: u64,
+}
+
+impl ForgetOnUnauthorized {
+    fn forget(&self) {
+        let Some(cache) = self.cache.upgrade() else {
+            return;
+        };
+        let Ok(mut cache) = cache.lock() else {
+            return;
+        };
+        // Only the client that got the 401, not one built since.
+        if cache.get(&self.key).is_some_and(|c| c.id == self.id) {
+            cache.remove(&self.key);
+            tracing::info!(
+                namespace = self.key.0,
+                cluster = self.key.1,
+                "The workload API server answered 401 Unauthorized: the cluster's client is built again from its kubeconfig Secret at the next use"
+            );
+        }
+    }
+}
+
+impl<S> tower::Layer<S> for ForgetOnUnauthorized {
+    type Service = ForgetOnUnauthorizedService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ForgetOnUnauthorizedService {
+            inner,
+            forget: self.clone(),
+        }
+    }
+}
+
+struct ForgetOnUnauthorizedService<S> {
+    inner: S,
+    forget: ForgetOnUnauthorized,
+}
+
+impl<S, Request, Body> tower::Service<Request> for ForgetOnUnauthorizedService<S>
+where
+    S: tower::Service<Request, Response = http::Response<Body>>,
+    S::Future: Send + 'static,
+    S::Error: 'static,
+    Body: 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = futures::future::BoxFuture<'static, Result<S::Response, S::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        let response = self.inner.call(request);
+        let forget = self.forget.clone();
+        Box::pin(async move {
+            let response = response.await?;
+            if response.status() == http::StatusCode::UNAUTHORIZED {
+                forget.forget();
+            }
+            Ok(response)
+        })
     }
 }
 
@@ -222,14 +380,23 @@ pub async fn kubeconfig_secret(
     get_secret(mgmt, namespace, &capi::kubeconfig_secret_name(cluster)).await
 }
 
-/// The kubeconfig a `<cluster>-kubeconfig` Secret holds.
-pub fn kubeconfig_of(secret: &Secret, namespace: &str) -> Result<Kubeconfig, WorkloadError> {
+/// The kubeconfig a `<cluster>-kubeconfig` Secret holds, once [`kubeconfig::vet`] accepts it.
+/// Neither a parse error nor a refusal quotes the kubeconfig.
+pub fn kubeconfig_of(
+    secret: &Secret,
+    namespace: &str,
+    vetting: Vetting,
+) -> Result<Kubeconfig, WorkloadError> {
     let yaml = secret_value(secret, namespace, capi::KUBECONFIG_SECRET_KEY, "")?;
-    Kubeconfig::from_yaml(&yaml).map_err(|e| WorkloadError::Kubeconfig {
+    let bad = |reason: String| WorkloadError::Kubeconfig {
         namespace: namespace.to_owned(),
         name: secret.metadata.name.clone().unwrap_or_default(),
-        reason: e.to_string(),
-    })
+        reason,
+    };
+    let kubeconfig =
+        Kubeconfig::from_yaml(&yaml).map_err(|e| bad(kubeconfig::parse_error_reason(&e)))?;
+    kubeconfig::vet(&kubeconfig, vetting).map_err(|e| bad(e.to_string()))?;
+    Ok(kubeconfig)
 }
 
 /// The two k8sd tokens a refresh of `machine` needs.
@@ -262,3 +429,6 @@ pub async fn tokens(
         )?),
     })
 }
+
+#[cfg(test)]
+mod tests;

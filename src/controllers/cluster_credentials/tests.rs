@@ -173,6 +173,7 @@ async fn the_series_of_a_deleted_cluster_are_dropped_by_the_sweep() {
         config: Config {
             warning: WARNING,
             interval: Duration::from_secs(3600),
+            vetting: Default::default(),
         },
         clock: crate::clock::SystemClock::shared(),
     };

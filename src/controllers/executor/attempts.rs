@@ -12,6 +12,7 @@
 //!   answer arrives tells what the node serves;
 //! - at most [`MAX_RUN_SENDS`] `run`s per operation, across restarts (`op.run_attempts`);
 //! - once the process is stopping, an operation that has sent nothing yet sends nothing;
+//! - a replica whose term as leader is over sends nothing more (it looks right before it does);
 //! - a `plan` that gets no answer is waited for through the journal, one call at a time.
 
 use std::future::Future;
@@ -48,6 +49,9 @@ pub(super) trait Journal: Send {
     ) -> impl Future<Output = Result<(), Failure>> + Send;
     /// Whether the process is stopping.
     fn stopping(&self) -> bool;
+    /// Whether this replica still leads: asked right before the seed is recorded and right
+    /// before `run` (and `approve`) is sent, the calls that change the node.
+    fn leading(&self) -> bool;
     fn now(&self) -> Timestamp;
 }
 
@@ -98,16 +102,22 @@ where
                 }
             }
         };
-        if journal.stopping() && op.seed.is_none() {
+        if (journal.stopping() && op.seed.is_none()) || !journal.leading() {
             return Err(Failure::Stopping);
         }
         let seed = plan.seed;
         op.seed = Some(seed);
         op.phase = Phase::Running;
         op.run_attempts = op.run_attempts.saturating_add(1);
+        op.seeded_at = Some(Time(journal.now()));
         journal.record(op, node.fingerprint()).await?;
         tracing::Span::current().record("seed", seed);
 
+        if !journal.leading() {
+            // The term ended while the seed was recorded: the seed's `run` was never sent, and
+            // the next leader goes on with a new plan (it counts as one of the sends).
+            return Err(Failure::Stopping);
+        }
         let request = RunRequest::new(seed, ttl, extra_sans.clone());
         let (answered, approve_error) = match approver.as_deref_mut() {
             None => (node.run(&request).await, None),

@@ -68,6 +68,8 @@ pub struct Settings {
     /// After a control-plane `run`, how long to wait for the node's k8sd to answer again before
     /// another refresh of that cluster may start.
     pub settle_timeout: Duration,
+    /// How long a `run` may take on the node (`--k8sd-run-timeout`).
+    pub run_timeout: Duration,
 }
 
 /// A refresh taken up by the Machine reconciler, to be carried out on its node.
@@ -197,6 +199,8 @@ struct Parked {
     /// What the reconciler that parked it last saw of the Machine's state (a digest, see
     /// [`Executor::note_seen`]).
     seen: Option<u64>,
+    /// The last seed whose `run` this process sent (and saw end) before it parked.
+    sent: Option<i64>,
 }
 
 pub struct Executor {
@@ -204,15 +208,23 @@ pub struct Executor {
     parked: Mutex<HashMap<Waiter, Parked>>,
     settings: Settings,
     stop: CancellationToken,
+    /// This replica's term as leader: nothing is sent to a node outside it.
+    term: crate::leader::Term,
 }
 
 impl Executor {
-    pub fn new(admission: Admission, settings: Settings, stop: CancellationToken) -> Self {
+    pub fn new(
+        admission: Admission,
+        settings: Settings,
+        stop: CancellationToken,
+        term: crate::leader::Term,
+    ) -> Self {
         Self {
             admission,
             parked: Mutex::default(),
             settings,
             stop,
+            term,
         }
     }
 
@@ -292,6 +304,15 @@ impl Executor {
         let who = Waiter { namespace, machine };
         let mut parked = self.unpark(&who, &request, &cluster);
 
+        // A seed whose `run` this process saw end is planned again at once, as within the
+        // attempts; one sent by someone else (or before a restart) is waited out.
+        if parked.sent.is_none_or(|sent| op.seed != Some(sent))
+            && let Some((after, why)) =
+                run_may_be_running(&op, self.settings.run_timeout, journal.now())
+        {
+            return self.park(who, parked, op, journal, why, after).await;
+        }
+
         // Control planes first: a worker whose cluster refreshes a control plane (or is asked
         // to) waits for it, up to the wait timeout, so that a cluster annotated in one command
         // refreshes its control planes before its workers, whose approvals need them.
@@ -325,8 +346,9 @@ impl Executor {
                 };
             }
         };
-        if op.seed.is_none() && self.stop.is_cancelled() {
-            // Nothing was sent to the node yet: the next leader starts it.
+        if (op.seed.is_none() && self.stop.is_cancelled()) || !self.term.leading() {
+            // Nothing was sent to the node yet (or, no longer leading, nothing more will be):
+            // the next leader goes on from the request.
             self.forget_parked(&who);
             return Finished::Stopping;
         }
@@ -366,6 +388,7 @@ impl Executor {
             timeout: self.settings.wait_timeout,
             tries: self.settings.tries,
             stop: &self.stop,
+            term: &self.term,
         };
         let result = attempts::carry_out(
             &mut node,
@@ -389,6 +412,7 @@ impl Executor {
             }
             Err(Failure::Wait(after)) => {
                 let why = parked.shown.clone().unwrap_or_default();
+                parked.sent = op.seed;
                 self.keep(who, parked, op);
                 Finished::Wait { after, why }
             }
@@ -422,6 +446,7 @@ impl Executor {
                 shown: None,
                 waiting_for_control_planes: None,
                 seen: None,
+                sent: None,
             },
         }
     }
@@ -487,6 +512,34 @@ impl Executor {
     }
 }
 
+/// For an operation taken over with a `run` of unknown outcome (another leader's, or ours
+/// before a restart): that `run` may still be running on the node until the run timeout has
+/// passed since its seed was recorded, and a new `plan` meanwhile would restart the node's
+/// services a second time. How long to wait, and why.
+fn run_may_be_running(
+    op: &Operation,
+    run_timeout: Duration,
+    now: Timestamp,
+) -> Option<(Duration, String)> {
+    let (Some(seed), Some(at)) = (op.seed, op.seeded_at.as_ref()) else {
+        return None;
+    };
+    if op.is_finished() {
+        return None;
+    }
+    let until = at.0.checked_add(run_timeout).ok()?;
+    let left = Duration::try_from(until.duration_since(now)).ok()?;
+    (!left.is_zero()).then(|| {
+        (
+            left,
+            format!(
+                "the run of seed {seed} sent at {} may still be running on the node; a new plan waits until {until} (--k8sd-run-timeout after it)",
+                at.0
+            ),
+        )
+    })
+}
+
 /// The lifetime `op` asks for: its seconds, else its TTL as written (an operation journaled
 /// without seconds). An operation without a valid lifetime fails before its node sees anything.
 pub fn ttl_of(op: &Operation) -> Result<Ttl, Failure> {
@@ -538,6 +591,7 @@ struct AttemptsJournal<'a, J> {
     timeout: Duration,
     tries: u32,
     stop: &'a CancellationToken,
+    term: &'a crate::leader::Term,
 }
 
 impl<J: Journal> attempts::Journal for AttemptsJournal<'_, J> {
@@ -572,6 +626,10 @@ impl<J: Journal> attempts::Journal for AttemptsJournal<'_, J> {
 
     fn stopping(&self) -> bool {
         self.stop.is_cancelled()
+    }
+
+    fn leading(&self) -> bool {
+        self.term.leading()
     }
 
     fn now(&self) -> Timestamp {

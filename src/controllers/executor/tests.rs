@@ -15,6 +15,7 @@ use crate::k8sd::wire::{PlanResponse, RunRequest, RunResponse};
 
 const EXPIRY: i64 = 1_900_000_000;
 const YEAR: i64 = 365 * 86_400;
+const RUN_TIMEOUT: Duration = Duration::from_secs(300);
 
 type Log = Arc<Mutex<Vec<String>>>;
 
@@ -186,6 +187,10 @@ fn node(
 }
 
 fn executor() -> (Executor, mpsc::UnboundedReceiver<Waiter>) {
+    executor_in(crate::leader::Term::always())
+}
+
+fn executor_in(term: crate::leader::Term) -> (Executor, mpsc::UnboundedReceiver<Waiter>) {
     let (tx, rx) = mpsc::unbounded();
     let executor = Executor::new(
         Admission::new(2, 10, Some(tx)),
@@ -193,8 +198,10 @@ fn executor() -> (Executor, mpsc::UnboundedReceiver<Waiter>) {
             wait_timeout: Duration::from_secs(60),
             tries: 3,
             settle_timeout: Duration::from_secs(30),
+            run_timeout: RUN_TIMEOUT,
         },
         CancellationToken::new(),
+        term,
     );
     (executor, rx)
 }
@@ -702,6 +709,79 @@ async fn a_stopping_process_starts_nothing_new() {
         "cp-0",
         Role::ControlPlane,
         operation(None, 0),
+        &mut link,
+        &mut journal(&log),
+    )
+    .await;
+    assert_eq!(said(&finished), "stopping");
+    assert!(entries(&log).is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_run_sent_before_a_handover_is_waited_out_before_a_new_plan() {
+    let log = Log::default();
+    let (executor, _rx) = executor();
+    let now = super::Journal::now(&journal(&log));
+    let seeded = |ago: i64| Operation {
+        seeded_at: Some(Time(now - jiff::SignedDuration::from_secs(ago))),
+        ..operation(Some(7), 1)
+    };
+    // Sent 10 s ago by another leader: that run may still be running on the node.
+    let mut link = node(&log, "w-0", vec![Ok(8)], vec![Ok(EXPIRY)]);
+    let mut journal = journal(&log);
+    let finished = go(
+        &executor,
+        "w-0",
+        Role::Worker,
+        seeded(10),
+        &mut link,
+        &mut journal,
+    )
+    .await;
+    assert!(
+        said(&finished).contains("the run of seed 7 sent at")
+            && matches!(finished, Finished::Wait { after, .. } if after == RUN_TIMEOUT - Duration::from_secs(10)),
+        "{}",
+        said(&finished)
+    );
+    assert!(entries(&log).is_empty(), "{:?}", entries(&log));
+    assert_eq!(journal.shown.len(), 1, "shown waiting: {:?}", journal.shown);
+
+    // The run timeout has passed since: a new plan, a new seed.
+    let mut link = node(&log, "w-0", vec![Ok(8)], vec![Ok(EXPIRY)]);
+    let timeout = i64::try_from(RUN_TIMEOUT.as_secs()).unwrap();
+    let finished = go(
+        &executor,
+        "w-0",
+        Role::Worker,
+        seeded(timeout),
+        &mut link,
+        &mut journal,
+    )
+    .await;
+    assert!(
+        said(&finished).starts_with("ran Succeeded"),
+        "{}",
+        said(&finished)
+    );
+    assert!(
+        entries(&log).contains(&"record seed=8 attempts=2".to_owned()),
+        "{:?}",
+        entries(&log)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_replica_that_does_not_lead_sends_nothing_even_for_a_journaled_operation() {
+    let log = Log::default();
+    let (executor, _rx) = executor_in(crate::leader::Term::none());
+    let mut link = node(&log, "cp-0", vec![Ok(2)], vec![Ok(EXPIRY)]);
+    // A run of seed 1 with no known outcome: the next leader goes on with it, not this one.
+    let finished = go(
+        &executor,
+        "cp-0",
+        Role::ControlPlane,
+        operation(Some(1), 1),
         &mut link,
         &mut journal(&log),
     )

@@ -23,6 +23,7 @@ fn spec(ttl: &str) -> CertificateRefreshSpec {
         ttl: ttl.into(),
         origin: Origin::Manual,
         requested_by: None,
+        requester: None,
         max_parallel_workers: Some(2),
         continue_on_failure: false,
         suspend: false,

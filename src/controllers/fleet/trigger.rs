@@ -13,14 +13,14 @@ use std::sync::Arc;
 
 use ck8s_certs_api::annotations::{
     FLEET_REQUEST, FLEET_REQUEST_PENDING, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS,
-    RefreshStatus,
+    REQUESTER, RefreshStatus,
 };
 use ck8s_certs_api::capi::{
     BLOCK_MOVE_ANNOTATION, BLOCK_MOVE_OWNER, CK8S_CONTROL_PLANE_KIND, CLUSTER_NAME_LABEL,
     CONTROL_PLANE_GROUP, GROUP, WATCH_FILTER_LABEL,
 };
 use ck8s_certs_api::certificate_refresh::{
-    CertificateRefresh, CertificateRefreshSpec, Origin, Target,
+    CertificateRefresh, CertificateRefreshSpec, Origin, Requester, Target,
 };
 use ck8s_certs_api::control_plane::ControlPlane;
 use ck8s_certs_api::machine::{Cluster, Pairs};
@@ -327,6 +327,10 @@ async fn handle(ctx: &Context, object: Triggered<'_>) -> Result<Action, Error> {
             ttl: ttl.clone(),
             origin: Origin::Manual,
             requested_by: object.trigger_manager.clone(),
+            requester: object.annotations.get(REQUESTER).map(|username| Requester {
+                username: username.to_owned(),
+                ..Default::default()
+            }),
             max_parallel_workers: None,
             continue_on_failure: false,
             suspend: false,

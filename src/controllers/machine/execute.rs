@@ -44,6 +44,14 @@ impl Reconciler<'_> {
             Ok(ttl) => ttl,
             Err(failure) => return self.finish(status, op, Err(failure)).await,
         };
+        let pin = match super::node::pin_of(
+            status.k8sd_fingerprint.as_deref(),
+            &self.view.namespace,
+            &self.view.name,
+        ) {
+            Ok(pin) => pin,
+            Err(failure) => return self.finish(status, op, Err(failure)).await,
+        };
         let accepted = Accepted {
             namespace: self.view.namespace.clone(),
             machine: self.view.name.clone(),
@@ -59,10 +67,6 @@ impl Reconciler<'_> {
         };
         status.role = Some(role);
         status.node_name = self.view.node_name.clone();
-        let pin = status
-            .k8sd_fingerprint
-            .as_deref()
-            .and_then(|f| f.parse::<Fingerprint>().ok());
         let mut connector = KubeConnector {
             reconciler: self,
             cluster: &cluster,

@@ -14,7 +14,6 @@ use kube::runtime::events::EventType;
 use super::{Error, Reconciler};
 use crate::controllers::executor::Failure;
 use crate::controllers::patches::{MachineChanges, set_condition};
-use crate::k8sd::Fingerprint;
 use crate::k8sd::wire::{CertificatesExpiryResponse, path};
 
 impl Reconciler<'_> {
@@ -26,11 +25,16 @@ impl Reconciler<'_> {
     ) -> Result<Action, Error> {
         let now = self.now();
         let role = self.role();
-        let pin = status
-            .k8sd_fingerprint
-            .as_deref()
-            .and_then(|f| f.parse::<Fingerprint>().ok());
-        let mut node = match self.prepare(pin, role, &cluster).await {
+        let pin = super::node::pin_of(
+            status.k8sd_fingerprint.as_deref(),
+            &self.view.namespace,
+            &self.view.name,
+        );
+        let prepared = match pin {
+            Ok(pin) => self.prepare(pin, role, &cluster).await,
+            Err(failure) => Err(failure),
+        };
+        let mut node = match prepared {
             Ok(node) => node,
             Err(Failure::Workload(err)) if err.is_retryable() => {
                 return Ok(Action::requeue(Duration::from_secs(15)));

@@ -73,6 +73,7 @@ pub fn record(
             ttl: op.ttl.clone(),
             origin: op.origin,
             requested_by: op.requested_by.clone(),
+            requester: op.requester.clone(),
             max_parallel_workers: None,
             continue_on_failure: false,
             suspend: false,

@@ -20,6 +20,25 @@ use crate::workload::endpoint;
 
 use crate::controllers::executor::Failure;
 
+/// The k8sd certificate fingerprint pinned for `machine` (`status.k8sdFingerprint`), `None`
+/// before first use. Fails closed: a pin that cannot be read is an error, never "no pin" (which
+/// would accept any certificate and hand the node's token to whoever answers).
+pub(super) fn pin_of(
+    fingerprint: Option<&str>,
+    namespace: &str,
+    machine: &str,
+) -> Result<Option<Fingerprint>, Failure> {
+    let Some(text) = fingerprint else {
+        return Ok(None);
+    };
+    text.parse::<Fingerprint>().map(Some).map_err(|_| {
+        Failure::Message(format!(
+            "status.k8sdFingerprint of MachineCertificates {namespace}/{machine} is not a SHA-256 fingerprint ({}), so the node's k8sd cannot be verified and nothing is sent to it; set it to the fingerprint of the node's k8sd certificate (docs/refresh.md, \"Trust in k8sd's certificate\")",
+            crate::controllers::executor::truncate(text.to_owned(), 80)
+        ))
+    })
+}
+
 impl Reconciler<'_> {
     /// Resolves the node, its tokens and SANs, and opens a session (nothing sent yet).
     pub(super) async fn prepare(
@@ -152,15 +171,30 @@ impl Reconciler<'_> {
         let mut tried = Vec::new();
         for machine in candidates {
             let node = machine.node_name.clone().unwrap_or_default();
-            let config = Api::<MachineCertificates>::namespaced(self.ctx.client.clone(), ns)
+            // A pin that cannot be read (or an API error reading it) rules the node out: the
+            // cluster's approval token never goes to an unverified endpoint.
+            let config = match Api::<MachineCertificates>::namespaced(self.ctx.client.clone(), ns)
                 .get_opt(&machine.name)
                 .await
-                .ok()
-                .flatten();
-            let pin = config
+            {
+                Ok(config) => config,
+                Err(err) => {
+                    tried.push(format!(
+                        "{node} (reading its pinned certificate failed: {err})"
+                    ));
+                    continue;
+                }
+            };
+            let fingerprint = config
                 .and_then(|c| c.status)
-                .and_then(|s| s.k8sd_fingerprint)
-                .and_then(|f| f.parse::<Fingerprint>().ok());
+                .and_then(|s| s.k8sd_fingerprint);
+            let pin = match pin_of(fingerprint.as_deref(), ns, &machine.name) {
+                Ok(pin) => pin,
+                Err(failure) => {
+                    tried.push(format!("{node} ({})", failure.cause()));
+                    continue;
+                }
+            };
             let port = self.microcluster_port_of(&machine).await;
             let Ok(endpoint) =
                 endpoint::resolve(&client, cluster, &node, port, self.ctx.config.transport).await
@@ -207,5 +241,32 @@ impl Reconciler<'_> {
             })
             .and_then(|p| u16::try_from(p).ok())
             .unwrap_or(DEFAULT_MICROCLUSTER_PORT)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pin_of;
+
+    #[test]
+    fn a_pin_is_read_or_refused_never_dropped() {
+        let hex = "ab".repeat(32);
+        assert_eq!(
+            pin_of(None, "ns", "m").map(|p| p.is_some()).ok(),
+            Some(false)
+        );
+        assert_eq!(
+            pin_of(Some(&hex), "ns", "m").map(|p| p.is_some()).ok(),
+            Some(true)
+        );
+        for bad in ["", "sha256:zz", "abcd", &"ab".repeat(33)] {
+            let refused = pin_of(Some(bad), "ns", "m").err().map(|f| f.cause());
+            assert!(
+                refused
+                    .as_deref()
+                    .is_some_and(|m| m.contains("ns/m") && m.contains("nothing is sent to it")),
+                "{bad:?}: {refused:?}"
+            );
+        }
     }
 }

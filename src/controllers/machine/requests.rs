@@ -5,7 +5,7 @@
 use ck8s_certs_api::annotations::{REFRESH_CERTIFICATES, RefreshStatus};
 use ck8s_certs_api::capi::{BLOCK_MOVE_ANNOTATION, BLOCK_MOVE_OWNER};
 use ck8s_certs_api::machine::{ClusterView, MachineView};
-use ck8s_certs_api::machine_certificates::{MachineCertificatesStatus, Operation, Origin, Role};
+use ck8s_certs_api::machine_certificates::{MachineCertificatesStatus, Operation, Origin};
 use ck8s_certs_api::reasons::{condition_reasons as why, conditions, events};
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -32,6 +32,7 @@ impl Reconciler<'_> {
         let mut op = Operation {
             request: self.request(),
             fleet: self.fleet(),
+            requester: self.requester(),
             ttl_seconds: None,
             ..Operation::pending(
                 self.origin(),
@@ -154,6 +155,21 @@ impl Reconciler<'_> {
             .map(str::to_owned)
     }
 
+    /// The user who wrote the trigger, as the admission webhook recorded them. A fleet
+    /// request's hand-over is the controller's own write: its request names the user.
+    pub(super) fn requester(&self) -> Option<ck8s_certs_api::machine_certificates::Requester> {
+        if self.fleet().is_some() {
+            return None;
+        }
+        let username = self
+            .view
+            .annotation(ck8s_certs_api::annotations::REQUESTER)?;
+        Some(ck8s_certs_api::machine_certificates::Requester {
+            username: username.to_owned(),
+            ..Default::default()
+        })
+    }
+
     /// The field manager that last set the trigger annotation, e.g. `kubectl-annotate`.
     pub(super) fn requested_by(&self) -> Option<String> {
         match self.fleet() {
@@ -168,49 +184,19 @@ impl Reconciler<'_> {
         trigger: String,
         cluster: ClusterView,
     ) -> Result<Action, Error> {
-        let ttl: Ttl = match trigger.parse() {
+        let ttl = match super::step::check_trigger(&self.view, &trigger) {
             Ok(ttl) => ttl,
-            Err(err) => {
-                return self
-                    .reject(
-                        status,
-                        &trigger,
-                        crate::controllers::governing_policy::with_hint(
-                            format!("Refusing to refresh: {err}; annotate again with a valid TTL"),
-                            &crate::controllers::governing_policy::renew_now_hint(
-                                &self.view,
-                                &ck8s_certs_api::renewal_policy::DEFAULT_TTL.to_string(),
-                            ),
-                        ),
-                    )
-                    .await;
+            Err(refusal) => {
+                let message = refusal.message(&self.view);
+                return self.reject(status, &trigger, message).await;
             }
         };
-        let role = self.role();
-        if role == Role::Worker
-            && let Err(err) = ttl.check_worker()
-        {
-            return self
-                .reject(
-                    status,
-                    &trigger,
-                    crate::controllers::governing_policy::with_hint(
-                        format!(
-                            "Refusing to refresh: {err}; annotate again with a TTL from 10m to 68y"
-                        ),
-                        &crate::controllers::governing_policy::renew_now_hint(
-                            &self.view,
-                            &ck8s_certs_api::renewal_policy::DEFAULT_TTL.to_string(),
-                        ),
-                    ),
-                )
-                .await;
-        }
         let node = self.view.node_name.clone().unwrap_or_default();
         let announcement = format!("Refreshing the certificates of node {node} for {trigger}");
         let op = Operation {
             request: self.request(),
             fleet: self.fleet(),
+            requester: self.requester(),
             ..Operation::pending(
                 self.origin(),
                 self.requested_by(),

@@ -265,7 +265,7 @@ impl Environment {
         // per watch filter) with short timings, so a restart after a crash waits seconds.
         for default in [
             "--k8sd-timeout=5s",
-            "--k8sd-run-timeout=60s",
+            "--k8sd-run-timeout=20s",
             "--settle-timeout=20s",
             "--leader-elect-lease-duration=6s",
             "--leader-elect-renew-deadline=4s",

@@ -40,19 +40,43 @@ impl Environment {
         controller
     }
 
-    /// (Re)creates the configuration, calling `https://127.0.0.1:<port>/mutate-machine`, for the
-    /// Machines labelled with `filter` (every Machine when `None`).
+    /// (Re)creates the configuration, calling `https://127.0.0.1:<port>/<path>`, for the
+    /// Machines labelled with `filter` (every Machine when `None`). The entry that names the
+    /// requester of new CertificateRefreshes (which carry no watch-filter label) is installed
+    /// only without a filter, or by [`install_request_webhook`](Self::install_request_webhook).
     pub async fn install_webhook_configuration(&self, filter: Option<&str>, port: u16) {
+        self.install_webhooks(filter, port, filter.is_none()).await
+    }
+
+    /// The whole configuration, the CertificateRefresh entry included, for Machines labelled
+    /// with `filter`.
+    pub async fn install_request_webhook(&self, filter: &str, port: u16) {
+        self.install_webhooks(Some(filter), port, true).await
+    }
+
+    async fn install_webhooks(&self, filter: Option<&str>, port: u16, requests: bool) {
         let path =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/webhook/manifests.yaml");
         let text = std::fs::read_to_string(&path).expect("config/webhook/manifests.yaml");
         let mut shipped: serde_json::Value = serde_yaml::from_str(&text).expect("YAML");
         shipped["metadata"]["name"] = json!(CONFIGURATION);
-        let webhook = &mut shipped["webhooks"][0];
-        webhook["clientConfig"] =
-            json!({ "url": format!("https://127.0.0.1:{port}/mutate-machine") });
-        if let Some(filter) = filter {
-            webhook["objectSelector"] = json!({ "matchLabels": { WATCH_FILTER_LABEL: filter } });
+        let webhooks = shipped["webhooks"].as_array_mut().expect("webhooks");
+        webhooks.retain(|w| {
+            requests || w["clientConfig"]["service"]["path"] != "/mutate-certificaterefresh"
+        });
+        for webhook in webhooks.iter_mut() {
+            let route = webhook["clientConfig"]["service"]["path"]
+                .as_str()
+                .expect("a service path")
+                .to_owned();
+            webhook["clientConfig"] = json!({ "url": format!("https://127.0.0.1:{port}{route}") });
+            // The trigger entries see only objects labelled for this controller (as
+            // `isolate_cluster` labels a Cluster and its MachineDeployment and control plane).
+            let triggers = route != "/mutate-certificaterefresh";
+            if let (Some(filter), true) = (filter, triggers) {
+                webhook["objectSelector"] =
+                    json!({ "matchLabels": { WATCH_FILTER_LABEL: filter } });
+            }
         }
         let configuration: MutatingWebhookConfiguration =
             serde_json::from_value(shipped).expect("a MutatingWebhookConfiguration");

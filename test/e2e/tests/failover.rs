@@ -22,13 +22,14 @@ const TIMEOUT: Duration = Duration::from_secs(90);
 async fn two_replicas(
     env: &Environment,
     filter: &str,
+    a_args: &[&str],
     a_env: &[(&str, &str)],
 ) -> (Controller, Controller) {
     let a_name = format!("{filter}-a");
     let b_name = format!("{filter}-b");
     let mut a_vars = vec![("POD_NAME", a_name.as_str())];
     a_vars.extend_from_slice(a_env);
-    let a = env.start_controller_with_env(filter, &[], &a_vars);
+    let a = env.start_controller_with_env(filter, a_args, &a_vars);
     a.wait_until_leader(TIMEOUT).await;
     a.wait_until_ready(TIMEOUT).await;
     let b = env.start_controller_with_env(filter, &[], &[("POD_NAME", b_name.as_str())]);
@@ -107,6 +108,7 @@ async fn leader_killed_after_a_worker_run_the_standby_refreshes_it_again_with_a_
     let (mut a, b) = two_replicas(
         &env,
         "failover-worker",
+        &[],
         &[("CK8S_CERTS_FAILPOINTS", "after-run-answered")],
     )
     .await;
@@ -156,7 +158,7 @@ async fn leader_killed_during_a_control_plane_run_the_standby_finishes_it_with_a
     let env = shared().await;
     let node = env.cluster("beta").node("beta-cp-0").clone();
     env.isolate(&node, "failover-cp-kill").await;
-    let (a, b) = two_replicas(&env, "failover-cp-kill", &[]).await;
+    let (a, b) = two_replicas(&env, "failover-cp-kill", &[], &[]).await;
     env.sim
         .inject(
             &Fault::latency(Duration::from_secs(3))
@@ -194,7 +196,7 @@ async fn leader_stopped_during_a_control_plane_run_finishes_it_and_hands_over() 
     for node in [&cp, &worker] {
         env.isolate(node, "failover-cp-stop").await;
     }
-    let (mut a, b) = two_replicas(&env, "failover-cp-stop", &[]).await;
+    let (mut a, b) = two_replicas(&env, "failover-cp-stop", &[], &[]).await;
     env.sim
         .inject(
             &Fault::latency(Duration::from_secs(3))
@@ -292,6 +294,145 @@ async fn a_leader_that_loses_its_lease_stops_acting_and_exits() {
     );
 }
 
+fn signal(controller: &Controller, signal: libc::c_int) {
+    let pid = libc::pid_t::try_from(controller.process.pid()).expect("a pid");
+    // SAFETY: kill(2) on a child process of this test; no memory is shared.
+    let sent = unsafe { libc::kill(pid, signal) };
+    assert_eq!(sent, 0, "kill({pid}, {signal})");
+}
+
+#[tokio::test]
+async fn a_leader_paused_past_its_lease_sends_nothing_after_the_standby_took_over() {
+    let env = shared().await;
+    let cp = env.cluster("trio").node("trio-cp-2").clone();
+    env.isolate(&cp, "failover-paused").await;
+    let (mut a, b) = two_replicas(&env, "failover-paused", &[], &[]).await;
+    // The leader's `plan` is answered late: it is frozen (SIGSTOP, as a VM pause or a debugger
+    // would) while it waits, with a seed about to come back.
+    env.sim
+        .inject(
+            &Fault::latency(Duration::from_secs(3))
+                .on(&cp)
+                .at(Endpoint::Plan)
+                .times(1),
+        )
+        .await
+        .unwrap();
+    env.annotate_refresh(&cp, "1y").await;
+    env.wait_for_call(&cp, path::PLAN, TIMEOUT, |c| c.status == 0)
+        .await;
+    signal(&a, libc::SIGSTOP);
+    let paused = Instant::now();
+
+    // The standby takes over once the Lease is not renewed, and refreshes the node.
+    b.wait_until_leader(TIMEOUT).await;
+    println!(
+        "the standby led {:.1}s after the leader was paused",
+        paused.elapsed().as_secs_f64()
+    );
+    expect_finished(&env, &cp).await;
+    let before = runs(&env.sim.calls(&cp.cluster, &cp.node).await.unwrap()).len();
+    assert_eq!(before, 1);
+
+    // The old leader wakes with its `plan` answered: its term is over, so it records nothing,
+    // sends nothing, and exits.
+    signal(&a, libc::SIGCONT);
+    a.wait_for_exit(TIMEOUT).await;
+    let status = a.process.check_running().unwrap_err().to_string();
+    assert!(status.contains("exit status: 1"), "{status}");
+    let calls = env.sim.calls(&cp.cluster, &cp.node).await.unwrap();
+    assert_eq!(runs(&calls).len(), 1, "{:#?}", runs(&calls));
+    assert_eq!(completed_runs(&env, &cp).await.len(), 1);
+    assert_eq!(
+        env.event_reporters(&cp, "CertificatesRefreshDone").await,
+        vec!["failover-paused-b".to_string()],
+        "only the new leader refreshed"
+    );
+}
+
+#[tokio::test]
+async fn leader_stopped_while_a_worker_run_waits_for_approval_the_run_is_waited_out_before_a_new_plan()
+ {
+    let env = shared().await;
+    let gamma = env.cluster("gamma");
+    let worker = gamma.node("alpha-md-0-w1").clone();
+    env.isolate(&worker, "failover-worker-stop").await;
+    // A short grace period: the worker's `run` (waiting for its CSRs, whose approval is slow)
+    // outlasts it.
+    let (mut a, b) = two_replicas(
+        &env,
+        "failover-worker-stop",
+        &["--shutdown-grace-period=1s"],
+        &[],
+    )
+    .await;
+    for cp in gamma.nodes.iter().filter(|n| n.machine.contains("-cp-")) {
+        env.sim
+            .inject(
+                &Fault::latency(Duration::from_secs(8))
+                    .on(cp)
+                    .at(Endpoint::Approve)
+                    .times(1),
+            )
+            .await
+            .unwrap();
+    }
+    env.annotate_refresh(&worker, "1y").await;
+    env.wait_for_call(&worker, path::RUN, TIMEOUT, |c| c.status == 0)
+        .await;
+    let first = env.operation(&worker).await;
+    let seeded_at = first
+        .seeded_at
+        .clone()
+        .expect("the seed's time is journaled");
+
+    let status = tokio::task::spawn_blocking(move || a.process.terminate(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+
+    // The standby takes over at once (the Lease was released) and says why it waits.
+    b.wait_until_leader(TIMEOUT).await;
+    let shown = format!("the run of seed {} sent at", first.seed.unwrap_or_default());
+    let start = Instant::now();
+    loop {
+        let status = env
+            .machine_certificates(&worker)
+            .await
+            .and_then(|mc| mc.status);
+        let says = status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "Refreshing" && c.message.contains(&shown))
+        });
+        if says {
+            break;
+        }
+        assert!(
+            start.elapsed() < TIMEOUT,
+            "the new leader never said it waits for the abandoned run: {status:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    expect_finished(&env, &worker).await;
+
+    // One run answered; the new plan came only after the first run's timeout had passed.
+    let calls = env.sim.calls(&worker.cluster, &worker.node).await.unwrap();
+    let all = runs(&calls);
+    assert_eq!(all.len(), 2, "{all:#?}");
+    assert_eq!(completed_runs(&env, &worker).await.len(), 1);
+    let plans: Vec<&CallRecord> = calls.iter().filter(|c| c.path == path::PLAN).collect();
+    let second_plan: jiff::Timestamp = plans.last().unwrap().started_at.parse().unwrap();
+    // --k8sd-run-timeout of the e2e controllers: 20 s.
+    let allowed = seeded_at.0 + jiff::SignedDuration::from_secs(20);
+    assert!(
+        second_plan >= allowed,
+        "planned again at {second_plan}, before {allowed}"
+    );
+    let op = env.operation(&worker).await;
+    assert_eq!(op.run_attempts, 2, "{op:#?}");
+}
+
 /// The Lease itself, in-process against the real API server: one leader at a time, a released
 /// Lease is taken at once, an abandoned one after its duration, and a leader whose Lease is
 /// taken over stops leading. The records are client-go's, so `kubectl get lease` reads them.
@@ -312,7 +453,8 @@ mod lease {
             name: lease.into(),
             identity: identity.into(),
             lease_duration: Duration::from_secs(3),
-            renew_deadline: Duration::from_secs(2),
+            // The margin a leader's last call to a node needs: 2 s at least.
+            renew_deadline: Duration::from_secs(1),
             retry_period: Duration::from_millis(200),
         }
     }
@@ -379,6 +521,33 @@ mod lease {
         );
         // Expiry is measured on the standby's own clock from when it first saw the record.
         assert!(waited >= Duration::from_secs(3), "{waited:?}");
+    }
+
+    #[tokio::test]
+    async fn a_lease_deleted_while_held_is_waited_out_not_taken_at_once() {
+        let env = shared().await;
+        let client = env.management().await.unwrap();
+        let mut holder = Elector::new(client.clone(), settings("deleted", "holder")).unwrap();
+        holder.acquire().await;
+        let mut standby = Elector::new(client.clone(), settings("deleted", "standby")).unwrap();
+        // The standby sees the holder's record…
+        let saw = Instant::now();
+        let took = tokio::time::timeout(Duration::from_millis(300), standby.acquire()).await;
+        assert!(took.is_err(), "a held Lease was taken");
+        // …then someone deletes the Lease while the holder may still act.
+        Api::<Lease>::namespaced(client, NAMESPACE)
+            .delete("deleted", &Default::default())
+            .await
+            .unwrap();
+        standby.acquire().await;
+        let waited = saw.elapsed();
+        println!(
+            "a 3s Lease deleted while held was taken {:.2}s after its holder was last seen",
+            waited.as_secs_f64()
+        );
+        assert!(waited >= Duration::from_secs(3), "{waited:?}");
+        let record = lease("deleted").await.spec.unwrap();
+        assert_eq!(record.holder_identity.as_deref(), Some("standby"));
     }
 
     #[tokio::test]

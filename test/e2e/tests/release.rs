@@ -301,6 +301,7 @@ fn the_release_is_config_default_for_an_addon_provider_of_contract_v1beta1() {
         ("Role", "ck8s-certs-webhook-role"),
         ("RoleBinding", "ck8s-certs-webhook-rolebinding"),
         ("Service", "ck8s-certs-webhook-service"),
+        ("NetworkPolicy", "ck8s-certs-controller-manager"),
         ("MutatingWebhookConfiguration", "ck8s-certs-refresh-trigger"),
         ("ValidatingAdmissionPolicy", "ck8s-certs-template-trigger"),
         (

@@ -103,6 +103,8 @@ struct Journal {
     /// Ends the attempts for now at the first wait, as the executor does.
     later: Option<Duration>,
     stopping: bool,
+    /// The term as leader: `Some(n)` ends it once `n` seeds are recorded.
+    term_records: Option<usize>,
     fingerprints: Vec<Option<String>>,
 }
 
@@ -113,6 +115,7 @@ fn journal(log: &Log) -> Journal {
         waits: 0,
         later: None,
         stopping: false,
+        term_records: None,
         fingerprints: Vec::new(),
     }
 }
@@ -153,6 +156,11 @@ impl super::Journal for Journal {
 
     fn stopping(&self) -> bool {
         self.stopping
+    }
+
+    fn leading(&self) -> bool {
+        self.term_records
+            .is_none_or(|records| self.fingerprints.len() < records)
     }
 
     fn now(&self) -> Timestamp {
@@ -370,6 +378,34 @@ async fn a_stopping_process_sends_nothing_new_but_finishes_what_it_started() {
     let result = control_plane(&mut node, &mut op, &mut journal).await;
     assert_eq!(error_text(result), "succeeded");
     assert_eq!(op.seed, Some(43));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_replica_whose_term_ended_sends_nothing_more() {
+    // Over before the first seed: nothing recorded, nothing run.
+    let log = Log::default();
+    let mut node = node(&log, vec![Ok(42)], vec![Ok(EXPIRY)]);
+    let mut journal = Journal {
+        term_records: Some(0),
+        ..self::journal(&log)
+    };
+    let mut op = pending(31_536_000);
+    let result = control_plane(&mut node, &mut op, &mut journal).await;
+    assert_eq!(error_text(result), "stopping");
+    assert_eq!(entries(&log), ["plan 42"]);
+
+    // Over while the seed was recorded (a pause, a suspend): its run is never sent.
+    let log = Log::default();
+    let mut node = self::node(&log, vec![Ok(43)], vec![Ok(EXPIRY)]);
+    let mut journal = Journal {
+        term_records: Some(1),
+        ..self::journal(&log)
+    };
+    let mut op = pending(31_536_000);
+    let result = control_plane(&mut node, &mut op, &mut journal).await;
+    assert_eq!(error_text(result), "stopping");
+    assert_eq!(entries(&log), ["plan 43", "record seed=43 attempts=1"]);
+    assert_eq!((op.seed, op.run_attempts), (Some(43), 1));
 }
 
 #[tokio::test(start_paused = true)]
