@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use crate::annotations::{
     CERTIFICATES_EXPIRY, FLEET_REQUEST, FLEET_REQUEST_PENDING, IN_FLIGHT_REFRESH,
-    REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS, REFRESH_REQUEST,
+    REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS, REFRESH_REQUEST, REQUESTER,
 };
 use crate::capi::{
     BLOCK_MOVE_ANNOTATION, CK8S_CONFIG_GROUP, CK8S_CONFIG_KIND, CLUSTER_NAME_LABEL,
@@ -198,11 +198,12 @@ impl CapiVersion {
 }
 
 /// The Machine annotations the controller reads; a cached [`Machine`] keeps no others.
-pub const READ_ANNOTATIONS: [&str; 9] = [
+pub const READ_ANNOTATIONS: [&str; 10] = [
     REFRESH_CERTIFICATES,
     REFRESH_CERTIFICATES_STATUS,
     CERTIFICATES_EXPIRY,
     REFRESH_REQUEST,
+    REQUESTER,
     IN_FLIGHT_REFRESH,
     PAUSED_ANNOTATION,
     FLEET_REQUEST,
@@ -211,11 +212,12 @@ pub const READ_ANNOTATIONS: [&str; 9] = [
 ];
 
 /// The annotations a cached Cluster keeps: its fleet refresh trigger and what became of it.
-pub const CLUSTER_READ_ANNOTATIONS: [&str; 4] = [
+pub const CLUSTER_READ_ANNOTATIONS: [&str; 5] = [
     REFRESH_CERTIFICATES,
     REFRESH_CERTIFICATES_STATUS,
     FLEET_REQUEST,
     FLEET_REQUEST_PENDING,
+    REQUESTER,
 ];
 
 mod cached;

@@ -124,8 +124,12 @@ pub fn plan(spec: &CertificateRefreshSpec, old: &CertificateRefreshStatus, world
             false,
             reasons::STARTED,
             format!(
-                "Refreshing the certificates of {cps} control plane(s) one at a time, then {workers} worker(s), for {}",
-                spec.ttl
+                "Refreshing the certificates of {cps} control plane(s) one at a time, then {workers} worker(s), for {}{}",
+                spec.ttl,
+                spec.requester
+                    .as_ref()
+                    .map(|r| format!(", asked by {}", r.username))
+                    .unwrap_or_default()
             ),
         ));
     }

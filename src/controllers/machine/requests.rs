@@ -192,11 +192,20 @@ impl Reconciler<'_> {
             }
         };
         let node = self.view.node_name.clone().unwrap_or_default();
-        let announcement = format!("Refreshing the certificates of node {node} for {trigger}");
+        let requester = self.requester();
+        // Who asked, where known: the trigger's author, or the fleet request (which names its
+        // own requester).
+        let asked = match (&requester, self.fleet()) {
+            (Some(user), _) => format!(", asked by {}", user.username),
+            (None, Some(fleet)) => format!(", for CertificateRefresh {fleet}"),
+            (None, None) => String::new(),
+        };
+        let announcement =
+            format!("Refreshing the certificates of node {node} for {trigger}{asked}");
         let op = Operation {
             request: self.request(),
             fleet: self.fleet(),
-            requester: self.requester(),
+            requester,
             ..Operation::pending(
                 self.origin(),
                 self.requested_by(),

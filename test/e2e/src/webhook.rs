@@ -26,8 +26,28 @@ impl Environment {
     /// controller serving it; returns once the controller has put its CA into the
     /// configuration (before that, the API server cannot call it and refuses new triggers).
     pub async fn start_controller_with_webhook(&self, filter: &str, extra: &[&str]) -> Controller {
+        self.start_webhook_controller(filter, extra, false).await
+    }
+
+    /// [`start_controller_with_webhook`](Self::start_controller_with_webhook), with the entry
+    /// that names the requester of every new CertificateRefresh (of any filter: one test at a
+    /// time).
+    pub async fn start_controller_with_request_webhook(
+        &self,
+        filter: &str,
+        extra: &[&str],
+    ) -> Controller {
+        self.start_webhook_controller(filter, extra, true).await
+    }
+
+    async fn start_webhook_controller(
+        &self,
+        filter: &str,
+        extra: &[&str],
+        requests: bool,
+    ) -> Controller {
         let port = controlplane::free_port().expect("free port");
-        self.install_webhook_configuration(Some(filter), port).await;
+        self.install_webhooks(Some(filter), port, requests).await;
         let address = format!("--webhook-bind-address=127.0.0.1:{port}");
         let mut args = vec![
             "--webhook=true",
@@ -43,15 +63,10 @@ impl Environment {
     /// (Re)creates the configuration, calling `https://127.0.0.1:<port>/<path>`, for the
     /// Machines labelled with `filter` (every Machine when `None`). The entry that names the
     /// requester of new CertificateRefreshes (which carry no watch-filter label) is installed
-    /// only without a filter, or by [`install_request_webhook`](Self::install_request_webhook).
+    /// only without a filter, or by
+    /// [`start_controller_with_request_webhook`](Self::start_controller_with_request_webhook).
     pub async fn install_webhook_configuration(&self, filter: Option<&str>, port: u16) {
         self.install_webhooks(filter, port, filter.is_none()).await
-    }
-
-    /// The whole configuration, the CertificateRefresh entry included, for Machines labelled
-    /// with `filter`.
-    pub async fn install_request_webhook(&self, filter: &str, port: u16) {
-        self.install_webhooks(Some(filter), port, true).await
     }
 
     async fn install_webhooks(&self, filter: Option<&str>, port: u16, requests: bool) {

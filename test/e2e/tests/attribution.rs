@@ -1,0 +1,347 @@
+//! Who may ask for a refresh, and who is named as having asked, with users made in the test
+//! API server (ServiceAccount tokens) under real RBAC, the admission webhook and the provider's
+//! admission policies (`config/policy`) installed as in a cluster.
+
+use std::time::{Duration, Instant};
+
+use ck8s_certs_api::annotations::{REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS, REQUESTER};
+use ck8s_certs_api::capi::WATCH_FILTER_LABEL;
+use ck8s_certs_api::certificate_refresh::{
+    CertificateRefresh, CertificateRefreshSpec, Origin, RequestPhase, Requester, Target,
+};
+use ck8s_certs_e2e::fixtures::NodeInfo;
+use ck8s_certs_e2e::{Environment, shared};
+use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+
+const FILTER: &str = "attribution";
+const NAMESPACE: &str = "fleet";
+const TIMEOUT: Duration = Duration::from_secs(90);
+
+/// A ServiceAccount of namespace `fleet` with a Role of `rules` there, and a client that
+/// authenticates as it. Returns the client and its username.
+async fn user(env: &Environment, name: &str, rules: serde_json::Value) -> (Client, String) {
+    let admin = env.management().await.unwrap();
+    let post = PostParams::default();
+    let create = |kind: &str, body: serde_json::Value| {
+        let admin = admin.clone();
+        let kind = kind.to_owned();
+        async move {
+            let (group, version, plural) = match kind.as_str() {
+                "ServiceAccount" => ("", "v1", "serviceaccounts"),
+                "Role" => ("rbac.authorization.k8s.io", "v1", "roles"),
+                _ => ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+            };
+            let resource = kube::api::ApiResource {
+                group: group.into(),
+                version: version.into(),
+                api_version: if group.is_empty() {
+                    version.into()
+                } else {
+                    format!("{group}/{version}")
+                },
+                kind: kind.clone(),
+                plural: plural.into(),
+            };
+            let api: Api<DynamicObject> = Api::namespaced_with(admin, NAMESPACE, &resource);
+            let object: DynamicObject = serde_json::from_value(body).unwrap();
+            api.create(&PostParams::default(), &object).await.unwrap();
+        }
+    };
+    create(
+        "ServiceAccount",
+        json!({ "apiVersion": "v1", "kind": "ServiceAccount", "metadata": { "name": name } }),
+    )
+    .await;
+    create(
+        "Role",
+        json!({ "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": { "name": name }, "rules": rules }),
+    )
+    .await;
+    create(
+        "RoleBinding",
+        json!({ "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": { "name": name },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name },
+            "subjects": [{ "kind": "ServiceAccount", "name": name, "namespace": NAMESPACE }] }),
+    )
+    .await;
+    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        Api::namespaced(admin.clone(), NAMESPACE);
+    let request: k8s_openapi::api::authentication::v1::TokenRequest =
+        serde_json::from_value(json!({ "spec": { "expirationSeconds": 3600, "audiences": [] } }))
+            .unwrap();
+    let token = accounts
+        .create_token_request(name, &post, &request)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .token;
+    let mut config = kube::config::Kubeconfig::from_yaml(&env.management_kubeconfig_yaml).unwrap();
+    for user in &mut config.auth_infos {
+        if let Some(auth) = user.auth_info.as_mut() {
+            auth.token = Some(token.clone().into());
+            auth.client_certificate_data = None;
+            auth.client_key_data = None;
+        }
+    }
+    let config = kube::Config::from_custom_kubeconfig(config, &Default::default())
+        .await
+        .unwrap();
+    (
+        Client::try_from(config).unwrap(),
+        format!("system:serviceaccount:{NAMESPACE}:{name}"),
+    )
+}
+
+/// Installs `config/policy` as rendered by kustomize (the API server enforces it itself).
+async fn install_policies(env: &Environment) {
+    let client = env.management().await.unwrap();
+    let kubectl = ck8s_certs_e2e::tool("CK8S_E2E_KUBECTL", "kubectl", "KUBE_VERSION");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let rendered = std::process::Command::new(kubectl)
+        .arg("kustomize")
+        .arg(root.join("config/policy"))
+        .output()
+        .expect("kubectl kustomize");
+    assert!(rendered.status.success(), "{rendered:?}");
+    for object in
+        ck8s_certs_e2e::manifests::parse(&String::from_utf8_lossy(&rendered.stdout)).unwrap()
+    {
+        let types = object.types.clone().expect("typed objects");
+        let (group, version) = types.api_version.split_once('/').expect("a group");
+        let resource = kube::api::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
+            group,
+            version,
+            &types.kind,
+        ));
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+        api.create(&PostParams::default(), &object).await.unwrap();
+    }
+    // The API server's policy informer sees them within a moment.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+}
+
+fn request_for(name: &str, machine: &str, requester: Option<&str>) -> CertificateRefresh {
+    let mut request = CertificateRefresh::new(
+        name,
+        CertificateRefreshSpec {
+            target: Target {
+                machine: Some(machine.into()),
+                ..Default::default()
+            },
+            ttl: "1y".into(),
+            origin: Origin::Manual,
+            requested_by: None,
+            requester: requester.map(|username| Requester {
+                username: username.into(),
+                ..Default::default()
+            }),
+            max_parallel_workers: None,
+            continue_on_failure: false,
+            suspend: false,
+        },
+    );
+    request.metadata.labels = Some([(WATCH_FILTER_LABEL.to_owned(), FILTER.to_owned())].into());
+    request
+}
+
+fn refused(result: Result<impl std::fmt::Debug, kube::Error>) -> String {
+    match result {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 403, "{status:?}");
+            status.message
+        }
+        other => panic!("not refused: {other:?}"),
+    }
+}
+
+async fn wait_done(env: &Environment, node: &NodeInfo) {
+    let annotations = env.wait_for_refresh(node, TIMEOUT).await;
+    assert_eq!(
+        annotations[REFRESH_CERTIFICATES_STATUS], "done",
+        "{annotations:#?}"
+    );
+}
+
+#[tokio::test]
+async fn only_users_who_may_change_the_target_get_a_refresh_and_they_are_named() {
+    let env = shared().await;
+    let beta = env.cluster("beta");
+    let by_request = beta.node("beta-md-0-w0").clone();
+    let by_trigger = beta.node("beta-md-0-w1").clone();
+    for node in [&by_request, &by_trigger] {
+        env.isolate(node, FILTER).await;
+    }
+    install_policies(&env).await;
+    let _controller = env.start_controller_with_request_webhook(FILTER, &[]).await;
+    let requests_only = json!([{ "apiGroups": ["certificates.ck8s.io"],
+        "resources": ["certificaterefreshes"], "verbs": ["create", "get", "list"] }]);
+    let (alice, alice_name) = user(&env, "alice", requests_only).await;
+    let (bob, bob_name) = user(
+        &env,
+        "bob",
+        json!([
+            { "apiGroups": ["certificates.ck8s.io"], "resources": ["certificaterefreshes"],
+              "verbs": ["create", "get", "list"] },
+            { "apiGroups": ["cluster.x-k8s.io"], "resources": ["machines"],
+              "verbs": ["get", "list", "patch"] }
+        ]),
+    )
+    .await;
+    let post = PostParams::default();
+
+    // Only the right to create requests: refused, the missing permission named.
+    let as_alice: Api<CertificateRefresh> = Api::namespaced(alice, NAMESPACE);
+    let message = refused(
+        as_alice
+            .create(&post, &request_for("by-alice", &by_request.machine, None))
+            .await,
+    );
+    assert!(
+        message.contains(&format!(
+            "{alice_name} may not refresh machines {} in namespace {NAMESPACE}",
+            by_request.machine
+        )) && message.contains("needs patch"),
+        "{message}"
+    );
+
+    // A requester set by the client to someone else: refused.
+    let as_bob: Api<CertificateRefresh> = Api::namespaced(bob.clone(), NAMESPACE);
+    let message = refused(
+        as_bob
+            .create(
+                &post,
+                &request_for("by-bob-as-alice", &by_request.machine, Some(&alice_name)),
+            )
+            .await,
+    );
+    assert!(
+        message.contains(&format!("spec.requester names {alice_name}")),
+        "{message}"
+    );
+
+    // Bob may patch the Machine: his request is admitted, names him, and refreshes the node.
+    let created = as_bob
+        .create(&post, &request_for("by-bob", &by_request.machine, None))
+        .await
+        .unwrap();
+    let requester = created
+        .spec
+        .requester
+        .clone()
+        .expect("the requester is written");
+    assert_eq!(requester.username, bob_name);
+    assert!(
+        requester
+            .groups
+            .iter()
+            .any(|g| g == "system:serviceaccounts"),
+        "{requester:?}"
+    );
+    wait_done(&env, &by_request).await;
+    let start = Instant::now();
+    let request = loop {
+        let request = as_bob.get("by-bob").await.unwrap();
+        if request.status.as_ref().and_then(|s| s.phase) == Some(RequestPhase::Succeeded) {
+            break request;
+        }
+        assert!(start.elapsed() < TIMEOUT, "{request:#?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(
+        request.spec.requester.map(|r| r.username),
+        Some(bob_name.clone())
+    );
+    // `kubectl ck8s-certs history` (the controller binary under the plugin's name) names him.
+    let plugin = env.dir.join("bin/kubectl-ck8s_certs");
+    if !plugin.exists() {
+        std::fs::create_dir_all(plugin.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(ck8s_certs_e2e::Binaries::controller().unwrap(), &plugin)
+            .unwrap();
+    }
+    let history = std::process::Command::new(&plugin)
+        .args(["history", "-n", NAMESPACE])
+        .env("KUBECONFIG", &env.management_kubeconfig)
+        .output()
+        .unwrap();
+    let history = String::from_utf8_lossy(&history.stdout);
+    assert!(history.contains(&bob_name), "{history}");
+    // The request's Events (on its cluster) name him.
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(env.management().await.unwrap(), NAMESPACE);
+    let notes: Vec<String> = events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("CertificatesFleetRefreshStarted"))
+        .filter_map(|e| e.note)
+        .collect();
+    assert!(
+        notes
+            .iter()
+            .any(|note| note.contains(&format!("asked by {bob_name}"))),
+        "an Event names who asked: {notes:#?}"
+    );
+
+    // The trigger path: the annotating user is recorded on the request the controller makes.
+    let machines = env.machine_api(bob, NAMESPACE);
+    machines
+        .patch(
+            &by_trigger.machine,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "annotations": { REFRESH_CERTIFICATES: "1y" } } })),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        env.machine_annotations(&by_trigger).await.get(REQUESTER),
+        Some(&bob_name),
+        "the webhook writes the trigger's author"
+    );
+    wait_done(&env, &by_trigger).await;
+    let op = env.operation(&by_trigger).await;
+    assert_eq!(
+        op.requester.clone().map(|r| r.username),
+        Some(bob_name.clone()),
+        "{op:#?}"
+    );
+    let records: Api<CertificateRefresh> =
+        Api::namespaced(env.management().await.unwrap(), NAMESPACE);
+    let record = records
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|r| r.spec.target.machine.as_deref() == Some(by_trigger.machine.as_str()))
+        .expect("the Machine's record");
+    assert_eq!(
+        record.spec.requester.map(|r| r.username),
+        Some(bob_name.clone())
+    );
+    let announced = env
+        .machine_events(&by_trigger)
+        .await
+        .into_iter()
+        .filter_map(|e| e.note)
+        .any(|note| note.contains(&format!("asked by {bob_name}")));
+    assert!(announced, "the refresh Event names who annotated");
+
+    // Nobody can name someone else as the trigger's author afterwards.
+    let forged = env
+        .machine_api(env.management().await.unwrap(), NAMESPACE)
+        .patch(
+            &by_trigger.machine,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "annotations": { REQUESTER: alice_name } } })),
+        )
+        .await;
+    let message = refused(forged);
+    assert!(message.contains("may name only yourself"), "{message}");
+}
