@@ -295,6 +295,7 @@ fn the_release_is_config_default_for_an_addon_provider_of_contract_v1beta1() {
         ),
         ("ServiceAccount", SERVICE_ACCOUNT),
         ("ClusterRole", "ck8s-certs-manager-role"),
+        ("ClusterRole", "ck8s-certs-requester"),
         ("ClusterRoleBinding", "ck8s-certs-manager-rolebinding"),
         ("Role", "ck8s-certs-leader-election-role"),
         ("RoleBinding", "ck8s-certs-leader-election-rolebinding"),
@@ -307,6 +308,18 @@ fn the_release_is_config_default_for_an_addon_provider_of_contract_v1beta1() {
         (
             "ValidatingAdmissionPolicyBinding",
             "ck8s-certs-template-trigger",
+        ),
+        ("ValidatingAdmissionPolicy", "ck8s-certs-requests"),
+        ("ValidatingAdmissionPolicyBinding", "ck8s-certs-requests"),
+        ("ValidatingAdmissionPolicy", "ck8s-certs-requester-annotation"),
+        (
+            "ValidatingAdmissionPolicyBinding",
+            "ck8s-certs-requester-annotation",
+        ),
+        ("ValidatingAdmissionPolicy", "ck8s-certs-renewal-policies"),
+        (
+            "ValidatingAdmissionPolicyBinding",
+            "ck8s-certs-renewal-policies",
         ),
         ("Deployment", DEPLOYMENT),
     ]
