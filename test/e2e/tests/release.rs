@@ -311,7 +311,10 @@ fn the_release_is_config_default_for_an_addon_provider_of_contract_v1beta1() {
         ),
         ("ValidatingAdmissionPolicy", "ck8s-certs-requests"),
         ("ValidatingAdmissionPolicyBinding", "ck8s-certs-requests"),
-        ("ValidatingAdmissionPolicy", "ck8s-certs-requester-annotation"),
+        (
+            "ValidatingAdmissionPolicy",
+            "ck8s-certs-requester-annotation",
+        ),
         (
             "ValidatingAdmissionPolicyBinding",
             "ck8s-certs-requester-annotation",
