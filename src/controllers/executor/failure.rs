@@ -82,9 +82,9 @@ impl Failure {
         }
     }
 
-    /// What failed and what to do about it. Never contains a token.
+    /// What failed and what to fix before trying again (how to try again, the caller says: it
+    /// depends on who asked). Never contains a token.
     pub fn message(&self, machine: &MachineView) -> String {
-        let retry = "then annotate the Machine again to retry";
         let cluster = machine.cluster.as_deref().unwrap_or("");
         match self {
             Self::K8sd { step, error } => {
@@ -97,19 +97,23 @@ impl Failure {
                     ),
                     K8sdError::Api { status: 400 | 404 | 501, .. } => "this k8sd may not support certificate refreshes through Cluster API; upgrade the node's k8s snap, ".into(),
                     K8sdError::PinMismatch { .. } => format!(
-                        "to trust the node's new certificate run `kubectl patch machinecertificates -n {} {} --subresource=status --type=json -p '[{{\"op\":\"remove\",\"path\":\"/status/k8sdFingerprint\"}}]'`, ",
+                        "if the node was re-installed, check the fingerprint of its k8sd certificate on the node and pin it: `kubectl patch machinecertificates -n {} {} --subresource=status --type=merge -p '{{\"status\":{{\"k8sdFingerprint\":\"<sha256>\"}}}}'` (docs/refresh.md, \"Trust in k8sd's certificate\")",
                         machine.namespace, machine.name
                     ),
-                    e if e.is_retryable() => "check that the node is up and its k8sd-proxy pod is Running, ".into(),
+                    e if e.is_retryable() => "check that the node is up and its k8sd-proxy pod is Running".into(),
                     _ => String::new(),
                 };
-                format!("Refreshing failed at {step}: {error}; {hint}{retry}")
+                let hint = hint.trim_end_matches([',', ' ']);
+                match hint.is_empty() {
+                    true => format!("Refreshing failed at {step}: {error}"),
+                    false => format!("Refreshing failed at {step}: {error}; {hint}"),
+                }
             }
             Self::Workload(err) => {
-                format!("Refreshing failed before contacting the node: {err}; {retry}")
+                format!("Refreshing failed before contacting the node: {err}")
             }
             Self::Api(err) => format!("Refreshing failed: {err}"),
-            Self::Message(text) | Self::Unavailable(text) => format!("{text}; {retry}"),
+            Self::Message(text) | Self::Unavailable(text) => text.clone(),
             Self::Wait(_) => "The refresh is waiting".into(),
             Self::Stopping => "The controller stopped before the refresh started".into(),
             Self::Superseded => "Another controller instance carries the refresh out".into(),

@@ -59,16 +59,47 @@ impl Reconciler<'_> {
             Ok(()) => Ending::Succeeded,
             // Our own write failed: the operation stays as last persisted and is resumed.
             Err(Failure::Api(err)) => return Err(Error::from_api(err)),
-            Err(failure) => Ending::Failed(crate::controllers::governing_policy::with_hint(
-                failure.message(&self.view),
-                &crate::controllers::governing_policy::renew_now_hint(&self.view, &op.ttl),
-            )),
+            Err(failure) => Ending::Failed(self.failure_message(&failure, &op, &status, now)),
         };
         conclude(&mut status, &mut op, ending, now);
         self.journal_outcome(&op).await?;
         crate::failpoint::hit(crate::failpoint::AFTER_OUTCOME_RECORDED);
         self.write_status(&status).await?;
         self.show(&op).await
+    }
+
+    /// What failed, what to fix, how it is tried again (by the controller after its backoff
+    /// for an automatic renewal, by annotating again otherwise) and where to read more.
+    fn failure_message(
+        &self,
+        failure: &Failure,
+        op: &Operation,
+        status: &MachineCertificatesStatus,
+        now: jiff::Timestamp,
+    ) -> String {
+        use crate::controllers::governing_policy::{renew_now_hint, with_hint};
+        let renew_now = renew_now_hint(&self.view, &op.ttl);
+        let again = match op.origin {
+            ck8s_certs_api::machine_certificates::Origin::Policy => {
+                // The count `conclude` is about to record.
+                let failures = status.failed_attempts.unwrap_or(0).max(0).saturating_add(1);
+                let delay = self.ctx.config.renewal.backoff.delay(Some(failures));
+                let at = crate::policy::backoff::saturating_add(now, delay);
+                // Whole seconds, as the status shows the failure's time.
+                let at = jiff::Timestamp::from_second(at.as_second()).unwrap_or(at);
+                format!(
+                    "The controller tries again by itself, not before {at} (backoff after {failures} failed automatic renewal(s); windows permitting), or: {renew_now}"
+                )
+            }
+            _ => renew_now,
+        };
+        let details = format!(
+            "Details: kubectl ck8s-certs explain {} -n {} (CertificateRefresh {})",
+            self.view.name,
+            self.view.namespace,
+            self.request_name(op)
+        );
+        with_hint(with_hint(failure.message(&self.view), &again), &details)
     }
 
     /// Writes a finished operation into its request (the journal) before anything else shows

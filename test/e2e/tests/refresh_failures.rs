@@ -29,14 +29,24 @@ async fn failure_of(env: &Environment, node: &NodeInfo) -> String {
         .expect("Failed event");
     assert_eq!(event.type_.as_deref(), Some("Warning"));
     assert_eq!(event.note.as_deref(), Some(error.as_str()));
-    // Every failure ends with the command that retries.
+    // Every failure ends with the command that retries, then where to read more.
     let hint = format!(
         "Renew now: kubectl annotate machines.cluster.x-k8s.io {} -n {} v1beta2.k8sd.io/refresh-certificates=",
         node.machine, node.namespace
     );
-    let last_sentence = error.rsplit(". ").next().unwrap_or_default();
+    let details = format!(
+        "Details: kubectl ck8s-certs explain {} -n {} (CertificateRefresh {}-",
+        node.machine, node.namespace, node.machine
+    );
+    let mut sentences = error.rsplit(". ");
+    let (last, retry) = (
+        sentences.next().unwrap_or_default(),
+        sentences.next().unwrap_or_default(),
+    );
     assert!(
-        last_sentence.starts_with(&hint) && last_sentence.ends_with(" --overwrite"),
+        last.starts_with(&details)
+            && retry.starts_with(&hint)
+            && retry.ends_with(" --overwrite"),
         "{error}"
     );
     error
@@ -73,7 +83,11 @@ async fn a_k8sd_error_fails_the_refresh_with_its_text_and_annotating_again_retri
     assert!(
         error.contains("run")
             && error.contains("disk full")
-            && error.contains("annotate the Machine again"),
+            && error.contains("Renew now: kubectl annotate machines.cluster.x-k8s.io")
+            && error.contains(&format!(
+                "Details: kubectl ck8s-certs explain {}",
+                node.machine
+            )),
         "{error}"
     );
     assert_no_secrets(&env, &node, &error);

@@ -647,6 +647,22 @@ async fn a_failing_node_backs_off_exponentially_across_restarts_and_recovers() {
     let last = status.last_failure_time.clone().unwrap().0;
     let delay = jiff::SignedDuration::from_secs(2 * (1 << (n - 1)));
     assert_eq!(renewal.next_renewal_time.unwrap().0, last + delay);
+    // The failure says when the controller tries again by itself, and where to read more.
+    let error = status
+        .operation
+        .as_ref()
+        .and_then(|o| o.error.clone())
+        .unwrap_or_default();
+    assert!(
+        error.contains(&format!(
+            "tries again by itself, not before {}",
+            last + delay
+        )) && error.contains(&format!(
+            "Details: kubectl ck8s-certs explain {}",
+            node.machine
+        )),
+        "{error}"
+    );
 
     // Restarted, it remembers: the count keeps growing from where it was.
     let _second = env.start_controller("flaky", &flags);
