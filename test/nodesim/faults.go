@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"net/http"
 	"strconv"
 	"sync"
 )
@@ -17,7 +18,11 @@ const (
 	faultRefuse      = "refuse"
 	faultCSRDeny     = "csr-deny"
 	faultDropAnswer  = "drop-answer"
+	faultHuge        = "huge"
 )
+
+// defaultHugeBytes is the size of a huge fault's answer when the request names none.
+const defaultHugeBytes = 100 << 20
 
 // Endpoint names used by faults and call records.
 const (
@@ -40,6 +45,8 @@ type Fault struct {
 	Status   int    `json:"status"`
 	Message  string `json:"message"`
 	Count    int    `json:"count"`
+	// Bytes is the size of a huge fault's answer.
+	Bytes int64 `json:"bytes"`
 }
 
 // faultRequest is the body of POST /faults (the id is assigned by the simulator).
@@ -52,6 +59,7 @@ type faultRequest struct {
 	Status   int    `json:"status"`
 	Message  string `json:"message"`
 	Count    int    `json:"count"`
+	Bytes    int64  `json:"bytes"`
 }
 
 // validate checks a fault request and fills the defaults of the error kind.
@@ -84,6 +92,19 @@ func (f *faultRequest) validate() error {
 		if f.Endpoint != "" && f.Endpoint != epRun {
 			return fmt.Errorf("a drop-answer fault acts on run; endpoint must be empty or %q", epRun)
 		}
+	case faultHuge:
+		if f.Bytes < 0 {
+			return fmt.Errorf("bytes must not be negative")
+		}
+		if f.Bytes == 0 {
+			f.Bytes = defaultHugeBytes
+		}
+		if f.Status == 0 {
+			f.Status = http.StatusOK
+		}
+		if f.Status != http.StatusOK && (f.Status < 400 || f.Status > 599) {
+			return fmt.Errorf("status %d: a huge fault answers 200, 4xx or 5xx", f.Status)
+		}
 	case faultHang, faultDrop, faultMalformed, faultUnavailable, faultRefuse:
 	default:
 		return fmt.Errorf("unknown kind %q", f.Kind)
@@ -101,11 +122,12 @@ func (f *faultRequest) validate() error {
 var (
 	requestFaultKinds = map[string]bool{
 		faultLatency: true, faultError: true, faultHang: true, faultDrop: true,
-		faultMalformed: true, faultUnavailable: true,
+		faultMalformed: true, faultUnavailable: true, faultHuge: true,
 	}
 	latencyKinds = map[string]bool{faultLatency: true}
 	outcomeKinds = map[string]bool{
 		faultError: true, faultHang: true, faultDrop: true, faultMalformed: true, faultUnavailable: true,
+		faultHuge: true,
 	}
 )
 
@@ -124,7 +146,7 @@ func (s *faultStore) add(r faultRequest) Fault {
 	s.mu.Lock()
 	s.next++
 	f := &Fault{ID: "f" + strconv.Itoa(s.next), Cluster: r.Cluster, Node: r.Node, Endpoint: r.Endpoint,
-		Kind: r.Kind, DelayMs: r.DelayMs, Status: r.Status, Message: r.Message, Count: r.Count}
+		Kind: r.Kind, DelayMs: r.DelayMs, Status: r.Status, Message: r.Message, Count: r.Count, Bytes: r.Bytes}
 	s.faults = append(s.faults, f)
 	out := *f
 	s.mu.Unlock()

@@ -247,8 +247,61 @@ func (s *Simulator) applyFault(w http.ResponseWriter, r *http.Request, f Fault) 
 		}
 	case faultDrop:
 		hijackAndClose(w)
+	case faultHuge:
+		sent, err := writeHuge(r.Context(), w, f.Status, f.Bytes)
+		s.log.Printf("k8sd huge answer: %d of %d bytes sent (stopped by: %v)", sent, f.Bytes, err)
 	}
 	return true
+}
+
+// hugeChunk is the unit a huge answer is written in; hugeFiller is one chunk of its filler.
+const hugeChunk = 32 << 10
+
+var hugeFiller = bytes.Repeat([]byte{'x'}, hugeChunk)
+
+// writeHuge answers status with a body of exactly size bytes, streamed in chunks (never built
+// in memory) and without Content-Length, so a client learns the size only by reading: a k8sd
+// envelope whose one string (metadata.filler on a 200, error otherwise) is padded with 'x'. The
+// body is valid JSON when size covers the envelope, a cut-off envelope below that. It stops at
+// the first failed write or once the client has left, and returns the bytes written and why
+// it stopped early (nil when the whole body went out).
+func writeHuge(ctx context.Context, w http.ResponseWriter, status int, size int64) (int64, error) {
+	prefix := `{"type":"sync","status":"Success","status_code":200,"operation":"","error_code":0,"error":"","metadata":{"filler":"`
+	suffix := "\"}}\n"
+	if status != http.StatusOK {
+		prefix = `{"type":"error","status":"","status_code":0,"operation":"","error_code":` + strconv.Itoa(status) + `,"error":"`
+		suffix = "\",\"metadata\":null}\n"
+	}
+	head, tail := []byte(prefix), []byte(suffix)
+	filler := size - int64(len(head)) - int64(len(tail))
+	if filler < 0 {
+		head, tail, filler = append(head, tail...)[:size], nil, 0
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	var sent int64
+	write := func(b []byte) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		n, err := w.Write(b)
+		sent += int64(n)
+		return err
+	}
+	if err := write(head); err != nil {
+		return sent, err
+	}
+	for filler > 0 {
+		chunk := hugeFiller[:min(filler, hugeChunk)]
+		if err := write(chunk); err != nil {
+			return sent, err
+		}
+		filler -= int64(len(chunk))
+	}
+	if err := write(tail); err != nil {
+		return sent, err
+	}
+	return sent, http.NewResponseController(w).Flush()
 }
 
 // authenticate checks a token header against the management cluster's Secret

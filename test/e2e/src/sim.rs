@@ -134,6 +134,10 @@ pub struct Fault {
     pub status: u16,
     pub message: String,
     pub count: u32,
+    /// The size of a `huge` answer; not sent otherwise, so a simulator built before the kind
+    /// still accepts the other faults.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
 }
 
 impl Fault {
@@ -182,6 +186,20 @@ impl Fault {
             endpoint: Some(Endpoint::Run),
             ..Self::kind("drop-answer")
         }
+    }
+    /// A hostile node: answers 200 with a body of `bytes` bytes (a k8sd envelope whose one
+    /// string is padded), streamed in chunks without Content-Length, so only reading tells its
+    /// size. [`Fault::with_status`] makes it an error answer instead.
+    pub fn huge(bytes: u64) -> Self {
+        Self {
+            bytes: Some(bytes),
+            ..Self::kind("huge")
+        }
+    }
+    /// The HTTP status a `huge` (or `error`) fault answers.
+    pub fn with_status(mut self, status: u16) -> Self {
+        self.status = status;
+        self
     }
     pub fn on(mut self, node: &NodeInfo) -> Self {
         self.cluster = node.cluster.clone();
