@@ -64,20 +64,28 @@ pub enum StartError {
     Serve(#[from] server::ServeError),
 }
 
-/// How often the serving certificate is checked for renewal.
+/// How often the Secret is checked even without a change (renewal, the replaced CA's end).
 const RENEWAL_CHECK: std::time::Duration = std::time::Duration::from_secs(12 * 3600);
 
+/// Between writing (or seeing) a new caBundle and serving a certificate of the new CA: the API
+/// servers' caches of the configuration catch up first.
+const BUNDLE_SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// A failed Secret check or caBundle write is tried again after this long.
+const RETRY: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Gets (or creates) the serving certificate, starts serving, and keeps the certificate and
-/// the configuration's caBundle current: renewed a month before it ends, put back whenever the
-/// configuration is re-applied without it (clusterctl upgrade, kubectl apply). Fails when the
-/// certificate cannot be had or the address cannot be bound; a missing configuration is only
-/// logged (the webhook is then not called, and requests are not marked).
+/// the configuration's caBundle current: the Secret is watched (every replica serves what it
+/// holds, re-issued when it fails its checks or nears its end), and the caBundle is put back
+/// whenever the configuration is re-applied without it (clusterctl upgrade, kubectl apply).
+/// Fails when the certificate cannot be had or the address cannot be bound; a missing
+/// configuration is only logged (the webhook is then not called, and requests are not marked).
 pub async fn start(
     client: &kube::Client,
     settings: Settings,
 ) -> Result<tokio::task::JoinHandle<()>, StartError> {
-    let pem = certificate::ensure(client, &settings.certificate).await?;
-    let certificates = server::Certificates::new(&pem)?;
+    let current = certificate::ensure(client, &settings.certificate, None).await?;
+    let certificates = server::Certificates::new(&current.pem)?;
     let server = server::serve(
         settings.address,
         certificates.clone(),
@@ -87,62 +95,134 @@ pub async fn start(
     .await?;
     let client = client.clone();
     Ok(tokio::spawn(async move {
-        let keeper = keep_current(&client, &settings, certificates, pem);
+        let keeper = keep_current(&client, &settings, certificates, current);
         keeper.await;
         server.abort();
     }))
 }
 
-/// Watches the configuration (re-injecting the caBundle when it differs) and renews the
-/// certificate on a timer. Runs until aborted.
+/// Watches the Secret and the configuration, and checks the Secret on a timer: serves what the
+/// Secret holds and writes the caBundle it implies where the configuration differs. A write is
+/// always preceded by a fresh read of the Secret, so a replica never writes a bundle it merely
+/// remembers (two replicas holding different ones would overwrite each other forever). Runs
+/// until aborted.
 async fn keep_current(
     client: &kube::Client,
     settings: &Settings,
     certificates: std::sync::Arc<server::Certificates>,
-    mut pem: certificate::Pem,
+    mut current: certificate::Current,
 ) {
     use futures::StreamExt;
     use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    use k8s_openapi::api::core::v1::Secret;
     use kube::runtime::{WatchStreamExt, watcher};
-    let api: kube::Api<MutatingWebhookConfiguration> = kube::Api::all(client.clone());
-    let config =
-        watcher::Config::default().fields(&format!("metadata.name={}", settings.configuration));
-    let changes = watcher(api, config).default_backoff().applied_objects();
-    futures::pin_mut!(changes);
+    let by_name = |name: &str| watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let configurations: kube::Api<MutatingWebhookConfiguration> = kube::Api::all(client.clone());
+    let configuration = watcher(configurations, by_name(&settings.configuration))
+        .default_backoff()
+        .applied_objects();
+    let secrets: kube::Api<Secret> =
+        kube::Api::namespaced(client.clone(), &settings.certificate.namespace);
+    // Raw events: a deleted Secret (the documented CA rotation) matters as much as a changed one.
+    let secret = watcher(secrets, by_name(&settings.certificate.secret)).default_backoff();
+    futures::pin_mut!(configuration, secret);
     let mut renewal = tokio::time::interval(RENEWAL_CHECK);
     renewal.tick().await;
+    let retry = tokio::time::sleep(RETRY);
+    tokio::pin!(retry);
+    let mut retrying = false;
     loop {
-        tokio::select! {
-            change = changes.next() => match change {
-                Some(Ok(_)) => inject(client, settings, &pem).await,
-                Some(Err(err)) => tracing::warn!(configuration = %settings.configuration, error = %err, "Watching the MutatingWebhookConfiguration failed; retrying"),
+        // Whether the configuration is to be checked even if the Secret's bundle did not change.
+        let configuration_too = tokio::select! {
+            change = configuration.next() => match change {
+                Some(Ok(seen)) if certificate::bundle_differs(&seen, &current.bundle) => true,
+                Some(Ok(_)) => continue,
+                Some(Err(err)) => {
+                    tracing::warn!(configuration = %settings.configuration, error = %err, "Watching the MutatingWebhookConfiguration failed; retrying");
+                    continue;
+                }
                 None => return,
             },
-            _ = renewal.tick() => match certificate::ensure(client, &settings.certificate).await {
-                Ok(renewed) if renewed != pem => {
-                    match certificates.replace(&renewed) {
-                        Ok(()) => {
-                            pem = renewed;
-                            inject(client, settings, &pem).await;
-                        }
-                        Err(err) => tracing::error!(error = %err, "Using the renewed webhook certificate failed"),
-                    }
+            change = secret.next() => match change {
+                Some(Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone)) => false,
+                Some(Ok(_)) => continue,
+                Some(Err(err)) => {
+                    tracing::warn!(secret = %settings.certificate.secret, error = %err, "Watching the webhook certificate Secret failed; retrying");
+                    continue;
                 }
-                Ok(_) => {}
-                Err(err) => tracing::warn!(error = %err, "Checking the webhook certificate failed; next check in 12h"),
+                None => return,
             },
+            _ = renewal.tick() => false,
+            _ = &mut retry, if retrying => true,
+        };
+        retrying = !refresh(
+            client,
+            settings,
+            &certificates,
+            &mut current,
+            configuration_too,
+        )
+        .await;
+        if retrying {
+            retry.as_mut().reset(tokio::time::Instant::now() + RETRY);
         }
     }
 }
 
-async fn inject(client: &kube::Client, settings: &Settings, pem: &certificate::Pem) {
-    match certificate::inject_ca_bundle(client, &settings.configuration, &pem.ca).await {
-        Ok(true) => {
-            tracing::info!(configuration = %settings.configuration, "Set the webhook's caBundle")
-        }
-        Ok(false) => {}
+/// Reads the Secret (re-issuing what fails its checks), puts its bundle into the configuration
+/// if it changed (or `configuration_too`), then serves its certificate: in that order, so the
+/// API server trusts a new CA before any replica serves a certificate of it. `false` when
+/// something failed and is to be tried again (the certificate served so far stays).
+async fn refresh(
+    client: &kube::Client,
+    settings: &Settings,
+    certificates: &server::Certificates,
+    current: &mut certificate::Current,
+    configuration_too: bool,
+) -> bool {
+    let fresh = match certificate::ensure(client, &settings.certificate, Some(&current.pem)).await {
+        Ok(fresh) => fresh,
         Err(err) => {
-            tracing::warn!(error = %err, "Setting the webhook's caBundle failed; retried on the next change")
+            tracing::warn!(error = %err, "Checking the webhook certificate failed; retrying in 30s");
+            return false;
+        }
+    };
+    let new_bundle = fresh.bundle != current.bundle;
+    if new_bundle || configuration_too {
+        if !inject(client, settings, &fresh.bundle).await {
+            return false;
+        }
+        if new_bundle {
+            tokio::time::sleep(BUNDLE_SETTLE).await;
+        }
+    }
+    if fresh.pem != current.pem {
+        if let Err(err) = certificates.replace(&fresh.pem) {
+            tracing::error!(error = %err, "Using the webhook certificate of the Secret failed; retrying in 30s");
+            return false;
+        }
+        tracing::info!(secret = %settings.certificate.secret, new_ca = fresh.pem.ca != current.pem.ca, "Serving the webhook certificate of the Secret");
+    }
+    *current = fresh;
+    true
+}
+
+/// Writes `bundle` where the configuration differs; `false` when that failed.
+async fn inject(client: &kube::Client, settings: &Settings, bundle: &str) -> bool {
+    use certificate::Injected;
+    match certificate::inject_ca_bundle(client, &settings.configuration, bundle).await {
+        Ok(Injected::Written) => {
+            tracing::info!(configuration = %settings.configuration, "Set the webhook's caBundle");
+            true
+        }
+        Ok(Injected::AlreadySet) => true,
+        Ok(Injected::NoConfiguration) => {
+            tracing::debug!(configuration = %settings.configuration, "No MutatingWebhookConfiguration to set the caBundle of");
+            true
+        }
+        Err(err) => {
+            tracing::warn!(error = %err, "Setting the webhook's caBundle failed; retrying in 30s");
+            false
         }
     }
 }
