@@ -44,9 +44,7 @@ async fn failure_of(env: &Environment, node: &NodeInfo) -> String {
         sentences.next().unwrap_or_default(),
     );
     assert!(
-        last.starts_with(&details)
-            && retry.starts_with(&hint)
-            && retry.ends_with(" --overwrite"),
+        last.starts_with(&details) && retry.starts_with(&hint) && retry.ends_with(" --overwrite"),
         "{error}"
     );
     error
