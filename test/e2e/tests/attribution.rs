@@ -187,7 +187,7 @@ async fn only_users_who_may_change_the_target_get_a_refresh_and_they_are_named()
         json!([
             { "apiGroups": ["certificates.ck8s.io"], "resources": ["certificaterefreshes"],
               "verbs": ["create", "get", "list"] },
-            { "apiGroups": ["cluster.x-k8s.io"], "resources": ["machines"],
+            { "apiGroups": ["cluster.x-k8s.io"], "resources": ["machines", "machinedeployments"],
               "verbs": ["get", "list", "patch"] }
         ]),
     )
@@ -290,7 +290,7 @@ async fn only_users_who_may_change_the_target_get_a_refresh_and_they_are_named()
     );
 
     // The trigger path: the annotating user is recorded on the request the controller makes.
-    let machines = env.machine_api(bob, NAMESPACE);
+    let machines = env.machine_api(bob.clone(), NAMESPACE);
     machines
         .patch(
             &by_trigger.machine,
@@ -332,6 +332,50 @@ async fn only_users_who_may_change_the_target_get_a_refresh_and_they_are_named()
         .filter_map(|e| e.note)
         .any(|note| note.contains(&format!("asked by {bob_name}")));
     assert!(announced, "the refresh Event names who annotated");
+
+    // A fleet trigger (on the MachineDeployment of both workers): the fleet request made from
+    // it names its author.
+    let deployment = "beta-md-0";
+    let admin = env.management().await.unwrap();
+    env.machine_deployment_api(admin.clone(), NAMESPACE)
+        .patch(
+            deployment,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "labels": { WATCH_FILTER_LABEL: FILTER } } })),
+        )
+        .await
+        .unwrap();
+    env.machine_deployment_api(bob.clone(), NAMESPACE)
+        .patch(
+            deployment,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "annotations": { REFRESH_CERTIFICATES: "1y" } } })),
+        )
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let fleet = loop {
+        let found = records
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .find(|r| r.spec.target.machine_deployment.as_deref() == Some(deployment));
+        if let Some(found) = found {
+            break found;
+        }
+        assert!(start.elapsed() < TIMEOUT, "no fleet request for {deployment}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(
+        fleet.spec.requester.map(|r| r.username),
+        Some(bob_name.clone()),
+        "the fleet request names who annotated the MachineDeployment"
+    );
+    for node in [&by_request, &by_trigger] {
+        wait_done(&env, node).await;
+    }
 
     // Nobody can name someone else as the trigger's author afterwards.
     let forged = env

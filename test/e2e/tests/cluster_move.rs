@@ -310,7 +310,8 @@ async fn clusterctl_move_waits_for_the_refresh_and_takes_our_objects_along() {
     }
     let env = env().await;
     let nodes = env.isolate_cluster("mover", "mover").await;
-    let _controller = env.start_controller("mover", &[]);
+    // A run held 30 s on the node below: the run timeout must outlast it.
+    let _controller = env.start_controller("mover", &["--k8sd-run-timeout=60s"]);
     let source = env.management().await.unwrap();
     let [first, second] = <[NodeInfo; 2]>::try_from(workers(&env, "mover")).unwrap();
 
@@ -469,7 +470,7 @@ async fn clusterctl_move_waits_for_the_refresh_and_takes_our_objects_along() {
     write_provisioned_status(&target_client, &env.spec.capi_version, "mover", &nodes)
         .await
         .unwrap();
-    let _there = env.start_controller_on_move_target("mover", &[]);
+    let _there = env.start_controller_on_move_target("mover", &["--k8sd-run-timeout=60s"]);
     let moved_requests: Api<CertificateRefresh> = Api::namespaced(target_client.clone(), "moving");
     let restored = wait_for_request(&moved_requests, &by_hand, |r| r.status.is_some()).await;
     let status = restored.status.unwrap();
