@@ -487,6 +487,35 @@ impl Environment {
         }
     }
 
+    /// Waits for the refresh to fail; returns its message, checked to be the same in the
+    /// MachineCertificates status and the Warning Event.
+    pub async fn refresh_failure(&self, node: &NodeInfo, timeout: Duration) -> String {
+        let annotations = self.wait_for_refresh(node, timeout).await;
+        assert_eq!(
+            annotations[ck8s_certs_api::annotations::REFRESH_CERTIFICATES_STATUS],
+            "failed",
+            "{annotations:#?}"
+        );
+        let mc = self
+            .machine_certificates(node)
+            .await
+            .expect("MachineCertificates");
+        let error = mc
+            .status
+            .and_then(|s| s.operation)
+            .and_then(|o| o.error)
+            .expect("the operation's error");
+        let events = self.machine_events(node).await;
+        let event = events
+            .iter()
+            .rev()
+            .find(|e| e.reason.as_deref() == Some("CertificatesRefreshFailed"))
+            .expect("Failed event");
+        assert_eq!(event.type_.as_deref(), Some("Warning"));
+        assert_eq!(event.note.as_deref(), Some(error.as_str()));
+        error
+    }
+
     /// Waits for the refresh status annotation to become `done` or `failed`.
     pub async fn wait_for_refresh(
         &self,

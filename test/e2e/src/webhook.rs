@@ -133,3 +133,40 @@ impl Environment {
         }
     }
 }
+
+impl Environment {
+    /// Installs the provider's admission policies (`config/policy`, as kustomize renders them;
+    /// the API server enforces them itself) and returns each object's API and name, to delete
+    /// them again where other tests share the environment.
+    pub async fn install_admission_policies(&self) -> Vec<(Api<kube::api::DynamicObject>, String)> {
+        let client = self.management().await.expect("client");
+        let kubectl = crate::tool("CK8S_E2E_KUBECTL", "kubectl", "KUBE_VERSION");
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let rendered = std::process::Command::new(kubectl)
+            .arg("kustomize")
+            .arg(root.join("config/policy"))
+            .output()
+            .expect("kubectl kustomize");
+        assert!(rendered.status.success(), "{rendered:?}");
+        let objects = crate::manifests::parse(&String::from_utf8_lossy(&rendered.stdout))
+            .expect("config/policy renders");
+        let mut installed = Vec::new();
+        for object in objects {
+            let types = object.types.clone().expect("typed objects");
+            let (group, version) = types.api_version.split_once('/').expect("a group");
+            let resource = kube::api::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
+                group,
+                version,
+                &types.kind,
+            ));
+            let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &resource);
+            api.create(&PostParams::default(), &object)
+                .await
+                .expect("create a policy object");
+            installed.push((api, object.metadata.name.clone().unwrap_or_default()));
+        }
+        // The API server's policy informer sees them within a moment.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        installed
+    }
+}

@@ -97,34 +97,6 @@ async fn user(env: &Environment, name: &str, rules: serde_json::Value) -> (Clien
     )
 }
 
-/// Installs `config/policy` as rendered by kustomize (the API server enforces it itself).
-async fn install_policies(env: &Environment) {
-    let client = env.management().await.unwrap();
-    let kubectl = ck8s_certs_e2e::tool("CK8S_E2E_KUBECTL", "kubectl", "KUBE_VERSION");
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let rendered = std::process::Command::new(kubectl)
-        .arg("kustomize")
-        .arg(root.join("config/policy"))
-        .output()
-        .expect("kubectl kustomize");
-    assert!(rendered.status.success(), "{rendered:?}");
-    for object in
-        ck8s_certs_e2e::manifests::parse(&String::from_utf8_lossy(&rendered.stdout)).unwrap()
-    {
-        let types = object.types.clone().expect("typed objects");
-        let (group, version) = types.api_version.split_once('/').expect("a group");
-        let resource = kube::api::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
-            group,
-            version,
-            &types.kind,
-        ));
-        let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
-        api.create(&PostParams::default(), &object).await.unwrap();
-    }
-    // The API server's policy informer sees them within a moment.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-}
-
 fn request_for(name: &str, machine: &str, requester: Option<&str>) -> CertificateRefresh {
     let mut request = CertificateRefresh::new(
         name,
@@ -176,7 +148,7 @@ async fn only_users_who_may_change_the_target_get_a_refresh_and_they_are_named()
     for node in [&by_request, &by_trigger] {
         env.isolate(node, FILTER).await;
     }
-    install_policies(&env).await;
+    env.install_admission_policies().await;
     let _controller = env.start_controller_with_request_webhook(FILTER, &[]).await;
     let requests_only = json!([{ "apiGroups": ["certificates.ck8s.io"],
         "resources": ["certificaterefreshes"], "verbs": ["create", "get", "list"] }]);
@@ -365,7 +337,10 @@ async fn only_users_who_may_change_the_target_get_a_refresh_and_they_are_named()
         if let Some(found) = found {
             break found;
         }
-        assert!(start.elapsed() < TIMEOUT, "no fleet request for {deployment}");
+        assert!(
+            start.elapsed() < TIMEOUT,
+            "no fleet request for {deployment}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert_eq!(

@@ -570,31 +570,7 @@ async fn a_trigger_written_into_a_machine_template_is_refused_at_admission() {
     let _turn = SERIAL.lock().await;
     let env = shared_with(spec).await;
     let client = env.management().await.unwrap();
-    let kubectl = ck8s_certs_e2e::tool("CK8S_E2E_KUBECTL", "kubectl", "KUBE_VERSION");
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let rendered = std::process::Command::new(kubectl)
-        .arg("kustomize")
-        .arg(root.join("config/policy"))
-        .output()
-        .expect("kubectl kustomize");
-    assert!(rendered.status.success(), "{rendered:?}");
-    let objects =
-        ck8s_certs_e2e::manifests::parse(&String::from_utf8_lossy(&rendered.stdout)).unwrap();
-    let mut installed = Vec::new();
-    for object in objects {
-        let types = object.types.clone().expect("typed objects");
-        let (group, version) = types.api_version.split_once('/').expect("a group");
-        let resource = kube::api::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
-            group,
-            version,
-            &types.kind,
-        ));
-        let api: kube::Api<DynamicObject> = kube::Api::all_with(client.clone(), &resource);
-        api.create(&Default::default(), &object).await.unwrap();
-        installed.push((api, object.metadata.name.clone().unwrap_or_default()));
-    }
-    // The API server's policy informer sees them within a moment.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let installed = env.install_admission_policies().await;
 
     let deployments = env.machine_deployment_api(client.clone(), capi_manager::NAMESPACE);
     let deployment = format!("{CLUSTER}-md-0");

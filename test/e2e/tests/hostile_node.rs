@@ -9,7 +9,6 @@ use ck8s_certs::k8sd::client::MAX_ANSWER_BYTES;
 use ck8s_certs::k8sd::wire::path;
 use ck8s_certs_api::annotations::REFRESH_CERTIFICATES_STATUS;
 use ck8s_certs_e2e::Environment;
-use ck8s_certs_e2e::fixtures::NodeInfo;
 use ck8s_certs_e2e::shared;
 use ck8s_certs_e2e::sim::{Endpoint, Fault};
 
@@ -33,27 +32,6 @@ fn peak_kib(pid: u32) -> u64 {
                 .ok()
         })
         .expect("VmHWM in /proc/<pid>/status")
-}
-
-/// The failed refresh's message, checked to be the same in the MachineCertificates status and
-/// the Warning Event.
-async fn failure_of(env: &Environment, node: &NodeInfo) -> String {
-    let annotations = env.wait_for_refresh(node, TIMEOUT).await;
-    assert_eq!(
-        annotations[REFRESH_CERTIFICATES_STATUS], "failed",
-        "{annotations:#?}"
-    );
-    let mc = env.machine_certificates(node).await.unwrap();
-    let error = mc.status.unwrap().operation.unwrap().error.unwrap();
-    let events = env.machine_events(node).await;
-    let event = events
-        .iter()
-        .rev()
-        .find(|e| e.reason.as_deref() == Some("CertificatesRefreshFailed"))
-        .expect("Failed event");
-    assert_eq!(event.type_.as_deref(), Some("Warning"));
-    assert_eq!(event.note.as_deref(), Some(error.as_str()));
-    error
 }
 
 /// Says the answer was too large: not a decode error of a body read in full.
@@ -111,7 +89,7 @@ async fn a_node_answering_100_mib_fails_its_refresh_without_exhausting_the_contr
         .await
         .unwrap();
     env.annotate_refresh(&hostile_worker, "1y").await;
-    let plan_error = failure_of(&env, &hostile_worker).await;
+    let plan_error = env.refresh_failure(&hostile_worker, TIMEOUT).await;
     println!(
         "huge plan answer: failed after {:?}: {plan_error}",
         started.elapsed()
@@ -144,7 +122,7 @@ async fn a_node_answering_100_mib_fails_its_refresh_without_exhausting_the_contr
         .await
         .unwrap();
     env.annotate_refresh(&hostile_control_plane, "1y").await;
-    let run_error = failure_of(&env, &hostile_control_plane).await;
+    let run_error = env.refresh_failure(&hostile_control_plane, TIMEOUT).await;
     println!(
         "huge run error answer: failed after {:?}: {run_error}",
         started.elapsed()

@@ -14,21 +14,7 @@ use kube::Api;
 const TIMEOUT: Duration = Duration::from_secs(90);
 
 async fn failure_of(env: &Environment, node: &NodeInfo) -> String {
-    let annotations = env.wait_for_refresh(node, TIMEOUT).await;
-    assert_eq!(
-        annotations[REFRESH_CERTIFICATES_STATUS], "failed",
-        "{annotations:#?}"
-    );
-    let mc = env.machine_certificates(node).await.unwrap();
-    let error = mc.status.unwrap().operation.unwrap().error.unwrap();
-    let events = env.machine_events(node).await;
-    let event = events
-        .iter()
-        .rev()
-        .find(|e| e.reason.as_deref() == Some("CertificatesRefreshFailed"))
-        .expect("Failed event");
-    assert_eq!(event.type_.as_deref(), Some("Warning"));
-    assert_eq!(event.note.as_deref(), Some(error.as_str()));
+    let error = env.refresh_failure(node, TIMEOUT).await;
     // Every failure ends with the command that retries, then where to read more.
     let hint = format!(
         "Renew now: kubectl annotate machines.cluster.x-k8s.io {} -n {} v1beta2.k8sd.io/refresh-certificates=",
