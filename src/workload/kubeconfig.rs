@@ -69,6 +69,10 @@ pub enum Refusal {
     #[error("`tokenFile` names a file in the controller's pod: put the token itself in `token`")]
     TokenFile,
     #[error(
+        "`token` holds a character an HTTP header cannot carry (a line break or another control character): put the bare token there"
+    )]
+    TokenNotHeader,
+    #[error(
         "`client-certificate` names a file in the controller's pod: inline the certificate as `client-certificate-data` (base64 PEM)"
     )]
     ClientCertificateFile,
@@ -214,6 +218,11 @@ fn vet_user(user: &AuthInfo, vetting: Vetting) -> Vec<Refusal> {
         (false, true) => refusals.push(Refusal::KeyWithoutCertificate),
         _ => {}
     }
+    // kube-rs sends it as `Authorization: Bearer <token>` and panics building the client when a
+    // header cannot carry it (found by `make fuzz`).
+    if token && !token_fits_a_header(user) {
+        refusals.push(Refusal::TokenNotHeader);
+    }
     // Only when nothing else was refused: a refused source of credentials is the news.
     let exec = user.exec.is_some() && vetting.allow_exec;
     let credentials = (certificate && key) || token || exec;
@@ -221,6 +230,17 @@ fn vet_user(user: &AuthInfo, vetting: Vetting) -> Vec<Refusal> {
         refusals.push(Refusal::NoCredentials);
     }
     refusals
+}
+
+/// Whether `Authorization: Bearer <token>` is a valid header value. The token is a
+/// `SecretString`; its serialised form is read, as this crate does not depend on `secrecy`.
+fn token_fits_a_header(user: &AuthInfo) -> bool {
+    serde_json::to_value(user)
+        .ok()
+        .as_ref()
+        .and_then(|user| user.get("token"))
+        .and_then(serde_json::Value::as_str)
+        .is_some_and(|token| http::HeaderValue::from_str(&format!("Bearer {token}")).is_ok())
 }
 
 /// Why `Kubeconfig::from_yaml` failed, without the text of the error (the YAML parser quotes
