@@ -9,7 +9,8 @@ use ck8s_certs_api::k8sd::DEFAULT_MICROCLUSTER_PORT;
 use ck8s_certs_api::machine::{ClusterView, MachineView};
 use ck8s_certs_api::machine_certificates::{MachineCertificates, Role};
 use kube::Api;
-use kube::api::{ApiResource, DynamicObject, ListParams};
+use kube::ResourceExt;
+use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::GroupVersionKind;
 
 use super::{Node, Reconciler};
@@ -19,6 +20,9 @@ use crate::workload;
 use crate::workload::endpoint;
 
 use crate::controllers::executor::Failure;
+
+/// The field manager of a pin written when a control plane is first used as an approver.
+const APPROVER_MANAGER: &str = "ck8s-certs-approver";
 
 /// The k8sd certificate fingerprint pinned for `machine` (`status.k8sdFingerprint`), `None`
 /// before first use. Fails closed: a pin that cannot be read is an error, never "no pin" (which
@@ -169,25 +173,41 @@ impl Reconciler<'_> {
             .collect();
         candidates.sort_by(|a, b| a.name.cmp(&b.name));
         let mut tried = Vec::new();
+        // Whether any control plane was ruled out by something that may pass (not Ready, not
+        // answering); a pin that is wrong or does not match waits for the operator instead.
+        let mut transient = false;
         for machine in candidates {
             let node = machine.node_name.clone().unwrap_or_default();
             // A pin that cannot be read (or an API error reading it) rules the node out: the
             // cluster's approval token never goes to an unverified endpoint.
-            let config = match Api::<MachineCertificates>::namespaced(self.ctx.client.clone(), ns)
-                .get_opt(&machine.name)
-                .await
-            {
-                Ok(config) => config,
+            let record = match self.certificates().get_opt(&machine.name).await {
+                Ok(Some(record)) => Ok(Some(record)),
+                // A control plane outside our scope (or not reconciled yet) gets its record
+                // here, so that the certificate it presents on first use is kept.
+                Ok(None) => self.create_record(&machine).await,
+                Err(err) => Err(err.into()),
+            };
+            let record = match record {
+                Ok(Some(record)) => record,
+                Ok(None) => {
+                    transient = true;
+                    tried.push(format!(
+                        "{node} (its MachineCertificates could not be created)"
+                    ));
+                    continue;
+                }
                 Err(err) => {
+                    transient = true;
                     tried.push(format!(
                         "{node} (reading its pinned certificate failed: {err})"
                     ));
                     continue;
                 }
             };
-            let fingerprint = config
-                .and_then(|c| c.status)
-                .and_then(|s| s.k8sd_fingerprint);
+            let fingerprint = record
+                .status
+                .as_ref()
+                .and_then(|s| s.k8sd_fingerprint.clone());
             let pin = match pin_of(fingerprint.as_deref(), ns, &machine.name) {
                 Ok(pin) => pin,
                 Err(failure) => {
@@ -199,10 +219,12 @@ impl Reconciler<'_> {
             let Ok(endpoint) =
                 endpoint::resolve(&client, cluster, &node, port, self.ctx.config.transport).await
             else {
+                transient = true;
                 tried.push(format!("{node} (no endpoint)"));
                 continue;
             };
             if !endpoint.ready {
+                transient = true;
                 tried.push(format!("{node} (not Ready)"));
                 continue;
             }
@@ -214,19 +236,85 @@ impl Reconciler<'_> {
                 self.ctx.config.timeouts,
                 self.ctx.metrics.k8sd.clone(),
             );
-            match session.probe().await {
-                Ok(()) => return Ok(session),
-                Err(err) => tried.push(format!("{node} ({err})")),
+            if let Err(err) = session.probe().await {
+                transient |= !matches!(err, crate::k8sd::K8sdError::PinMismatch { .. });
+                tried.push(format!("{node} ({err})"));
+                continue;
             }
+            // First use: the certificate is kept before the approval token is sent to it.
+            if pin.is_none() {
+                let seen = session.fingerprint();
+                if let Err(reason) = self.keep_approver_pin(&record, seen).await {
+                    transient = true;
+                    tried.push(format!("{node} ({reason})"));
+                    continue;
+                }
+            }
+            return Ok(session);
         }
-        Err(Failure::Unavailable(format!(
-            "No Ready control-plane node of cluster {cluster} answered, so the worker's CSRs cannot be approved (tried: {}); check the control-plane nodes and their k8sd-proxy pods",
-            if tried.is_empty() {
-                "none found".to_owned()
-            } else {
-                tried.join(", ")
-            }
+        if transient || tried.is_empty() {
+            return Err(Failure::Unavailable(format!(
+                "No Ready control-plane node of cluster {cluster} answered, so the worker's CSRs cannot be approved (tried: {}); check the control-plane nodes and their k8sd-proxy pods",
+                if tried.is_empty() {
+                    "none found".to_owned()
+                } else {
+                    tried.join(", ")
+                }
+            )));
+        }
+        Err(Failure::Message(format!(
+            "No control-plane node of cluster {cluster} can approve the worker's CSRs: none can be verified against its pinned k8sd certificate ({}); if a control plane was re-installed, check its k8sd certificate on the node and pin that fingerprint in its MachineCertificates (docs/refresh.md, \"Trust in k8sd's certificate\")",
+            tried.join(", ")
         )))
+    }
+
+    /// Pins `seen` on a control plane first used as an approver, in one write guarded by the
+    /// record's resourceVersion: the control plane's own reconcile may be pinning it at the same
+    /// moment, and whichever pin lands first is the one both must then match. Only that field
+    /// is written (a merge patch under its own field manager, so the record's owner keeps the
+    /// rest of its status).
+    async fn keep_approver_pin(
+        &self,
+        record: &MachineCertificates,
+        seen: Option<Fingerprint>,
+    ) -> Result<(), String> {
+        let Some(seen) = seen else {
+            return Err("it presented no certificate to pin".to_owned());
+        };
+        let name = record.name_any();
+        let api = self.certificates();
+        let patch = serde_json::json!({
+            "metadata": {"resourceVersion": record.resource_version()},
+            "status": {"k8sdFingerprint": seen.to_string()},
+        });
+        let params = PatchParams {
+            field_manager: Some(APPROVER_MANAGER.into()),
+            ..PatchParams::default()
+        };
+        match api
+            .patch_status(&name, &params, &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                // Changed meanwhile: usable only if what was pinned is what answered us.
+                let pinned = api
+                    .get_opt(&name)
+                    .await
+                    .map_err(|err| format!("reading its pinned certificate failed: {err}"))?
+                    .and_then(|r| r.status)
+                    .and_then(|s| s.k8sd_fingerprint)
+                    .and_then(|text| text.parse::<Fingerprint>().ok());
+                if pinned == Some(seen) {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "its certificate {seen} could not be pinned: MachineCertificates {name} changed meanwhile and does not pin it"
+                    ))
+                }
+            }
+            Err(err) => Err(format!("pinning its k8sd certificate failed: {err}")),
+        }
     }
 
     pub(super) async fn microcluster_port_of(&self, machine: &MachineView) -> u16 {

@@ -56,28 +56,33 @@ impl Reconciler<'_> {
         if self.view.deleting || !create {
             return Ok(None);
         }
+        self.create_record(&self.view).await
+    }
+
+    /// Creates `machine`'s MachineCertificates as its own reconcile would (owned by the
+    /// Machine, with its cluster and watch-filter labels); one created meanwhile is read back.
+    pub(super) async fn create_record(
+        &self,
+        machine: &MachineView,
+    ) -> Result<Option<MachineCertificates>, Error> {
+        let api = self.certificates();
         let mut mc = MachineCertificates::new(
-            &self.view.name,
+            &machine.name,
             MachineCertificatesSpec {
-                cluster_name: self.view.cluster.clone().unwrap_or_default(),
+                cluster_name: machine.cluster.clone().unwrap_or_default(),
             },
         );
-        mc.metadata.namespace = Some(self.view.namespace.clone());
+        mc.metadata.namespace = Some(machine.namespace.clone());
         // The cluster label for selection, the watch-filter label so a filtered controller sees it.
         let labels = [CLUSTER_NAME_LABEL, WATCH_FILTER_LABEL]
             .into_iter()
-            .filter_map(|key| {
-                self.view
-                    .labels
-                    .get(key)
-                    .map(|v| (key.to_owned(), v.clone()))
-            });
+            .filter_map(|key| machine.labels.get(key).map(|v| (key.to_owned(), v.clone())));
         mc.metadata.labels = Some(labels.collect());
         mc.metadata.owner_references = Some(vec![OwnerReference {
             api_version: Machine::api_version(&self.ctx.capi).into_owned(),
             kind: "Machine".into(),
-            name: self.view.name.clone(),
-            uid: self.view.uid.clone().unwrap_or_default(),
+            name: machine.name.clone(),
+            uid: machine.uid.clone().unwrap_or_default(),
             controller: Some(true),
             // true would need update permission on machines/finalizers.
             block_owner_deletion: None,
@@ -94,7 +99,7 @@ impl Reconciler<'_> {
         {
             Ok(created) => Ok(Some(created)),
             Err(kube::Error::Api(status)) if status.code == 409 => {
-                Ok(api.get_opt(&self.view.name).await?)
+                Ok(api.get_opt(&machine.name).await?)
             }
             Err(err) => Err(err.into()),
         }

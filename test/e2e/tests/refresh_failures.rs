@@ -263,6 +263,65 @@ async fn a_reinstalled_node_fails_the_pin_until_the_operator_re_pins_it() {
     assert_ne!(repinned, pinned);
 }
 
+/// A control plane first used to approve a worker's CSRs (outside the controller's scope, so
+/// never pinned by its own expiry read) keeps the certificate it presented: after a reinstall
+/// behind the operator's back, the cluster's approval token is not sent to it.
+#[tokio::test]
+async fn an_approver_s_first_use_certificate_is_kept() {
+    let env = shared().await;
+    let solo = env.cluster("solo");
+    let worker = solo.node("solo-md-0-w0").clone();
+    let control_plane = solo.node("solo-cp-0").clone();
+    env.isolate(&worker, "approver-pin").await;
+    let _controller = env.start_controller("approver-pin", &["--k8sd-attempts=2"]);
+    assert!(
+        env.machine_certificates(&control_plane)
+            .await
+            .and_then(|r| r.status)
+            .and_then(|s| s.k8sd_fingerprint)
+            .is_none(),
+        "the control plane is outside every instance's scope: nothing pinned it"
+    );
+
+    env.annotate_refresh(&worker, "1y").await;
+    let annotations = env.wait_for_refresh(&worker, TIMEOUT).await;
+    assert_eq!(annotations[REFRESH_CERTIFICATES_STATUS], "done");
+    let pinned = env
+        .machine_certificates(&control_plane)
+        .await
+        .and_then(|r| r.status)
+        .and_then(|s| s.k8sd_fingerprint);
+    let presented = env
+        .sim
+        .node(&control_plane)
+        .await
+        .unwrap()
+        .k8sd_fingerprint_sha256;
+    assert_eq!(pinned.as_deref(), Some(presented.as_str()));
+
+    env.sim.reinstall(&control_plane, None).await.unwrap();
+    env.sim
+        .clear_calls("solo", &control_plane.node)
+        .await
+        .unwrap();
+    env.annotate_refresh(&worker, "1y").await;
+    let error = failure_of(&env, &worker).await;
+    assert!(
+        error.contains(&presented) && error.contains(&control_plane.node),
+        "{error}"
+    );
+    assert_no_secrets(&env, &worker, &error);
+    assert!(
+        env.sim
+            .calls("solo", &control_plane.node)
+            .await
+            .unwrap()
+            .iter()
+            .all(|c| c.path != path::APPROVE),
+        "the approval token never went to the unverified control plane"
+    );
+}
+
 /// A worker whose node hangs gives its cluster back between its tries: a control plane of the
 /// same cluster annotated after it is refreshed before the worker's tries end (by order of the
 /// calls the nodes saw, not by a timed assertion).
