@@ -118,6 +118,27 @@ pub struct Args {
     #[arg(long, env = "CK8S_CERTS_KUBECONFIG_CHECK_INTERVAL", value_parser = duration, default_value = "6h")]
     pub kubeconfig_check_interval: Duration,
 
+    /// Renew the client certificate of each Cluster's management kubeconfig
+    /// (`<cluster>-kubeconfig`) in place when half its lifetime is left (or
+    /// `--kubeconfig-renew-before`), signed by the cluster's client CA (`<cluster>-cca`): `off`
+    /// (default: that Secret is never read), `dry-run` (everything but the write, shown in
+    /// `ClusterCertificates`), `on`. Needs `patch` on Secrets: install the
+    /// `config/kubeconfig-renewal` overlay. The bare flag means `on`.
+    #[arg(
+        long,
+        env = "CK8S_CERTS_RENEW_MANAGEMENT_KUBECONFIG",
+        value_enum,
+        default_value_t = crate::workload::client_certificate::Mode::Off,
+        num_args = 0..=1,
+        default_missing_value = "on"
+    )]
+    pub renew_management_kubeconfig: crate::workload::client_certificate::Mode,
+
+    /// With `--renew-management-kubeconfig`: renew when this much of the client certificate's
+    /// life is left, instead of half its lifetime (at most half a year).
+    #[arg(long, env = "CK8S_CERTS_KUBECONFIG_RENEW_BEFORE", value_parser = duration)]
+    pub kubeconfig_renew_before: Option<Duration>,
+
     /// Let the users of workload kubeconfigs (`<cluster>-kubeconfig`) authenticate with an
     /// `exec` credential plugin. Off by default: anyone who may write that Secret could then run
     /// a command in the controller's pod. Every other refused field (`tokenFile`, file paths,

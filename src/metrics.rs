@@ -48,6 +48,11 @@ pub struct KubeconfigLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
     pub reason: String,
 }
@@ -236,6 +241,9 @@ pub struct Metrics {
     pub expiry: MachineExpiries,
     /// NotAfter of each Cluster's `<cluster>-kubeconfig` certificates.
     pub kubeconfig_expiry: Family<KubeconfigLabels, Gauge<f64, AtomicU64>>,
+    /// `--renew-management-kubeconfig` attempts by `result`: `renewed`, `dry_run`, `refused`,
+    /// `failed`, `not_due` (renewed meanwhile by someone else).
+    pub kubeconfig_renewals: Family<ResultLabels, Counter>,
     pub renewals_started: Family<OriginLabels, Counter>,
     pub renewals_succeeded: Family<OriginLabels, Counter>,
     pub renewals_failed: Family<OriginLabels, Counter>,
@@ -263,6 +271,12 @@ impl Default for Metrics {
             "kubeconfig_expiry_timestamp_seconds",
             "NotAfter of the management kubeconfig's certificates of a workload cluster (<cluster>-kubeconfig: certificate client or ca), as a Unix timestamp",
             kubeconfig_expiry.clone(),
+        );
+        let kubeconfig_renewals = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "kubeconfig_renewals",
+            "Renewals of management kubeconfig client certificates tried (--renew-management-kubeconfig), by result: renewed, dry_run, refused, failed, not_due",
+            kubeconfig_renewals.clone(),
         );
         let renewals_started = Family::<OriginLabels, Counter>::default();
         registry.register(
@@ -374,6 +388,7 @@ impl Default for Metrics {
             registry,
             expiry,
             kubeconfig_expiry,
+            kubeconfig_renewals,
             renewals_started,
             renewals_succeeded,
             renewals_failed,

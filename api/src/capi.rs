@@ -55,6 +55,13 @@ pub fn kubeconfig_secret_name(cluster: &str) -> String {
 /// Key of the kubeconfig in [`kubeconfig_secret_name`].
 pub const KUBECONFIG_SECRET_KEY: &str = "value";
 
+/// The CK8s control-plane provider's client CA of a cluster (`tls.crt`, `tls.key`): it signs
+/// the client certificate of `<cluster>-kubeconfig` and is the workload API server's
+/// `--client-ca-file`.
+pub fn client_ca_secret_name(cluster: &str) -> String {
+    format!("{cluster}-cca")
+}
+
 /// API group, kind and plural of the CK8s control plane provider's control plane object. Its
 /// version is discovered at start (the kind is optional: without it, the control-plane object's
 /// trigger is off).

@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
     status = "ClusterCertificatesStatus",
     printcolumn = r#"{"name":"Kubeconfig Expiry","type":"string","jsonPath":".status.kubeconfig.clientCertificateExpiry"}"#,
     printcolumn = r#"{"name":"CA Expiry","type":"string","jsonPath":".status.kubeconfig.certificateAuthorityExpiry"}"#,
+    printcolumn = r#"{"name":"Next Renewal","type":"string","priority":1,"jsonPath":".status.kubeconfig.nextRenewalTime"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
@@ -42,7 +43,9 @@ pub struct ClusterCertificatesStatus {
 
     /// `Ready`: the kubeconfig is readable and its certificates are not within the warning
     /// horizon (`--kubeconfig-expiry-warning`) of expiry. Reasons: Valid, ExpiringSoon, Expired,
-    /// Unreadable, Missing.
+    /// Unreadable, Missing. `KubeconfigRenewal` (with `--renew-management-kubeconfig` only):
+    /// whether the client certificate can be renewed in place; reasons in
+    /// [`renewal_reasons`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
@@ -59,6 +62,13 @@ pub struct KubeconfigStatus {
     /// NotAfter of the cluster CA the kubeconfig trusts (the latest, for a bundle).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub certificate_authority_expiry: Option<Time>,
+    /// When the client certificate was last renewed in place (`--renew-management-kubeconfig`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_renewal_time: Option<Time>,
+    /// When the client certificate is due for renewal (with `--renew-management-kubeconfig`
+    /// only): half its lifetime before its end, or `--kubeconfig-renew-before`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_renewal_time: Option<Time>,
 }
 
 /// `Ready` condition reasons.
@@ -68,4 +78,32 @@ pub mod reasons {
     pub const EXPIRED: &str = "Expired";
     pub const UNREADABLE: &str = "Unreadable";
     pub const MISSING: &str = "Missing";
+}
+
+/// The condition type that says whether the kubeconfig's client certificate is renewed in place.
+pub const KUBECONFIG_RENEWAL: &str = "KubeconfigRenewal";
+
+/// `KubeconfigRenewal` condition reasons (and the reasons of its Events).
+pub mod renewal_reasons {
+    /// True: the certificate is not due yet (`status.kubeconfig.nextRenewalTime`), also right
+    /// after it was renewed (`status.kubeconfig.lastRenewalTime`).
+    pub const NOT_DUE: &str = "NotDue";
+    /// True, dry run: a certificate was issued and accepted by the workload API server, and not
+    /// written.
+    pub const WOULD_RENEW: &str = "WouldRenew";
+    /// False: the Secret is not the CK8s control-plane provider's kubeconfig; left alone.
+    pub const NOT_PROVIDER_SHAPE: &str = "NotProviderShape";
+    /// False: `<cluster>-cca` is not there or has no `tls.crt`/`tls.key`.
+    pub const CLIENT_CA_MISSING: &str = "ClientCAMissing";
+    /// False: `<cluster>-cca` cannot sign (not a CA, key of another certificate, unreadable).
+    pub const CLIENT_CA_UNUSABLE: &str = "ClientCAUnusable";
+    /// False: the certificate held was not signed by `<cluster>-cca`.
+    pub const OTHER_ISSUER: &str = "OtherIssuer";
+    /// False: `<cluster>-cca` ends too soon for a certificate worth issuing.
+    pub const CLIENT_CA_ENDING: &str = "ClientCAEnding";
+    /// False: the workload API server did not accept the new certificate; nothing was written.
+    pub const NOT_ACCEPTED: &str = "NotAccepted";
+    /// False: reading or writing a Secret failed, or it changed meanwhile (tried again a minute
+    /// later at the soonest).
+    pub const FAILED: &str = "RenewalFailed";
 }

@@ -19,6 +19,12 @@ pub mod events {
     /// expires within the warning horizon, or has expired.
     pub const KUBECONFIG_EXPIRING: &str = "KubeconfigCertificateExpiring";
     pub const KUBECONFIG_EXPIRED: &str = "KubeconfigCertificateExpired";
+    /// On the Cluster (`--renew-management-kubeconfig`): the client certificate was renewed in
+    /// place (Normal); a dry run would have renewed it (Normal); it cannot be renewed, and why
+    /// (Warning, once per new reason).
+    pub const KUBECONFIG_RENEWED: &str = "KubeconfigCertificateRenewed";
+    pub const KUBECONFIG_WOULD_RENEW: &str = "KubeconfigCertificateWouldRenew";
+    pub const KUBECONFIG_NOT_RENEWED: &str = "KubeconfigCertificateNotRenewed";
     /// Reading the node's certificate expiry failed (other than the node still starting).
     pub const EXPIRY_UNKNOWN: &str = "CertificatesExpiryUnknown";
     /// A trigger was not acted on: its owner applies it again after the refresh it asked for

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use ck8s_certs_api::capi::{CLUSTER_NAME_LABEL, kubeconfig_secret_name};
 use ck8s_certs_api::cluster_certificates::{
-    ClusterCertificates, ClusterCertificatesStatus, KubeconfigStatus, reasons,
+    ClusterCertificates, ClusterCertificatesStatus, KUBECONFIG_RENEWAL, KubeconfigStatus, reasons,
 };
 use ck8s_certs_api::machine::{CapiVersion, Cluster, Machine, MachineView};
 use ck8s_certs_api::reasons::events;
@@ -26,7 +26,11 @@ use serde_json::json;
 
 use crate::metrics::{KubeconfigLabels, Metrics};
 use crate::workload::WorkloadError;
+use crate::workload::client_certificate::{self, Held, Refusal};
 use crate::workload::credentials::{Certificate, KubeconfigExpiry, kubeconfig_expiry};
+
+mod renewal;
+pub use renewal::Config as RenewalConfig;
 
 const MANAGER: &str = "ck8s-certs-kubeconfig";
 
@@ -40,12 +44,18 @@ pub struct Config {
     pub interval: Duration,
     /// What the kubeconfig may use: one the refreshes would refuse is reported as unreadable.
     pub vetting: crate::workload::Vetting,
+    /// `--renew-management-kubeconfig`, `--kubeconfig-renew-before`.
+    pub renewal: RenewalConfig,
 }
 
 pub struct Context {
     /// The last reading per Cluster: Cluster and record events within [`RECHECK_AFTER`] of it
     /// are answered from it, so a busy Cluster (status updates) costs no extra reads.
     pub readings: Mutex<HashMap<(String, String), (std::time::Instant, Reading)>>,
+    /// The last renewal attempt per Cluster: a due certificate that was not renewed is tried
+    /// again no sooner than [`RECHECK_AFTER`] (a minute after a transient failure), however
+    /// often the Cluster changes.
+    pub attempts: Mutex<HashMap<(String, String), (std::time::Instant, renewal::Report)>>,
     pub client: Client,
     pub capi: CapiVersion,
     pub machines: Store<Machine>,
@@ -85,7 +95,12 @@ pub fn error_policy(_cluster: Arc<Cluster>, error: &Error, _ctx: Arc<Context>) -
 pub enum Reading {
     Missing,
     Unreadable(String),
-    Read(KubeconfigExpiry),
+    Read {
+        expiry: KubeconfigExpiry,
+        /// Its client certificate, if the kubeconfig has the CK8s control-plane provider's
+        /// shape (what renewal needs).
+        held: Result<Held, Refusal>,
+    },
 }
 
 /// The `Ready` condition's reason and message for `reading` at `now`; a warning Event reason
@@ -109,7 +124,7 @@ pub fn verdict(
             format!("The kubeconfig in Secret {secret} cannot be read: {reason}"),
             None,
         ),
-        Reading::Read(expiry) => match expiry.first() {
+        Reading::Read { expiry, .. } => match expiry.first() {
             Some((which, at)) if at <= now => (
                 false,
                 reasons::EXPIRED,
@@ -170,7 +185,7 @@ pub fn next_check(
         fnv1a(jitter_key) % tenth
     };
     let mut next = interval.saturating_sub(Duration::from_secs(jitter));
-    if let Reading::Read(expiry) = reading
+    if let Reading::Read { expiry, .. } = reading
         && let Some((_, at)) = expiry.first()
     {
         for instant in [at.checked_sub(warning).unwrap_or(at), at] {
@@ -191,39 +206,69 @@ fn fnv1a(text: &str) -> u64 {
     })
 }
 
-/// The status showing `reading`; conditions keep their transition time while unchanged.
+/// The status showing `reading` and, with renewal on, its last `renewal` report; conditions keep
+/// their transition time while unchanged.
 pub fn status_for(
     old: &ClusterCertificatesStatus,
     reading: &Reading,
     secret: &str,
     ready: (bool, &str, String),
+    renewal: Option<&renewal::Report>,
     now: Timestamp,
 ) -> ClusterCertificatesStatus {
     let (value, reason, message) = ready;
-    let value = if value { "True" } else { "False" }.to_owned();
-    let transition = old
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Ready" && c.status == value)
-        .map_or(Time(now), |c| c.last_transition_time.clone());
     let expiry = match reading {
-        Reading::Read(expiry) => *expiry,
+        Reading::Read { expiry, .. } => *expiry,
         _ => KubeconfigExpiry::default(),
     };
+    let old_kubeconfig = old.kubeconfig.as_ref();
+    let mut conditions = vec![condition(old, "Ready", value, reason, message, now)];
+    if let Some(report) = renewal {
+        conditions.push(condition(
+            old,
+            KUBECONFIG_RENEWAL,
+            report.ok,
+            report.reason,
+            report.message.clone(),
+            now,
+        ));
+    }
     ClusterCertificatesStatus {
         kubeconfig: Some(KubeconfigStatus {
             secret: secret.to_owned(),
             client_certificate_expiry: expiry.client.map(Time),
             certificate_authority_expiry: expiry.ca.map(Time),
+            last_renewal_time: renewal
+                .and_then(|r| r.renewed.map(Time))
+                .or_else(|| old_kubeconfig.and_then(|k| k.last_renewal_time.clone())),
+            next_renewal_time: renewal.and_then(|r| r.next.map(Time)),
         }),
-        conditions: vec![Condition {
-            type_: "Ready".into(),
-            status: value,
-            reason: reason.to_owned(),
-            message,
-            last_transition_time: transition,
-            observed_generation: None,
-        }],
+        conditions,
+    }
+}
+
+/// A condition of type `type_`, keeping its transition time from `old` while its status holds.
+fn condition(
+    old: &ClusterCertificatesStatus,
+    type_: &str,
+    value: bool,
+    reason: &str,
+    message: String,
+    now: Timestamp,
+) -> Condition {
+    let value = if value { "True" } else { "False" }.to_owned();
+    let transition = old
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == value)
+        .map_or(Time(now), |c| c.last_transition_time.clone());
+    Condition {
+        type_: type_.into(),
+        status: value,
+        reason: reason.to_owned(),
+        message,
+        last_transition_time: transition,
+        observed_generation: None,
     }
 }
 
@@ -259,14 +304,27 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
             .filter(|(at, _)| at.elapsed() < RECHECK_AFTER)
             .map(|(_, reading)| reading.clone())
     });
-    let reading = match recent {
+    let mut reading = match recent {
         Some(reading) => reading,
-        None => {
-            let reading = read(&ctx.client, &namespace, &name, ctx.config.vetting).await?;
-            if let Ok(mut readings) = ctx.readings.lock() {
-                readings.insert(key, (std::time::Instant::now(), reading.clone()));
+        None => fresh_reading(&ctx, &key).await?,
+    };
+    let mut retry = None;
+    let report = match renewal::plan(ctx.config.renewal, &reading, &secret, now) {
+        renewal::Plan::Silent => None,
+        renewal::Plan::Report(report) => Some(report),
+        renewal::Plan::Due => {
+            let report = attempt(&ctx, &key, now).await;
+            if report.renewed.is_some() {
+                // What the Secret holds now.
+                reading = fresh_reading(&ctx, &key).await?;
+            } else if !report.ok {
+                retry = Some(if report.transient() {
+                    Duration::from_secs(60)
+                } else {
+                    RECHECK_AFTER
+                });
             }
-            reading
+            Some(report)
         }
     };
     export(&ctx.metrics, &namespace, &name, &reading);
@@ -284,8 +342,14 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         &reading,
         &secret,
         (ready, reason, message.clone()),
+        report.as_ref(),
         now,
     );
+    let renewal_was = old
+        .conditions
+        .iter()
+        .find(|c| c.type_ == KUBECONFIG_RENEWAL)
+        .map(|c| c.reason.clone());
     if status != old {
         let api: Api<ClusterCertificates> = Api::namespaced(ctx.client.clone(), &namespace);
         if record.is_none() {
@@ -306,36 +370,131 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         if let Some(event) = warn
             && was != Some(reason)
         {
-            let note = Event {
-                type_: EventType::Warning,
-                reason: event.into(),
-                note: Some(message),
-                action: "CheckKubeconfig".into(),
-                secondary: None,
-            };
-            if let Err(err) = ctx
-                .recorder
-                .publish(&note, &cluster.object_ref(&ctx.capi))
-                .await
-            {
-                tracing::warn!(error = %err, "Publishing an Event failed");
-            }
+            publish(
+                &ctx,
+                &cluster,
+                EventType::Warning,
+                event,
+                message,
+                "CheckKubeconfig",
+            )
+            .await;
         }
     }
-    Ok(Action::requeue(next_check(
+    if let Some(report) = &report
+        && let Some((kind, event, note)) = &report.event
+        && (report.renewed.is_some() || renewal_was.as_deref() != Some(report.reason))
+    {
+        publish(
+            &ctx,
+            &cluster,
+            *kind,
+            event,
+            note.clone(),
+            "RenewKubeconfig",
+        )
+        .await;
+    }
+    let mut next = next_check(
         &reading,
         ctx.config.warning,
         ctx.config.interval,
         cluster.uid().as_deref().unwrap_or(&name),
         now,
-    )))
+    );
+    if let Some(due) = report.as_ref().and_then(|r| r.next)
+        && let Ok(until) = Duration::try_from(due.duration_since(now))
+    {
+        next = next.min(until.max(Duration::from_secs(60)));
+    }
+    if let Some(retry) = retry {
+        next = next.min(retry);
+    }
+    Ok(Action::requeue(next))
+}
+
+/// Reads the Secret and keeps the reading for [`RECHECK_AFTER`].
+async fn fresh_reading(ctx: &Context, key: &(String, String)) -> Result<Reading, Error> {
+    let reading = read(&ctx.client, &key.0, &key.1, ctx.config.vetting).await?;
+    if let Ok(mut readings) = ctx.readings.lock() {
+        readings.insert(key.clone(), (std::time::Instant::now(), reading.clone()));
+    }
+    Ok(reading)
+}
+
+/// A renewal of a due certificate, unless one was tried lately: a certificate that could not
+/// be renewed is tried again after [`RECHECK_AFTER`] (a minute after a transient failure), not
+/// at every change of its Cluster.
+async fn attempt(ctx: &Context, key: &(String, String), now: Timestamp) -> renewal::Report {
+    let recent = ctx.attempts.lock().ok().and_then(|attempts| {
+        attempts
+            .get(key)
+            .filter(|(at, report)| {
+                let wait = if report.transient() {
+                    Duration::from_secs(60)
+                } else {
+                    RECHECK_AFTER
+                };
+                at.elapsed() < wait
+            })
+            .map(|(_, report)| report.clone())
+    });
+    if let Some(report) = recent {
+        return report;
+    }
+    let report = renewal::renew(ctx, &key.0, &key.1, ctx.config.renewal, now).await;
+    let result = match report.reason {
+        _ if report.renewed.is_some() => "renewed",
+        ck8s_certs_api::cluster_certificates::renewal_reasons::WOULD_RENEW => "dry_run",
+        ck8s_certs_api::cluster_certificates::renewal_reasons::NOT_DUE => "not_due",
+        _ if report.transient() => "failed",
+        _ => "refused",
+    };
+    ctx.metrics
+        .kubeconfig_renewals
+        .get_or_create(&crate::metrics::ResultLabels {
+            result: result.to_owned(),
+        })
+        .inc();
+    if let Ok(mut attempts) = ctx.attempts.lock() {
+        attempts.insert(key.clone(), (std::time::Instant::now(), report.clone()));
+    }
+    report
+}
+
+async fn publish(
+    ctx: &Context,
+    cluster: &Cluster,
+    type_: EventType,
+    reason: &str,
+    note: String,
+    action: &str,
+) {
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: action.into(),
+        secondary: None,
+    };
+    if let Err(err) = ctx
+        .recorder
+        .publish(&event, &cluster.object_ref(&ctx.capi))
+        .await
+    {
+        tracing::warn!(error = %err, "Publishing an Event failed");
+    }
 }
 
 /// Drops what is known of a Cluster that is going or has no CK8s Machines left: its reading and
 /// its expiry series (the shipped alerts would otherwise fire for a cluster that is gone).
 fn forget(ctx: &Context, namespace: &str, cluster: &str) {
+    let key = (namespace.to_owned(), cluster.to_owned());
     if let Ok(mut readings) = ctx.readings.lock() {
-        readings.remove(&(namespace.to_owned(), cluster.to_owned()));
+        readings.remove(&key);
+    }
+    if let Ok(mut attempts) = ctx.attempts.lock() {
+        attempts.remove(&key);
     }
     export(&ctx.metrics, namespace, cluster, &Reading::Missing);
 }
@@ -378,7 +537,15 @@ async fn read(
         match crate::workload::kubeconfig_secret(client, namespace, cluster).await {
             Ok(object) => match crate::workload::kubeconfig_of(&object, namespace, vetting) {
                 Ok(kubeconfig) => match kubeconfig_expiry(&kubeconfig) {
-                    Ok(expiry) => Reading::Read(expiry),
+                    Ok(expiry) => Reading::Read {
+                        expiry,
+                        held: renewal::text_of(
+                            &object,
+                            ck8s_certs_api::capi::KUBECONFIG_SECRET_KEY,
+                        )
+                        .ok_or_else(|| Refusal::Shape("it has no `value`".into()))
+                        .and_then(|yaml| client_certificate::held(&yaml, cluster)),
+                    },
                     Err(reason) => Reading::Unreadable(reason),
                 },
                 // The message names the Secret already.
@@ -426,7 +593,7 @@ async fn create(
 
 fn export(metrics: &Metrics, namespace: &str, cluster: &str, reading: &Reading) {
     let expiry = match reading {
-        Reading::Read(expiry) => *expiry,
+        Reading::Read { expiry, .. } => *expiry,
         _ => KubeconfigExpiry::default(),
     };
     for (which, at) in [

@@ -162,6 +162,7 @@ pub async fn run(
     let credentials = cluster_credentials::Context {
         clock: clock.clone(),
         readings: Default::default(),
+        attempts: Default::default(),
         client: client.clone(),
         capi,
         machines: stores.machines.clone(),
@@ -173,6 +174,12 @@ pub async fn run(
                 .unwrap_or(jiff::SignedDuration::MAX),
             interval: args.kubeconfig_check_interval,
             vetting: args.kubeconfig_vetting(),
+            renewal: cluster_credentials::RenewalConfig {
+                mode: args.renew_management_kubeconfig,
+                renew_before: args
+                    .kubeconfig_renew_before
+                    .and_then(|d| jiff::SignedDuration::try_from(d).ok()),
+            },
         },
     };
     let fleet_ctx = Arc::new(fleet::Context {

@@ -18,6 +18,7 @@ use kube::{Api, Client};
 
 use crate::k8sd::Token;
 
+pub mod client_certificate;
 pub mod credentials;
 pub mod endpoint;
 pub mod kubeconfig;
@@ -238,6 +239,21 @@ impl Clients {
         self.insert(key, version, client.clone(), id);
         Ok(client)
     }
+}
+
+/// A client of the kubeconfig `yaml` (vetted), cached nowhere: to try a credential before it
+/// is written. The error names fields only.
+pub async fn probe_client(yaml: &str, vetting: Vetting) -> Result<Client, String> {
+    let kubeconfig = Kubeconfig::from_yaml(yaml).map_err(|e| kubeconfig::parse_error_reason(&e))?;
+    kubeconfig::vet(&kubeconfig, vetting).map_err(|e| e.to_string())?;
+    let forget_nothing = ForgetOnUnauthorized {
+        cache: Weak::new(),
+        key: Default::default(),
+        id: 0,
+    };
+    build(kubeconfig, &forget_nothing)
+        .await
+        .map_err(str::to_owned)
 }
 
 /// A client of a vetted kubeconfig, with `forget` as its outermost layer. The error is a fixed

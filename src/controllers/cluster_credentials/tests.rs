@@ -7,10 +7,13 @@ fn at(second: i64) -> Timestamp {
 }
 
 fn read(client: Option<i64>, ca: Option<i64>) -> Reading {
-    Reading::Read(KubeconfigExpiry {
-        client: client.map(at),
-        ca: ca.map(at),
-    })
+    Reading::Read {
+        expiry: KubeconfigExpiry {
+            client: client.map(at),
+            ca: ca.map(at),
+        },
+        held: Err(Refusal::Shape("a token".into())),
+    }
 }
 
 const WARNING: SignedDuration = SignedDuration::from_hours(30 * 24);
@@ -131,6 +134,7 @@ fn an_unchanged_reading_gives_an_equal_status() {
         &reading,
         "s",
         (ready, reason, message.clone()),
+        None,
         at(NOW),
     );
     let again = status_for(
@@ -138,6 +142,7 @@ fn an_unchanged_reading_gives_an_equal_status() {
         &reading,
         "s",
         (ready, reason, message),
+        None,
         at(NOW + 60),
     );
     assert_eq!(first, again);
@@ -156,6 +161,7 @@ async fn the_series_of_a_deleted_cluster_are_dropped_by_the_sweep() {
     let metrics = Arc::new(Metrics::default());
     let ctx = Context {
         readings: Default::default(),
+        attempts: Default::default(),
         client: client.clone(),
         capi: CapiVersion::V1Beta2,
         machines: kube::runtime::reflector::store::Writer::<Machine>::new(CapiVersion::V1Beta2)
@@ -174,6 +180,7 @@ async fn the_series_of_a_deleted_cluster_are_dropped_by_the_sweep() {
             warning: WARNING,
             interval: Duration::from_secs(3600),
             vetting: Default::default(),
+            renewal: Default::default(),
         },
         clock: crate::clock::SystemClock::shared(),
     };
