@@ -256,7 +256,7 @@ pub async fn is_ready(client: &Client) -> bool {
 /// What an API server writes to its audit log, always at Metadata level.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Audit {
-    /// Writes only (create, update, patch, delete): what tests count.
+    /// Writes (create, update, patch, delete), and reads of Secrets: what tests count.
     #[default]
     Writes,
     /// Every request, reads and watches included: what benchmarks count.
@@ -267,7 +267,7 @@ fn audit_policy(dir: &Path, audit: Audit) -> Result<PathBuf, Error> {
     let (file, policy) = match audit {
         Audit::Writes => (
             "audit-policy.yaml",
-            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n  verbs: [create, update, patch, delete]\n- level: None\n",
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n  verbs: [create, update, patch, delete]\n- level: Metadata\n  verbs: [get]\n  resources: [{group: \"\", resources: [secrets]}]\n- level: None\n",
         ),
         Audit::All => (
             "audit-policy-all.yaml",

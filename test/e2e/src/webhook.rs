@@ -150,23 +150,57 @@ impl Environment {
         assert!(rendered.status.success(), "{rendered:?}");
         let objects = crate::manifests::parse(&String::from_utf8_lossy(&rendered.stdout))
             .expect("config/policy renders");
-        let mut installed = Vec::new();
-        for object in objects {
-            let types = object.types.clone().expect("typed objects");
-            let (group, version) = types.api_version.split_once('/').expect("a group");
-            let resource = kube::api::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
-                group,
-                version,
-                &types.kind,
-            ));
-            let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &resource);
-            api.create(&PostParams::default(), &object)
-                .await
-                .expect("create a policy object");
-            installed.push((api, object.metadata.name.clone().unwrap_or_default()));
-        }
+        let installed = create_cluster_objects(&client, objects).await;
         // The API server's policy informer sees them within a moment.
         tokio::time::sleep(Duration::from_secs(2)).await;
         installed
     }
+
+    /// `config/kubeconfig-renewal`'s role (bound to the test controller's service account) and
+    /// admission policy: what `--renew-management-kubeconfig=on` is installed with.
+    pub async fn install_kubeconfig_renewal(&self) {
+        let client = self.management().await.expect("client");
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/kubeconfig-renewal");
+        let mut objects = Vec::new();
+        for file in ["role.yaml", "policy.yaml"] {
+            let text = std::fs::read_to_string(dir.join(file)).expect("config/kubeconfig-renewal");
+            objects
+                .extend(crate::manifests::parse(&text).expect("config/kubeconfig-renewal parses"));
+        }
+        for object in &mut objects {
+            if let Some(subjects) = object.data.get_mut("subjects") {
+                subjects[0]["namespace"] = crate::controller::NAMESPACE.into();
+            }
+        }
+        create_cluster_objects(&client, objects).await;
+        // The API server's policy informer sees them within a moment.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+/// Creates cluster-scoped `objects`; returns each one's API and name.
+async fn create_cluster_objects(
+    client: &kube::Client,
+    objects: Vec<kube::api::DynamicObject>,
+) -> Vec<(Api<kube::api::DynamicObject>, String)> {
+    let mut installed = Vec::new();
+    for object in objects {
+        let types = object.types.clone().expect("typed objects");
+        let (group, version) = types.api_version.split_once('/').expect("a group");
+        let resource = kube::api::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
+            group,
+            version,
+            &types.kind,
+        ));
+        let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &resource);
+        match api.create(&PostParams::default(), &object).await {
+            // Installed already by another test of the same environment.
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            other => {
+                other.expect("create a cluster-scoped object");
+            }
+        }
+        installed.push((api, object.metadata.name.clone().unwrap_or_default()));
+    }
+    installed
 }

@@ -85,6 +85,8 @@ fn audited(env: &Environment) -> Vec<Audited> {
         .lines()
         .filter_map(|line| serde_json::from_str::<Audited>(line).ok())
         .filter(|e| e.stage == "ResponseComplete")
+        // The log holds reads of Secrets too.
+        .filter(|e| matches!(e.verb.as_str(), "create" | "update" | "patch" | "delete"))
         .collect()
 }
 

@@ -1,11 +1,14 @@
 //! The credential that usually expires first: the client certificate of a Cluster's
 //! `<cluster>-kubeconfig`. Ten days before: a Warning Event on the Cluster, `ClusterCertificates`
 //! Ready=False ExpiringSoon, the metric. Expired: a refresh fails with a message naming the Secret
-//! and the date, not a TLS error.
+//! and the date, not a TLS error. With `--renew-management-kubeconfig`, renewed in place with the
+//! cluster's client CA (`<cluster>-cca`).
 //!
-//! The test kubeconfigs keep authenticating with their token; the client certificate added to
-//! them is self-signed, which is all the controller reads. Its own test binary (and so its own
-//! environment): cluster `alpha`'s kubeconfig is replaced.
+//! `alpha`'s kubeconfig keeps authenticating with its token; the client certificate added to it
+//! is self-signed, which is all the expiry check reads. `beta`'s authenticates with a client
+//! certificate alone, signed by the CA the workload API servers trust for clients, which its
+//! `beta-cca` holds as the CK8s control-plane provider's would. Its own test binary (and so its
+//! own environment): those kubeconfigs are replaced.
 
 use std::time::{Duration, Instant};
 
@@ -15,6 +18,7 @@ use ck8s_certs_api::cluster_certificates::ClusterCertificates;
 use ck8s_certs_e2e::{Environment, shared};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams};
 use serde_json::json;
@@ -99,7 +103,7 @@ async fn an_expiring_management_kubeconfig_is_announced_and_an_expired_one_named
     let controller = env.start_controller("kubeconfig", &[]);
 
     let record = wait_record(&env, "ExpiringSoon").await;
-    let status = record.status.unwrap();
+    let status = record.status.clone().unwrap();
     let kubeconfig = status.kubeconfig.unwrap();
     assert_eq!(kubeconfig.secret, "fleet/alpha-kubeconfig");
     assert_eq!(
@@ -115,7 +119,7 @@ async fn an_expiring_management_kubeconfig_is_announced_and_an_expired_one_named
         ready.message
     );
     assert_eq!(
-        record.metadata.owner_references.unwrap()[0].kind,
+        record.metadata.owner_references.as_ref().unwrap()[0].kind,
         "Cluster",
         "goes away (and moves) with its Cluster"
     );
@@ -151,6 +155,16 @@ async fn an_expiring_management_kubeconfig_is_announced_and_an_expired_one_named
             && error.contains(&yesterday.to_string()),
         "{error}"
     );
+    // Renewal is off by default: no client CA read, nothing said of it.
+    assert!(secret_requests(&env, "alpha-cca").is_empty());
+    assert!(renewal_condition(&record).is_none());
+    assert!(
+        record
+            .status
+            .as_ref()
+            .and_then(|s| s.kubeconfig.as_ref())
+            .is_some_and(|k| k.next_renewal_time.is_none())
+    );
     // A restarted controller reads the Secret again and shows it expired.
     drop(controller);
     let _controller = env.start_controller("kubeconfig", &[]);
@@ -164,4 +178,457 @@ async fn an_expiring_management_kubeconfig_is_announced_and_an_expired_one_named
         assert!(start.elapsed() < TIMEOUT, "no Expired Event on the Cluster");
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// A client certificate of the environment's CA (the workload API servers' `--client-ca-file`),
+/// as the CK8s control-plane provider issues it, valid from `not_before` to `not_after`.
+fn provider_certificate(
+    env: &Environment,
+    not_before: jiff::Timestamp,
+    not_after: jiff::Timestamp,
+) -> (String, String) {
+    let ca_pem = std::fs::read_to_string(env.dir.join("ca.crt")).unwrap();
+    let ca_key =
+        rcgen::KeyPair::from_pem(&std::fs::read_to_string(env.dir.join("ca.key")).unwrap())
+            .unwrap();
+    let issuer = rcgen::Issuer::from_ca_cert_pem(&ca_pem, ca_key).unwrap();
+    let mut params = rcgen::CertificateParams::default();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::OrganizationName, "system:masters");
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "kubernetes-admin");
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let offset =
+        |at: jiff::Timestamp| time::OffsetDateTime::from_unix_timestamp(at.as_second()).unwrap();
+    params.not_before = offset(not_before);
+    params.not_after = offset(not_after);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let certificate = params.signed_by(&key, &issuer).unwrap();
+    (certificate.pem(), key.serialize_pem())
+}
+
+/// `yaml` whose only user authenticates with `cert` and `key` alone.
+fn with_client_certificate(yaml: &str, cert: &str, key: &str) -> String {
+    let mut kubeconfig: serde_yaml::Value = serde_yaml::from_str(yaml).unwrap();
+    let b64 = |text: &str| base64::engine::general_purpose::STANDARD.encode(text);
+    kubeconfig["users"][0]["user"] = serde_yaml::to_value(json!({
+        "client-certificate-data": b64(cert),
+        "client-key-data": b64(key),
+    }))
+    .unwrap();
+    serde_yaml::to_string(&kubeconfig).unwrap()
+}
+
+async fn record(env: &Environment, namespace: &str, cluster: &str) -> Option<ClusterCertificates> {
+    let api: Api<ClusterCertificates> = Api::namespaced(env.management().await.unwrap(), namespace);
+    api.get_opt(cluster).await.unwrap()
+}
+
+fn renewal_condition(record: &ClusterCertificates) -> Option<Condition> {
+    record
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "KubeconfigRenewal")
+        .cloned()
+}
+
+async fn wait_renewal(
+    env: &Environment,
+    namespace: &str,
+    cluster: &str,
+    done: impl Fn(&ClusterCertificates) -> bool,
+) -> ClusterCertificates {
+    let start = Instant::now();
+    loop {
+        if let Some(record) = record(env, namespace, cluster).await
+            && done(&record)
+        {
+            return record;
+        }
+        assert!(
+            start.elapsed() < TIMEOUT,
+            "ClusterCertificates {namespace}/{cluster}: {:#?}",
+            record(env, namespace, cluster).await.and_then(|r| r.status)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The management API server's audited requests on Secrets named `name`.
+fn secret_requests(env: &Environment, name: &str) -> Vec<String> {
+    ck8s_certs_e2e::controlplane::audited_requests(
+        &std::fs::read_to_string(env.dir.join("audit-management.log")).unwrap_or_default(),
+    )
+    .filter(|e| {
+        e.object_ref
+            .as_ref()
+            .is_some_and(|o| o.resource == "secrets" && o.name == name)
+    })
+    .map(|e| format!("{} ({})", e.verb, e.code().unwrap_or(0)))
+    .collect()
+}
+
+/// Gives `cluster` (namespace fleet) a kubeconfig whose client certificate, of the client CA it
+/// gets as `<cluster>-cca`, has 100 of its 300 days left (due); returns the kubeconfig and the
+/// certificate.
+async fn make_due(env: &Environment, cluster: &str) -> (String, String) {
+    let secrets: Api<Secret> = Api::namespaced(env.management().await.unwrap(), "fleet");
+    let now = jiff::Timestamp::now();
+    let day = jiff::SignedDuration::from_hours(24);
+    let (not_before, not_after) = (
+        jiff::Timestamp::from_second((now - day * 200).as_second()).unwrap(),
+        jiff::Timestamp::from_second((now + day * 100).as_second()).unwrap(),
+    );
+    let (cert, key) = provider_certificate(env, not_before, not_after);
+    let yaml = with_client_certificate(&env.cluster(cluster).kubeconfig_yaml, &cert, &key);
+    secrets
+        .patch(
+            &format!("{cluster}-kubeconfig"),
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "stringData": { "value": yaml } })),
+        )
+        .await
+        .unwrap();
+    let ca = |file: &str| std::fs::read_to_string(env.dir.join(file)).unwrap();
+    secrets
+        .create(
+            &Default::default(),
+            &serde_json::from_value(json!({
+                "metadata": {
+                    "name": format!("{cluster}-cca"),
+                    "labels": { "cluster.x-k8s.io/cluster-name": cluster }
+                },
+                "stringData": { "tls.crt": ca("ca.crt"), "tls.key": ca("ca.key") }
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    (yaml, cert)
+}
+
+/// A dry run does everything but the write, and says what it would have done.
+#[tokio::test]
+async fn a_dry_run_writes_nothing_and_says_what_it_would_do() {
+    let env = shared().await;
+    make_due(&env, "trio").await;
+    let secrets: Api<Secret> = Api::namespaced(env.management().await.unwrap(), "fleet");
+    let before = secrets.get("trio-kubeconfig").await.unwrap();
+    env.isolate_cluster("trio", "dry-run").await;
+    env.install_kubeconfig_renewal().await;
+    let controller = env.start_controller("dry-run", &["--renew-management-kubeconfig=dry-run"]);
+    let record = wait_renewal(&env, "fleet", "trio", |r| renewal_condition(r).is_some()).await;
+    let condition = renewal_condition(&record).unwrap();
+    assert_eq!(
+        (condition.status.as_str(), condition.reason.as_str()),
+        ("True", "WouldRenew")
+    );
+    assert!(
+        condition
+            .message
+            .contains("would be replaced by one signed by fleet/trio-cca")
+            && condition
+                .message
+                .contains("which the workload API server accepted"),
+        "{}",
+        condition.message
+    );
+    assert!(
+        record
+            .status
+            .unwrap()
+            .kubeconfig
+            .unwrap()
+            .last_renewal_time
+            .is_none()
+    );
+    let start = Instant::now();
+    while !cluster_events_of(&env, "fleet", "trio")
+        .await
+        .iter()
+        .any(|e| e.reason.as_deref() == Some("KubeconfigCertificateWouldRenew"))
+    {
+        assert!(
+            start.elapsed() < TIMEOUT,
+            "no WouldRenew Event on the Cluster"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(
+        controller
+            .metric("ck8s_certs_kubeconfig_renewals_total{result=\"dry_run\"}")
+            .await,
+        Some(1.0)
+    );
+    assert_eq!(
+        secrets
+            .get("trio-kubeconfig")
+            .await
+            .unwrap()
+            .metadata
+            .resource_version,
+        before.metadata.resource_version
+    );
+}
+
+#[tokio::test]
+async fn a_due_client_certificate_is_renewed_in_place_and_other_shapes_are_left_alone() {
+    let env = shared().await;
+    let client = env.management().await.unwrap();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "fleet");
+    let now = jiff::Timestamp::now();
+    let day = jiff::SignedDuration::from_hours(24);
+    let (yaml, cert) = make_due(&env, "beta").await;
+    let ca = |file: &str| std::fs::read_to_string(env.dir.join(file)).unwrap();
+    let before = secrets.get("beta-kubeconfig").await.unwrap();
+    let gamma_before = Api::<Secret>::namespaced(client.clone(), "edge")
+        .get("gamma-kubeconfig")
+        .await
+        .unwrap();
+    let nodes = env.isolate_cluster("beta", "renewal").await;
+    env.isolate_cluster("gamma", "renewal").await;
+    env.install_kubeconfig_renewal().await;
+    let controller = env.start_controller("renewal", &["--renew-management-kubeconfig"]);
+
+    let renewed = wait_renewal(&env, "fleet", "beta", |r| {
+        r.status
+            .as_ref()
+            .and_then(|s| s.kubeconfig.as_ref())
+            .is_some_and(|k| k.last_renewal_time.is_some())
+    })
+    .await;
+    let status = renewed.status.clone().unwrap();
+    let kubeconfig = status.kubeconfig.unwrap();
+    let expiry = kubeconfig.client_certificate_expiry.unwrap().0;
+    // The same lifetime, 300 days, from now.
+    assert!(
+        (expiry.duration_since(now) - day * 300).abs() < jiff::SignedDuration::from_mins(5),
+        "{expiry}"
+    );
+    let next = kubeconfig.next_renewal_time.unwrap().0;
+    assert!(
+        (expiry.duration_since(next) - day * 150).abs() < jiff::SignedDuration::from_mins(10),
+        "{next}"
+    );
+    let condition = renewal_condition(&renewed).unwrap();
+    assert_eq!(
+        (condition.status.as_str(), condition.reason.as_str()),
+        ("True", "NotDue")
+    );
+
+    // The Secret: only `value` changed, and in it only the user's certificate and key.
+    let after = secrets.get("beta-kubeconfig").await.unwrap();
+    assert_eq!(
+        after.metadata.owner_references,
+        before.metadata.owner_references
+    );
+    assert_eq!(after.metadata.labels, before.metadata.labels);
+    assert_eq!(after.type_, before.type_);
+    let new_yaml = String::from_utf8(after.data.as_ref().unwrap()["value"].0.clone()).unwrap();
+    let mut new: serde_yaml::Value = serde_yaml::from_str(&new_yaml).unwrap();
+    let user = new["users"][0]["user"].clone();
+    let decode = |v: &serde_yaml::Value| {
+        base64::engine::general_purpose::STANDARD
+            .decode(v.as_str().unwrap())
+            .unwrap()
+    };
+    let new_cert = decode(&user["client-certificate-data"]);
+    assert_ne!(new_cert, cert.as_bytes());
+    let (_, pem) = x509_parser::pem::parse_x509_pem(&new_cert).unwrap();
+    let new_x509 = pem.parse_x509().unwrap();
+    let ca_pem = ca("ca.crt");
+    let (_, ca_block) = x509_parser::pem::parse_x509_pem(ca_pem.as_bytes()).unwrap();
+    let ca_x509 = ca_block.parse_x509().unwrap();
+    assert!(
+        new_x509
+            .verify_signature(Some(ca_x509.public_key()))
+            .is_ok()
+    );
+    let (_, old_block) = x509_parser::pem::parse_x509_pem(cert.as_bytes()).unwrap();
+    assert_eq!(
+        new_x509.subject().as_raw(),
+        old_block.parse_x509().unwrap().subject().as_raw()
+    );
+    new["users"][0]["user"] =
+        serde_yaml::from_str::<serde_yaml::Value>(&yaml).unwrap()["users"][0]["user"].clone();
+    assert_eq!(
+        new,
+        serde_yaml::from_str::<serde_yaml::Value>(&yaml).unwrap()
+    );
+
+    // `kubectl --kubeconfig` from the Secret works with it...
+    let file = env.dir.join("beta-renewed.kubeconfig");
+    std::fs::write(&file, &new_yaml).unwrap();
+    let kubectl = ck8s_certs_e2e::tool("CK8S_E2E_KUBECTL", "kubectl", "KUBE_VERSION");
+    let output = std::process::Command::new(kubectl)
+        .arg("--kubeconfig")
+        .arg(&file)
+        .args([
+            "auth",
+            "whoami",
+            "-o",
+            "jsonpath={.status.userInfo.username}",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "kubernetes-admin");
+    // ...and so does the controller's own client: a refresh of one of its nodes.
+    let node = nodes.iter().find(|n| n.machine == "beta-cp-0").unwrap();
+    env.annotate_refresh(node, "1y").await;
+    let annotations = env.wait_for_refresh(node, TIMEOUT).await;
+    assert_eq!(annotations[REFRESH_CERTIFICATES_STATUS], "done");
+
+    let start = Instant::now();
+    while !cluster_events_of(&env, "fleet", "beta")
+        .await
+        .iter()
+        .any(|e| {
+            e.reason.as_deref() == Some("KubeconfigCertificateRenewed")
+                && e.note
+                    .as_deref()
+                    .is_some_and(|n| n.contains("fleet/beta-cca"))
+        })
+    {
+        assert!(start.elapsed() < TIMEOUT, "no Renewed Event on the Cluster");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(
+        controller
+            .metric("ck8s_certs_kubeconfig_renewals_total{result=\"renewed\"}")
+            .await,
+        Some(1.0),
+        "{}",
+        controller.metrics().await
+    );
+
+    // gamma's kubeconfig authenticates with a token: left alone, and said why.
+    let gamma = wait_renewal(&env, "edge", "gamma", |r| renewal_condition(r).is_some()).await;
+    let condition = renewal_condition(&gamma).unwrap();
+    assert_eq!(
+        (condition.status.as_str(), condition.reason.as_str()),
+        ("False", "NotProviderShape")
+    );
+    assert!(
+        condition.message.contains("authenticates with token"),
+        "{}",
+        condition.message
+    );
+    assert_eq!(
+        Api::<Secret>::namespaced(client, "edge")
+            .get("gamma-kubeconfig")
+            .await
+            .unwrap()
+            .metadata
+            .resource_version,
+        gamma_before.metadata.resource_version
+    );
+    // The client CA was read once, for the renewal; gamma's never.
+    let gets = |name: &str| {
+        secret_requests(&env, name)
+            .into_iter()
+            .filter(|r| r.starts_with("get"))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(gets("beta-cca"), ["get (200)"]);
+    assert!(secret_requests(&env, "gamma-cca").is_empty());
+    assert_eq!(
+        secret_requests(&env, "beta-kubeconfig")
+            .iter()
+            .filter(|r| r.starts_with("patch"))
+            .collect::<Vec<_>>(),
+        ["patch (200)", "patch (200)"],
+        "the test's own patch, then the renewal"
+    );
+}
+
+/// The right to patch Secrets that config/kubeconfig-renewal grants the controller is confined
+/// by its admission policy to the `value` of `<cluster>-kubeconfig` Secrets.
+#[tokio::test]
+async fn the_controller_may_change_nothing_but_a_kubeconfig_s_value() {
+    let env = shared().await;
+    env.install_kubeconfig_renewal().await;
+    let mut config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::from_yaml(&env.management_kubeconfig_yaml).unwrap(),
+        &Default::default(),
+    )
+    .await
+    .unwrap();
+    config.auth_info.impersonate = Some(format!(
+        "system:serviceaccount:{}:{}",
+        ck8s_certs_e2e::controller::NAMESPACE,
+        ck8s_certs_e2e::controller::SERVICE_ACCOUNT
+    ));
+    // Secrets of this test alone: a kubeconfig one and another.
+    let admin: Api<Secret> = Api::namespaced(env.management().await.unwrap(), "edge");
+    for name in ["policed-kubeconfig", "policed-token"] {
+        admin
+            .create(
+                &Default::default(),
+                &serde_json::from_value(json!({
+                    "metadata": { "name": name },
+                    "stringData": { "value": "v" }
+                }))
+                .unwrap(),
+            )
+            .await
+            .unwrap();
+    }
+    let secrets: Api<Secret> = Api::namespaced(kube::Client::try_from(config).unwrap(), "edge");
+    let refused = |patch: serde_json::Value, name: &'static str| {
+        let secrets = secrets.clone();
+        async move {
+            match secrets
+                .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+                .await
+            {
+                Err(kube::Error::Api(status)) if status.code == 403 => status.message,
+                other => panic!("{name}: expected a refusal, got {other:?}"),
+            }
+        }
+    };
+    let other = refused(json!({ "stringData": { "value": "x" } }), "policed-token").await;
+    assert!(
+        other.contains("writes no Secret but a <cluster>-kubeconfig"),
+        "{other}"
+    );
+    let key = refused(
+        json!({ "stringData": { "extra": "x" } }),
+        "policed-kubeconfig",
+    )
+    .await;
+    assert!(key.contains("changes only the `value`"), "{key}");
+    let label = refused(
+        json!({ "metadata": { "labels": { "x": "y" } } }),
+        "policed-kubeconfig",
+    )
+    .await;
+    assert!(label.contains("changes no label"), "{label}");
+    // The value itself: admitted.
+    secrets
+        .patch(
+            "policed-kubeconfig",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "stringData": { "value": "renewed" } })),
+        )
+        .await
+        .unwrap();
+}
+
+async fn cluster_events_of(env: &Environment, namespace: &str, cluster: &str) -> Vec<Event> {
+    let api: Api<Event> = Api::namespaced(env.management().await.unwrap(), namespace);
+    api.list(
+        &ListParams::default().fields(&format!("regarding.kind=Cluster,regarding.name={cluster}")),
+    )
+    .await
+    .unwrap()
+    .items
 }
