@@ -115,9 +115,11 @@ fn our_flags() -> (BTreeSet<String>, BTreeSet<String>) {
     (controller, all)
 }
 
-/// Flags of other tools that the docs show in commands (kubectl, clusterctl, openssl).
+/// Flags of other tools that the docs show in commands (kubectl, clusterctl, openssl) or name
+/// (kube-apiserver).
 const OTHER_TOOLS_FLAGS: &[&str] = &[
     "--addon",
+    "--client-ca-file",
     "--config",
     "--context",
     "--describe",
