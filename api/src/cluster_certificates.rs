@@ -62,6 +62,10 @@ pub struct KubeconfigStatus {
     /// NotAfter of the cluster CA the kubeconfig trusts (the latest, for a bundle).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub certificate_authority_expiry: Option<Time>,
+    /// NotAfter of the client CA (`<cluster>-cca`) that signs the client certificate: no
+    /// renewal goes past it. Read only with `--renew-management-kubeconfig`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_certificate_authority_expiry: Option<Time>,
     /// When the client certificate was last renewed in place (`--renew-management-kubeconfig`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_renewal_time: Option<Time>,

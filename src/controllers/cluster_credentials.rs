@@ -124,13 +124,15 @@ pub fn verdict(
             format!("The kubeconfig in Secret {secret} cannot be read: {reason}"),
             None,
         ),
-        Reading::Read { expiry, .. } => match expiry.first() {
+        Reading::Read { expiry, .. } => match expiry
+            .first()
+            .map(|(which, at)| (placed(which, secret), at))
+        {
             Some((which, at)) if at <= now => (
                 false,
                 reasons::EXPIRED,
                 format!(
-                    "The {} in Secret {secret} expired at {at}: every certificate refresh of this cluster fails until the kubeconfig is renewed",
-                    which.describe()
+                    "The {which} expired at {at}: every certificate refresh of this cluster fails until the kubeconfig is renewed"
                 ),
                 Some(events::KUBECONFIG_EXPIRED),
             ),
@@ -138,8 +140,7 @@ pub fn verdict(
                 false,
                 reasons::EXPIRING_SOON,
                 format!(
-                    "The {} in Secret {secret} expires at {at}, in {:#}: then every certificate refresh of this cluster fails. Renew the kubeconfig before then",
-                    which.describe(),
+                    "The {which} expires at {at}, in {:#}: then every certificate refresh of this cluster fails. Renew the kubeconfig before then",
                     round_to_hours(at.duration_since(now))
                 ),
                 Some(events::KUBECONFIG_EXPIRING),
@@ -147,10 +148,7 @@ pub fn verdict(
             Some((which, at)) => (
                 true,
                 reasons::VALID,
-                format!(
-                    "The {} in Secret {secret} expires at {at}",
-                    which.describe()
-                ),
+                format!("The {which} expires at {at}"),
                 None,
             ),
             None => (
@@ -160,6 +158,19 @@ pub fn verdict(
                 None,
             ),
         },
+    }
+}
+
+/// Which certificate, and where: "client certificate in Secret ns/c-kubeconfig", or the client
+/// CA's own Secret.
+fn placed(which: Certificate, secret: &str) -> String {
+    match which {
+        Certificate::ClientCa => format!(
+            "{} in Secret {}-cca (it signs the client certificate of {secret})",
+            which.describe(),
+            secret.strip_suffix("-kubeconfig").unwrap_or(secret)
+        ),
+        _ => format!("{} in Secret {secret}", which.describe()),
     }
 }
 
@@ -238,6 +249,7 @@ pub fn status_for(
             secret: secret.to_owned(),
             client_certificate_expiry: expiry.client.map(Time),
             certificate_authority_expiry: expiry.ca.map(Time),
+            client_certificate_authority_expiry: expiry.client_ca.map(Time),
             last_renewal_time: renewal
                 .and_then(|r| r.renewed.map(Time))
                 .or_else(|| old_kubeconfig.and_then(|k| k.last_renewal_time.clone())),
@@ -306,7 +318,7 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
     });
     let mut reading = match recent {
         Some(reading) => reading,
-        None => fresh_reading(&ctx, &key).await?,
+        None => fresh_reading(&ctx, &key, None).await?,
     };
     let mut retry = None;
     let report = match renewal::plan(ctx.config.renewal, &reading, &secret, now) {
@@ -315,8 +327,12 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         renewal::Plan::Due => {
             let report = attempt(&ctx, &key, now).await;
             if report.renewed.is_some() {
-                // What the Secret holds now.
-                reading = fresh_reading(&ctx, &key).await?;
+                // What the Secret holds now (signed by the same client CA).
+                let client_ca = match &reading {
+                    Reading::Read { expiry, .. } => Some(expiry.client_ca),
+                    _ => None,
+                };
+                reading = fresh_reading(&ctx, &key, client_ca).await?;
             } else if !report.ok {
                 retry = Some(if report.transient() {
                     Duration::from_secs(60)
@@ -413,9 +429,27 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
     Ok(Action::requeue(next))
 }
 
-/// Reads the Secret and keeps the reading for [`RECHECK_AFTER`].
-async fn fresh_reading(ctx: &Context, key: &(String, String)) -> Result<Reading, Error> {
-    let reading = read(&ctx.client, &key.0, &key.1, ctx.config.vetting).await?;
+/// Reads the Secret and keeps the reading for [`RECHECK_AFTER`]; with renewal on, also the
+/// client CA's end unless `client_ca` knows it already.
+async fn fresh_reading(
+    ctx: &Context,
+    key: &(String, String),
+    client_ca: Option<Option<Timestamp>>,
+) -> Result<Reading, Error> {
+    let mut reading = read(&ctx.client, &key.0, &key.1, ctx.config.vetting).await?;
+    // The client CA's end, which no renewal can go past: read only when renewal is on and the
+    // kubeconfig is one it renews.
+    if ctx.config.renewal.mode != client_certificate::Mode::Off
+        && let Reading::Read {
+            expiry,
+            held: Ok(_),
+        } = &mut reading
+    {
+        expiry.client_ca = match client_ca {
+            Some(known) => known,
+            None => client_ca_expiry(&ctx.client, &key.0, &key.1).await?,
+        };
+    }
     if let Ok(mut readings) = ctx.readings.lock() {
         readings.insert(key.clone(), (std::time::Instant::now(), reading.clone()));
     }
@@ -561,6 +595,23 @@ async fn read(
     )
 }
 
+/// NotAfter of `<cluster>-cca`'s certificate; `None` when there is none to read (a renewal says
+/// why when it is due).
+async fn client_ca_expiry(
+    client: &Client,
+    namespace: &str,
+    cluster: &str,
+) -> Result<Option<Timestamp>, Error> {
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(client.clone(), namespace);
+    let name = ck8s_certs_api::capi::client_ca_secret_name(cluster);
+    let secret = secrets.get_opt(&name).await?;
+    Ok(secret
+        .as_ref()
+        .and_then(|s| renewal::text_of(s, "tls.crt"))
+        .and_then(|pem| crate::workload::credentials::ca_not_after(pem.as_bytes(), "tls.crt").ok()))
+}
+
 /// Creates the Cluster's record, owned by it (it goes away with the Cluster and moves with it).
 async fn create(
     api: &Api<ClusterCertificates>,
@@ -596,10 +647,7 @@ fn export(metrics: &Metrics, namespace: &str, cluster: &str, reading: &Reading) 
         Reading::Read { expiry, .. } => *expiry,
         _ => KubeconfigExpiry::default(),
     };
-    for (which, at) in [
-        (Certificate::Client, expiry.client),
-        (Certificate::Ca, expiry.ca),
-    ] {
+    for (which, at) in expiry.each() {
         let labels = KubeconfigLabels {
             namespace: namespace.to_owned(),
             cluster: cluster.to_owned(),

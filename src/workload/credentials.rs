@@ -14,28 +14,33 @@ use kube::config::Kubeconfig;
 pub struct KubeconfigExpiry {
     pub client: Option<Timestamp>,
     pub ca: Option<Timestamp>,
+    /// The client CA that signs `client` (`<cluster>-cca`): read only with
+    /// `--renew-management-kubeconfig`, which needs it.
+    pub client_ca: Option<Timestamp>,
 }
 
 impl KubeconfigExpiry {
     /// The certificate that has expired at `now` (the client's first), and when.
     pub fn expired(&self, now: Timestamp) -> Option<(Certificate, Timestamp)> {
-        [
-            (Certificate::Client, self.client),
-            (Certificate::Ca, self.ca),
-        ]
-        .into_iter()
-        .find_map(|(which, at)| at.filter(|at| *at <= now).map(|at| (which, at)))
+        self.each()
+            .find_map(|(which, at)| at.filter(|at| *at <= now).map(|at| (which, at)))
     }
 
-    /// The earlier of the two expiries, with its certificate.
+    /// The earliest expiry, with its certificate.
     pub fn first(&self) -> Option<(Certificate, Timestamp)> {
+        self.each()
+            .filter_map(|(which, at)| at.map(|at| (which, at)))
+            .min_by_key(|(_, at)| *at)
+    }
+
+    /// Each certificate, the client's first.
+    pub fn each(&self) -> impl Iterator<Item = (Certificate, Option<Timestamp>)> {
         [
             (Certificate::Client, self.client),
             (Certificate::Ca, self.ca),
+            (Certificate::ClientCa, self.client_ca),
         ]
         .into_iter()
-        .filter_map(|(which, at)| at.map(|at| (which, at)))
-        .min_by_key(|(_, at)| *at)
     }
 }
 
@@ -44,6 +49,8 @@ impl KubeconfigExpiry {
 pub enum Certificate {
     Client,
     Ca,
+    /// `<cluster>-cca`'s, not the kubeconfig's.
+    ClientCa,
 }
 
 impl Certificate {
@@ -52,6 +59,7 @@ impl Certificate {
         match self {
             Self::Client => "client certificate",
             Self::Ca => "cluster CA certificate",
+            Self::ClientCa => "client CA certificate",
         }
     }
 
@@ -60,6 +68,7 @@ impl Certificate {
         match self {
             Self::Client => "client",
             Self::Ca => "ca",
+            Self::ClientCa => "client_ca",
         }
     }
 }
@@ -98,7 +107,11 @@ pub fn kubeconfig_expiry(kubeconfig: &Kubeconfig) -> Result<KubeconfigExpiry, St
         .and_then(|c| c.certificate_authority_data.as_deref())
         .map(|data| not_after(data, "certificate-authority-data", Bundle::Latest))
         .transpose()?;
-    Ok(KubeconfigExpiry { client, ca })
+    Ok(KubeconfigExpiry {
+        client,
+        ca,
+        client_ca: None,
+    })
 }
 
 /// Which NotAfter of a PEM bundle counts.
@@ -113,8 +126,17 @@ fn not_after(base64: &str, field: &str, bundle: Bundle) -> Result<Timestamp, Str
     let pem = base64::engine::general_purpose::STANDARD
         .decode(base64.trim())
         .map_err(|_| format!("{field} is not base64"))?;
+    pem_not_after(&pem, field, bundle)
+}
+
+/// The NotAfter of a CA certificate (PEM), e.g. `tls.crt` of `<cluster>-cca`.
+pub fn ca_not_after(pem: &[u8], field: &str) -> Result<Timestamp, String> {
+    pem_not_after(pem, field, Bundle::Latest)
+}
+
+fn pem_not_after(pem: &[u8], field: &str, bundle: Bundle) -> Result<Timestamp, String> {
     let mut expiries = Vec::new();
-    for block in x509_parser::pem::Pem::iter_from_buffer(&pem) {
+    for block in x509_parser::pem::Pem::iter_from_buffer(pem) {
         let block = block.map_err(|_| format!("{field} is not PEM"))?;
         if block.label != "CERTIFICATE" {
             continue;
@@ -182,6 +204,7 @@ mod tests {
             KubeconfigExpiry {
                 client: Some(at("2027-03-01")),
                 ca: Some(at("2035-01-01")),
+                client_ca: None,
             }
         );
         assert_eq!(

@@ -11,6 +11,7 @@ fn read(client: Option<i64>, ca: Option<i64>) -> Reading {
         expiry: KubeconfigExpiry {
             client: client.map(at),
             ca: ca.map(at),
+            client_ca: None,
         },
         held: Err(Refusal::Shape("a token".into())),
     }
@@ -217,4 +218,31 @@ async fn the_series_of_a_deleted_cluster_are_dropped_by_the_sweep() {
     sweep(&ctx, &clusters.as_reader());
     assert_eq!((series("gone"), series("kept")), (0, 2));
     assert_eq!(ctx.readings.lock().unwrap().len(), 1);
+}
+
+#[test]
+fn a_client_ca_ending_first_is_named_with_its_own_secret() {
+    let reading = Reading::Read {
+        expiry: KubeconfigExpiry {
+            client: Some(at(NOW + 100 * DAY)),
+            ca: Some(at(NOW + 900 * DAY)),
+            client_ca: Some(at(NOW + 20 * DAY)),
+        },
+        held: Err(Refusal::Shape("x".into())),
+    };
+    let (ready, reason, message, warn) = verdict(&reading, "ns/c-kubeconfig", WARNING, at(NOW));
+    assert_eq!(
+        (ready, reason, warn),
+        (
+            false,
+            reasons::EXPIRING_SOON,
+            Some(events::KUBECONFIG_EXPIRING)
+        )
+    );
+    assert!(
+        message.starts_with(
+            "The client CA certificate in Secret ns/c-cca (it signs the client certificate of ns/c-kubeconfig) expires at"
+        ),
+        "{message}"
+    );
 }

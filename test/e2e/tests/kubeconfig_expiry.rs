@@ -163,7 +163,8 @@ async fn an_expiring_management_kubeconfig_is_announced_and_an_expired_one_named
             .status
             .as_ref()
             .and_then(|s| s.kubeconfig.as_ref())
-            .is_some_and(|k| k.next_renewal_time.is_none())
+            .is_some_and(|k| k.next_renewal_time.is_none()
+                && k.client_certificate_authority_expiry.is_none())
     );
     // A restarted controller reads the Secret again and shows it expired.
     drop(controller);
@@ -409,6 +410,8 @@ async fn a_due_client_certificate_is_renewed_in_place_and_other_shapes_are_left_
         (expiry.duration_since(now) - day * 300).abs() < jiff::SignedDuration::from_mins(5),
         "{expiry}"
     );
+    // The client CA's end is shown with renewal on (the environment's CA: ten years).
+    assert!(kubeconfig.client_certificate_authority_expiry.is_some());
     let next = kubeconfig.next_renewal_time.unwrap().0;
     assert!(
         (expiry.duration_since(next) - day * 150).abs() < jiff::SignedDuration::from_mins(10),
@@ -531,14 +534,15 @@ async fn a_due_client_certificate_is_renewed_in_place_and_other_shapes_are_left_
             .resource_version,
         gamma_before.metadata.resource_version
     );
-    // The client CA was read once, for the renewal; gamma's never.
+    // gamma's client CA is never read: its kubeconfig is not renewable.
     let gets = |name: &str| {
         secret_requests(&env, name)
             .into_iter()
             .filter(|r| r.starts_with("get"))
             .collect::<Vec<_>>()
     };
-    assert_eq!(gets("beta-cca"), ["get (200)"]);
+    // The client CA: read at the first check for its end, then for the renewal.
+    assert_eq!(gets("beta-cca"), ["get (200)", "get (200)"]);
     assert!(secret_requests(&env, "gamma-cca").is_empty());
     assert_eq!(
         secret_requests(&env, "beta-kubeconfig")
