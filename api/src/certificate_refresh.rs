@@ -58,8 +58,10 @@ pub struct CertificateRefreshSpec {
     /// `v1beta2.k8sd.io/refresh-certificates` annotation takes).
     #[schemars(length(min = 1, max = 32))]
     pub ttl: String,
-    /// What started the refresh: Manual (an annotation or a request made by hand), Policy (a
-    /// CertificateRenewalPolicy) or Fleet (a request for a whole cluster).
+    /// What started the refresh: Manual (an annotation, on a Machine or on a cluster,
+    /// MachineDeployment or control plane, or a request made by hand), Policy (a
+    /// CertificateRenewalPolicy; Machine records only) or Fleet (the record of a Machine refreshed
+    /// for a fleet request).
     pub origin: Origin,
     /// Who asked: the field manager that set the annotation (e.g. `kubectl-annotate`), the
     /// policy (`CertificateRenewalPolicy/<name>`) or the fleet request

@@ -1,10 +1,10 @@
 //! `MachineCertificates`: one per CK8s Machine (same name and namespace, owned by it). It is the
 //! controller's memory for that Machine's node certificates: what expires when, which k8sd
-//! certificate is trusted, and the refresh operation in flight or last finished.
+//! certificate is trusted, and a copy of the last refresh operation finished.
 //!
-//! The operation record is written *before* the controller acts on the node (the seed before
+//! The operation in flight is journaled in the Machine's CertificateRefresh (the seed before
 //! `run`), so after a crash the controller knows exactly which k8sd flow may be in flight and
-//! never starts a second one by accident.
+//! never starts a second one by accident; its `Refreshing` condition here names that request.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::CustomResource;
@@ -79,7 +79,8 @@ pub struct MachineCertificatesStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_window_bypass: Option<WindowBypass>,
 
-    /// The refresh in flight, or the last one finished.
+    /// A copy of the last refresh finished (the one in flight is in the CertificateRefresh the
+    /// Machine names; an unfinished one here was written by an older version and is resumed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation: Option<Operation>,
 

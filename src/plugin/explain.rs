@@ -173,13 +173,39 @@ pub fn lines(explanation: &Explanation, now: Timestamp) -> Vec<String> {
             condition.type_, condition.status, condition.reason, condition.message
         ));
     }
-    if let Some(record) = &explanation.cluster_certificates
-        && let Some(ready) = record.status.as_ref().and_then(|s| s.conditions.first())
+    if let Some(status) = explanation
+        .cluster_certificates
+        .as_ref()
+        .and_then(|r| r.status.as_ref())
     {
-        lines.push(format!(
-            "Cluster kubeconfig: {} ({})",
-            ready.message, ready.reason
-        ));
+        if let Some(ready) = status.conditions.iter().find(|c| c.type_ == "Ready") {
+            lines.push(format!(
+                "Cluster kubeconfig: {} ({})",
+                ready.message, ready.reason
+            ));
+        }
+        // --renew-management-kubeconfig: when it was renewed and when it will be, or why not.
+        if let Some(renewal) = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == ck8s_certs_api::cluster_certificates::KUBECONFIG_RENEWAL)
+        {
+            let kubeconfig = status.kubeconfig.as_ref();
+            let at = |t: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>| {
+                t.map_or_else(|| "never".to_owned(), |t| t.0.to_string())
+            };
+            lines.push(format!(
+                "Kubeconfig renewal: last {}, next {} ({})",
+                at(kubeconfig.and_then(|k| k.last_renewal_time.as_ref())),
+                kubeconfig
+                    .and_then(|k| k.next_renewal_time.as_ref())
+                    .map_or_else(|| "not planned".to_owned(), |t| t.0.to_string()),
+                renewal.reason
+            ));
+            if renewal.status != "True" {
+                lines.push(format!("  {}", renewal.message));
+            }
+        }
     }
     lines.push(format!(
         "Renew now: kubectl ck8s-certs renew {} -n {}",
@@ -372,6 +398,70 @@ mod tests {
         assert_eq!(
             lines(&explanation, now)[3],
             "Refresh in flight: CertificateRefresh w-1-1798761600, not on the node yet"
+        );
+    }
+
+    #[test]
+    fn the_cluster_s_kubeconfig_and_its_renewal_are_shown() {
+        use ck8s_certs_api::cluster_certificates::{
+            ClusterCertificatesSpec, ClusterCertificatesStatus, KubeconfigStatus,
+        };
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+        let at = |s: &str| Time(s.parse().unwrap());
+        let condition = |type_: &str, status: &str, reason: &str, message: &str| Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: message.into(),
+            last_transition_time: at("2027-01-01T00:00:00Z"),
+            observed_generation: None,
+        };
+        let mut record = ClusterCertificates::new(
+            "store-12",
+            ClusterCertificatesSpec {
+                cluster_name: "store-12".into(),
+            },
+        );
+        record.status = Some(ClusterCertificatesStatus {
+            kubeconfig: Some(KubeconfigStatus {
+                secret: "edge/store-12-kubeconfig".into(),
+                last_renewal_time: Some(at("2026-07-01T00:00:00Z")),
+                next_renewal_time: Some(at("2027-01-01T00:00:00Z")),
+                ..Default::default()
+            }),
+            conditions: vec![
+                condition(
+                    "Ready",
+                    "True",
+                    "Valid",
+                    "The client certificate expires at X",
+                ),
+                condition(
+                    "KubeconfigRenewal",
+                    "False",
+                    "NotAccepted",
+                    "The client certificate is not renewed: refused",
+                ),
+            ],
+        });
+        let explanation = Explanation {
+            namespace: "edge".into(),
+            machine: "w-1".into(),
+            cluster: Some("store-12".into()),
+            node: None,
+            role: "worker",
+            status: None,
+            in_flight: None,
+            cluster_certificates: Some(record),
+        };
+        let lines = lines(&explanation, "2027-01-02T00:00:00Z".parse().unwrap());
+        assert_eq!(
+            lines[lines.len() - 4..lines.len() - 1],
+            [
+                "Cluster kubeconfig: The client certificate expires at X (Valid)",
+                "Kubeconfig renewal: last 2026-07-01T00:00:00Z, next 2027-01-01T00:00:00Z (NotAccepted)",
+                "  The client certificate is not renewed: refused",
+            ]
         );
     }
 }

@@ -3,12 +3,15 @@
 //! `--insecure-kubeconfig-exec`), then `credentials::kubeconfig_expiry` (base64, PEM and X.509
 //! of the client certificate and CA), as the credentials controller and the client cache read
 //! them, then, once accepted, the kube-rs client is built from it as `workload::Clients` does
-//! (no connection). Whoever may write Secrets in a cluster's namespace writes these bytes.
+//! (no connection); and as `--renew-management-kubeconfig` reads it (`client_certificate::held`,
+//! then `issue` against a client CA). Whoever may write Secrets in a cluster's namespace writes
+//! these bytes.
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use base64::Engine;
+use ck8s_certs::workload::client_certificate;
 use ck8s_certs::workload::credentials::kubeconfig_expiry;
 use ck8s_certs::workload::kubeconfig::vet;
 use ck8s_certs::workload::{Vetting, WorkloadError, kubeconfig_of};
@@ -81,6 +84,23 @@ fn identity() -> &'static (String, String) {
                 b64.encode(made.signing_key.serialize_pem()),
             ),
             Err(err) => panic!("making the fuzzing identity: {err}"),
+        }
+    })
+}
+
+/// A throwaway client CA (PEM certificate and key) for the renewal stage.
+fn client_ca() -> &'static (String, String) {
+    static CA: OnceLock<(String, String)> = OnceLock::new();
+    CA.get_or_init(|| {
+        let made = rcgen::KeyPair::generate().and_then(|key| {
+            let mut params = rcgen::CertificateParams::new(Vec::new())?;
+            params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            let certificate = params.self_signed(&key)?;
+            Ok((certificate.pem(), key.serialize_pem()))
+        });
+        match made {
+            Ok(made) => made,
+            Err(err) => panic!("making the fuzzing client CA: {err}"),
         }
     })
 }
@@ -384,6 +404,24 @@ pub fn check(input: &[u8]) -> &'static str {
         let _ = kubeconfig_expiry(&kubeconfig);
     } else if label == "refused" {
         label = "not a kubeconfig";
+    }
+    // --renew-management-kubeconfig reads the same bytes for the certificate it renews.
+    if let Ok(text) = std::str::from_utf8(input)
+        && let Ok(held) = client_certificate::held(text, "alpha")
+    {
+        let _ = held.due_at(None);
+        let (ca, key) = client_ca();
+        let issued = client_certificate::issue(
+            &held,
+            "fleet/alpha-cca",
+            ca,
+            key,
+            None,
+            jiff::Timestamp::now(),
+        );
+        if let Ok(issued) = issued {
+            let _ = client_certificate::replaced(text, &held.user, &issued);
+        }
     }
     label
 }

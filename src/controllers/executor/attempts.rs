@@ -31,9 +31,9 @@ use ck8s_certs_api::machine_certificates::{Operation, Phase};
 
 /// What the attempts persist and ask of the world around them.
 pub(super) trait Journal: Send {
-    /// Persists `op` (its new seed and attempt count) before the attempt's `run` is sent, and
-    /// keeps the node's certificate fingerprint to be persisted with the outcome. An error stops
-    /// the operation there.
+    /// Persists `op` (its new seed and attempt count) before the attempt's `run` is sent, with
+    /// the node's certificate fingerprint (pinned on first contact). An error stops the operation
+    /// there.
     fn record(
         &mut self,
         op: &mut Operation,

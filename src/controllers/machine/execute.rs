@@ -266,8 +266,9 @@ impl From<Error> for Failure {
 }
 
 /// The request's status is the journal: the seed is recorded there before `run`. The
-/// MachineCertificates shows the refresh in its Refreshing condition (naming the request), and
-/// keeps the pinned k8sd certificate, written with the outcome.
+/// MachineCertificates shows the refresh in its Refreshing condition (naming the request and
+/// seed), written in the same step with the pinned k8sd certificate of a node met for the first
+/// time.
 struct RequestJournal<'r, 'a> {
     reconciler: &'r Reconciler<'a>,
     status: &'r mut MachineCertificatesStatus,
