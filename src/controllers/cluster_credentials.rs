@@ -436,10 +436,11 @@ async fn fresh_reading(
     key: &(String, String),
     client_ca: Option<Option<Timestamp>>,
 ) -> Result<Reading, Error> {
-    let mut reading = read(&ctx.client, &key.0, &key.1, ctx.config.vetting).await?;
+    let renewing = ctx.config.renewal.mode != client_certificate::Mode::Off;
+    let mut reading = read(&ctx.client, &key.0, &key.1, ctx.config.vetting, renewing).await?;
     // The client CA's end, which no renewal can go past: read only when renewal is on and the
     // kubeconfig is one it renews.
-    if ctx.config.renewal.mode != client_certificate::Mode::Off
+    if renewing
         && let Reading::Read {
             expiry,
             held: Ok(_),
@@ -566,6 +567,7 @@ async fn read(
     namespace: &str,
     cluster: &str,
     vetting: crate::workload::Vetting,
+    renewing: bool,
 ) -> Result<Reading, Error> {
     Ok(
         match crate::workload::kubeconfig_secret(client, namespace, cluster).await {
@@ -573,12 +575,16 @@ async fn read(
                 Ok(kubeconfig) => match kubeconfig_expiry(&kubeconfig) {
                     Ok(expiry) => Reading::Read {
                         expiry,
-                        held: renewal::text_of(
-                            &object,
-                            ck8s_certs_api::capi::KUBECONFIG_SECRET_KEY,
-                        )
-                        .ok_or_else(|| Refusal::Shape("it has no `value`".into()))
-                        .and_then(|yaml| client_certificate::held(&yaml, cluster)),
+                        // Read for renewal only: off, nothing more is looked at.
+                        held: match renewing {
+                            true => renewal::text_of(
+                                &object,
+                                ck8s_certs_api::capi::KUBECONFIG_SECRET_KEY,
+                            )
+                            .ok_or_else(|| Refusal::Shape("it has no `value`".into()))
+                            .and_then(|yaml| client_certificate::held(&yaml, cluster)),
+                            false => Err(Refusal::Shape("renewal is off".into())),
+                        },
                     },
                     Err(reason) => Reading::Unreadable(reason),
                 },

@@ -119,7 +119,7 @@ fn shape(reason: impl Into<String>) -> Refusal {
 /// the provider's shape: one user, `<cluster>-admin`, the current context's, authenticating
 /// with an inline client certificate and key and nothing else.
 pub fn held(yaml: &str, cluster: &str) -> Result<Held, Refusal> {
-    let document: Value = serde_yaml::from_str(yaml).map_err(|_| shape("it is not YAML"))?;
+    let document = document(yaml)?;
     let expected = format!("{cluster}-admin");
     let users = document
         .get("users")
@@ -194,6 +194,23 @@ pub fn held(yaml: &str, cluster: &str) -> Result<Held, Refusal> {
         not_after,
         der,
     })
+}
+
+/// The provider's kubeconfigs are a few KiB; a document is read whole (to be written back
+/// whole), and a large, deeply nested one would take seconds of the controller's CPU at every
+/// check.
+pub const MAX_KUBECONFIG_BYTES: usize = 64 * 1024;
+
+/// `yaml` as a YAML document, when it is no larger than the provider's could be.
+fn document(yaml: &str) -> Result<Value, Refusal> {
+    if yaml.len() > MAX_KUBECONFIG_BYTES {
+        return Err(shape(format!(
+            "it is {} KiB long, the provider's are a few KiB (at most {} KiB are read)",
+            yaml.len() / 1024,
+            MAX_KUBECONFIG_BYTES / 1024
+        )));
+    }
+    serde_yaml::from_str(yaml).map_err(|_| shape("it is not YAML"))
 }
 
 /// The DER of the first certificate in PEM text.
@@ -403,7 +420,7 @@ fn distinguished_name(name: &X509Name<'_>) -> Result<DistinguishedName, Refusal>
 /// `yaml` with `user`'s client certificate and key replaced by `issued`'s; everything else as
 /// it was (entries, order, other fields).
 pub fn replaced(yaml: &str, user: &str, issued: &Issued) -> Result<String, Refusal> {
-    let mut document: Value = serde_yaml::from_str(yaml).map_err(|_| shape("it is not YAML"))?;
+    let mut document = document(yaml)?;
     let entry = document
         .get_mut("users")
         .and_then(Value::as_sequence_mut)

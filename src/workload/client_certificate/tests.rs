@@ -99,6 +99,14 @@ fn other_shapes_are_refused_with_the_reason() {
             "holds no readable certificate",
         ),
         ("users: 7".to_owned(), "it has no `users`"),
+        (
+            format!(
+                "{}{}",
+                provider_kubeconfig(),
+                "#".repeat(MAX_KUBECONFIG_BYTES)
+            ),
+            "KiB long, the provider's are a few KiB",
+        ),
         (": : :".to_owned(), "it is not YAML"),
     ];
     for (yaml, expected) in cases {
