@@ -122,16 +122,11 @@ unit:
 ## renders the artifacts with hack/release.sh and installs them with the pinned clusterctl.
 E2E_VERSIONED := admission capi_manager cluster_move coexistence coexistence_fleet \
   control_plane_late environment fleet refresh refresh_scope release sharding steady_state
+## Test binaries run E2E_JOBS at a time (default 3, hack/e2e.sh); their logs are in target/e2e-logs.
 e2e: env capi-manager tools promtool
 	$(CARGO) build --bin ck8s-certs
-	@set -e; for v in $(CAPI_VERSIONS); do \
-	  if [ "$$v" = "$(lastword $(CAPI_VERSIONS))" ]; then set -- --test '*'; \
-	  else set -- $(foreach t,$(E2E_VERSIONED),--test $(t)); fi; \
-	  echo "== e2e against Cluster API $$v CRDs: $$*"; \
-	  CK8S_E2E_CAPI_VERSION=$$v CK8S_E2E_KUBECTL=$(KUBECTL) CK8S_E2E_CLUSTERCTL=$(CLUSTERCTL) \
-	    CK8S_E2E_PROMTOOL=$(PROMTOOL) \
-	    $(CARGO) test -p ck8s-certs-e2e "$$@" -- --nocapture; \
-	done
+	CK8S_E2E_KUBECTL=$(KUBECTL) CK8S_E2E_CLUSTERCTL=$(CLUSTERCTL) CK8S_E2E_PROMTOOL=$(PROMTOOL) \
+	  CARGO=$(CARGO) hack/e2e.sh "$(CAPI_VERSIONS)" "$(E2E_VERSIONED)"
 
 test: unit monitoring-test e2e
 

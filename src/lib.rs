@@ -272,7 +272,24 @@ async fn client(args: &cli::Args) -> Result<Client, Error> {
             .await
             .map_err(|err| Error::Client(kube::Error::InferConfig(err)))?,
     };
+    let mut config = config;
+    config.headers.push((
+        http::header::USER_AGENT,
+        user_agent(args.watch_filter.as_deref()),
+    ));
     Client::try_from(config).map_err(Error::Client)
+}
+
+/// `ck8s-certs/<version>`, and the shard (`watch-filter=<v>`) when sharded: the management API
+/// server's audit log then tells which instance made a request (every shard shares one
+/// ServiceAccount).
+fn user_agent(watch_filter: Option<&str>) -> http::HeaderValue {
+    let plain = concat!("ck8s-certs/", env!("CARGO_PKG_VERSION"));
+    watch_filter
+        .and_then(|filter| {
+            http::HeaderValue::from_str(&format!("{plain} (watch-filter={filter})")).ok()
+        })
+        .unwrap_or(http::HeaderValue::from_static(plain))
 }
 
 #[cfg(test)]
@@ -372,5 +389,20 @@ mod tests {
         )
         .await;
         assert!(matches!(result, Err(Error::ControllersStopped)));
+    }
+
+    #[test]
+    fn the_user_agent_names_the_shard() {
+        let version = env!("CARGO_PKG_VERSION");
+        assert_eq!(user_agent(None), format!("ck8s-certs/{version}").as_str());
+        assert_eq!(
+            user_agent(Some("edge-eu")),
+            format!("ck8s-certs/{version} (watch-filter=edge-eu)").as_str()
+        );
+        // Not a header value: the plain agent, never a failed start.
+        assert_eq!(
+            user_agent(Some("a\nb")),
+            format!("ck8s-certs/{version}").as_str()
+        );
     }
 }

@@ -56,7 +56,10 @@ pub fn start_etcd(bins: &Binaries, dir: &Path) -> Result<(Process, String), Erro
         .arg(format!("--initial-cluster=e2e={peer_url}"))
         .arg("--log-level=warn")
         // Test data is disposable: skipping fsync makes every API write much cheaper.
-        .arg("--unsafe-no-fsync");
+        .arg("--unsafe-no-fsync")
+        // A benchmark fleet of 50,000 Machines outgrows the default 2 GiB backend between
+        // compactions.
+        .arg("--quota-backend-bytes=8589934592");
     let process = Process::spawn("etcd", command, dir)?;
     Ok((process, url))
 }
@@ -300,6 +303,8 @@ pub struct AuditEvent {
     pub request_uri: String,
     #[serde(default)]
     pub response_status: Option<AuditResponse>,
+    #[serde(default)]
+    pub user_agent: String,
 }
 
 /// How the API server answered an audited request.
@@ -399,7 +404,9 @@ impl RestartCount {
 
 /// Restarts workload clusters' kube-apiservers when the node simulator asks: a lone control
 /// plane's `run` restarts its services, kube-apiserver included, and the whole workload API is
-/// gone meanwhile. The hook is `POST /clusters/<name>/restart-apiserver` on loopback.
+/// gone meanwhile. The hook is `POST /clusters/<name>/restart-apiserver` on loopback; the
+/// management kube-apiserver restarts the same way on the environment's own request
+/// ([`crate::Environment::restart_management_apiserver`]).
 pub struct ApiServerRestarts {
     processes: Arc<Processes>,
     /// Per workload cluster name.

@@ -304,6 +304,25 @@ impl EnvSpec {
         }
     }
 
+    /// The clusters of each node simulator process. Each process holds two listening sockets
+    /// per node, and this machine lets a process open at most 20,000 files: a fleet larger than
+    /// [`Self::NODES_PER_SIMULATOR`] nodes is played by several processes, each taking whole
+    /// workload API servers (a server's CSR signer lives in one process).
+    fn simulator_parts(&self, clusters: Vec<sim::ClusterConfig>) -> Vec<Vec<sim::ClusterConfig>> {
+        let nodes: usize = clusters.iter().map(|c| c.nodes.len()).sum();
+        let parts = nodes
+            .div_ceil(Self::NODES_PER_SIMULATOR)
+            .clamp(1, self.workload_server_count().max(1));
+        let mut split: Vec<Vec<sim::ClusterConfig>> = (0..parts).map(|_| Vec::new()).collect();
+        for (index, cluster) in clusters.into_iter().enumerate() {
+            split[self.workload_server(index) % parts].push(cluster);
+        }
+        split
+    }
+
+    /// Nodes one simulator process plays at most (when the servers allow a split).
+    pub const NODES_PER_SIMULATOR: usize = 6_000;
+
     fn workload_server_count(&self) -> usize {
         match self.workload_servers {
             Some(k) => k.max(1).min(self.clusters.len()),
@@ -370,7 +389,13 @@ pub struct Environment {
     pub measurements: Measurements,
     processes: Arc<Processes>,
     apiserver_restarts: Arc<ApiServerRestarts>,
+    restart_hook: std::net::SocketAddr,
+    /// Held while the environment lives: no other test binary takes its addresses.
+    _octet_lock: std::fs::File,
 }
+
+/// The restart hook's name for the management kube-apiserver (no cluster name has a colon).
+const MANAGEMENT_SERVER: &str = ":management";
 
 impl Environment {
     /// Starts everything. Child processes die with the thread that calls this (see
@@ -458,7 +483,7 @@ impl Environment {
         let control_planes_ready = started.elapsed();
 
         let management = servers.remove(0);
-        let launches: BTreeMap<String, controlplane::Launch> = spec
+        let mut launches: BTreeMap<String, controlplane::Launch> = spec
             .clusters
             .iter()
             .enumerate()
@@ -467,6 +492,7 @@ impl Environment {
                 (cluster.name.clone(), server.launch.clone())
             })
             .collect();
+        launches.insert(MANAGEMENT_SERVER.to_owned(), management.launch.clone());
         let mgmt = management.client().await?;
         let mut crds = crds::read_dir(&crd_dir)?;
         crds.extend(crds::read_dir(
@@ -499,7 +525,7 @@ impl Environment {
             controller::service_account_kubeconfig(&mgmt, management.port, &pki.ca.pem, &dir)
                 .await?;
 
-        let env_octet = pick_env_octet(&spec)?;
+        let (env_octet, octet_lock) = pick_env_octet(&spec)?;
         let workload_clients =
             futures::future::try_join_all(servers.iter().map(ApiServer::client)).await?;
         // Clusters are set up a few at a time: a fleet has thousands of objects.
@@ -523,8 +549,7 @@ impl Environment {
                 .try_collect()
                 .await?;
         let (clusters, sim_clusters): (Vec<_>, Vec<_>) = set_up.into_iter().unzip();
-
-        let control = std::net::SocketAddr::from((Ipv4Addr::LOCALHOST, controlplane::free_port()?));
+        let sim_parts = spec.simulator_parts(sim_clusters);
         // Bound now so that its address goes into the simulator's config; served once
         // everything runs (the simulator calls it only after a `run`).
         let hook_listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
@@ -532,18 +557,29 @@ impl Environment {
         let hook_address = hook_listener
             .local_addr()
             .map_err(|e| Error::io(Path::new("restart hook"), e))?;
-        let config_path = dir.join("nodesim.json");
-        sim::write_config(
-            &config_path,
-            &sim::Config {
-                control,
-                kubelet_client_ca: pki.ca.files.cert.clone(),
-                management_kubeconfig: management.kubeconfig.clone(),
-                restart_seconds: spec.restart_seconds,
-                restart_hook: Some(format!("http://{hook_address}")),
-                clusters: sim_clusters,
-            },
-        )?;
+        let mut sim_configs = Vec::new();
+        for (index, part) in sim_parts.into_iter().enumerate() {
+            let name = match index {
+                0 => "nodesim".to_owned(),
+                _ => format!("nodesim-{index}"),
+            };
+            let config_path = dir.join(format!("{name}.json"));
+            let control =
+                std::net::SocketAddr::from((Ipv4Addr::LOCALHOST, controlplane::free_port()?));
+            let names: Vec<String> = part.iter().map(|c| c.name.clone()).collect();
+            sim::write_config(
+                &config_path,
+                &sim::Config {
+                    control,
+                    kubelet_client_ca: pki.ca.files.cert.clone(),
+                    management_kubeconfig: management.kubeconfig.clone(),
+                    restart_seconds: spec.restart_seconds,
+                    restart_hook: Some(format!("http://{hook_address}")),
+                    clusters: part,
+                },
+            )?;
+            sim_configs.push((name, config_path, control, names));
+        }
         let management_kubeconfig_yaml = management.kubeconfig_yaml.clone();
         let management_kubeconfig = management.kubeconfig.clone();
         let management_port = management.port;
@@ -562,11 +598,15 @@ impl Environment {
                     }
                 });
 
-        let mut command = std::process::Command::new(&bins.nodesim);
-        command.arg("--config").arg(&config_path);
-        let mut nodesim = Process::spawn("nodesim", command, &dir)?;
-        sim::wait_ready(&mut nodesim, Duration::from_secs(30)).await?;
-        processes.push(nodesim);
+        let mut sim_controls = Vec::new();
+        for (name, config_path, control, names) in sim_configs {
+            let mut command = std::process::Command::new(&bins.nodesim);
+            command.arg("--config").arg(&config_path);
+            let mut nodesim = Process::spawn(&name, command, &dir)?;
+            sim::wait_ready(&mut nodesim, Duration::from_secs(60)).await?;
+            processes.push(nodesim);
+            sim_controls.push((control, names));
+        }
 
         let capi_manager = match spec.capi_manager {
             true => {
@@ -607,7 +647,9 @@ impl Environment {
             clusters,
             move_target,
             capi_manager,
-            sim: SimControl::new(control),
+            sim: SimControl::sharded(sim_controls),
+            restart_hook: hook_address,
+            _octet_lock: octet_lock,
             measurements,
             processes,
             apiserver_restarts,
@@ -650,6 +692,44 @@ impl Environment {
                 return Err(Error::Timeout {
                     what: format!("the {cluster} workload API to be ready"),
                     log: lines[lines.len().saturating_sub(30)..].join("\n"),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Restarts the management kube-apiserver (killed, down for
+    /// [`EnvSpec::apiserver_restart_seconds`], started again with the same flags and port, as
+    /// after an upgrade of the management cluster) and waits until it is ready again.
+    pub async fn restart_management_apiserver(&self, deadline: Duration) -> Result<(), Error> {
+        let before = self.apiserver_restarts.count(MANAGEMENT_SERVER).completed;
+        let url = format!(
+            "http://{}/clusters/{MANAGEMENT_SERVER}/restart-apiserver",
+            self.restart_hook
+        );
+        let response = reqwest::Client::new()
+            .post(url)
+            .send()
+            .await
+            .map_err(|e| Error::Setup(format!("restart hook: {e}")))?;
+        if !response.status().is_success() {
+            return Err(Error::Setup(format!(
+                "restart hook: {}",
+                response.text().await.unwrap_or_default()
+            )));
+        }
+        let start = Instant::now();
+        loop {
+            if self.apiserver_restarts.count(MANAGEMENT_SERVER).completed > before
+                && let Ok(client) = self.management().await
+                && controlplane::is_ready(&client).await
+            {
+                return Ok(());
+            }
+            if start.elapsed() > deadline {
+                return Err(Error::Timeout {
+                    what: "the management kube-apiserver to be ready after its restart".into(),
+                    log: String::new(),
                 });
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -787,10 +867,15 @@ fn make_dir() -> Result<PathBuf, Error> {
 /// Picks the second octet of the nodes' addresses `127.E.C.N` so that environments running at
 /// the same time (several test binaries, `make run`) do not collide: E is random and every
 /// node's kubelet and k8sd port must be free on it.
-fn pick_env_octet(spec: &EnvSpec) -> Result<u8, Error> {
+fn pick_env_octet(spec: &EnvSpec) -> Result<(u8, std::fs::File), Error> {
     use rand::Rng;
     for _ in 0..50 {
         let octet: u8 = rand::rng().random_range(10..=250);
+        // Test binaries run side by side (hack/e2e.sh): a free port says nothing about another
+        // environment that picked the octet and has not bound it yet, so each holds a lock.
+        let Some(lock) = octet_lock(octet) else {
+            continue;
+        };
         let free = spec.clusters.iter().enumerate().all(|(c, cluster)| {
             cluster.nodes(octet, (c + 1) as u8).iter().all(|node| {
                 [fixtures::KUBELET_PORT, node.microcluster_port]
@@ -799,12 +884,29 @@ fn pick_env_octet(spec: &EnvSpec) -> Result<u8, Error> {
             })
         });
         if free {
-            return Ok(octet);
+            return Ok((octet, lock));
         }
     }
     Err(Error::Setup(
         "no free 127.E.0.0/16 block for the simulated nodes".into(),
     ))
+}
+
+/// An exclusive lock on `127.<octet>.0.0/16` for this process's life (the kernel drops it when
+/// the process ends, however it ends); `None` while another process holds it.
+fn octet_lock(octet: u8) -> Option<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    let dir = std::env::temp_dir().join("ck8s-certs-e2e-octets");
+    std::fs::create_dir_all(&dir).ok()?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(format!("{octet}.lock")))
+        .ok()?;
+    // SAFETY: flock on a descriptor this function owns; no memory is involved.
+    let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+    locked.then_some(file)
 }
 
 static SHARED: OnceLock<Result<Arc<Environment>, String>> = OnceLock::new();

@@ -313,25 +313,59 @@ pub struct ClusterState {
     pub apiserver_restarts: u32,
 }
 
-/// Client of the simulator's control API.
+/// Client of the simulator's control API. A large fleet runs several simulator processes (each
+/// process holds two listening sockets per node, and a process may open only so many files);
+/// the client then sends each request to the process that plays the cluster it names, and
+/// requests naming no cluster to all of them.
 #[derive(Clone)]
 pub struct SimControl {
-    base: String,
+    /// The control API of each process.
+    bases: Vec<String>,
+    /// Which process plays a cluster (absent with one process).
+    routes: std::collections::HashMap<String, usize>,
     http: reqwest::Client,
 }
 
 impl SimControl {
     pub fn new(address: SocketAddr) -> Self {
+        Self::sharded(vec![(address, Vec::new())])
+    }
+
+    /// One client for several processes, each with the clusters it plays.
+    pub fn sharded(parts: Vec<(SocketAddr, Vec<String>)>) -> Self {
         // No pooling: each test has its own runtime, and a pooled connection would die with the
         // runtime of the test that opened it.
         let http = reqwest::Client::builder()
             .pool_max_idle_per_host(0)
             .build()
             .unwrap_or_default();
+        let mut routes = std::collections::HashMap::new();
+        let mut bases = Vec::new();
+        for (index, (address, clusters)) in parts.into_iter().enumerate() {
+            bases.push(format!("http://{address}"));
+            if index > 0 || !clusters.is_empty() {
+                routes.extend(clusters.into_iter().map(|c| (c, index)));
+            }
+        }
         Self {
-            base: format!("http://{address}"),
+            bases,
+            routes,
             http,
         }
+    }
+
+    /// The processes a request about `cluster` goes to (all for "").
+    fn targets(&self, cluster: &str) -> Vec<(usize, &str)> {
+        match self.routes.get(cluster) {
+            Some(&index) if !cluster.is_empty() => vec![(index, self.bases[index].as_str())],
+            _ => self.bases.iter().map(String::as_str).enumerate().collect(),
+        }
+    }
+
+    /// The process playing `cluster` (the first when unknown).
+    fn base_of(&self, cluster: &str) -> &str {
+        let index = self.routes.get(cluster).copied().unwrap_or(0);
+        &self.bases[index]
     }
 
     async fn send(&self, request: reqwest::RequestBuilder) -> Result<reqwest::Response, Error> {
@@ -347,68 +381,106 @@ impl SimControl {
         Ok(response)
     }
 
-    /// Injects a fault; returns its id.
+    async fn get_all<T: serde::de::DeserializeOwned>(
+        &self,
+        cluster: &str,
+        path: &str,
+        query: &[(&str, &str)],
+    ) -> Result<Vec<T>, Error> {
+        let mut all = Vec::new();
+        for (_, base) in self.targets(cluster) {
+            let response = self
+                .send(self.http.get(format!("{base}{path}")).query(query))
+                .await?;
+            let part: Vec<T> = response
+                .json()
+                .await
+                .map_err(|e| Error::Sim(e.to_string()))?;
+            all.extend(part);
+        }
+        Ok(all)
+    }
+
+    /// Injects a fault; returns its id (with several processes, one id per process it went to).
     pub async fn inject(&self, fault: &Fault) -> Result<String, Error> {
-        let response = self
-            .send(self.http.post(format!("{}/faults", self.base)).json(fault))
-            .await?;
-        let body: serde_json::Value = response
-            .json()
-            .await
-            .map_err(|e| Error::Sim(e.to_string()))?;
-        body["id"]
-            .as_str()
-            .map(str::to_owned)
-            .ok_or_else(|| Error::Sim(format!("no id in {body}")))
+        let targets = self.targets(&fault.cluster);
+        let mut ids = Vec::new();
+        for &(index, base) in &targets {
+            let response = self
+                .send(self.http.post(format!("{base}/faults")).json(fault))
+                .await?;
+            let body: serde_json::Value = response
+                .json()
+                .await
+                .map_err(|e| Error::Sim(e.to_string()))?;
+            let id = body["id"]
+                .as_str()
+                .ok_or_else(|| Error::Sim(format!("no id in {body}")))?;
+            ids.push(match self.bases.len() {
+                1 => id.to_owned(),
+                _ => format!("{index}:{id}"),
+            });
+        }
+        Ok(ids.join(","))
     }
 
     pub async fn clear_fault(&self, id: &str) -> Result<(), Error> {
-        self.send(self.http.delete(format!("{}/faults/{id}", self.base)))
-            .await
-            .map(drop)
+        for part in id.split(',') {
+            let (base, id) = match part.split_once(':') {
+                Some((index, id)) => {
+                    let index: usize = index
+                        .parse()
+                        .map_err(|_| Error::Sim(format!("not a fault id: {part}")))?;
+                    let base = self
+                        .bases
+                        .get(index)
+                        .ok_or_else(|| Error::Sim(format!("not a fault id: {part}")))?;
+                    (base.as_str(), id)
+                }
+                None => (self.bases[0].as_str(), part),
+            };
+            self.send(self.http.delete(format!("{base}/faults/{id}")))
+                .await?;
+        }
+        Ok(())
     }
 
     pub async fn clear_faults(&self, cluster: &str) -> Result<(), Error> {
-        self.send(
-            self.http
-                .delete(format!("{}/faults", self.base))
-                .query(&[("cluster", cluster)]),
-        )
-        .await
-        .map(drop)
+        for (_, base) in self.targets(cluster) {
+            self.send(
+                self.http
+                    .delete(format!("{base}/faults"))
+                    .query(&[("cluster", cluster)]),
+            )
+            .await?;
+        }
+        Ok(())
     }
 
     /// Calls recorded on `node` of `cluster` (empty strings match all).
     pub async fn calls(&self, cluster: &str, node: &str) -> Result<Vec<CallRecord>, Error> {
-        let response = self
-            .send(
-                self.http
-                    .get(format!("{}/calls", self.base))
-                    .query(&[("cluster", cluster), ("node", node)]),
-            )
-            .await?;
-        response.json().await.map_err(|e| Error::Sim(e.to_string()))
+        self.get_all(cluster, "/calls", &[("cluster", cluster), ("node", node)])
+            .await
     }
 
     pub async fn clear_calls(&self, cluster: &str, node: &str) -> Result<(), Error> {
-        self.send(
-            self.http
-                .delete(format!("{}/calls", self.base))
-                .query(&[("cluster", cluster), ("node", node)]),
-        )
-        .await
-        .map(drop)
+        for (_, base) in self.targets(cluster) {
+            self.send(
+                self.http
+                    .delete(format!("{base}/calls"))
+                    .query(&[("cluster", cluster), ("node", node)]),
+            )
+            .await?;
+        }
+        Ok(())
     }
 
     pub async fn nodes(&self) -> Result<Vec<NodeState>, Error> {
-        let response = self
-            .send(self.http.get(format!("{}/nodes", self.base)))
-            .await?;
-        response.json().await.map_err(|e| Error::Sim(e.to_string()))
+        self.get_all("", "/nodes", &[]).await
     }
 
     pub async fn node(&self, node: &NodeInfo) -> Result<NodeState, Error> {
-        self.nodes()
+        self.get_all::<NodeState>(&node.cluster, "/nodes", &[])
             .await?
             .into_iter()
             .find(|n| n.cluster == node.cluster && n.node == node.node)
@@ -416,14 +488,11 @@ impl SimControl {
     }
 
     pub async fn clusters(&self) -> Result<Vec<ClusterState>, Error> {
-        let response = self
-            .send(self.http.get(format!("{}/clusters", self.base)))
-            .await?;
-        response.json().await.map_err(|e| Error::Sim(e.to_string()))
+        self.get_all("", "/clusters", &[]).await
     }
 
     pub async fn cluster(&self, cluster: &str) -> Result<ClusterState, Error> {
-        self.clusters()
+        self.get_all::<ClusterState>(cluster, "/clusters", &[])
             .await?
             .into_iter()
             .find(|c| c.name == cluster)
@@ -439,7 +508,10 @@ impl SimControl {
         let response = self
             .send(
                 self.http
-                    .put(format!("{}/clusters/{cluster}/annotations", self.base))
+                    .put(format!(
+                        "{}/clusters/{cluster}/annotations",
+                        self.base_of(cluster)
+                    ))
                     .json(annotations),
             )
             .await?;
@@ -471,7 +543,9 @@ impl SimControl {
             self.http
                 .post(format!(
                     "{}/nodes/{}/{}/reinstall",
-                    self.base, node.cluster, node.node
+                    self.base_of(&node.cluster),
+                    node.cluster,
+                    node.node
                 ))
                 .json(&body),
         )

@@ -4,13 +4,18 @@
 //! One run: the environment with a fleet of N clusters × M Machines in steady state
 //! ([`fleet`]); then each contender alone against it — cold start, start-up window, idle window
 //! ([`idle`]); then the controller under load — a batch of refreshes at its concurrency, and
-//! annotate → `in-progress` latency ([`load`]). [`report`] prints one table with the ratios.
+//! annotate → `in-progress` latency ([`load`]), with many renewal policies an edit of them all
+//! ([`policies`]); then a restart of the management API server
+//! under the controller at rest ([`relist`]); last, two shards ([`shards`]). [`report`] prints one table with the ratios.
 
 pub mod fleet;
 pub mod idle;
 pub mod load;
+pub mod policies;
 pub mod probe;
+pub mod relist;
 pub mod report;
+pub mod shards;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -53,6 +58,18 @@ pub struct Options {
     /// How long the waiting workers are measured.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "45s")]
     pub waiting_window: Duration,
+    /// CertificateRenewalPolicies over the fleet (0: none): set up before the controller's first
+    /// start, then every one edited at once and followed to every Machine it governs.
+    #[arg(long, default_value_t = 0)]
+    pub policies: usize,
+    /// How long the controller is watched after a restart of the management API server (0
+    /// skips the phase).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+    pub relist_window: Duration,
+    /// Finish with two shards (`--watch-filter`, deployed and labelled as docs/sharding.md
+    /// says) over the fleet, each running a fleet request at once. Labels the whole fleet: last.
+    #[arg(long)]
+    pub shards: bool,
     /// Skip the reference manager.
     #[arg(long)]
     pub no_reference: bool,
@@ -123,14 +140,22 @@ pub async fn run(options: &Options) -> Result<report::Report, crate::Error> {
         report.environment_seconds
     );
     let mut audit = probe::AuditTail::new(env.dir.join("audit-management.log"));
+    let policies = match options.policies {
+        0 => None,
+        count => {
+            eprintln!("bench: {count} CertificateRenewalPolicies, Machines labelled for them…");
+            Some(policies::set_up(&env, count).await?)
+        }
+    };
 
     // The first start may create status objects for every Machine: not the steady state.
     eprintln!("bench: the controller's first start (until it has been quiet for 10 s)…");
     let ours = idle::Contender::ours(&env, &options.controller, &options.controller_args)?;
     let user = ours.user.clone();
-    let (seconds, writes) = first_start(&env, &mut audit, ours).await?;
+    let (seconds, writes, quiet) = first_start(&env, &mut audit, ours).await?;
     report.first_start_seconds = seconds;
     report.first_start_writes = writes;
+    report.first_start_quiet = quiet;
 
     eprintln!("bench: ck8s-certs, cold start and idle…");
     let ours = idle::Contender::ours(&env, &options.controller, &options.controller_args)?;
@@ -155,6 +180,12 @@ pub async fn run(options: &Options) -> Result<report::Report, crate::Error> {
             )
             .await?,
         );
+    }
+
+    if let Some(set) = &policies {
+        eprintln!("bench: ck8s-certs, every policy edited at once…");
+        let contender = idle::Contender::ours(&env, &options.controller, &options.controller_args)?;
+        report.policies = Some(policies::measure_edit(&env, &mut audit, contender, set).await?);
     }
 
     if options.refreshes > 0 || options.latency_samples > 0 || options.waiting > 0 {
@@ -235,6 +266,27 @@ pub async fn run(options: &Options) -> Result<report::Report, crate::Error> {
         process.terminate(Duration::from_secs(30));
     }
 
+    if !options.relist_window.is_zero() {
+        eprintln!("bench: ck8s-certs across a restart of the management API server…");
+        let contender = idle::Contender::ours(&env, &options.controller, &options.controller_args)?;
+        report.relist =
+            Some(relist::measure(&env, &mut audit, contender, options.relist_window).await?);
+    }
+
+    if options.shards {
+        eprintln!("bench: two shards…");
+        report.shards = Some(
+            shards::measure(
+                &env,
+                &mut audit,
+                &options.controller,
+                &options.controller_args,
+                options.startup_window,
+            )
+            .await?,
+        );
+    }
+
     if let Some(parent) = options.output.parent() {
         std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
     }
@@ -245,12 +297,13 @@ pub async fn run(options: &Options) -> Result<report::Report, crate::Error> {
 }
 
 /// Runs the controller until it has been quiet (no writes) for 10 s after its first
-/// reconcile; returns how long that took and how many writes it made.
+/// reconcile; returns how long that took, how many writes it made, and whether it got quiet
+/// (the wait ends after an hour: the later phases then do not meet a fleet at rest).
 async fn first_start(
     env: &crate::Environment,
     audit: &mut probe::AuditTail,
     contender: idle::Contender,
-) -> Result<(f64, usize), crate::Error> {
+) -> Result<(f64, usize, bool), crate::Error> {
     use std::time::Instant;
     let started_at = jiff::Timestamp::now();
     let started = Instant::now();
@@ -258,26 +311,26 @@ async fn first_start(
         crate::process::Process::spawn("bench-ck8s-certs-first", contender.command, &env.dir)?;
     wait_for_log(&mut process, contender.first_reconcile_marker).await?;
     let quiet = jiff::SignedDuration::from_secs(10);
-    loop {
+    let got_quiet = loop {
         tokio::time::sleep(Duration::from_secs(2)).await;
         alive(&mut process)?;
         audit.refresh();
         let now = jiff::Timestamp::now();
         let recent = audit.requests(&contender.user, now - quiet, now).writes;
         if recent == 0 && started.elapsed() > Duration::from_secs(15) {
-            break;
+            break true;
         }
-        if started.elapsed() > Duration::from_secs(900) {
-            break;
+        if started.elapsed() > Duration::from_secs(3600) {
+            break false;
         }
-    }
+    };
     let seconds = started.elapsed().as_secs_f64();
     process.terminate(Duration::from_secs(30));
     audit.refresh();
     let writes = audit
         .requests(&contender.user, started_at, jiff::Timestamp::now())
         .writes;
-    Ok((seconds, writes))
+    Ok((seconds, writes, got_quiet))
 }
 
 /// Waits (up to 5 minutes) until `marker` shows in the process's log.
@@ -332,4 +385,28 @@ fn alive(process: &mut crate::process::Process) -> Result<(), crate::Error> {
     process
         .check_running()
         .map_err(|e| crate::Error::Setup(format!("{e}:\n{}", process.log_tail(40))))
+}
+
+/// Waits until the controller made no request (Leases aside) for 10 s, at least 15 s and at
+/// most 10 minutes: what follows then meets a controller at rest.
+async fn settle(
+    audit: &mut probe::AuditTail,
+    process: &mut crate::process::Process,
+    user: &str,
+) -> Result<(), crate::Error> {
+    use std::time::Instant;
+    let started = Instant::now();
+    let quiet = jiff::SignedDuration::from_secs(10);
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        alive(process)?;
+        audit.refresh();
+        let now = jiff::Timestamp::now();
+        let recent = audit.requests(user, now - quiet, now).other;
+        if (recent == 0 && started.elapsed() > Duration::from_secs(15))
+            || started.elapsed() > Duration::from_secs(600)
+        {
+            return Ok(());
+        }
+    }
 }

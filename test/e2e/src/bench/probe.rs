@@ -153,8 +153,18 @@ impl AuditTail {
 
     /// Requests by `user` received in `[from, to)`.
     pub fn requests(&self, user: &str, from: Timestamp, to: Timestamp) -> Requests {
+        self.requests_where(|e| e.user.username == user, from, to)
+    }
+
+    /// Requests received in `[from, to)` for which `which` holds.
+    pub fn requests_where(
+        &self,
+        which: impl Fn(&AuditEvent) -> bool,
+        from: Timestamp,
+        to: Timestamp,
+    ) -> Requests {
         let mut requests = Requests::default();
-        for event in self.events.iter().filter(|e| e.user.username == user) {
+        for event in self.events.iter().filter(|e| which(e)) {
             let Some(at) = event.received() else { continue };
             if at < from || at >= to {
                 continue;

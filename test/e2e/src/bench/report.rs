@@ -4,6 +4,9 @@ use std::fmt::Write;
 
 use super::idle::IdleFigures;
 use super::load::{LatencyFigures, RefreshFigures, WaitingFigures};
+use super::policies::PolicyFigures;
+use super::relist::RelistFigures;
+use super::shards::ShardsFigures;
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct Report {
@@ -14,11 +17,16 @@ pub struct Report {
     /// The controller's very first start on the fleet (it may create its status objects).
     pub first_start_seconds: f64,
     pub first_start_writes: usize,
+    /// Whether the first start got quiet (false: cut off after an hour).
+    pub first_start_quiet: bool,
     pub ours: IdleFigures,
     pub reference: Option<IdleFigures>,
     pub refresh: Option<RefreshFigures>,
     pub latency: Option<LatencyFigures>,
     pub waiting: Option<WaitingFigures>,
+    pub policies: Option<PolicyFigures>,
+    pub relist: Option<RelistFigures>,
+    pub shards: Option<ShardsFigures>,
 }
 
 fn mib(kib: u64) -> String {
@@ -46,8 +54,14 @@ impl Report {
         let _ = writeln!(out, "Command: `{}`", self.command);
         let _ = writeln!(
             out,
-            "Environment up in {:.0} s; the controller's first start on the fleet: {:.0} s, {} writes.\n",
-            self.environment_seconds, self.first_start_seconds, self.first_start_writes
+            "Environment up in {:.0} s; the controller's first start on the fleet: {:.0} s, {} writes{}.\n",
+            self.environment_seconds,
+            self.first_start_seconds,
+            self.first_start_writes,
+            match self.first_start_quiet {
+                true => "",
+                false => " (cut off before it was quiet: what follows is not the steady state)",
+            }
         );
         let ours = &self.ours;
         let theirs = self.reference.clone().unwrap_or_default();
@@ -200,6 +214,74 @@ impl Report {
                 "\nAnnotate → in-progress ({} samples, {} missed): p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms.",
                 l.samples, l.missed, l.p50_ms, l.p99_ms, l.max_ms
             );
+        }
+        if let Some(p) = &self.policies {
+            let _ = writeln!(
+                out,
+                "\n{} CertificateRenewalPolicies governing {} Machines, every one edited at once: \
+                 every verdict at the new generation in {:.1} s ({} not reached); {:.2} CPU s, \
+                 {:.3} ms per Machine; {} requests ({} writes: {}).",
+                p.policies,
+                p.governed_machines,
+                p.edit_seconds,
+                p.unreached,
+                p.edit_cpu_seconds,
+                p.cpu_ms_per_machine(),
+                p.edit_requests.other,
+                p.edit_requests.writes,
+                p.edit_requests.top(3),
+            );
+        }
+        if let Some(r) = &self.relist {
+            let _ = writeln!(
+                out,
+                "\nManagement API server restarted under the controller at rest: down {:.1} s; then {} requests \
+                 ({}), {} writes, last list {} after its return, {} requests in the last {:.0} s of the \
+                 {:.0} s window; {:.2} CPU s; VmRSS {} → {}, VmHWM {}; {} k8sd calls.",
+                r.down_seconds,
+                r.requests.other,
+                r.requests.top(4),
+                r.requests.writes,
+                seconds(r.relist_seconds),
+                r.late_requests,
+                r.window_seconds / 2.0,
+                r.window_seconds,
+                r.cpu_seconds,
+                mib(r.memory_before.rss_kib),
+                mib(r.memory_after.rss_kib),
+                mib(r.memory_after.hwm_kib),
+                r.k8sd_calls,
+            );
+        }
+        if let Some(s) = &self.shards {
+            let _ = writeln!(
+                out,
+                "\nTwo shards, started at once (window {:.0} s); {} writes to objects of fleet clusters, {} of them to the other shard's:\n",
+                s.startup_window_seconds, s.attributed_writes, s.wrong_shard_writes
+            );
+            let _ = writeln!(
+                out,
+                "| shard | Machines | first start after labelling: writes | first reconcile | requests in the window | VmRSS | VmHWM | CPU s | fleet request | its writes |"
+            );
+            let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|");
+            for shard in &s.shards {
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {} | {} | {} | {} | {} | {:.2} | {} {} in {:.1} s | {} |",
+                    shard.filter,
+                    shard.machines,
+                    shard.first_start_writes,
+                    seconds(shard.first_reconcile_seconds),
+                    shard.startup_requests.other,
+                    mib(shard.memory.rss_kib),
+                    mib(shard.memory.hwm_kib),
+                    shard.startup_cpu_seconds,
+                    shard.request_phase,
+                    shard.request_progress,
+                    shard.request_seconds,
+                    shard.request_writes,
+                );
+            }
         }
         out
     }

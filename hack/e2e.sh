@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Runs the e2e test binaries E2E_JOBS at a time (default 3). Each binary starts its own
+# environment and spends most of its time waiting on it (nodes restarting, windows opening,
+# controllers settling), so a 2-core machine runs several at once.
+#
+#   hack/e2e.sh "<Cluster API versions>" "<tests run against every version>"
+#
+# The whole suite runs against the last version; the others run only the tests named. Each
+# binary's output goes to target/e2e-logs/<version>-<test>.log; a failed one's is printed. The
+# environment comes from the Makefile (CK8S_E2E_KUBECTL, CK8S_E2E_CLUSTERCTL, CK8S_E2E_PROMTOOL).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+versions=($1)
+versioned=" $2 "
+jobs=${E2E_JOBS:-3}
+cargo=${CARGO:-cargo}
+logs=target/e2e-logs
+rm -rf "$logs"
+mkdir -p "$logs"
+
+# The test binaries, by name (`fleet`, …), from cargo's own account of what it built.
+declare -A binary
+while IFS=$'\t' read -r name path; do
+  binary[$name]=$path
+done < <("$cargo" test -p ck8s-certs-e2e --tests --no-run --message-format=json 2>/dev/null |
+  sed -n 's/.*"target":{"kind":\["test"\],"crate_types":\["bin"\],"name":"\([a-z_0-9]*\)".*"executable":"\([^"]*\)".*/\1\t\2/p')
+if ((${#binary[@]} == 0)); then
+  echo "hack/e2e.sh: cargo built no e2e test binary" >&2
+  exit 1
+fi
+
+# Longest first (measured, docs/performance.md), so that the last ones to start are short.
+slow=(stagger capi_manager fleet renewal refresh_crash failover cluster_move webhook_rotation
+  refresh_failures waiting refresh_scope steady_state)
+order=("${slow[@]}")
+for name in $(printf '%s\n' "${!binary[@]}" | sort); do
+  [[ " ${slow[*]} " == *" $name "* ]] || order+=("$name")
+done
+
+queue=()
+last=${versions[${#versions[@]}-1]}
+for name in "${order[@]}"; do
+  for v in "${versions[@]}"; do
+    [[ -n "${binary[$name]:-}" ]] || continue
+    if [[ "$v" == "$last" || "$versioned" == *" $name "* ]]; then queue+=("$v $name"); fi
+  done
+done
+
+run() {
+  local v=$1 name=$2 started=$SECONDS status=0
+  (cd test/e2e && CK8S_E2E_CAPI_VERSION=$v "${binary[$name]}" --nocapture) \
+    >"$logs/$v-$name.log" 2>&1 || status=$?
+  local summary
+  summary=$(grep -h '^test result:' "$logs/$v-$name.log" | tail -1)
+  if ((status == 0)); then
+    echo "ok     $v $name ($((SECONDS - started)) s) ${summary#test result: ok. }"
+  else
+    echo "FAILED $v $name ($((SECONDS - started)) s) exit $status"
+    touch "$logs/$v-$name.failed"
+  fi
+}
+
+echo "== e2e: ${#queue[@]} test binaries, $jobs at a time; the whole suite against $last"
+started=$SECONDS
+for job in "${queue[@]}"; do
+  while (($(jobs -rp | wc -l) >= jobs)); do wait -n || true; done
+  run $job &
+done
+wait
+
+failed=("$logs"/*.failed)
+if [[ -e "${failed[0]}" ]]; then
+  for marker in "${failed[@]}"; do
+    echo
+    echo "== ${marker%.failed}.log"
+    cat "${marker%.failed}.log"
+  done
+  echo "e2e: $(ls "$logs"/*.failed | wc -l) of ${#queue[@]} test binaries failed ($((SECONDS - started)) s)"
+  exit 1
+fi
+echo "e2e: all ${#queue[@]} test binaries passed ($((SECONDS - started)) s)"
