@@ -135,3 +135,118 @@ fn trimmed_metadata_drops_managed_fields_and_the_last_applied_configuration() {
     );
     assert_eq!(policy.data, json!({ "spec": { "policy": "Automatic" } }));
 }
+
+/// `(name, resourceVersion, node)` of the objects a relist passes on, in order.
+fn passed<K: Resource, C: Cache<K>>(cache: &mut C, events: Vec<watcher::Event<K>>) -> Vec<String> {
+    events
+        .into_iter()
+        .filter_map(|event| pass_on(cache, Ok(event)))
+        .filter_map(Result::ok)
+        .map(|object| {
+            let meta = object.meta();
+            format!(
+                "{}@{}",
+                meta.name.clone().unwrap_or_default(),
+                meta.resource_version.clone().unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
+fn machine(name: &str, version: &str) -> ck8s_certs_api::machine::Machine {
+    let mut machine = ck8s_certs_api::machine::Machine::default();
+    machine.metadata.name = Some(name.into());
+    machine.metadata.namespace = Some("ns".into());
+    machine.metadata.resource_version = Some(version.into());
+    machine
+}
+
+/// The first list passes every object on (the whole fleet is reconciled once); a relist only
+/// those that changed during the gap, and every change after it.
+#[test]
+fn a_relist_passes_on_only_what_changed() {
+    use watcher::Event;
+    let mut cache = Reflector::new(CapiVersion::default());
+    let store = cache.reader();
+    let first = passed(
+        &mut cache,
+        vec![
+            Event::Init,
+            Event::InitApply(machine("m1", "1")),
+            Event::InitApply(machine("m2", "1")),
+            Event::InitApply(machine("m3", "1")),
+            Event::InitDone,
+        ],
+    );
+    assert_eq!(first, ["m1@1", "m2@1", "m3@1"]);
+    assert_eq!(
+        passed(&mut cache, vec![Event::Apply(machine("m1", "2"))]),
+        ["m1@2"]
+    );
+
+    // After a gap: m1 unchanged since, m2 changed, m3 deleted, m4 new.
+    let relist = passed(
+        &mut cache,
+        vec![
+            Event::Init,
+            Event::InitApply(machine("m1", "2")),
+            Event::InitApply(machine("m2", "5")),
+            Event::InitApply(machine("m4", "6")),
+            Event::InitDone,
+        ],
+    );
+    assert_eq!(relist, ["m2@5", "m4@6"]);
+    let mut names: Vec<String> = store
+        .state()
+        .iter()
+        .filter_map(|m| m.metadata.name.clone())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["m1", "m2", "m4"]);
+    // A relist of objects without a resourceVersion passes them on (nothing to compare).
+    let mut bare = machine("m1", "2");
+    bare.metadata.resource_version = None;
+    assert_eq!(
+        passed(
+            &mut cache,
+            vec![Event::Init, Event::InitApply(bare), Event::InitDone]
+        ),
+        ["m1@"]
+    );
+}
+
+/// The certificate cache compares statuses (all it keeps), and a relisted status equal to the
+/// cached one is the cached one, not a second copy.
+#[test]
+fn a_certificate_relist_passes_on_only_changed_statuses_and_shares_the_rest() {
+    use watcher::Event;
+    let mut writer = CertificateWriter::new();
+    let store = writer.reader();
+    let first = passed(
+        &mut writer,
+        vec![
+            Event::Init,
+            Event::InitApply(certificates("a", "m1", "n1")),
+            Event::InitApply(certificates("a", "m2", "n2")),
+            Event::InitDone,
+        ],
+    );
+    assert_eq!(first, ["m1@1", "m2@1"]);
+    let before = store.get("a", "m1").expect("cached");
+    let relist = passed(
+        &mut writer,
+        vec![
+            Event::Init,
+            Event::InitApply(certificates("a", "m1", "n1")),
+            Event::InitApply(certificates("a", "m2", "n9")),
+            Event::InitDone,
+        ],
+    );
+    assert_eq!(relist, ["m2@1"]);
+    let after = store.get("a", "m1").expect("cached");
+    assert!(
+        Arc::ptr_eq(&before, &after),
+        "an unchanged status is shared"
+    );
+    assert_eq!(node_in(&store, "a", "m2").as_deref(), Some("n9"));
+}

@@ -11,7 +11,7 @@ use ck8s_certs_api::renewal_policy::CertificateRenewalPolicy;
 use ck8s_certs_e2e::controlplane::audited_writes;
 use ck8s_certs_e2e::fixtures::NodeInfo;
 use ck8s_certs_e2e::policies::closed_window;
-use ck8s_certs_e2e::sim::{Endpoint, Fault};
+use ck8s_certs_e2e::sim::{Endpoint, Fault, runs};
 use ck8s_certs_e2e::{Environment, shared};
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
@@ -197,6 +197,10 @@ async fn a_machine_whose_situation_does_not_change_costs_zero_writes_for_every_v
             "--resync-period=3s",
             "--renewal-backoff-min=1h",
             "--k8sd-attempts=1",
+            // The management API server restarts below: the leader keeps its Lease through it
+            // (past the renew deadline a leader exits by design, and is restarted).
+            "--leader-elect-lease-duration=90s",
+            "--leader-elect-renew-deadline=60s",
         ],
     );
     for case in &cases {
@@ -264,4 +268,33 @@ async fn a_machine_whose_situation_does_not_change_costs_zero_writes_for_every_v
         "API writes per Machine over 20 s at rest (resync 3 s, 5 rounds of Cluster and policy edits): {report:?}"
     );
     assert!(writes.is_empty(), "writes at rest: {writes:#?}");
+
+    // A restart of the management API server: every watch breaks and each cache lists again.
+    // That changes nothing either, and a refresh asked for as soon as the server is back (the
+    // watches may still be backing off: the change then arrives with the relist) is carried
+    // out once.
+    let (start, _) = writes_since(&env, 0);
+    let refreshed = &cases[0].node;
+    env.sim
+        .clear_calls(&refreshed.cluster, &refreshed.node)
+        .await
+        .unwrap();
+    env.restart_management_apiserver(TIMEOUT).await.unwrap();
+    env.annotate_refresh(refreshed, "1y").await;
+    let annotations = env.wait_for_refresh(refreshed, TIMEOUT).await;
+    assert_eq!(
+        annotations[ck8s_certs_api::annotations::REFRESH_CERTIFICATES_STATUS],
+        "done"
+    );
+    let calls = env
+        .sim
+        .calls(&refreshed.cluster, &refreshed.node)
+        .await
+        .unwrap();
+    assert_eq!(runs(&calls).len(), 1, "one run after the restart");
+    // Let a late relist and its reconciles land.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let (_, mut writes) = writes_since(&env, start);
+    writes.retain(|name, _| cases[1..].iter().any(|c| c.node.machine == *name));
+    assert!(writes.is_empty(), "writes after the restart: {writes:#?}");
 }

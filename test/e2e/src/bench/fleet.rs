@@ -109,47 +109,25 @@ impl StatusWatch {
         let api: Api<DynamicObject> = Api::all_with(client, &resource);
         let watch = Self::default();
         let seen = Arc::clone(&watch.seen);
-        let (listed_tx, listed_rx) = tokio::sync::oneshot::channel();
-        let mut listed_tx = Some(listed_tx);
-        tokio::spawn(async move {
-            let mut stream = watcher(api, watcher::Config::default())
-                .default_backoff()
-                .boxed();
-            while let Some(event) = stream.next().await {
-                let Ok(event) = event else { continue };
-                let objects: Vec<DynamicObject> = match event {
-                    watcher::Event::Apply(o) | watcher::Event::InitApply(o) => vec![o],
-                    watcher::Event::InitDone => {
-                        if let Some(tx) = listed_tx.take() {
-                            let _ = tx.send(());
-                        }
-                        continue;
-                    }
-                    _ => continue,
-                };
-                let now = Instant::now();
-                let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
-                for object in objects {
-                    let status = object
-                        .annotations()
-                        .get(REFRESH_CERTIFICATES_STATUS)
-                        .cloned();
-                    let entry = seen
-                        .entry((object.namespace().unwrap_or_default(), object.name_any()))
-                        .or_default();
-                    let slot = match status.as_deref() {
-                        Some(s) if s == RefreshStatus::InProgress.as_str() => {
-                            &mut entry.in_progress
-                        }
-                        Some(s) if s == RefreshStatus::Done.as_str() => &mut entry.done,
-                        Some(s) if s == RefreshStatus::Failed.as_str() => &mut entry.failed,
-                        _ => continue,
-                    };
-                    slot.get_or_insert(now);
-                }
-            }
-        });
-        let _ = tokio::time::timeout(Duration::from_secs(120), listed_rx).await;
+        watch_applied(api, move |object: DynamicObject| {
+            let now = Instant::now();
+            let status = object
+                .annotations()
+                .get(REFRESH_CERTIFICATES_STATUS)
+                .cloned();
+            let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+            let entry = seen
+                .entry((object.namespace().unwrap_or_default(), object.name_any()))
+                .or_default();
+            let slot = match status.as_deref() {
+                Some(s) if s == RefreshStatus::InProgress.as_str() => &mut entry.in_progress,
+                Some(s) if s == RefreshStatus::Done.as_str() => &mut entry.done,
+                Some(s) if s == RefreshStatus::Failed.as_str() => &mut entry.failed,
+                _ => return,
+            };
+            slot.get_or_insert(now);
+        })
+        .await;
         watch
     }
 
@@ -181,4 +159,57 @@ impl StatusWatch {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
+}
+
+/// Watches every object of `api`, handing each one listed or changed to `seen`; returns once
+/// the first list was read (at most 2 minutes), the watch going on in the background.
+pub async fn watch_applied<K>(api: Api<K>, mut seen: impl FnMut(K) + Send + 'static)
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+{
+    let (listed_tx, listed_rx) = tokio::sync::oneshot::channel();
+    let mut listed_tx = Some(listed_tx);
+    tokio::spawn(async move {
+        let mut stream = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object)) => {
+                    seen(object)
+                }
+                Ok(watcher::Event::InitDone) => {
+                    if let Some(tx) = listed_tx.take() {
+                        let _ = tx.send(());
+                    }
+                }
+                _ => {}
+            }
+        }
+    });
+    let _ = tokio::time::timeout(Duration::from_secs(120), listed_rx).await;
+}
+
+/// Merge-patches every `(resource, namespace, name, patch)`, 16 at a time.
+pub async fn patch_all(
+    client: &Client,
+    patches: Vec<(ApiResource, String, String, serde_json::Value)>,
+) -> Result<(), crate::Error> {
+    use futures::TryStreamExt;
+    use kube::api::{Patch, PatchParams};
+    futures::stream::iter(patches)
+        .map(|(resource, namespace, name, patch)| {
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(client.clone(), &namespace, &resource);
+            async move {
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+                    .await
+                    .map(drop)
+                    .map_err(crate::Error::Kube)
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<()>>()
+        .await
+        .map(drop)
 }

@@ -16,7 +16,6 @@ use ck8s_certs_api::renewal_policy::CertificateRenewalPolicy;
 use futures::{StreamExt, TryStreamExt};
 use jiff::Timestamp;
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
@@ -94,25 +93,18 @@ pub async fn set_up(env: &Environment, count: usize) -> Result<PolicySet, Error>
             continue;
         };
         let index = seen.entry(node.namespace.as_str()).or_default();
-        labels.push((node, policies[*index % policies.len()].clone()));
+        let policy = &policies[*index % policies.len()];
         *index += 1;
+        let patch = json!({ "metadata": { "labels": { POLICY_LABEL: policy } } });
+        labels.push((
+            machine.clone(),
+            node.namespace.clone(),
+            node.machine.clone(),
+            patch,
+        ));
     }
     set.governed = labels.len();
-    futures::stream::iter(labels)
-        .map(|(node, policy)| {
-            let api: Api<DynamicObject> =
-                Api::namespaced_with(client.clone(), &node.namespace, &machine);
-            async move {
-                let patch = json!({ "metadata": { "labels": { POLICY_LABEL: policy } } });
-                api.patch(&node.machine, &PatchParams::default(), &Patch::Merge(patch))
-                    .await
-                    .map(drop)
-                    .map_err(Error::Kube)
-            }
-        })
-        .buffer_unordered(16)
-        .try_collect::<Vec<()>>()
-        .await?;
+    super::fleet::patch_all(&client, labels).await?;
     Ok(set)
 }
 
@@ -241,40 +233,23 @@ impl Verdicts {
         let api: Api<MachineCertificates> = Api::all(client);
         let verdicts = Self::default();
         let seen = Arc::clone(&verdicts.seen);
-        let (listed_tx, listed_rx) = tokio::sync::oneshot::channel();
-        let mut listed_tx = Some(listed_tx);
-        tokio::spawn(async move {
-            let mut stream = watcher(api, watcher::Config::default())
-                .default_backoff()
-                .boxed();
-            while let Some(event) = stream.next().await {
-                let object = match event {
-                    Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => o,
-                    Ok(watcher::Event::InitDone) => {
-                        if let Some(tx) = listed_tx.take() {
-                            let _ = tx.send(());
-                        }
-                        continue;
-                    }
-                    _ => continue,
-                };
-                let reference = object
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.renewal.as_ref())
-                    .and_then(|r| r.policy_ref.as_ref());
-                let Some(reference) = reference else { continue };
-                let entry = (
-                    reference.name.clone(),
-                    reference.observed_generation.unwrap_or_default(),
-                );
-                let key = (object.namespace().unwrap_or_default(), object.name_any());
-                seen.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(key, entry);
-            }
-        });
-        let _ = tokio::time::timeout(Duration::from_secs(120), listed_rx).await;
+        super::fleet::watch_applied(api, move |object: MachineCertificates| {
+            let reference = object
+                .status
+                .as_ref()
+                .and_then(|s| s.renewal.as_ref())
+                .and_then(|r| r.policy_ref.as_ref());
+            let Some(reference) = reference else { return };
+            let entry = (
+                reference.name.clone(),
+                reference.observed_generation.unwrap_or_default(),
+            );
+            let key = (object.namespace().unwrap_or_default(), object.name_any());
+            seen.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key, entry);
+        })
+        .await;
         verdicts
     }
 

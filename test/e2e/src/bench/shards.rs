@@ -9,10 +9,9 @@ use std::time::{Duration, Instant};
 
 use ck8s_certs_api::capi::WATCH_FILTER_LABEL;
 use ck8s_certs_api::certificate_refresh::{CertificateRefresh, RequestPhase};
-use futures::{StreamExt, TryStreamExt};
 use jiff::Timestamp;
 use kube::Api;
-use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{ApiResource, PostParams};
 use serde_json::json;
 
 use super::idle::Contender;
@@ -73,38 +72,20 @@ async fn label(env: &Environment) -> Result<(), Error> {
     let mut patches = Vec::new();
     for (index, workload) in env.clusters.iter().enumerate() {
         let shard = SHARDS[index % SHARDS.len()];
+        let patch = json!({ "metadata": { "labels": { WATCH_FILTER_LABEL: shard } } });
         let namespace = &workload.spec.namespace;
-        patches.push((
-            namespace.clone(),
-            cluster.clone(),
-            workload.spec.name.clone(),
-            shard,
-        ));
-        for node in &workload.nodes {
+        let names = std::iter::once((&cluster, &workload.spec.name))
+            .chain(workload.nodes.iter().map(|node| (&machine, &node.machine)));
+        for (resource, name) in names {
             patches.push((
+                resource.clone(),
                 namespace.clone(),
-                machine.clone(),
-                node.machine.clone(),
-                shard,
+                name.clone(),
+                patch.clone(),
             ));
         }
     }
-    futures::stream::iter(patches)
-        .map(|(namespace, resource, name, shard)| {
-            let api: Api<DynamicObject> =
-                Api::namespaced_with(client.clone(), &namespace, &resource);
-            async move {
-                let patch = json!({ "metadata": { "labels": { WATCH_FILTER_LABEL: shard } } });
-                api.patch(&name, &PatchParams::default(), &Patch::Merge(patch))
-                    .await
-                    .map(drop)
-                    .map_err(Error::Kube)
-            }
-        })
-        .buffer_unordered(16)
-        .try_collect::<Vec<()>>()
-        .await?;
-    Ok(())
+    super::fleet::patch_all(&client, patches).await
 }
 
 /// The shard `event` came from, by its User-Agent.
