@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the e2e test binaries E2E_JOBS at a time (default 3). Each binary starts its own
+# Runs the e2e test binaries E2E_JOBS at a time (default 2). Each binary starts its own
 # environment and spends most of its time waiting on it (nodes restarting, windows opening,
 # controllers settling), so a 2-core machine runs several at once.
 #
@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 
 versions=($1)
 versioned=" $2 "
-jobs=${E2E_JOBS:-3}
+jobs=${E2E_JOBS:-2}
 cargo=${CARGO:-cargo}
 logs=target/e2e-logs
 rm -rf "$logs"
@@ -23,7 +23,7 @@ mkdir -p "$logs"
 declare -A binary
 while IFS=$'\t' read -r name path; do
   binary[$name]=$path
-done < <("$cargo" test -p ck8s-certs-e2e --tests --no-run --message-format=json 2>/dev/null |
+done < <("$cargo" test -p ck8s-certs-e2e --tests --no-run --message-format=json |
   sed -n 's/.*"target":{"kind":\["test"\],"crate_types":\["bin"\],"name":"\([a-z_0-9]*\)".*"executable":"\([^"]*\)".*/\1\t\2/p')
 if ((${#binary[@]} == 0)); then
   echo "hack/e2e.sh: cargo built no e2e test binary" >&2

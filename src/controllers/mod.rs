@@ -92,7 +92,7 @@ pub async fn run(
         policy_readings: Default::default(),
     };
     let machine_events = machine_watch.subscribe();
-    let policy_machine_events = machine_watch.subscribe();
+    let policy_machine_events = machine_watch.subscribe_changes(policy_status::selects_differently);
     let cluster_events = cluster_watch.subscribe();
     let credential_cluster_events = cluster_watch.subscribe();
     let cluster_record_events = cluster_record_watch.subscribe();

@@ -41,6 +41,18 @@ pub fn error_policy(
     Action::requeue(Duration::from_secs(15))
 }
 
+/// Whether a Machine change can change what a policy of its namespace reports: a new Machine,
+/// other labels, another Cluster or bootstrap provider. Not its annotations or status, which
+/// change with every refresh and renewal verdict: with hundreds of policies per namespace, each
+/// such change re-checked them all against every Machine (docs/performance.md).
+pub fn selects_differently(before: Option<&Machine>, machine: &Machine) -> bool {
+    before.is_none_or(|before| {
+        before.labels != machine.labels
+            || before.cluster_name != machine.cluster_name
+            || before.bootstrap != machine.bootstrap
+    })
+}
+
 /// A policy's selectors, when readable (also of a policy that cannot be decoded as a whole).
 fn selector_of(object: &DynamicObject) -> Option<spec::MachineSelector> {
     let raw = serde_json::to_value(object).ok()?;
@@ -220,4 +232,37 @@ pub async fn reconcile(
     }
     // Machines and other policies change without touching this one: look again now and then.
     Ok(Action::requeue(Duration::from_secs(60)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ck8s_certs_api::annotations::REFRESH_CERTIFICATES;
+
+    fn machine(tier: &str, cluster: &str, annotations: serde_json::Value) -> Machine {
+        serde_json::from_value(json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+            "metadata": { "name": "m", "namespace": "ns", "labels": { "tier": tier },
+                "annotations": annotations },
+            "spec": { "clusterName": cluster, "bootstrap": { "configRef": {
+                "apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "CK8sConfig", "name": "m" } } },
+        }))
+        .expect("a Machine")
+    }
+
+    #[test]
+    fn only_what_a_selector_reads_rechecks_the_policies() {
+        let before = machine("edge", "c", json!({}));
+        assert!(selects_differently(None, &before), "a new Machine");
+        let annotated = machine("edge", "c", json!({ REFRESH_CERTIFICATES: "1y" }));
+        assert_ne!(before.annotations, annotated.annotations);
+        assert!(!selects_differently(Some(&before), &annotated));
+        let relabelled = machine("core", "c", json!({}));
+        assert!(selects_differently(Some(&before), &relabelled));
+        let moved = machine("edge", "d", json!({}));
+        assert!(selects_differently(Some(&before), &moved));
+        let mut other_provider = before.clone();
+        other_provider.bootstrap.kind = Some("KubeadmConfig".into());
+        assert!(selects_differently(Some(&before), &other_provider));
+    }
 }

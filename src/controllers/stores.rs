@@ -82,6 +82,12 @@ pub trait Cache<K>: Send + 'static {
     /// Whether the cache already holds `object` as it is (a relist hands every object over
     /// again; only the ones that changed during the gap need a reconcile).
     fn holds(&self, object: &K) -> bool;
+    /// The object of `object`'s name as the cache holds it, for subscribers that look at what
+    /// changed ([`SharedWatch::subscribe_changes`]); `None` from caches that keep less than the
+    /// object.
+    fn held(&self, _object: &K) -> Option<Arc<K>> {
+        None
+    }
 }
 
 /// kube-runtime's reflector store, what the controllers' `Controller`s read their objects from,
@@ -132,9 +138,31 @@ where
         let Some(version) = object.meta().resource_version.as_deref() else {
             return false;
         };
+        self.held(object)
+            .is_some_and(|cached| cached.meta().resource_version.as_deref() == Some(version))
+    }
+
+    fn held(&self, object: &K) -> Option<Arc<K>> {
         self.reader
             .get(&ObjectRef::from_obj_with(object, self.dyntype.clone()))
-            .is_some_and(|cached| cached.meta().resource_version.as_deref() == Some(version))
+    }
+}
+
+/// Which changes a subscriber wants: the object as the cache held it before (`None`: new to the
+/// cache, or a cache that keeps less than the object) and as it is now.
+pub type Wants<K> = fn(Option<&K>, &K) -> bool;
+
+struct Subscriber<K> {
+    tx: tokio::sync::mpsc::Sender<K>,
+    wants: Wants<K>,
+}
+
+impl<K> Clone for Subscriber<K> {
+    fn clone(&self) -> Self {
+        Self {
+            tx: self.tx.clone(),
+            wants: self.wants,
+        }
     }
 }
 
@@ -143,7 +171,7 @@ where
 pub struct SharedWatch<K, C: Cache<K> = Reflector<K>> {
     pub store: C::Reader,
     cache: C,
-    subscribers: Vec<tokio::sync::mpsc::Sender<K>>,
+    subscribers: Vec<Subscriber<K>>,
 }
 
 impl<K> SharedWatch<K>
@@ -180,8 +208,17 @@ impl<K: Send + 'static, C: Cache<K>> SharedWatch<K, C> {
     pub fn subscribe(
         &mut self,
     ) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static + use<K, C> {
+        self.subscribe_changes(|_, _| true)
+    }
+
+    /// [`Self::subscribe`], only for the changes `wants` picks (a controller that reads a few
+    /// fields of the kind is not woken by changes of the others).
+    pub fn subscribe_changes(
+        &mut self,
+        wants: Wants<K>,
+    ) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static + use<K, C> {
         let (tx, rx) = tokio::sync::mpsc::channel(BUFFER);
-        self.subscribers.push(tx);
+        self.subscribers.push(Subscriber { tx, wants });
         futures::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|object| (Ok(object), rx))
         })
@@ -213,10 +250,13 @@ where
                 let subscribers = subscribers.clone();
                 async move {
                     match object {
-                        Ok(object) => {
+                        Ok((before, object)) => {
                             for subscriber in &subscribers {
+                                if !(subscriber.wants)(before.as_deref(), &object) {
+                                    continue;
+                                }
                                 // A closed subscriber is a controller that stopped.
-                                let _ = subscriber.send(object.clone()).await;
+                                let _ = subscriber.tx.send(object.clone()).await;
                             }
                         }
                         Err(err) => {
@@ -228,26 +268,31 @@ where
     }
 }
 
-/// Applies `event` to `cache` and returns the object to pass on to the controllers, if any:
-/// an applied object, a listed one the cache did not already hold as it is, or the error.
+/// An object to pass on, with what the cache held of it before.
+type Passed<K> = (Option<Arc<K>>, K);
+
+/// Applies `event` to `cache` and returns the object to pass on to the controllers, if any
+/// (an applied object, or a listed one the cache did not already hold as it is) with the cache's
+/// copy from before, or the error.
 fn pass_on<K, C: Cache<K>>(
     cache: &mut C,
     event: Result<watcher::Event<K>, watcher::Error>,
-) -> Option<Result<K, watcher::Error>> {
+) -> Option<Result<Passed<K>, watcher::Error>> {
     let event = match event {
         Ok(event) => event,
         Err(err) => return Some(Err(err)),
     };
     // Asked before the event is applied: a relist fills a buffer that replaces the cache only
     // when complete, so until then the cache holds what was there before the gap.
-    let fresh = match &event {
-        watcher::Event::InitApply(object) => !cache.holds(object),
-        _ => true,
+    let (fresh, before) = match &event {
+        watcher::Event::InitApply(object) => (!cache.holds(object), cache.held(object)),
+        watcher::Event::Apply(object) => (true, cache.held(object)),
+        _ => (true, None),
     };
     cache.apply(&event);
     match event {
-        watcher::Event::Apply(object) => Some(Ok(object)),
-        watcher::Event::InitApply(object) if fresh => Some(Ok(object)),
+        watcher::Event::Apply(object) => Some(Ok((before, object))),
+        watcher::Event::InitApply(object) if fresh => Some(Ok((before, object))),
         _ => None,
     }
 }

@@ -142,7 +142,7 @@ fn passed<K: Resource, C: Cache<K>>(cache: &mut C, events: Vec<watcher::Event<K>
         .into_iter()
         .filter_map(|event| pass_on(cache, Ok(event)))
         .filter_map(Result::ok)
-        .map(|object| {
+        .map(|(_, object)| {
             let meta = object.meta();
             format!(
                 "{}@{}",

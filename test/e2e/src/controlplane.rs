@@ -324,6 +324,8 @@ pub struct AuditObject {
     #[serde(default)]
     pub resource: String,
     #[serde(default)]
+    pub namespace: String,
+    #[serde(default)]
     pub name: String,
     #[serde(default)]
     pub subresource: String,

@@ -52,7 +52,12 @@ async fn settled(env: &Environment, case: &Case) -> MachineCertificatesStatus {
     }
 }
 
-/// Writes by the controller since `from`, per object name (Lease renewals excluded: they are the
+/// How [`writes_since`] names a Machine's objects (its MachineCertificates has its name).
+fn key(node: &NodeInfo) -> String {
+    format!("{}/{}", node.namespace, node.machine)
+}
+
+/// Writes by the controller since `from`, per `namespace/name` (Lease renewals excluded: they are the
 /// cost of leader election, not of any Machine).
 fn writes_since(env: &Environment, from: usize) -> (usize, BTreeMap<String, Vec<String>>) {
     let all = audited_writes(&env.dir, "management");
@@ -69,7 +74,7 @@ fn writes_since(env: &Environment, from: usize) -> (usize, BTreeMap<String, Vec<
             continue;
         }
         by_object
-            .entry(object.name.clone())
+            .entry(format!("{}/{}", object.namespace, object.name))
             .or_default()
             .push(format!(
                 "{} {}/{}",
@@ -252,7 +257,7 @@ async fn a_machine_whose_situation_does_not_change_costs_zero_writes_for_every_v
     let (_, writes) = writes_since(&env, start);
     let mut report = Vec::new();
     for (case, old) in cases.iter().zip(&before) {
-        let count = writes.get(&case.node.machine).map_or(0, Vec::len);
+        let count = writes.get(&key(&case.node)).map_or(0, Vec::len);
         report.push(format!("{}: {count}", case.verdict));
         assert_eq!(
             env.machine_certificates(&case.node)
@@ -295,6 +300,6 @@ async fn a_machine_whose_situation_does_not_change_costs_zero_writes_for_every_v
     // Let a late relist and its reconciles land.
     tokio::time::sleep(Duration::from_secs(10)).await;
     let (_, mut writes) = writes_since(&env, start);
-    writes.retain(|name, _| cases[1..].iter().any(|c| c.node.machine == *name));
+    writes.retain(|object, _| cases[1..].iter().any(|c| key(&c.node) == *object));
     assert!(writes.is_empty(), "writes after the restart: {writes:#?}");
 }
