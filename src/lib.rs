@@ -56,6 +56,8 @@ pub enum Error {
     Webhook(#[from] admission::StartError),
     #[error("the controllers stopped unexpectedly")]
     ControllersStopped,
+    #[error("the leader election task failed: {0}")]
+    LeaderTask(String),
 }
 
 /// Runs the controller until SIGTERM or SIGINT (or, with leader election, until leadership is
@@ -134,6 +136,7 @@ pub async fn run(args: cli::Args) -> Result<(), Error> {
     let term = elector
         .as_ref()
         .map_or_else(leader::Term::always, leader::Elector::term);
+    let mut holding = elector.map(Holding::start);
     let outcome = lead(
         controllers::run(
             client,
@@ -146,16 +149,18 @@ pub async fn run(args: cli::Args) -> Result<(), Error> {
             carrier,
             term,
         ),
-        elector.as_mut(),
+        holding.as_mut(),
         &shutdown,
         &health,
         args.shutdown_grace_period,
     )
     .await;
     metrics.leader.set(0);
-    if outcome.is_ok()
-        && let Some(elector) = &mut elector
-    {
+    let elector = match (&outcome, holding) {
+        (Ok(()), Some(holding)) => holding.stop().await,
+        _ => None,
+    };
+    if let Some(mut elector) = elector {
         match elector.release().await {
             Ok(()) => tracing::info!(lease = %elector.lease(), "Released the leader Lease"),
             Err(err) => {
@@ -171,19 +176,57 @@ pub async fn run(args: cli::Args) -> Result<(), Error> {
     outcome
 }
 
+/// The leader Lease, renewed on a task of its own. The controllers are one future, polled by
+/// one task: a long stretch of reconciles there (hundreds of policies checked at a cold start)
+/// held up the renewals in the same task, past the renew deadline, and the leader exited.
+struct Holding {
+    stop: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<(leader::Elector, Option<leader::Lost>)>,
+}
+
+impl Holding {
+    fn start(mut elector: leader::Elector) -> Self {
+        let stop = tokio_util::sync::CancellationToken::new();
+        let stopped = stop.clone();
+        let task = tokio::spawn(async move {
+            let lost = tokio::select! {
+                lost = elector.hold() => Some(lost),
+                () = stopped.cancelled() => None,
+            };
+            (elector, lost)
+        });
+        Self { stop, task }
+    }
+
+    /// Resolves when leadership is lost (never while it is held).
+    async fn lost(&mut self) -> Error {
+        match (&mut self.task).await {
+            Ok((_, Some(lost))) => lost.into(),
+            Ok((_, None)) => std::future::pending().await,
+            Err(err) => Error::LeaderTask(err.to_string()),
+        }
+    }
+
+    /// Stops renewing and hands the elector back, to release the Lease.
+    async fn stop(self) -> Option<leader::Elector> {
+        self.stop.cancel();
+        self.task.await.ok().map(|(elector, _)| elector)
+    }
+}
+
 /// Does the work while leading: until a stop signal, then drains in-flight work within the
-/// grace period while still renewing the Lease (so nobody else starts on the same node).
+/// grace period while the Lease is still renewed (so nobody else starts on the same node).
 async fn lead(
     work: impl std::future::Future<Output = ()>,
-    mut elector: Option<&mut leader::Elector>,
+    holding: Option<&mut Holding>,
     shutdown: &shutdown::Shutdown,
     health: &health::Health,
     grace: std::time::Duration,
 ) -> Result<(), Error> {
     let mut work = std::pin::pin!(work);
     let lost = async {
-        match elector.as_mut() {
-            Some(elector) => elector.hold().await,
+        match holding {
+            Some(holding) => holding.lost().await,
             None => std::future::pending().await,
         }
     };
@@ -194,7 +237,7 @@ async fn lead(
             true => true,
             false => return Err(Error::ControllersStopped),
         },
-        lost = &mut lost => return Err(lost.into()),
+        lost = &mut lost => return Err(lost),
         () = shutdown.stop.cancelled() => false,
     };
     health.stopping();
@@ -206,7 +249,7 @@ async fn lead(
         () = &mut work => tracing::info!("Work in flight finished"),
         () = tokio::time::sleep(grace) => tracing::warn!("The shutdown grace period is over: abandoning work in flight (it is resumed from its record)"),
         () = shutdown.force.cancelled() => tracing::warn!("Second stop signal: abandoning work in flight (it is resumed from its record)"),
-        lost = &mut lost => return Err(lost.into()),
+        lost = &mut lost => return Err(lost),
     }
     Ok(())
 }

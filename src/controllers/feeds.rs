@@ -258,6 +258,7 @@ where
         machines: feeds.stores.machines.clone(),
         clusters: feeds.stores.clusters.clone(),
         policies: feeds.stores.policies.clone(),
+        readings: feeds.stores.policy_readings.clone(),
         clock: feeds.clock,
     });
     Controller::for_stream_with(feeds.policies, feeds.stores.policies, resource.clone())

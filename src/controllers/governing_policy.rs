@@ -89,7 +89,7 @@ pub fn readable_selector(raw: &serde_json::Value) -> Option<spec::MachineSelecto
 
 /// A policy as decoded and checked, once per generation: what [`governing`] needs of it.
 #[derive(Debug)]
-enum Reading {
+pub(crate) enum Reading {
     /// Decoded: whom it selects (`None`: its selector is invalid, so it selects nothing here;
     /// its own status says why), its mode and windows, and whether it can be used.
     Decoded {
@@ -132,7 +132,7 @@ impl Reading {
         )
     }
 
-    fn selects(
+    pub(crate) fn selects(
         &self,
         cluster_labels: Option<&BTreeMap<String, String>>,
         machine_labels: &BTreeMap<String, String>,
@@ -155,7 +155,7 @@ type Decoded = (Option<i64>, Arc<Reading>);
 
 impl PolicyReadings {
     /// The reading of `object`, decoded now only if its generation is new to us.
-    fn of(&self, object: &DynamicObject) -> Option<Arc<Reading>> {
+    pub(crate) fn of(&self, object: &DynamicObject) -> Option<Arc<Reading>> {
         let key = object.metadata.uid.clone().unwrap_or_else(|| {
             format!(
                 "{}/{}",

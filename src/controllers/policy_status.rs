@@ -18,6 +18,7 @@ use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
+use super::governing_policy::{PolicyReadings, Reading};
 use crate::policy::spec;
 
 const MANAGER: &str = "ck8s-certs-policy";
@@ -28,6 +29,7 @@ pub struct Context {
     pub machines: Store<Machine>,
     pub clusters: Store<Cluster>,
     pub policies: Store<DynamicObject>,
+    pub readings: Arc<PolicyReadings>,
     /// The time decisions are taken at.
     pub clock: crate::clock::SharedClock,
 }
@@ -51,15 +53,6 @@ pub fn selects_differently(before: Option<&Machine>, machine: &Machine) -> bool 
             || before.cluster_name != machine.cluster_name
             || before.bootstrap != machine.bootstrap
     })
-}
-
-/// A policy's selectors, when readable (also of a policy that cannot be decoded as a whole).
-fn selector_of(object: &DynamicObject) -> Option<spec::MachineSelector> {
-    let raw = serde_json::to_value(object).ok()?;
-    match serde_json::from_value::<CertificateRenewalPolicy>(raw.clone()) {
-        Ok(policy) => spec::selector(&policy.spec).ok(),
-        Err(_) => super::governing_policy::readable_selector(&raw),
-    }
 }
 
 pub async fn reconcile(
@@ -113,13 +106,15 @@ pub async fn reconcile(
             .filter(|c| in_namespace(c.meta()))
             .map(|c| (c.name_any(), ClusterView::of(c).labels))
             .collect();
-        let others: Vec<(String, spec::MachineSelector)> = ctx
+        // Decoded once per generation (shared with the Machine reconciler): a namespace's
+        // policies are all re-checked together, each against all the others.
+        let others: Vec<(String, Arc<Reading>)> = ctx
             .policies
             .state()
             .iter()
             .filter(|p| in_namespace(p.meta()))
             .filter(|p| p.name_any() != name)
-            .filter_map(|p| Some((p.name_any(), selector_of(p)?)))
+            .filter_map(|p| Some((p.name_any(), ctx.readings.of(p)?)))
             .collect();
         let mut machines: Vec<MachineView> = ctx
             .machines
@@ -135,8 +130,8 @@ pub async fn reconcile(
             }
             let labels = machine.cluster.as_ref().and_then(|c| cluster_labels.get(c));
             if selector.matches(labels, &machine.labels) {
-                for (other, other_selector) in &others {
-                    if other_selector.matches(labels, &machine.labels) {
+                for (other, reading) in &others {
+                    if reading.selects(labels, &machine.labels) {
                         conflicts
                             .entry(other.clone())
                             .or_default()
