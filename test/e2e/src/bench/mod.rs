@@ -156,6 +156,7 @@ pub async fn run(options: &Options) -> Result<report::Report, crate::Error> {
     report.first_start_seconds = seconds;
     report.first_start_writes = writes;
     report.first_start_quiet = quiet;
+    save(&options.output, &report)?;
 
     eprintln!("bench: ck8s-certs, cold start and idle…");
     let ours = idle::Contender::ours(&env, &options.controller, &options.controller_args)?;
@@ -167,6 +168,7 @@ pub async fn run(options: &Options) -> Result<report::Report, crate::Error> {
         options.idle_window,
     )
     .await?;
+    save(&options.output, &report)?;
     if !options.no_reference {
         eprintln!("bench: the reference manager, cold start and idle…");
         let reference = idle::Contender::reference(&env, &options.refmanager).await?;
@@ -186,6 +188,7 @@ pub async fn run(options: &Options) -> Result<report::Report, crate::Error> {
         eprintln!("bench: ck8s-certs, every policy edited at once…");
         let contender = idle::Contender::ours(&env, &options.controller, &options.controller_args)?;
         report.policies = Some(policies::measure_edit(&env, &mut audit, contender, set).await?);
+        save(&options.output, &report)?;
     }
 
     if options.refreshes > 0 || options.latency_samples > 0 || options.waiting > 0 {
@@ -271,6 +274,7 @@ pub async fn run(options: &Options) -> Result<report::Report, crate::Error> {
         let contender = idle::Contender::ours(&env, &options.controller, &options.controller_args)?;
         report.relist =
             Some(relist::measure(&env, &mut audit, contender, options.relist_window).await?);
+        save(&options.output, &report)?;
     }
 
     if options.shards {
@@ -287,13 +291,19 @@ pub async fn run(options: &Options) -> Result<report::Report, crate::Error> {
         );
     }
 
-    if let Some(parent) = options.output.parent() {
-        std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
-    }
-    let json = serde_json::to_string_pretty(&report).map_err(|e| Error::Setup(e.to_string()))?;
-    std::fs::write(&options.output, json).map_err(|e| Error::io(&options.output, e))?;
+    save(&options.output, &report)?;
     env.stop();
     Ok(report)
+}
+
+/// Writes the results so far: each phase's figures are kept even if a later phase fails.
+fn save(output: &std::path::Path, report: &report::Report) -> Result<(), crate::Error> {
+    use crate::Error;
+    if let Some(parent) = output.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+    }
+    let json = serde_json::to_string_pretty(report).map_err(|e| Error::Setup(e.to_string()))?;
+    std::fs::write(output, json).map_err(|e| Error::io(output, e))
 }
 
 /// Runs the controller until it has been quiet (no writes) for 10 s after its first
