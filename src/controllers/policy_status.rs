@@ -61,6 +61,10 @@ pub async fn reconcile(
 ) -> Result<Action, kube::Error> {
     let namespace = object.namespace().unwrap_or_default();
     let name = object.name_any();
+    // A report computed while the Machine or Cluster cache still lists would count part of the
+    // fleet, and be written, at every start.
+    super::stores::synced(&ctx.machines).await;
+    super::stores::synced(&ctx.clusters).await;
     let now = ctx.clock.now();
     let generation = object.metadata.generation;
     let raw = serde_json::to_value(object.as_ref()).unwrap_or_default();
