@@ -213,27 +213,29 @@ pub(super) fn policies_api(client: &Client, args: &Args) -> Api<DynamicObject> {
 }
 
 /// What the policy controller is fed from the shared watches.
-pub(super) struct PolicyFeeds<P, M> {
+pub(super) struct PolicyFeeds<P, S, M> {
     pub(super) policies: P,
-    /// The same policies again: a change re-checks the other policies of its namespace.
-    pub(super) siblings: P,
+    /// Changes of the policies' specs, and deletions: a change re-checks the other policies
+    /// that select the Machines it concerns (their conflicts).
+    pub(super) siblings: S,
     pub(super) machines: M,
     pub(super) stores: Stores,
     /// The time decisions are taken at.
     pub(super) clock: crate::clock::SharedClock,
 }
 
-/// Reports on every CertificateRenewalPolicy. A Machine or policy change re-checks the policies
-/// of that namespace.
-pub(super) fn policy_controller<P, M>(
+/// Reports on every CertificateRenewalPolicy. A Machine change re-checks the policies of its
+/// namespace; a policy change, those that select the Machines it concerns.
+pub(super) fn policy_controller<P, S, M>(
     client: &Client,
     capi: CapiVersion,
     metrics: Arc<Metrics>,
-    feeds: PolicyFeeds<P, M>,
+    feeds: PolicyFeeds<P, S, M>,
     stop: CancellationToken,
-) -> impl std::future::Future<Output = ()> + use<P, M>
+) -> impl std::future::Future<Output = ()> + use<P, S, M>
 where
     P: futures::Stream<Item = Result<DynamicObject, watcher::Error>> + Send + 'static,
+    S: futures::Stream<Item = Result<DynamicObject, watcher::Error>> + Send + 'static,
     M: futures::Stream<Item = Result<Machine, watcher::Error>> + Send + 'static,
 {
     let resource = ApiResource::erase::<CertificateRenewalPolicy>(&());
@@ -248,11 +250,31 @@ where
                 .collect::<Vec<_>>()
         }
     };
-    let of_machine = {
-        let policies_of_namespace = policies_of_namespace.clone();
-        move |machine: Machine| policies_of_namespace(machine.namespace())
+    let of_machine = move |machine: Machine| policies_of_namespace(machine.namespace());
+    let of_sibling = {
+        let (stores, resource) = (feeds.stores.clone(), resource.clone());
+        let selections = governing_policy::PolicySelections::default();
+        move |policy: DynamicObject| {
+            let concerned = selections.concerned(&policy, &stores);
+            if concerned.is_empty() {
+                return Vec::new();
+            }
+            let namespace = policy.namespace();
+            stores
+                .policies
+                .state()
+                .into_iter()
+                .filter(|p| p.namespace() == namespace && p.metadata.uid != policy.metadata.uid)
+                .filter(|p| {
+                    stores
+                        .policy_readings
+                        .of(p)
+                        .is_some_and(|r| concerned.iter().any(|m| m.selected_by(&r)))
+                })
+                .map(|p| ObjectRef::from_obj_with(p.as_ref(), resource.clone()))
+                .collect::<Vec<_>>()
+        }
     };
-    let of_sibling = move |policy: DynamicObject| policies_of_namespace(policy.namespace());
     let ctx = Arc::new(policy_status::Context {
         client: client.clone(),
         machines: feeds.stores.machines.clone(),

@@ -29,6 +29,10 @@ use serde::Deserialize;
 use super::patches::set_condition;
 use crate::policy::spec::{self, ValidPolicy};
 
+mod selections;
+
+pub use selections::{Concerned, PolicySelections};
+
 /// The condition reason of a fail-safe bypass (also its `RenewReason`).
 pub const FAIL_SAFE_BYPASS: &str = "FailSafeBypass";
 
@@ -194,30 +198,11 @@ impl PolicyReadings {
     }
 }
 
-/// The generation of each policy last seen, to tell a change of its spec (which can change
-/// every verdict of its namespace) from a write of its status alone (its own controller's
-/// `matchedMachines`, which changes none).
-#[derive(Default)]
-pub struct PolicyGenerations(Mutex<HashMap<String, Option<i64>>>);
-
-impl PolicyGenerations {
-    /// Whether `policy` is new or its generation changed since last seen. Policies no longer in
-    /// `current` are forgotten now and then.
-    pub fn changed(&self, policy: &DynamicObject, current: &Store<DynamicObject>) -> bool {
-        let key = policy.metadata.uid.clone().unwrap_or_default();
-        let mut seen = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let changed =
-            seen.insert(key, policy.metadata.generation) != Some(policy.metadata.generation);
-        if seen.len() > current.state().len() + 16 {
-            let uids: std::collections::HashSet<String> = current
-                .state()
-                .iter()
-                .filter_map(|p| p.metadata.uid.clone())
-                .collect();
-            seen.retain(|uid, _| uids.contains(uid));
-        }
-        changed
-    }
+/// Whether a policy's change (as the cache held it before, and now) can change a verdict: a new
+/// policy or a new generation of its spec, not a write of its status alone (its own controller's
+/// `matchedMachines`).
+pub fn spec_changed(before: Option<&DynamicObject>, now: &DynamicObject) -> bool {
+    before.is_none_or(|b| b.metadata.generation != now.metadata.generation)
 }
 
 pub fn governing(

@@ -118,9 +118,10 @@ pub async fn run(
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    let policy_events = policy_watch.subscribe();
+    let policy_events = policy_watch.subscribe_with_deletions(governing_policy::spec_changed);
     let policy_policy_events = policy_watch.subscribe();
-    let policy_sibling_events = policy_watch.subscribe();
+    let policy_sibling_events =
+        policy_watch.subscribe_with_deletions(governing_policy::spec_changed);
     let cluster_records: Api<ClusterCertificates> = match &args.namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
@@ -242,22 +243,21 @@ pub async fn run(
         certificates: stores.certificates.clone(),
     });
     let metrics_of_policies = metrics;
-    // A policy change re-checks every Machine of its namespace; a write of its status alone
-    // (its generation unchanged, as its own controller writes `matchedMachines`) re-checks none.
-    let machines_seen = stores.machines.clone();
-    let policies_seen = stores.policies.clone();
-    let generations = governing_policy::PolicyGenerations::default();
-    let machines_of_namespace = move |policy: DynamicObject| {
-        if !generations.changed(&policy, &policies_seen) {
-            return Vec::new();
+    // A policy change re-checks the Machines it selected and those it selects now; a write of its
+    // status alone (its generation unchanged, as its own controller writes `matchedMachines`)
+    // re-checks none.
+    let machines_of_policy = {
+        let (stores, selections) = (
+            stores.clone(),
+            governing_policy::PolicySelections::default(),
+        );
+        move |policy: DynamicObject| {
+            selections
+                .concerned(&policy, &stores)
+                .into_iter()
+                .map(|c| ObjectRef::from_obj_with(c.machine.as_ref(), capi))
+                .collect::<Vec<_>>()
         }
-        let namespace = policy.namespace();
-        machines_seen
-            .state()
-            .into_iter()
-            .filter(|m| m.namespace() == namespace)
-            .map(|m| ObjectRef::from_obj_with(m.as_ref(), capi))
-            .collect::<Vec<_>>()
     };
     // A Cluster change (paused, endpoint) re-checks its Machines.
     let machines_of_cluster = {
@@ -287,11 +287,7 @@ pub async fn run(
             .graceful_shutdown_on(stop.clone().cancelled_owned())
             .watches_stream_with(certificate_events, machine_of_certificates, ())
             .watches_stream_with(cluster_events, machines_of_cluster, capi)
-            .watches_stream_with(
-                policy_events,
-                machines_of_namespace,
-                policy_resource.clone(),
-            )
+            .watches_stream_with(policy_events, machines_of_policy, policy_resource.clone())
             .reconcile_on(woken)
             .run(
                 |machine, ctx: Arc<machine::Context>| {

@@ -155,6 +155,8 @@ pub type Wants<K> = fn(Option<&K>, &K) -> bool;
 struct Subscriber<K> {
     tx: tokio::sync::mpsc::Sender<K>,
     wants: Wants<K>,
+    /// Whether deleted objects are passed on too.
+    deletions: bool,
 }
 
 impl<K> Clone for Subscriber<K> {
@@ -162,6 +164,7 @@ impl<K> Clone for Subscriber<K> {
         Self {
             tx: self.tx.clone(),
             wants: self.wants,
+            deletions: self.deletions,
         }
     }
 }
@@ -217,8 +220,30 @@ impl<K: Send + 'static, C: Cache<K>> SharedWatch<K, C> {
         &mut self,
         wants: Wants<K>,
     ) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static + use<K, C> {
+        self.attach(wants, false)
+    }
+
+    /// [`Self::subscribe_changes`], and the deleted objects too (as the watch last showed them;
+    /// the cache no longer holds them when they are passed on). A relist that no longer finds an
+    /// object does not pass it on.
+    pub fn subscribe_with_deletions(
+        &mut self,
+        wants: Wants<K>,
+    ) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static + use<K, C> {
+        self.attach(wants, true)
+    }
+
+    fn attach(
+        &mut self,
+        wants: Wants<K>,
+        deletions: bool,
+    ) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static + use<K, C> {
         let (tx, rx) = tokio::sync::mpsc::channel(BUFFER);
-        self.subscribers.push(Subscriber { tx, wants });
+        self.subscribers.push(Subscriber {
+            tx,
+            wants,
+            deletions,
+        });
         futures::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|object| (Ok(object), rx))
         })
@@ -250,9 +275,17 @@ where
                 let subscribers = subscribers.clone();
                 async move {
                     match object {
-                        Ok((before, object)) => {
+                        Ok(Passed {
+                            before,
+                            object,
+                            deleted,
+                        }) => {
                             for subscriber in &subscribers {
-                                if !(subscriber.wants)(before.as_deref(), &object) {
+                                let wanted = match deleted {
+                                    true => subscriber.deletions,
+                                    false => (subscriber.wants)(before.as_deref(), &object),
+                                };
+                                if !wanted {
                                     continue;
                                 }
                                 // A closed subscriber is a controller that stopped.
@@ -269,11 +302,16 @@ where
 }
 
 /// An object to pass on, with what the cache held of it before.
-type Passed<K> = (Option<Arc<K>>, K);
+struct Passed<K> {
+    before: Option<Arc<K>>,
+    object: K,
+    /// Deleted: passed on only to the subscribers that want deletions.
+    deleted: bool,
+}
 
 /// Applies `event` to `cache` and returns the object to pass on to the controllers, if any
-/// (an applied object, or a listed one the cache did not already hold as it is) with the cache's
-/// copy from before, or the error.
+/// (an applied or deleted object, or a listed one the cache did not already hold as it is) with
+/// the cache's copy from before, or the error.
 fn pass_on<K, C: Cache<K>>(
     cache: &mut C,
     event: Result<watcher::Event<K>, watcher::Error>,
@@ -290,9 +328,17 @@ fn pass_on<K, C: Cache<K>>(
         _ => (true, None),
     };
     cache.apply(&event);
+    let passed = |object, deleted| {
+        Some(Ok(Passed {
+            before,
+            object,
+            deleted,
+        }))
+    };
     match event {
-        watcher::Event::Apply(object) => Some(Ok((before, object))),
-        watcher::Event::InitApply(object) if fresh => Some(Ok((before, object))),
+        watcher::Event::Apply(object) => passed(object, false),
+        watcher::Event::InitApply(object) if fresh => passed(object, false),
+        watcher::Event::Delete(object) => passed(object, true),
         _ => None,
     }
 }

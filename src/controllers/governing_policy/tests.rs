@@ -323,14 +323,105 @@ fn policies_are_decoded_once_per_generation_and_forgotten_when_gone() {
     assert_eq!(readings.len(), 1);
 }
 
+/// A cache holding `objects`, as after a list.
+fn listed<K>(dyntype: K::DynamicType, objects: Vec<K>) -> Store<K>
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    use kube::runtime::watcher::Event;
+    let mut writer = kube::runtime::reflector::store::Writer::new(dyntype);
+    writer.apply_watcher_event(&Event::Init);
+    for object in objects {
+        writer.apply_watcher_event(&Event::InitApply(object));
+    }
+    writer.apply_watcher_event(&Event::InitDone);
+    writer.as_reader()
+}
+
+fn stores_of(policies: Vec<DynamicObject>) -> crate::controllers::stores::Stores {
+    use crate::controllers::stores::Cache;
+    use ck8s_certs_api::machine::{CapiVersion, Cluster, Machine};
+    let capi = CapiVersion::default();
+    let machine = |namespace: &str, name: &str, tier: &str| -> Machine {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+            "metadata": { "name": name, "namespace": namespace, "labels": { "tier": tier } },
+            "spec": { "clusterName": format!("{name}-cluster") },
+        }))
+        .unwrap()
+    };
+    let cluster = |name: &str, env: &str| -> Cluster {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+            "metadata": { "name": name, "namespace": "ns", "labels": { "env": env } },
+        }))
+        .unwrap()
+    };
+    crate::controllers::stores::Stores {
+        machines: listed(
+            capi,
+            vec![
+                machine("ns", "web-1", "web"),
+                machine("ns", "web-2", "web"),
+                machine("ns", "db", "db"),
+                machine("other", "web-3", "web"),
+            ],
+        ),
+        clusters: listed(
+            capi,
+            vec![
+                cluster("web-1-cluster", "prod"),
+                cluster("db-cluster", "lab"),
+            ],
+        ),
+        deployments: listed(capi, Vec::new()),
+        certificates: crate::controllers::stores::CertificateWriter::new().reader(),
+        policies: listed(
+            kube::api::ApiResource::erase::<CertificateRenewalPolicy>(&()),
+            policies,
+        ),
+        policy_readings: Default::default(),
+    }
+}
+
+/// A policy change concerns the Machines its previous generation selected and those its new one
+/// selects, of its namespace only; a status write none; a deletion those it selected.
 #[test]
-fn only_a_new_generation_of_a_policy_re_checks_its_machines() {
-    let generations = PolicyGenerations::default();
-    let spec = serde_json::json!({ "policy": "Automatic", "clusterSelector": { "matchLabels": { "env": "prod" } } });
-    let current = store(&[policy_object("auto", 1, spec.clone())]);
-    assert!(generations.changed(&policy_object("auto", 1, spec.clone()), &current));
-    // Its status written (matchedMachines): the same generation.
-    assert!(!generations.changed(&policy_object("auto", 1, spec.clone()), &current));
-    // Its spec edited.
-    assert!(generations.changed(&policy_object("auto", 2, spec), &current));
+fn a_policy_change_concerns_the_machines_it_selected_and_selects() {
+    let selections = PolicySelections::default();
+    let web = serde_json::json!({ "policy": "Automatic", "machineSelector": { "matchLabels": { "tier": "web" } } });
+    let db = serde_json::json!({ "policy": "Automatic", "machineSelector": { "matchLabels": { "tier": "db" } } });
+    let prod = serde_json::json!({ "policy": "Automatic", "clusterSelector": { "matchLabels": { "env": "prod" } } });
+    let concerned = |policy: &DynamicObject, stores: &crate::controllers::stores::Stores| {
+        let mut names: Vec<String> = selections
+            .concerned(policy, stores)
+            .iter()
+            .map(|c| c.machine.name_any())
+            .collect();
+        names.sort();
+        names
+    };
+    let first = policy_object("p", 1, web.clone());
+    let stores = stores_of(vec![first.clone()]);
+    // First shown: whom it selects.
+    assert_eq!(concerned(&first, &stores), ["web-1", "web-2"]);
+    // Its status written: the same generation, nothing to re-check.
+    assert!(concerned(&first, &stores).is_empty());
+    // Edited to select the database tier: both selections.
+    let edited = policy_object("p", 2, db);
+    let stores = stores_of(vec![edited.clone()]);
+    assert_eq!(concerned(&edited, &stores), ["db", "web-1", "web-2"]);
+    // Edited to select by cluster label.
+    let by_cluster = policy_object("p", 3, prod);
+    let stores = stores_of(vec![by_cluster.clone()]);
+    assert_eq!(concerned(&by_cluster, &stores), ["db", "web-1"]);
+    // Deleted: the Machines it selected.
+    let stores = stores_of(Vec::new());
+    assert_eq!(concerned(&by_cluster, &stores), ["web-1"]);
+    // Deleted before it was ever shown: whom its object selects.
+    assert_eq!(
+        concerned(&policy_object("q", 1, web), &stores),
+        ["web-1", "web-2"]
+    );
 }

@@ -142,14 +142,19 @@ fn passed<K: Resource, C: Cache<K>>(cache: &mut C, events: Vec<watcher::Event<K>
         .into_iter()
         .filter_map(|event| pass_on(cache, Ok(event)))
         .filter_map(Result::ok)
-        .map(|(_, object)| {
-            let meta = object.meta();
-            format!(
-                "{}@{}",
-                meta.name.clone().unwrap_or_default(),
-                meta.resource_version.clone().unwrap_or_default()
-            )
-        })
+        .map(
+            |Passed {
+                 object, deleted, ..
+             }| {
+                let meta = object.meta();
+                format!(
+                    "{}{}@{}",
+                    if deleted { "-" } else { "" },
+                    meta.name.clone().unwrap_or_default(),
+                    meta.resource_version.clone().unwrap_or_default()
+                )
+            },
+        )
         .collect()
 }
 
@@ -182,6 +187,17 @@ fn a_relist_passes_on_only_what_changed() {
     assert_eq!(
         passed(&mut cache, vec![Event::Apply(machine("m1", "2"))]),
         ["m1@2"]
+    );
+    // A deletion is passed on (marked), for the subscribers that want it.
+    assert_eq!(
+        passed(
+            &mut cache,
+            vec![
+                Event::Apply(machine("m5", "3")),
+                Event::Delete(machine("m5", "4"))
+            ]
+        ),
+        ["m5@3", "-m5@4"]
     );
 
     // After a gap: m1 unchanged since, m2 changed, m3 deleted, m4 new.

@@ -23,8 +23,10 @@ use crate::fixtures::{NodeInfo, ensure_namespace};
 use crate::process::Process;
 use crate::{Binaries, Environment, Error, controlplane};
 
-pub const NAMESPACE: &str = "ck8s-system";
+pub const NAMESPACE: &str = "ck8s-certs-system";
 pub const SERVICE_ACCOUNT: &str = "ck8s-certs-manager";
+/// The FlowSchema of `config/flowcontrol` as `config/default` names it.
+pub const FLOW_SCHEMA: &str = "ck8s-certs-leader-election";
 
 /// Creates the controller's ServiceAccount with the ClusterRole of `config/rbac/role.yaml` and
 /// the leader election and webhook Roles of `config/rbac` (in the ServiceAccount's namespace, as
@@ -78,6 +80,18 @@ pub async fn service_account_kubeconfig(
             .await
             .map_err(Error::Kube)?;
     }
+    // The FlowSchema of config/flowcontrol, which names the ServiceAccount as installed.
+    let mut schema: DynamicObject = config_file("flowcontrol/flowschema.yaml")?;
+    schema.metadata.name = Some(FLOW_SCHEMA.into());
+    let flow_schemas = ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
+        "flowcontrol.apiserver.k8s.io",
+        "v1",
+        "FlowSchema",
+    ));
+    Api::<DynamicObject>::all_with(mgmt.clone(), &flow_schemas)
+        .create(&pp, &schema)
+        .await
+        .map_err(Error::Kube)?;
     let accounts: Api<ServiceAccount> = Api::namespaced(mgmt.clone(), NAMESPACE);
     let account: ServiceAccount =
         serde_json::from_value(json!({ "metadata": { "name": SERVICE_ACCOUNT } }))
@@ -103,8 +117,12 @@ pub async fn service_account_kubeconfig(
 }
 
 fn rbac_file<T: serde::de::DeserializeOwned>(name: &str) -> Result<T, Error> {
+    config_file(&format!("rbac/{name}"))
+}
+
+fn config_file<T: serde::de::DeserializeOwned>(name: &str) -> Result<T, Error> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../config/rbac")
+        .join("../../config")
         .join(name);
     let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
     serde_yaml::from_str(&text).map_err(|e| Error::Setup(format!("{}: {e}", path.display())))

@@ -182,7 +182,13 @@ impl ApiServer {
             "--kubelet-preferred-address-types=InternalIP".into(),
             // No controller-manager runs, so nothing would create service account tokens.
             "--disable-admission-plugins=ServiceAccount".into(),
-            "--enable-priority-and-fairness=false".into(),
+            // Management clusters run API Priority and Fairness (on by default since 1.20, GA in
+            // 1.29): the controller's requests are classified there as in production, its Lease
+            // requests by config/flowcontrol. The workload API servers only serve the simulator.
+            format!(
+                "--enable-priority-and-fairness={}",
+                matches!(name, "management" | "move-target")
+            ),
             // Several API servers share one etcd: don't let them fight over the kubernetes endpoint.
             "--endpoint-reconciler-type=none".into(),
             "--profiling=false".into(),

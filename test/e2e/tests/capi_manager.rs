@@ -21,7 +21,7 @@ use serde_json::json;
 
 const CLUSTER: &str = "delta";
 const FILTER: &str = "capi";
-const CONTROLLER: &str = "system:serviceaccount:ck8s-system:ck8s-certs-manager";
+const CONTROLLER: &str = "system:serviceaccount:ck8s-certs-system:ck8s-certs-manager";
 const TIMEOUT: Duration = Duration::from_secs(120);
 
 /// One test at a time on the one cluster.

@@ -347,7 +347,7 @@ async fn refresh_costs() {
         .await;
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let user = "system:serviceaccount:ck8s-system:ck8s-certs-manager";
+    let user = "system:serviceaccount:ck8s-certs-system:ck8s-certs-manager";
     // The worker first: after a control plane, its cluster is held while the node settles, and
     // a worker refreshed then waits (and shows it, one more write).
     for (node, ttl, k8sd_posts) in [(&worker, "30d", 3), (&cp, "1y", 2)] {

@@ -304,6 +304,7 @@ fn the_release_is_config_default_for_an_addon_provider_of_contract_v1beta1() {
         ("RoleBinding", "ck8s-certs-webhook-rolebinding"),
         ("Service", "ck8s-certs-webhook-service"),
         ("NetworkPolicy", "ck8s-certs-controller-manager"),
+        ("FlowSchema", "ck8s-certs-leader-election"),
         ("MutatingWebhookConfiguration", "ck8s-certs-refresh-trigger"),
         ("ValidatingAdmissionPolicy", "ck8s-certs-template-trigger"),
         (
@@ -331,6 +332,12 @@ fn the_release_is_config_default_for_an_addon_provider_of_contract_v1beta1() {
     .map(|(k, n)| (k.to_string(), n.to_string()))
     .collect();
     assert_eq!(kinds, expected);
+    // The FlowSchema names the ServiceAccount as rendered (config/flowcontrol spells it out).
+    let schema = objects.iter().find(|o| kind(o) == "FlowSchema");
+    assert_eq!(
+        schema.map(|o| &o.data["spec"]["rules"][0]["subjects"][0]["serviceAccount"]),
+        Some(&json!({ "name": SERVICE_ACCOUNT, "namespace": NAMESPACE }))
+    );
     for object in &objects {
         assert_eq!(
             object

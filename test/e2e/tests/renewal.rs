@@ -477,11 +477,12 @@ async fn invalid_and_conflicting_policies_are_shown_on_the_machine_and_nothing_r
         "windows": [{ "start": "01:00", "end": "02:00", "timezone": "Mars/Olympus_Mons" }] }),
     )
     .await;
+    // Disabled: alone after twin-b's deletion below, it must not start a renewal.
     env.create_policy(
         "fleet",
         "twin-a",
         "twins",
-        json!({ "policy": "Automatic", "renewBefore": "100d" }),
+        json!({ "policy": "Disabled", "renewBefore": "100d" }),
     )
     .await;
     env.create_policy(
@@ -604,6 +605,31 @@ async fn invalid_and_conflicting_policies_are_shown_on_the_machine_and_nothing_r
                 .all(|c| c.path != path::PLAN)
         );
     }
+    // One twin deleted: the Machine it selected and the twin it conflicted with are re-checked
+    // at once, not at the next resync (an hour).
+    let resource = ApiResource::erase::<CertificateRenewalPolicy>(&());
+    let policies: Api<DynamicObject> =
+        Api::namespaced_with(env.management().await.unwrap(), "fleet", &resource);
+    policies
+        .delete("twin-b", &Default::default())
+        .await
+        .unwrap();
+    let status = wait_status(&env, &conflicted, "twin-a alone", |s| {
+        s.renewal.as_ref().is_some_and(|r| {
+            r.conflicting_policies.is_empty()
+                && r.policy_ref.as_ref().is_some_and(|p| p.name == "twin-a")
+        })
+    })
+    .await;
+    assert!(
+        condition(&status, "RenewalConfigInvalid").is_none(),
+        "{status:#?}"
+    );
+    let status = wait_policy(&env, "fleet", "twin-a", |s| {
+        policy_condition(s, "Ready").is_some_and(|c| c.reason != "ConflictingPolicies")
+    })
+    .await;
+    assert_eq!(status.matched_machines, Some(1));
 }
 
 #[tokio::test]

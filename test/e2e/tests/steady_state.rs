@@ -19,7 +19,7 @@ use serde_json::json;
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 const FILTER: &str = "steady";
-const CONTROLLER: &str = "system:serviceaccount:ck8s-system:ck8s-certs-manager";
+const CONTROLLER: &str = "system:serviceaccount:ck8s-certs-system:ck8s-certs-manager";
 
 /// The verdict each Machine settles on, by `status.renewal.reason` (`None`: no policy).
 struct Case {
@@ -222,8 +222,8 @@ async fn a_machine_whose_situation_does_not_change_costs_zero_writes_for_every_v
         }
         out
     };
-    // Provoke reconciles of every Machine: Cluster edits re-check their Machines, policy edits
-    // the Machines of their namespace; the resync period does the rest.
+    // Provoke reconciles of every Machine: Cluster edits re-check their Machines (a policy's
+    // annotation edit, no new generation, re-checks none); the resync period does the rest.
     let client = env.management().await.unwrap();
     let clusters: Api<DynamicObject> = Api::namespaced_with(
         client.clone(),
@@ -273,6 +273,27 @@ async fn a_machine_whose_situation_does_not_change_costs_zero_writes_for_every_v
         "API writes per Machine over 20 s at rest (resync 3 s, 5 rounds of Cluster and policy edits): {report:?}"
     );
     assert!(writes.is_empty(), "writes at rest: {writes:#?}");
+
+    // The leader's Lease requests are served at the `leader-election` priority level
+    // (config/flowcontrol), apart from its other requests.
+    let metrics = env
+        .management()
+        .await
+        .unwrap()
+        .request_text(http::Request::get("/metrics").body(Vec::new()).unwrap())
+        .await
+        .unwrap();
+    let schema = format!(
+        "flow_schema=\"{}\"",
+        ck8s_certs_e2e::controller::FLOW_SCHEMA
+    );
+    let lease_requests: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("apiserver_flowcontrol_dispatched_requests_total{"))
+        .filter(|l| l.contains(&schema) && l.contains("priority_level=\"leader-election\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(lease_requests > 0.0, "no request in {schema}");
 
     // A restart of the management API server: every watch breaks and each cache lists again.
     // That changes nothing either, and a refresh asked for as soon as the server is back (the

@@ -31,7 +31,7 @@ use serde_json::json;
 
 const FILTER: &str = "webhook-rotation";
 const SECRET: &str = "ck8s-certs-webhook-cert";
-const CONTROLLER: &str = "system:serviceaccount:ck8s-system:ck8s-certs-manager";
+const CONTROLLER: &str = "system:serviceaccount:ck8s-certs-system:ck8s-certs-manager";
 const TIMEOUT: Duration = Duration::from_secs(60);
 /// How long writes are counted after the Secret is deleted.
 const WINDOW: Duration = Duration::from_secs(30);

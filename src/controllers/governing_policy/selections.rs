@@ -1,0 +1,122 @@
+//! Which Machines a change of a CertificateRenewalPolicy concerns: those its previous
+//! generation selected and those its new one selects. Not the whole namespace: with a hundred
+//! policies in a namespace of a thousand Machines, re-checking the namespace on every edit made
+//! an edit of each policy a hundred thousand Machine reconciles (docs/performance.md).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use ck8s_certs_api::capi::CLUSTER_NAME_LABEL;
+use ck8s_certs_api::machine::Machine;
+use kube::ResourceExt;
+use kube::api::DynamicObject;
+
+use super::Reading;
+use crate::controllers::stores::Stores;
+
+/// What one consumer was last shown of each policy (by UID): its generation and reading. Each
+/// consumer keeps its own, as each is shown every change once.
+#[derive(Default)]
+pub struct PolicySelections(Mutex<HashMap<String, Shown>>);
+
+struct Shown {
+    generation: Option<i64>,
+    reading: Arc<Reading>,
+}
+
+/// A Machine that a policy change concerns, with the labels that policies select it by.
+pub struct Concerned {
+    pub machine: Arc<Machine>,
+    cluster_labels: Option<Arc<BTreeMap<String, String>>>,
+    labels: BTreeMap<String, String>,
+}
+
+impl Concerned {
+    /// Whether the policy read as `reading` selects this Machine.
+    pub(crate) fn selected_by(&self, reading: &Reading) -> bool {
+        reading.selects(self.cluster_labels.as_deref(), &self.labels)
+    }
+}
+
+impl PolicySelections {
+    /// The Machines of the cache that a change of `policy` concerns: those its generation shown
+    /// before selected and those its current one selects. A write of its status alone (the
+    /// generation already shown) concerns none; a policy gone from the cache (deleted) concerns
+    /// those it selected.
+    pub fn concerned(&self, policy: &DynamicObject, stores: &Stores) -> Vec<Concerned> {
+        let Some(uid) = policy.metadata.uid.as_deref() else {
+            return Vec::new();
+        };
+        let current = stores.policies.state();
+        let deleted = !current
+            .iter()
+            .any(|p| p.metadata.uid.as_deref() == Some(uid));
+        let (before, now) = {
+            let mut shown = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            let readings = if deleted {
+                let before = shown.remove(uid).map(|s| s.reading);
+                // Deleted before it was ever shown: what it selected is what it says.
+                (before.or_else(|| Reading::of(policy).map(Arc::new)), None)
+            } else {
+                let generation = policy.metadata.generation;
+                if shown.get(uid).is_some_and(|s| s.generation == generation) {
+                    return Vec::new();
+                }
+                let Some(reading) = stores.policy_readings.of(policy) else {
+                    return Vec::new();
+                };
+                let before = shown.insert(
+                    uid.to_owned(),
+                    Shown {
+                        generation,
+                        reading: reading.clone(),
+                    },
+                );
+                (before.map(|s| s.reading), Some(reading))
+            };
+            // Deletions missed (say while the watch was down) are forgotten now and then.
+            if shown.len() > current.len() + 16 {
+                let uids: std::collections::HashSet<&str> = current
+                    .iter()
+                    .filter_map(|p| p.metadata.uid.as_deref())
+                    .collect();
+                shown.retain(|uid, _| uids.contains(uid.as_str()));
+            }
+            readings
+        };
+        let namespace = policy.namespace();
+        let in_namespace = |meta: &kube::core::ObjectMeta| meta.namespace == namespace;
+        let cluster_labels: HashMap<String, Arc<BTreeMap<String, String>>> = stores
+            .clusters
+            .state()
+            .iter()
+            .filter(|c| in_namespace(&c.metadata))
+            .map(|c| {
+                let labels = c.metadata.labels.clone().unwrap_or_default();
+                (c.name_any(), Arc::new(labels))
+            })
+            .collect();
+        let selects = |reading: &Option<Arc<Reading>>, machine: &Concerned| {
+            reading.as_ref().is_some_and(|r| machine.selected_by(r))
+        };
+        stores
+            .machines
+            .state()
+            .into_iter()
+            .filter(|m| in_namespace(&m.metadata))
+            .map(|machine| {
+                let labels = machine.labels.to_map();
+                let cluster = machine
+                    .cluster_name
+                    .as_ref()
+                    .or_else(|| labels.get(CLUSTER_NAME_LABEL));
+                Concerned {
+                    cluster_labels: cluster.and_then(|c| cluster_labels.get(c)).cloned(),
+                    labels,
+                    machine,
+                }
+            })
+            .filter(|m| selects(&before, m) || selects(&now, m))
+            .collect()
+    }
+}
