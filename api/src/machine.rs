@@ -94,10 +94,7 @@ impl MachineView {
             namespace: meta.namespace.clone().unwrap_or_default(),
             name: meta.name.clone().unwrap_or_default(),
             uid: meta.uid.clone(),
-            cluster: machine
-                .cluster_name
-                .clone()
-                .or_else(|| labels.get(CLUSTER_NAME_LABEL).cloned()),
+            cluster: machine.cluster().map(str::to_owned),
             control_plane: labels.contains_key(CONTROL_PLANE_LABEL),
             bootstrap_kind: machine.bootstrap.kind.clone(),
             bootstrap_group: machine.bootstrap.group.clone(),

@@ -222,6 +222,8 @@ pub(super) struct PolicyFeeds<P, S, M> {
     pub(super) stores: Stores,
     /// The time decisions are taken at.
     pub(super) clock: crate::clock::SharedClock,
+    /// How often a policy's report is computed again without a change.
+    pub(super) resync: Duration,
 }
 
 /// Reports on every CertificateRenewalPolicy. A Machine change re-checks the policies of its
@@ -282,6 +284,7 @@ where
         policies: feeds.stores.policies.clone(),
         readings: feeds.stores.policy_readings.clone(),
         clock: feeds.clock,
+        resync: feeds.resync,
     });
     Controller::for_stream_with(feeds.policies, feeds.stores.policies, resource.clone())
         .graceful_shutdown_on(stop.cancelled_owned())

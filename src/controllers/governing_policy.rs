@@ -10,6 +10,7 @@
 //! being held back. A fail-safe bypass of the windows is kept in `lastWindowBypass` (and the
 //! `RenewalWindowBypassed` condition) until a later refresh succeeds.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -160,22 +161,24 @@ type Decoded = (Option<i64>, Arc<Reading>);
 impl PolicyReadings {
     /// The reading of `object`, decoded now only if its generation is new to us.
     pub(crate) fn of(&self, object: &DynamicObject) -> Option<Arc<Reading>> {
-        let key = object.metadata.uid.clone().unwrap_or_else(|| {
-            format!(
+        // Borrowed for the lookup: every Machine reconcile asks for each policy of its namespace.
+        let key: Cow<'_, str> = match &object.metadata.uid {
+            Some(uid) => Cow::Borrowed(uid),
+            None => Cow::Owned(format!(
                 "{}/{}",
                 object.namespace().unwrap_or_default(),
                 object.name_any()
-            )
-        });
+            )),
+        };
         let generation = object.metadata.generation;
         let mut readings = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((seen, reading)) = readings.get(&key)
+        if let Some((seen, reading)) = readings.get(key.as_ref())
             && *seen == generation
         {
             return Some(reading.clone());
         }
         let reading = Arc::new(Reading::of(object)?);
-        readings.insert(key, (generation, reading.clone()));
+        readings.insert(key.into_owned(), (generation, reading.clone()));
         Some(reading)
     }
 
@@ -216,15 +219,12 @@ pub fn governing(
     if readings.len() > all.len() {
         readings.retain(&all.iter().filter_map(|p| p.metadata.uid.clone()).collect());
     }
-    let mut in_namespace: Vec<_> = all
-        .into_iter()
-        .filter(|p| p.metadata.namespace.as_deref() == Some(namespace))
-        .collect();
-    // Deterministic conflict messages.
-    in_namespace.sort_by_key(|p| p.name_any());
+    let in_namespace = all
+        .iter()
+        .filter(|p| p.metadata.namespace.as_deref() == Some(namespace));
     let mut matched = Vec::new();
     for object in in_namespace {
-        let Some(reading) = readings.of(&object) else {
+        let Some(reading) = readings.of(object) else {
             continue;
         };
         if !reading.selects(cluster_labels, machine_labels) {
@@ -258,6 +258,8 @@ pub fn governing(
             }
         }
     }
+    // Deterministic conflict messages (sorted once matched: a Machine has one policy or a few).
+    matched.sort_by(|(a, _), (b, _)| a.name.cmp(&b.name));
     match matched.len() {
         0 => Governing::None,
         1 => {

@@ -322,6 +322,7 @@ pub async fn run(
             machines: policy_machine_events,
             stores: stores.clone(),
             clock: clock.clone(),
+            resync: args.resync_period,
         },
         stop.clone(),
     );

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ck8s_certs_api::machine::{Cluster, ClusterView, Machine, MachineView};
+use ck8s_certs_api::machine::{Cluster, ClusterView, Machine};
 use ck8s_certs_api::renewal_policy::{
     CertificateRenewalPolicy, CertificateRenewalPolicyStatus, conditions, reasons,
 };
@@ -32,6 +32,8 @@ pub struct Context {
     pub readings: Arc<PolicyReadings>,
     /// The time decisions are taken at.
     pub clock: crate::clock::SharedClock,
+    /// How often each policy's report is computed again without a change.
+    pub resync: Duration,
 }
 
 pub fn error_policy(
@@ -120,31 +122,30 @@ pub async fn reconcile(
             .filter(|p| p.name_any() != name)
             .filter_map(|p| Some((p.name_any(), ctx.readings.of(p)?)))
             .collect();
-        let mut machines: Vec<MachineView> = ctx
-            .machines
-            .state()
-            .iter()
-            .filter(|m| in_namespace(m.meta()))
-            .map(|m| MachineView::of(m))
-            .collect();
-        machines.sort_by(|a, b| a.name.cmp(&b.name));
-        for machine in machines {
-            if !machine.is_ck8s() {
+        let machines = ctx.machines.state();
+        for machine in machines.iter() {
+            if !in_namespace(machine.meta()) || !machine.is_ck8s() {
                 continue;
             }
-            let labels = machine.cluster.as_ref().and_then(|c| cluster_labels.get(c));
-            if selector.matches(labels, &machine.labels) {
-                for (other, reading) in &others {
-                    if reading.selects(labels, &machine.labels) {
-                        conflicts
-                            .entry(other.clone())
-                            .or_default()
-                            .push(machine.name.clone());
-                    }
-                }
-                matched.push(machine.name);
+            let labels = machine.cluster().and_then(|c| cluster_labels.get(c));
+            let machine_labels = machine.labels.to_map();
+            if !selector.matches(labels, &machine_labels) {
+                continue;
             }
+            let name = machine.name_any();
+            for (other, reading) in &others {
+                if reading.selects(labels, &machine_labels) {
+                    conflicts
+                        .entry(other.clone())
+                        .or_default()
+                        .push(name.clone());
+                }
+            }
+            matched.push(name);
         }
+        // Deterministic messages.
+        matched.sort();
+        conflicts.values_mut().for_each(|names| names.sort());
     }
 
     let (ready, ready_reason, ready_message) = if !valid {
@@ -229,8 +230,9 @@ pub async fn reconcile(
         )
         .await?;
     }
-    // Machines and other policies change without touching this one: look again now and then.
-    Ok(Action::requeue(Duration::from_secs(60)))
+    // Changes of Machines and of the other policies are fed to this controller; the resync only
+    // makes up for one missed (a policy deleted while the watch was down).
+    Ok(Action::requeue(ctx.resync))
 }
 
 #[cfg(test)]

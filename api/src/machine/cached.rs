@@ -11,7 +11,7 @@ use serde::Deserialize;
 
 use super::{CLUSTER_READ_ANNOTATIONS, CapiVersion, READ_ANNOTATIONS, is_ck8s};
 use crate::annotations::REFRESH_CERTIFICATES;
-use crate::capi::{GROUP, PAUSED_ANNOTATION};
+use crate::capi::{CLUSTER_NAME_LABEL, GROUP, PAUSED_ANNOTATION};
 
 /// A Machine as the controllers cache it. `metadata` keeps only the name, namespace, uid,
 /// resourceVersion and deletionTimestamp: the labels (policies select on them) and the
@@ -37,6 +37,13 @@ pub struct Machine {
 }
 
 impl Machine {
+    /// Its Cluster's name: `spec.clusterName`, else the `cluster.x-k8s.io/cluster-name` label.
+    pub fn cluster(&self) -> Option<&str> {
+        self.cluster_name
+            .as_deref()
+            .or_else(|| self.labels.get(CLUSTER_NAME_LABEL))
+    }
+
     /// Bootstrapped by the CK8s bootstrap provider (what [`MachineView::is_ck8s`] says of its
     /// view).
     pub fn is_ck8s(&self) -> bool {

@@ -6,7 +6,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use ck8s_certs_api::capi::CLUSTER_NAME_LABEL;
 use ck8s_certs_api::machine::Machine;
 use kube::ResourceExt;
 use kube::api::DynamicObject;
@@ -104,17 +103,13 @@ impl PolicySelections {
             .state()
             .into_iter()
             .filter(|m| in_namespace(&m.metadata))
-            .map(|machine| {
-                let labels = machine.labels.to_map();
-                let cluster = machine
-                    .cluster_name
-                    .as_ref()
-                    .or_else(|| labels.get(CLUSTER_NAME_LABEL));
-                Concerned {
-                    cluster_labels: cluster.and_then(|c| cluster_labels.get(c)).cloned(),
-                    labels,
-                    machine,
-                }
+            .map(|machine| Concerned {
+                cluster_labels: machine
+                    .cluster()
+                    .and_then(|c| cluster_labels.get(c))
+                    .cloned(),
+                labels: machine.labels.to_map(),
+                machine,
             })
             .filter(|m| selects(&before, m) || selects(&now, m))
             .collect()
