@@ -145,6 +145,7 @@ const OTHER_TOOLS_FLAGS: &[&str] = &[
     "--namespace",
     "--timeout",
     "--server",
+    "--enable-priority-and-fairness",
 ];
 
 #[test]
