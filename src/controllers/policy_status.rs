@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ck8s_certs_api::machine::{Cluster, ClusterView, Machine};
+use ck8s_certs_api::machine::{Cluster, Machine};
 use ck8s_certs_api::renewal_policy::{
     CertificateRenewalPolicy, CertificateRenewalPolicyStatus, conditions, reasons,
 };
@@ -18,7 +18,7 @@ use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
-use super::governing_policy::{PolicyReadings, Reading};
+use super::governing_policy::{PolicyReadings, Reading, machines_in_namespace};
 use crate::policy::spec;
 
 const MANAGER: &str = "ck8s-certs-policy";
@@ -105,13 +105,6 @@ pub async fn reconcile(
     let mut conflicts: BTreeMap<String, Vec<String>> = BTreeMap::new();
     if let Some(selector) = &selector {
         let in_namespace = |o: &ObjectMeta| o.namespace.as_deref() == Some(&namespace);
-        let cluster_labels: BTreeMap<String, BTreeMap<String, String>> = ctx
-            .clusters
-            .state()
-            .iter()
-            .filter(|c| in_namespace(c.meta()))
-            .map(|c| (c.name_any(), ClusterView::of(c).labels))
-            .collect();
         // Decoded once per generation (shared with the Machine reconciler): a namespace's
         // policies are all re-checked together, each against all the others.
         let others: Vec<(String, Arc<Reading>)> = ctx
@@ -122,19 +115,13 @@ pub async fn reconcile(
             .filter(|p| p.name_any() != name)
             .filter_map(|p| Some((p.name_any(), ctx.readings.of(p)?)))
             .collect();
-        let machines = ctx.machines.state();
-        for machine in machines.iter() {
-            if !in_namespace(machine.meta()) || !machine.is_ck8s() {
+        for machine in machines_in_namespace(&ctx.machines, &ctx.clusters, &namespace) {
+            if !machine.machine.is_ck8s() || !machine.matched_by(selector) {
                 continue;
             }
-            let labels = machine.cluster().and_then(|c| cluster_labels.get(c));
-            let machine_labels = machine.labels.to_map();
-            if !selector.matches(labels, &machine_labels) {
-                continue;
-            }
-            let name = machine.name_any();
+            let name = machine.machine.name_any();
             for (other, reading) in &others {
-                if reading.selects(labels, &machine_labels) {
+                if machine.selected_by(reading) {
                     conflicts
                         .entry(other.clone())
                         .or_default()

@@ -6,12 +6,14 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use ck8s_certs_api::machine::Machine;
+use ck8s_certs_api::machine::{Cluster, Machine};
 use kube::ResourceExt;
 use kube::api::DynamicObject;
+use kube::runtime::reflector::Store;
 
 use super::Reading;
 use crate::controllers::stores::Stores;
+use crate::policy::spec::MachineSelector;
 
 /// What one consumer was last shown of each policy (by UID): its generation and reading. Each
 /// consumer keeps its own, as each is shown every change once.
@@ -23,7 +25,7 @@ struct Shown {
     reading: Arc<Reading>,
 }
 
-/// A Machine that a policy change concerns, with the labels that policies select it by.
+/// A Machine with the labels that policies select it by (one that a policy change concerns).
 pub struct Concerned {
     pub machine: Arc<Machine>,
     cluster_labels: Option<Arc<BTreeMap<String, String>>>,
@@ -35,6 +37,43 @@ impl Concerned {
     pub(crate) fn selected_by(&self, reading: &Reading) -> bool {
         reading.selects(self.cluster_labels.as_deref(), &self.labels)
     }
+
+    /// Whether `selector` selects this Machine.
+    pub fn matched_by(&self, selector: &MachineSelector) -> bool {
+        selector.matches(self.cluster_labels.as_deref(), &self.labels)
+    }
+}
+
+/// The Machines of `namespace` in the cache, each with the labels that policies select it by
+/// (its own and its Cluster's).
+pub fn in_namespace(
+    machines: &Store<Machine>,
+    clusters: &Store<Cluster>,
+    namespace: &str,
+) -> Vec<Concerned> {
+    let here = |meta: &kube::core::ObjectMeta| meta.namespace.as_deref() == Some(namespace);
+    let cluster_labels: HashMap<String, Arc<BTreeMap<String, String>>> = clusters
+        .state()
+        .iter()
+        .filter(|c| here(&c.metadata))
+        .map(|c| {
+            let labels = c.metadata.labels.clone().unwrap_or_default();
+            (c.name_any(), Arc::new(labels))
+        })
+        .collect();
+    machines
+        .state()
+        .into_iter()
+        .filter(|m| here(&m.metadata))
+        .map(|machine| Concerned {
+            cluster_labels: machine
+                .cluster()
+                .and_then(|c| cluster_labels.get(c))
+                .cloned(),
+            labels: machine.labels.to_map(),
+            machine,
+        })
+        .collect()
 }
 
 impl PolicySelections {
@@ -83,35 +122,16 @@ impl PolicySelections {
             }
             readings
         };
-        let namespace = policy.namespace();
-        let in_namespace = |meta: &kube::core::ObjectMeta| meta.namespace == namespace;
-        let cluster_labels: HashMap<String, Arc<BTreeMap<String, String>>> = stores
-            .clusters
-            .state()
-            .iter()
-            .filter(|c| in_namespace(&c.metadata))
-            .map(|c| {
-                let labels = c.metadata.labels.clone().unwrap_or_default();
-                (c.name_any(), Arc::new(labels))
-            })
-            .collect();
         let selects = |reading: &Option<Arc<Reading>>, machine: &Concerned| {
             reading.as_ref().is_some_and(|r| machine.selected_by(r))
         };
-        stores
-            .machines
-            .state()
-            .into_iter()
-            .filter(|m| in_namespace(&m.metadata))
-            .map(|machine| Concerned {
-                cluster_labels: machine
-                    .cluster()
-                    .and_then(|c| cluster_labels.get(c))
-                    .cloned(),
-                labels: machine.labels.to_map(),
-                machine,
-            })
-            .filter(|m| selects(&before, m) || selects(&now, m))
-            .collect()
+        in_namespace(
+            &stores.machines,
+            &stores.clusters,
+            policy.namespace().as_deref().unwrap_or_default(),
+        )
+        .into_iter()
+        .filter(|m| selects(&before, m) || selects(&now, m))
+        .collect()
     }
 }
