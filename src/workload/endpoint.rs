@@ -44,11 +44,27 @@ pub async fn resolve(
     microcluster_port: u16,
     transport: Transport,
 ) -> Result<Endpoint, WorkloadError> {
+    // The Node and its k8sd-proxy pod are read at once (errors in that order).
     let nodes: Api<Node> = Api::all(client.clone());
-    let object = nodes
-        .get(node)
-        .await
-        .map_err(api_error(cluster, format!("Node {node}")))?;
+    let proxy = async {
+        match transport {
+            Transport::Direct => Ok(None),
+            Transport::PortForward => {
+                let pods: Api<Pod> = Api::namespaced(client.clone(), PROXY_NAMESPACE);
+                let params = ListParams::default()
+                    .labels(PROXY_LABEL_SELECTOR)
+                    .fields(&format!("spec.nodeName={node}"));
+                let list = pods
+                    .list(&params)
+                    .await
+                    .map_err(api_error(cluster, "k8sd-proxy pods".to_owned()))?;
+                Ok(Some((pods, list)))
+            }
+        }
+    };
+    let (object, proxy) = futures::join!(nodes.get(node), proxy);
+    let object = object.map_err(api_error(cluster, format!("Node {node}")))?;
+    let proxy = proxy?;
     let status = object.status.unwrap_or_default();
     let address = status
         .addresses
@@ -71,19 +87,11 @@ pub async fn resolve(
         address,
         port: microcluster_port,
     };
-    let route = match transport {
-        Transport::Direct => Route::Direct {
+    let route = match proxy {
+        None => Route::Direct {
             address: SocketAddr::new(address, microcluster_port),
         },
-        Transport::PortForward => {
-            let pods: Api<Pod> = Api::namespaced(client.clone(), PROXY_NAMESPACE);
-            let params = ListParams::default()
-                .labels(PROXY_LABEL_SELECTOR)
-                .fields(&format!("spec.nodeName={node}"));
-            let list = pods
-                .list(&params)
-                .await
-                .map_err(api_error(cluster, "k8sd-proxy pods".to_owned()))?;
+        Some((pods, list)) => {
             let pod = list
                 .items
                 .into_iter()

@@ -66,7 +66,18 @@ struct ClusterState {
     control_plane: bool,
     workers: usize,
     /// In the order they first asked.
-    waiting: Vec<(Waiter, Role, Instant)>,
+    waiting: Vec<Queued>,
+}
+
+/// A refresh waiting for its cluster.
+struct Queued {
+    who: Waiter,
+    role: Role,
+    /// When it last asked (it is forgotten [`WAITER_TTL`] after).
+    asked: Instant,
+    /// When it first asked: a place freed overall goes to the worker of another cluster that
+    /// has waited longest.
+    since: Instant,
 }
 
 impl ClusterState {
@@ -77,16 +88,27 @@ impl ClusterState {
     fn control_plane_waiting(&self, except: &Waiter) -> bool {
         self.waiting
             .iter()
-            .any(|(w, role, _)| *role == Role::ControlPlane && w != except)
+            .any(|q| q.role == Role::ControlPlane && q.who != *except)
+    }
+
+    /// Forgets the waiters that stopped asking.
+    fn forget_lapsed(&mut self, now: Instant) {
+        self.waiting
+            .retain(|q| now.duration_since(q.asked) < WAITER_TTL);
     }
 
     fn note_waiting(&mut self, who: &Waiter, role: Role, now: Instant) {
-        match self.waiting.iter_mut().find(|(w, _, _)| w == who) {
+        match self.waiting.iter_mut().find(|q| q.who == *who) {
             Some(entry) => {
-                entry.1 = role;
-                entry.2 = now;
+                entry.role = role;
+                entry.asked = now;
             }
-            None => self.waiting.push((who.clone(), role, now)),
+            None => self.waiting.push(Queued {
+                who: who.clone(),
+                role,
+                asked: now,
+                since: now,
+            }),
         }
     }
 }
@@ -184,9 +206,7 @@ impl Admission {
         state.expire(now);
         let key = (namespace.to_owned(), cluster.to_owned());
         if let Some(entry) = state.clusters.get_mut(&key) {
-            entry
-                .waiting
-                .retain(|(_, _, asked)| now.duration_since(*asked) < WAITER_TTL);
+            entry.forget_lapsed(now);
         }
         if let Some(busy) = inner.busy(&state, &key, role, who) {
             state
@@ -198,7 +218,7 @@ impl Admission {
         }
         state.invited.remove(who);
         let entry = state.clusters.entry(key.clone()).or_default();
-        entry.waiting.retain(|(w, _, _)| w != who);
+        entry.waiting.retain(|q| q.who != *who);
         match role {
             Role::ControlPlane => entry.control_plane = true,
             Role::Worker => {
@@ -238,7 +258,7 @@ impl Admission {
         let mut state = self.0.lock();
         let key = (namespace.to_owned(), cluster.to_owned());
         if let Some(entry) = state.clusters.get_mut(&key) {
-            entry.waiting.retain(|(w, _, _)| w != who);
+            entry.waiting.retain(|q| q.who != *who);
             if entry.idle() {
                 state.clusters.remove(&key);
             }
@@ -311,9 +331,7 @@ impl Inner {
                 clusters, invited, ..
             } = &mut *state;
             if let Some(entry) = clusters.get_mut(cluster) {
-                entry
-                    .waiting
-                    .retain(|(_, _, asked)| now.duration_since(*asked) < WAITER_TTL);
+                entry.forget_lapsed(now);
                 match role {
                     Role::ControlPlane => entry.control_plane = false,
                     Role::Worker => entry.workers = entry.workers.saturating_sub(1),
@@ -332,21 +350,26 @@ impl Inner {
                 }
             }
             if role == Role::Worker && woken.is_empty() && free_overall > 0 {
-                // A worker place freed overall: the first worker waiting elsewhere for one.
-                let other = clusters.iter().find_map(|(key, entry)| {
-                    let kept = invited
-                        .values()
-                        .filter(|(k, role, _)| k == key && *role == Role::Worker)
-                        .count();
-                    let (first, _, _) = entry
-                        .waiting
-                        .iter()
-                        .find(|(w, role, _)| *role == Role::Worker && !invited.contains_key(w))?;
-                    (key != cluster
-                        && !entry.control_plane
-                        && entry.workers + kept < self.per_cluster)
-                        .then(|| (first.clone(), key.clone(), Role::Worker))
-                });
+                // A worker place freed overall: the worker that has waited longest elsewhere
+                // (the first in line of each cluster that has a place).
+                let other = clusters
+                    .iter()
+                    .filter_map(|(key, entry)| {
+                        let kept = invited
+                            .values()
+                            .filter(|(k, role, _)| k == key && *role == Role::Worker)
+                            .count();
+                        let first = entry
+                            .waiting
+                            .iter()
+                            .find(|q| q.role == Role::Worker && !invited.contains_key(&q.who))?;
+                        (key != cluster
+                            && !entry.control_plane
+                            && entry.workers + kept < self.per_cluster)
+                            .then_some((first, key))
+                    })
+                    .min_by_key(|(first, _)| first.since)
+                    .map(|(first, key)| (first.who.clone(), key.clone(), Role::Worker));
                 woken.extend(other);
             }
             for (waiter, key, role) in &woken {
@@ -373,10 +396,8 @@ fn wake_in(
     if entry.control_plane {
         return Vec::new();
     }
-    if let Some((first, _, _)) = entry
-        .waiting
-        .iter()
-        .find(|(_, role, _)| *role == Role::ControlPlane)
+    if let Some(Queued { who: first, .. }) =
+        entry.waiting.iter().find(|q| q.role == Role::ControlPlane)
     {
         return match (entry.workers, invited.contains_key(first)) {
             (0, false) => vec![(first.clone(), Role::ControlPlane)],
@@ -386,9 +407,9 @@ fn wake_in(
     entry
         .waiting
         .iter()
-        .filter(|(w, _, _)| !invited.contains_key(w))
+        .filter(|q| !invited.contains_key(&q.who))
         .take(places)
-        .map(|(w, role, _)| (w.clone(), *role))
+        .map(|q| (q.who.clone(), q.role))
         .collect()
 }
 
@@ -564,6 +585,40 @@ mod tests {
         );
         drop(a0);
         assert_eq!(woken(&mut rx), ["b-0"]);
+    }
+
+    #[test]
+    fn a_freed_place_overall_goes_to_the_cluster_whose_worker_waited_longest() {
+        let (admission, mut rx) = admission(5, 1);
+        let a0 = admission
+            .try_enter("ns", "a", Role::Worker, &who("a-0"))
+            .unwrap();
+        // Ten clusters queue one worker each, in this order; asking again keeps the place.
+        let clusters: Vec<String> = (0..10).map(|i| format!("q{i}")).collect();
+        for cluster in &clusters {
+            let worker = who(&format!("{cluster}-w"));
+            assert!(
+                admission
+                    .try_enter("ns", cluster, Role::Worker, &worker)
+                    .is_err()
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for cluster in clusters.iter().rev() {
+            let worker = who(&format!("{cluster}-w"));
+            assert!(
+                admission
+                    .try_enter("ns", cluster, Role::Worker, &worker)
+                    .is_err()
+            );
+        }
+        drop(a0);
+        assert_eq!(woken(&mut rx), ["q0-w"]);
+        let q0 = admission
+            .try_enter("ns", "q0", Role::Worker, &who("q0-w"))
+            .unwrap();
+        drop(q0);
+        assert_eq!(woken(&mut rx), ["q1-w"]);
     }
 
     #[test]

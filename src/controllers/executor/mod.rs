@@ -12,7 +12,7 @@
 //! Admission::try_enter (a control plane alone in its cluster; workers bounded)
 //!    │                        └─busy─► Wait (woken when a place frees)
 //!    ▼
-//! Connector::node (+ ::approver for a worker) ─── not answering ──► Wait 1 s … 8 s, up to
+//! Connector::node (∥ ::approver for a worker) ─── not answering ──► Wait 1 s … 8 s, up to
 //!    │                                            --refresh-wait-timeout, the cluster given back
 //!    ▼
 //! attempts: plan ─► Journal::record(seed) ─► run (∥ approve) ─ no answer ─► new plan (≤ 3 runs)
@@ -116,11 +116,13 @@ pub struct NodeSession<N> {
 }
 
 /// The way to the node's k8sd (and to a control plane that approves a worker's CSRs).
-pub trait Connector: Send {
+/// Both are asked at once for a worker: looking for a Ready control plane that answers takes
+/// several reads and a tunnel of its own.
+pub trait Connector: Sync {
     type Node: NodeApi + Probe + 'static;
     type Approver: ApproveApi;
-    fn node(&mut self) -> impl Future<Output = Result<NodeSession<Self::Node>, Failure>> + Send;
-    fn approver(&mut self) -> impl Future<Output = Result<Self::Approver, Failure>> + Send;
+    fn node(&self) -> impl Future<Output = Result<NodeSession<Self::Node>, Failure>> + Send;
+    fn approver(&self) -> impl Future<Output = Result<Self::Approver, Failure>> + Send;
 }
 
 /// Whether a node's k8sd answers (after a restart).
@@ -256,7 +258,10 @@ impl Executor {
     }
 
     /// Whether `who` waits for `request` and still could not go now (so reading anything
-    /// would be wasted): its cluster's admission says no, or a control plane goes first.
+    /// would be wasted): its cluster's admission says no, or a control plane goes first. A
+    /// refresh still blocked stays noted as waiting, its place in line kept: one that only
+    /// looked again would otherwise be forgotten after [`admission::WAITER_TTL`] and no longer
+    /// woken when a place frees (in a long queue it then waited for the end of the queue).
     pub fn still_blocked(
         &self,
         who: &Waiter,
@@ -270,10 +275,15 @@ impl Executor {
         };
         let control_planes_first = waiting_for_control_planes
             .is_some_and(|since| since.elapsed() < self.settings.wait_timeout);
-        !self
+        let blocked = !self
             .admission
             .would_enter(&who.namespace, &cluster, role, who)
-            || (role == Role::Worker && control_planes_first && control_planes_pending())
+            || (role == Role::Worker && control_planes_first && control_planes_pending());
+        if blocked {
+            self.admission
+                .note_waiting(&who.namespace, &cluster, role, who);
+        }
+        blocked
     }
 
     /// Forgets what waits for `who` (its refresh ended or was withdrawn).
@@ -287,7 +297,7 @@ impl Executor {
     pub async fn execute<C: Connector, J: Journal>(
         &self,
         accepted: Accepted,
-        connector: &mut C,
+        connector: &C,
         journal: &mut J,
     ) -> Finished<C::Node> {
         let Accepted {
@@ -353,7 +363,20 @@ impl Executor {
             return Finished::Stopping;
         }
 
-        let session = match connector.node().await {
+        // A worker's node is reached (its tunnel opened) while its approver is looked for.
+        let (session, approver) = match role {
+            Role::ControlPlane => (connector.node().await, None),
+            Role::Worker => {
+                let node = async {
+                    let mut session = connector.node().await?;
+                    session.node.connect().await;
+                    Ok(session)
+                };
+                let (session, approver) = futures::join!(node, connector.approver());
+                (session, Some(approver))
+            }
+        };
+        let session = match session {
             Ok(session) => session,
             Err(failure) => {
                 return self
@@ -362,9 +385,9 @@ impl Executor {
             }
         };
         let mut node = session.node;
-        let mut approver = match role {
-            Role::ControlPlane => None,
-            Role::Worker => match connector.approver().await {
+        let mut approver = match approver {
+            None => None,
+            Some(approver) => match approver {
                 Ok(approver) => Some(approver),
                 Err(failure) => {
                     return self

@@ -91,9 +91,9 @@ impl ApproveApi for Approver {
 
 /// Hands out its node once; its connections and approver fail as scripted first.
 struct Link {
-    node: Option<Node>,
-    connects: VecDeque<Failure>,
-    approver: Option<Approver>,
+    node: Mutex<Option<Node>>,
+    connects: Mutex<VecDeque<Failure>>,
+    approver: Mutex<Option<Approver>>,
     log: Log,
 }
 
@@ -101,20 +101,28 @@ impl Connector for Link {
     type Node = Node;
     type Approver = Approver;
 
-    async fn node(&mut self) -> Result<NodeSession<Node>, Failure> {
-        if let Some(failure) = self.connects.pop_front() {
+    async fn node(&self) -> Result<NodeSession<Node>, Failure> {
+        let failed = self.connects.lock().unwrap().pop_front();
+        if let Some(failure) = failed {
             push(&self.log, format!("connect: {}", failure.cause()));
             return Err(failure);
         }
         push(&self.log, "connect");
         Ok(NodeSession {
-            node: self.node.take().expect("one node per execute"),
+            node: self
+                .node
+                .lock()
+                .unwrap()
+                .take()
+                .expect("one node per execute"),
             extra_sans: vec!["cp.example".into()],
         })
     }
 
-    async fn approver(&mut self) -> Result<Approver, Failure> {
+    async fn approver(&self) -> Result<Approver, Failure> {
         self.approver
+            .lock()
+            .unwrap()
             .take()
             .ok_or_else(|| Failure::Unavailable("no control plane answers".into()))
     }
@@ -169,19 +177,19 @@ fn node(
     runs: Vec<Result<i64, K8sdError>>,
 ) -> Link {
     Link {
-        node: Some(Node {
+        node: Mutex::new(Some(Node {
             name,
             plans: plans.into(),
             runs: runs.into(),
             probes: VecDeque::new(),
             run_takes: Duration::ZERO,
             log: log.clone(),
-        }),
-        connects: VecDeque::new(),
-        approver: Some(Approver {
+        })),
+        connects: Mutex::default(),
+        approver: Mutex::new(Some(Approver {
             answers: VecDeque::new(),
             log: log.clone(),
-        }),
+        })),
         log: log.clone(),
     }
 }
@@ -246,7 +254,7 @@ async fn go(
     machine: &str,
     role: Role,
     op: Operation,
-    link: &mut Link,
+    link: &Link,
     journal: &mut Journal,
 ) -> Finished<Node> {
     executor
@@ -290,13 +298,13 @@ fn said<N>(finished: &Finished<N>) -> String {
 async fn a_control_plane_is_refreshed_and_keeps_its_cluster_until_it_answers_again() {
     let log = Log::default();
     let (executor, mut rx) = executor();
-    let mut link = node(&log, "cp-0", vec![Ok(42)], vec![Ok(EXPIRY)]);
+    let link = node(&log, "cp-0", vec![Ok(42)], vec![Ok(EXPIRY)]);
     let finished = go(
         &executor,
         "cp-0",
         Role::ControlPlane,
         operation(None, 0),
-        &mut link,
+        &link,
         &mut journal(&log),
     )
     .await;
@@ -323,13 +331,13 @@ async fn a_control_plane_is_refreshed_and_keeps_its_cluster_until_it_answers_aga
     settle.node.probes = [Err(refused()), Err(refused())].into();
     // While it settles, the cluster is taken: a second control plane and a worker wait.
     settle.spawn();
-    let mut other = node(&log, "cp-1", vec![Ok(7)], vec![Ok(EXPIRY)]);
+    let other = node(&log, "cp-1", vec![Ok(7)], vec![Ok(EXPIRY)]);
     let waiting = go(
         &executor,
         "cp-1",
         Role::ControlPlane,
         operation(None, 0),
-        &mut other,
+        &other,
         &mut journal(&log),
     )
     .await;
@@ -352,7 +360,7 @@ async fn a_control_plane_is_refreshed_and_keeps_its_cluster_until_it_answers_aga
         "cp-1",
         Role::ControlPlane,
         operation(None, 0),
-        &mut other,
+        &other,
         &mut journal(&log),
     )
     .await;
@@ -369,15 +377,15 @@ async fn a_worker_runs_while_a_control_plane_approves_and_an_approve_error_is_no
     let (executor, _rx) = executor();
     let mut link = node(&log, "w-0", vec![Ok(9)], vec![Ok(EXPIRY)]);
     // k8sd's auto-approver approved the CSRs: every approve answers 500, run succeeds.
-    link.approver.as_mut().unwrap().answers =
+    link.approver.get_mut().unwrap().as_mut().unwrap().answers =
         (0..10).map(|_| Err(api(500, "already approved"))).collect();
-    link.node.as_mut().unwrap().run_takes = Duration::from_secs(3);
+    link.node.get_mut().unwrap().as_mut().unwrap().run_takes = Duration::from_secs(3);
     let finished = go(
         &executor,
         "w-0",
         Role::Worker,
         operation(None, 0),
-        &mut link,
+        &link,
         &mut journal(&log),
     )
     .await;
@@ -404,7 +412,7 @@ async fn a_worker_runs_while_a_control_plane_approves_and_an_approve_error_is_no
 async fn a_lost_answer_is_followed_by_a_new_plan_and_a_restart_counts_the_runs_sent() {
     let log = Log::default();
     let (executor, _rx) = executor();
-    let mut link = node(
+    let link = node(
         &log,
         "cp-0",
         vec![Ok(1), Ok(2)],
@@ -415,7 +423,7 @@ async fn a_lost_answer_is_followed_by_a_new_plan_and_a_restart_counts_the_runs_s
         "cp-0",
         Role::ControlPlane,
         operation(None, 0),
-        &mut link,
+        &link,
         &mut journal(&log),
     )
     .await;
@@ -434,7 +442,7 @@ async fn a_lost_answer_is_followed_by_a_new_plan_and_a_restart_counts_the_runs_s
     // A crash between the seed and the answer: resumed from the journal (seed 5, one run
     // sent, outcome unknown), a new plan, never seed 5 again; and no more than three runs.
     let log = Log::default();
-    let mut link = node(
+    let link = node(
         &log,
         "cp-1",
         vec![Ok(6), Ok(7)],
@@ -443,7 +451,7 @@ async fn a_lost_answer_is_followed_by_a_new_plan_and_a_restart_counts_the_runs_s
     let finished = executor
         .execute(
             accepted("cp-1", Role::ControlPlane, operation(Some(5), 1)),
-            &mut link,
+            &link,
             &mut journal(&log),
         )
         .await;
@@ -466,7 +474,7 @@ async fn a_lost_answer_is_followed_by_a_new_plan_and_a_restart_counts_the_runs_s
 async fn a_journal_that_cannot_record_the_seed_stops_the_operation_before_run() {
     let log = Log::default();
     let (executor, _rx) = executor();
-    let mut link = node(&log, "cp-0", vec![Ok(42)], vec![Ok(EXPIRY)]);
+    let link = node(&log, "cp-0", vec![Ok(42)], vec![Ok(EXPIRY)]);
     let mut journal = Journal {
         refuse: Some(|| Failure::Api("the API server refused the write".into())),
         ..journal(&log)
@@ -476,20 +484,20 @@ async fn a_journal_that_cannot_record_the_seed_stops_the_operation_before_run() 
         "cp-0",
         Role::ControlPlane,
         operation(None, 0),
-        &mut link,
+        &link,
         &mut journal,
     )
     .await;
     assert_eq!(said(&finished), "failed: the API server refused the write");
     assert!(!entries(&log).iter().any(|e| e.contains(" run ")));
     // The cluster is free again at once.
-    let mut next = node(&log, "cp-1", vec![Ok(1)], vec![Ok(EXPIRY)]);
+    let next = node(&log, "cp-1", vec![Ok(1)], vec![Ok(EXPIRY)]);
     let finished = go(
         &executor,
         "cp-1",
         Role::ControlPlane,
         operation(None, 0),
-        &mut next,
+        &next,
         &mut self::journal(&log),
     )
     .await;
@@ -500,13 +508,13 @@ async fn a_journal_that_cannot_record_the_seed_stops_the_operation_before_run() 
 async fn a_hung_worker_gives_its_cluster_back_between_tries_so_a_control_plane_goes_in_between() {
     let log = Log::default();
     let (executor, _rx) = executor();
-    let mut worker = node(&log, "w-0", vec![Err(no_answer("plan"))], vec![]);
+    let worker = node(&log, "w-0", vec![Err(no_answer("plan"))], vec![]);
     let first = go(
         &executor,
         "w-0",
         Role::Worker,
         operation(None, 0),
-        &mut worker,
+        &worker,
         &mut journal(&log),
     )
     .await;
@@ -516,13 +524,13 @@ async fn a_hung_worker_gives_its_cluster_back_between_tries_so_a_control_plane_g
         said(&first)
     );
     // Between the worker's tries, a control plane of its cluster refreshes.
-    let mut cp = node(&log, "cp-0", vec![Ok(3)], vec![Ok(EXPIRY)]);
+    let cp = node(&log, "cp-0", vec![Ok(3)], vec![Ok(EXPIRY)]);
     let finished = go(
         &executor,
         "cp-0",
         Role::ControlPlane,
         operation(None, 0),
-        &mut cp,
+        &cp,
         &mut journal(&log),
     )
     .await;
@@ -534,14 +542,14 @@ async fn a_hung_worker_gives_its_cluster_back_between_tries_so_a_control_plane_g
     let mut journal = self::journal(&log);
     let mut last = String::new();
     for _ in 0..2 {
-        let mut worker = node(&log, "w-0", vec![Err(no_answer("plan"))], vec![]);
+        let worker = node(&log, "w-0", vec![Err(no_answer("plan"))], vec![]);
         last = said(
             &go(
                 &executor,
                 "w-0",
                 Role::Worker,
                 operation(None, 0),
-                &mut worker,
+                &worker,
                 &mut journal,
             )
             .await,
@@ -560,7 +568,7 @@ async fn workers_wait_for_their_cluster_s_control_planes_and_for_a_place() {
     let log = Log::default();
     let (executor, mut rx) = executor();
     // A control plane is pending: the worker waits without touching anything.
-    let mut link = node(&log, "w-0", vec![Ok(1)], vec![Ok(EXPIRY)]);
+    let link = node(&log, "w-0", vec![Ok(1)], vec![Ok(EXPIRY)]);
     let mut journal = journal(&log);
     let waiting = executor
         .execute(
@@ -568,7 +576,7 @@ async fn workers_wait_for_their_cluster_s_control_planes_and_for_a_place() {
                 control_planes_pending: true,
                 ..accepted("w-0", Role::Worker, operation(None, 0))
             },
-            &mut link,
+            &link,
             &mut journal,
         )
         .await;
@@ -586,13 +594,13 @@ async fn workers_wait_for_their_cluster_s_control_planes_and_for_a_place() {
         Some(operation(None, 0))
     );
     // The control plane's refresh wakes it.
-    let mut cp = node(&log, "cp-0", vec![Ok(3)], vec![Ok(EXPIRY)]);
+    let cp = node(&log, "cp-0", vec![Ok(3)], vec![Ok(EXPIRY)]);
     let Finished::Ran { settle, .. } = go(
         &executor,
         "cp-0",
         Role::ControlPlane,
         operation(None, 0),
-        &mut cp,
+        &cp,
         &mut self::journal(&log),
     )
     .await
@@ -607,14 +615,14 @@ async fn workers_wait_for_their_cluster_s_control_planes_and_for_a_place() {
         "w-0",
         Role::Worker,
         operation(None, 0),
-        &mut link,
+        &link,
         &mut journal,
     )
     .await;
     assert!(said(&finished).starts_with("ran"), "{}", said(&finished));
 
     // Two places per cluster: a third worker waits, and is woken when one leaves.
-    let mut link = node(&log, "w-3", vec![Ok(4)], vec![Ok(EXPIRY)]);
+    let link = node(&log, "w-3", vec![Ok(4)], vec![Ok(EXPIRY)]);
     let mut journal = self::journal(&log);
     let a = executor
         .admission
@@ -629,7 +637,7 @@ async fn workers_wait_for_their_cluster_s_control_planes_and_for_a_place() {
         "w-3",
         Role::Worker,
         operation(None, 0),
-        &mut link,
+        &link,
         &mut journal,
     )
     .await;
@@ -641,7 +649,7 @@ async fn workers_wait_for_their_cluster_s_control_planes_and_for_a_place() {
         "w-3",
         Role::Worker,
         operation(None, 0),
-        &mut link,
+        &link,
         &mut journal,
     )
     .await;
@@ -654,7 +662,7 @@ async fn workers_wait_for_their_cluster_s_control_planes_and_for_a_place() {
         "w-3",
         Role::Worker,
         operation(None, 0),
-        &mut link,
+        &link,
         &mut journal,
     )
     .await;
@@ -662,11 +670,45 @@ async fn workers_wait_for_their_cluster_s_control_planes_and_for_a_place() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_queued_worker_that_only_looks_again_keeps_its_place_in_line() {
+    let log = Log::default();
+    let (executor, mut rx) = executor();
+    let a = executor
+        .admission
+        .try_enter("ns", "c", Role::Worker, &who("w-1"))
+        .unwrap();
+    let _b = executor
+        .admission
+        .try_enter("ns", "c", Role::Worker, &who("w-2"))
+        .unwrap();
+    let link = node(&log, "w-3", vec![Ok(4)], vec![Ok(EXPIRY)]);
+    let mut journal = journal(&log);
+    let queued = go(
+        &executor,
+        "w-3",
+        Role::Worker,
+        operation(None, 0),
+        &link,
+        &mut journal,
+    )
+    .await;
+    assert!(said(&queued).starts_with("wait"), "{}", said(&queued));
+    // Its note in the queue lapses (WAITER_TTL without a new try) while it still waits.
+    executor.admission.forget("ns", "c", &who("w-3"));
+    // Looking again (the cheap recheck, nothing read) notes it as waiting again ...
+    assert!(executor.still_blocked(&who("w-3"), "w-3-1", Role::Worker, || false));
+    // ... so that it is woken when a place frees, not left to find one by itself.
+    drop(a);
+    assert_eq!(woken(&mut rx), ["w-3"]);
+    assert!(!executor.still_blocked(&who("w-3"), "w-3-1", Role::Worker, || false));
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_restarting_workload_api_is_waited_for_then_given_up_on() {
     let log = Log::default();
     let (executor, _rx) = executor();
     let mut link = node(&log, "cp-0", vec![], vec![]);
-    link.connects = (0..20)
+    *link.connects.get_mut().unwrap() = (0..20)
         .map(|_| Failure::Unavailable("the tunnel cannot be opened".into()))
         .collect();
     let mut journal = journal(&log);
@@ -677,7 +719,7 @@ async fn a_restarting_workload_api_is_waited_for_then_given_up_on() {
             "cp-0",
             Role::ControlPlane,
             operation(None, 0),
-            &mut link,
+            &link,
             &mut journal,
         )
         .await;
@@ -703,13 +745,13 @@ async fn a_stopping_process_starts_nothing_new() {
     let log = Log::default();
     let (executor, _rx) = executor();
     executor.stop.cancel();
-    let mut link = node(&log, "cp-0", vec![Ok(1)], vec![Ok(EXPIRY)]);
+    let link = node(&log, "cp-0", vec![Ok(1)], vec![Ok(EXPIRY)]);
     let finished = go(
         &executor,
         "cp-0",
         Role::ControlPlane,
         operation(None, 0),
-        &mut link,
+        &link,
         &mut journal(&log),
     )
     .await;
@@ -727,14 +769,14 @@ async fn a_run_sent_before_a_handover_is_waited_out_before_a_new_plan() {
         ..operation(Some(7), 1)
     };
     // Sent 10 s ago by another leader: that run may still be running on the node.
-    let mut link = node(&log, "w-0", vec![Ok(8)], vec![Ok(EXPIRY)]);
+    let link = node(&log, "w-0", vec![Ok(8)], vec![Ok(EXPIRY)]);
     let mut journal = journal(&log);
     let finished = go(
         &executor,
         "w-0",
         Role::Worker,
         seeded(10),
-        &mut link,
+        &link,
         &mut journal,
     )
     .await;
@@ -748,14 +790,14 @@ async fn a_run_sent_before_a_handover_is_waited_out_before_a_new_plan() {
     assert_eq!(journal.shown.len(), 1, "shown waiting: {:?}", journal.shown);
 
     // The run timeout has passed since: a new plan, a new seed.
-    let mut link = node(&log, "w-0", vec![Ok(8)], vec![Ok(EXPIRY)]);
+    let link = node(&log, "w-0", vec![Ok(8)], vec![Ok(EXPIRY)]);
     let timeout = i64::try_from(RUN_TIMEOUT.as_secs()).unwrap();
     let finished = go(
         &executor,
         "w-0",
         Role::Worker,
         seeded(timeout),
-        &mut link,
+        &link,
         &mut journal,
     )
     .await;
@@ -775,14 +817,14 @@ async fn a_run_sent_before_a_handover_is_waited_out_before_a_new_plan() {
 async fn a_replica_that_does_not_lead_sends_nothing_even_for_a_journaled_operation() {
     let log = Log::default();
     let (executor, _rx) = executor_in(crate::leader::Term::none());
-    let mut link = node(&log, "cp-0", vec![Ok(2)], vec![Ok(EXPIRY)]);
+    let link = node(&log, "cp-0", vec![Ok(2)], vec![Ok(EXPIRY)]);
     // A run of seed 1 with no known outcome: the next leader goes on with it, not this one.
     let finished = go(
         &executor,
         "cp-0",
         Role::ControlPlane,
         operation(Some(1), 1),
-        &mut link,
+        &link,
         &mut journal(&log),
     )
     .await;

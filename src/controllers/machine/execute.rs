@@ -67,7 +67,7 @@ impl Reconciler<'_> {
         };
         status.role = Some(role);
         status.node_name = self.view.node_name.clone();
-        let mut connector = KubeConnector {
+        let connector = KubeConnector {
             reconciler: self,
             cluster: &cluster,
             pin,
@@ -86,7 +86,7 @@ impl Reconciler<'_> {
             };
             self.ctx
                 .executor
-                .execute(accepted, &mut connector, &mut journal)
+                .execute(accepted, &connector, &mut journal)
                 .await
         };
         match finished {
@@ -332,7 +332,7 @@ impl Connector for KubeConnector<'_, '_> {
     type Node = NodeLink;
     type Approver = Session;
 
-    async fn node(&mut self) -> Result<NodeSession<NodeLink>, Failure> {
+    async fn node(&self) -> Result<NodeSession<NodeLink>, Failure> {
         let node = self
             .reconciler
             .prepare(self.pin, self.role, self.cluster)
@@ -346,7 +346,7 @@ impl Connector for KubeConnector<'_, '_> {
         })
     }
 
-    async fn approver(&mut self) -> Result<Session, Failure> {
+    async fn approver(&self) -> Result<Session, Failure> {
         let cluster = self.reconciler.view.cluster.clone().unwrap_or_default();
         self.reconciler.approver(&cluster).await
     }
@@ -372,6 +372,10 @@ impl NodeApi for NodeLink {
 
     fn fingerprint(&self) -> Option<String> {
         NodeApi::fingerprint(&self.session)
+    }
+
+    async fn connect(&mut self) {
+        self.session.connect().await;
     }
 }
 

@@ -54,16 +54,24 @@ impl Reconciler<'_> {
         let ns = &self.view.namespace;
         let cluster_name = self.view.cluster.clone().unwrap_or_default();
         let node_name = self.view.node_name.clone().unwrap_or_default();
-        let client = self
-            .ctx
-            .workload
-            .get(ns, &cluster_name)
-            .await
-            .map_err(Failure::Workload)?;
-        let config = self
-            .ck8s_config()
-            .await
-            .map_err(|e| Failure::Api(e.into()))?;
+        // Independent reads, at once (a refresh holds its place while it waits for them); their
+        // errors in the order they were read in before.
+        let (client, config, tokens) = futures::join!(
+            async {
+                self.ctx
+                    .workload
+                    .get(ns, &cluster_name)
+                    .await
+                    .map_err(Failure::Workload)
+            },
+            async { self.ck8s_config().await.map_err(|e| Failure::Api(e.into())) },
+            async {
+                workload::tokens(&self.ctx.client, ns, &cluster_name, &self.view.name)
+                    .await
+                    .map_err(Failure::Workload)
+            },
+        );
+        let (client, config, tokens) = (client?, config?, tokens?);
         let port = config
             .as_ref()
             .and_then(|c| c.data.pointer("/spec/controlPlane/microclusterPort"))
@@ -101,9 +109,6 @@ impl Reconciler<'_> {
         )
         .await
         .map_err(Failure::Workload)?;
-        let tokens = workload::tokens(&self.ctx.client, ns, &cluster_name, &self.view.name)
-            .await
-            .map_err(Failure::Workload)?;
         let session = Session::node(
             endpoint.target,
             endpoint.route,
@@ -148,23 +153,30 @@ impl Reconciler<'_> {
     /// A session to a Ready control-plane node of the same cluster that answers a probe.
     pub(super) async fn approver(&self, cluster: &str) -> Result<Session, Failure> {
         let ns = &self.view.namespace;
-        let client = self
-            .ctx
-            .workload
-            .get(ns, cluster)
-            .await
-            .map_err(Failure::Workload)?;
-        let tokens = workload::tokens(&self.ctx.client, ns, cluster, &self.view.name)
-            .await
-            .map_err(Failure::Workload)?;
         // Listed, not taken from our cache: the control planes need not be in our watch scope
         // (--watch-filter, --namespace) to approve a worker's CSRs.
         let selector = format!("{CLUSTER_NAME_LABEL}={cluster},{CONTROL_PLANE_LABEL}");
-        let listed = self
-            .machines()
-            .list(&ListParams::default().labels(&selector))
-            .await
-            .map_err(|e| Failure::Api(e.into()))?;
+        let (client, tokens, listed) = futures::join!(
+            async {
+                self.ctx
+                    .workload
+                    .get(ns, cluster)
+                    .await
+                    .map_err(Failure::Workload)
+            },
+            async {
+                workload::tokens(&self.ctx.client, ns, cluster, &self.view.name)
+                    .await
+                    .map_err(Failure::Workload)
+            },
+            async {
+                self.machines()
+                    .list(&ListParams::default().labels(&selector))
+                    .await
+                    .map_err(|e| Failure::Api(e.into()))
+            },
+        );
+        let (client, tokens, listed) = (client?, tokens?, listed?);
         let mut candidates: Vec<MachineView> = listed
             .items
             .iter()

@@ -221,7 +221,7 @@ impl Fault {
 }
 
 /// One k8sd request as the simulator saw it. Header *names* only: values are never recorded.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CallRecord {
     pub cluster: String,

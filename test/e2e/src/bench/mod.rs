@@ -82,6 +82,10 @@ pub struct Options {
     /// Extra flags for the controller, e.g. `--controller-arg=--max-worker-refreshes-per-cluster=4`.
     #[arg(long = "controller-arg", allow_hyphen_values = true)]
     pub controller_args: Vec<String>,
+    /// Keep the refresh batch's raw material in this folder: the simulated nodes' k8sd calls
+    /// (`k8sd-calls.json`), the management API server's audit log and the controller's log.
+    #[arg(long)]
+    pub traces: Option<PathBuf>,
     /// Where the JSON results go (also printed as a table).
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/bench/results.json"))]
     pub output: PathBuf,
@@ -238,6 +242,9 @@ pub async fn run(options: &Options) -> Result<report::Report, crate::Error> {
                 )
                 .await?,
             );
+            if let Some(dir) = &options.traces {
+                keep_traces(&env, dir, &process.log).await?;
+            }
         }
         if samples > 0 {
             // From the far end of the fleet: Machines no refresh has touched.
@@ -294,6 +301,27 @@ pub async fn run(options: &Options) -> Result<report::Report, crate::Error> {
     save(&options.output, &report)?;
     env.stop();
     Ok(report)
+}
+
+/// Copies the refresh batch's k8sd calls, audit log and controller log into `dir`.
+async fn keep_traces(
+    env: &crate::Environment,
+    dir: &std::path::Path,
+    controller_log: &std::path::Path,
+) -> Result<(), crate::Error> {
+    use crate::Error;
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let calls = env.sim.calls("", "").await?;
+    let json = serde_json::to_vec(&calls).map_err(|e| Error::Setup(e.to_string()))?;
+    let out = dir.join("k8sd-calls.json");
+    std::fs::write(&out, json).map_err(|e| Error::io(&out, e))?;
+    for (from, name) in [
+        (env.dir.join("audit-management.log"), "audit-management.log"),
+        (controller_log.to_path_buf(), "controller.log"),
+    ] {
+        std::fs::copy(&from, dir.join(name)).map_err(|e| Error::io(&from, e))?;
+    }
+    Ok(())
 }
 
 /// Writes the results so far: each phase's figures are kept even if a later phase fails.
