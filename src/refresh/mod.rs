@@ -30,12 +30,6 @@ pub trait NodeApi: Send {
     fn fingerprint(&self) -> Option<String> {
         None
     }
-    /// Opens the way to the node ahead of the first call, while other work goes on (a worker's
-    /// approver is looked for meanwhile). Whatever goes wrong is answered by that first call,
-    /// so nothing is tried twice.
-    fn connect(&mut self) -> impl Future<Output = ()> + Send {
-        async {}
-    }
 }
 
 /// The approve call, sent to a control-plane node of the same cluster.

@@ -2,8 +2,7 @@
 //! operation (plan then run); after any error it is dropped and the next call reconnects.
 //!
 //! Every call is counted and timed here, where the I/O happens (`ck8s_certs_k8sd_*` metrics),
-//! connecting included: a call that has to open the tunnel first pays for it (unless it was
-//! opened ahead with [`Session::connect`]; a failure to open it is then answered by that call).
+//! connecting included: a call that has to open the tunnel first pays for it.
 
 use std::time::Duration;
 
@@ -31,9 +30,6 @@ pub struct Session {
     header: &'static str,
     timeouts: Timeouts,
     connection: Option<Connection>,
-    /// A connection opened ahead of the first call ([`Session::connect`]) that failed: that
-    /// call answers it.
-    connect_error: Option<K8sdError>,
     metrics: K8sdCalls,
 }
 
@@ -55,7 +51,6 @@ impl Session {
             header: NODE_TOKEN_HEADER,
             timeouts,
             connection: None,
-            connect_error: None,
             metrics,
         }
     }
@@ -77,7 +72,6 @@ impl Session {
             header: CAPI_AUTH_TOKEN_HEADER,
             timeouts,
             connection: None,
-            connect_error: None,
             metrics,
         }
     }
@@ -94,21 +88,7 @@ impl Session {
         &self.target
     }
 
-    /// Opens the connection now (port-forward, TLS) rather than at the first call; a failure
-    /// is kept for that call to answer (and be counted by).
-    pub async fn connect(&mut self) {
-        if self.connection.is_none()
-            && self.connect_error.is_none()
-            && let Err(err) = self.connection().await
-        {
-            self.connect_error = Some(err);
-        }
-    }
-
     async fn connection(&mut self) -> Result<&mut Connection, K8sdError> {
-        if let Some(err) = self.connect_error.take() {
-            return Err(err);
-        }
         if self.connection.is_none() {
             let connection = Connection::open(
                 self.target.clone(),
@@ -191,10 +171,6 @@ impl NodeApi for Session {
 
     fn fingerprint(&self) -> Option<String> {
         Session::fingerprint(self).map(|f| f.to_string())
-    }
-
-    async fn connect(&mut self) {
-        Session::connect(self).await;
     }
 }
 
@@ -311,48 +287,5 @@ mod tests {
         .and_then(|v| v.parse().ok())
         .unwrap();
         assert!((0.3..5.0).contains(&sum), "{sum}");
-    }
-
-    /// A connection opened ahead that failed is answered (and counted) by the first call, which
-    /// does not try again; the call after it does.
-    #[tokio::test]
-    async fn a_connection_opened_ahead_is_tried_once() {
-        let metrics = Metrics::default();
-        // Accepts and closes at once: each try is one accepted connection, and TLS fails.
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
-        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let counted = accepted.clone();
-        let closer = tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                drop(stream);
-            }
-        });
-        let tries = || accepted.load(std::sync::atomic::Ordering::SeqCst);
-        let mut node = session(address, &metrics);
-        node.connect().await;
-        assert_eq!(tries(), 1);
-        assert!(
-            sample(
-                &metrics,
-                "ck8s_certs_k8sd_requests_total{endpoint=\"plan\",outcome=\"connect\"}"
-            )
-            .is_none()
-        );
-        let first = node.plan().await;
-        assert!(matches!(first, Err(K8sdError::Connect { .. })), "{first:?}");
-        assert_eq!(tries(), 1, "the call answered the failure it was handed");
-        assert!(node.plan().await.is_err());
-        assert_eq!(tries(), 2, "the next call connects again");
-        assert_eq!(
-            sample(
-                &metrics,
-                "ck8s_certs_k8sd_requests_total{endpoint=\"plan\",outcome=\"connect\"}"
-            )
-            .as_deref(),
-            Some("2")
-        );
-        closer.abort();
     }
 }

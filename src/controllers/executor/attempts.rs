@@ -23,7 +23,8 @@ use tracing::{info, warn};
 
 use super::MAX_RUN_SENDS;
 use super::failure::Failure;
-use crate::k8sd::wire::RunRequest;
+use crate::k8sd::K8sdError;
+use crate::k8sd::wire::{PlanResponse, RunRequest};
 use crate::policy::Ttl;
 use crate::refresh::flow;
 use crate::refresh::{ApproveApi, NodeApi};
@@ -55,11 +56,18 @@ pub(super) trait Journal: Send {
     fn now(&self) -> Timestamp;
 }
 
+/// Whether `op` has sent its last `run` without an answer: no new attempt may start.
+pub(super) fn runs_spent(op: &Operation) -> bool {
+    op.phase == Phase::Running && op.seed.is_some() && op.run_attempts >= MAX_RUN_SENDS
+}
+
 /// Carries `op` out on `node`, asking for `ttl`, until `run` answers: `Ok` with `op` Succeeded (its new expiry and
-/// notes set), or why it failed. `approver` is the control plane that approves a worker's CSRs
-/// (`None` for a control plane); `extra_sans` go with a control plane's `run`.
+/// notes set), or why it failed. `planned` is the answer of a first `plan` already asked (while
+/// a worker's approver was looked for). `approver` is the control plane that approves a
+/// worker's CSRs (`None` for a control plane); `extra_sans` go with a control plane's `run`.
 pub(super) async fn carry_out<N, A, J>(
     node: &mut N,
+    mut planned: Option<Result<PlanResponse, K8sdError>>,
     mut approver: Option<&mut A>,
     op: &mut Operation,
     ttl: Ttl,
@@ -76,7 +84,7 @@ where
             && let Some(seed) = op.seed
         {
             // The run of `seed` has no known outcome.
-            if op.run_attempts >= MAX_RUN_SENDS {
+            if runs_spent(op) {
                 return Err(Failure::Message(format!(
                     "run was sent {} times without an answer (last seed {seed}); the node may hold new certificates that it does not serve yet",
                     op.run_attempts
@@ -91,7 +99,11 @@ where
         // One call at a time: a node that does not answer is waited for by the journal (which
         // gives the cluster back in between), not retried here.
         let plan = loop {
-            match node.plan().await {
+            let answer = match planned.take() {
+                Some(answer) => answer,
+                None => node.plan().await,
+            };
+            match answer {
                 Ok(plan) => break plan,
                 Err(err) => {
                     let failure = Failure::k8sd("plan", err);

@@ -12,8 +12,8 @@
 //! Admission::try_enter (a control plane alone in its cluster; workers bounded)
 //!    │                        └─busy─► Wait (woken when a place frees)
 //!    ▼
-//! Connector::node (∥ ::approver for a worker) ─── not answering ──► Wait 1 s … 8 s, up to
-//!    │                                            --refresh-wait-timeout, the cluster given back
+//! Connector::node (a worker: its first plan ∥ ::approver) ─ not answering ─► Wait 1 s … 8 s,
+//!    │                              up to --refresh-wait-timeout, the cluster given back
 //!    ▼
 //! attempts: plan ─► Journal::record(seed) ─► run (∥ approve) ─ no answer ─► new plan (≤ 3 runs)
 //!    │        └─ plan not answering ─► Wait (as above; timeouts tried --k8sd-retries times)
@@ -363,20 +363,26 @@ impl Executor {
             return Finished::Stopping;
         }
 
-        // A worker's node is reached (its tunnel opened) while its approver is looked for.
+        // A worker's first `plan` (which changes nothing on the node) is asked while its
+        // approver is looked for: finding a control plane that answers takes several reads and
+        // a tunnel of its own, and the refresh holds its place meanwhile.
+        let plan_ahead = role == Role::Worker && !attempts::runs_spent(&op);
         let (session, approver) = match role {
-            Role::ControlPlane => (connector.node().await, None),
+            Role::ControlPlane => (connector.node().await.map(|s| (s, None)), None),
             Role::Worker => {
                 let node = async {
                     let mut session = connector.node().await?;
-                    session.node.connect().await;
-                    Ok(session)
+                    let plan = match plan_ahead {
+                        true => Some(session.node.plan().await),
+                        false => None,
+                    };
+                    Ok((session, plan))
                 };
                 let (session, approver) = futures::join!(node, connector.approver());
                 (session, Some(approver))
             }
         };
-        let session = match session {
+        let (session, planned) = match session {
             Ok(session) => session,
             Err(failure) => {
                 return self
@@ -415,6 +421,7 @@ impl Executor {
         };
         let result = attempts::carry_out(
             &mut node,
+            planned,
             approver.as_mut(),
             &mut op,
             ttl,

@@ -373,10 +373,6 @@ impl NodeApi for NodeLink {
     fn fingerprint(&self) -> Option<String> {
         NodeApi::fingerprint(&self.session)
     }
-
-    async fn connect(&mut self) {
-        self.session.connect().await;
-    }
 }
 
 impl Probe for NodeLink {
