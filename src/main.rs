@@ -51,8 +51,11 @@ fn controller(args: Args) -> anyhow::Result<()> {
         .install_default()
         .map_err(|_| anyhow::anyhow!("a rustls crypto provider was already installed"))?;
     ck8s_certs::telemetry::init(&args.log)?;
+    // Room beyond tokio's 2 MiB for polling a reconcile's nested futures (a debug build's
+    // frames are large): running out aborts the process. Untouched stack costs no memory.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .thread_stack_size(8 << 20)
         .build()?;
     let result = runtime.block_on(ck8s_certs::run(args));
     // Exit at once, above all after leadership was lost: dropping the runtime would wait for

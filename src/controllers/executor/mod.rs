@@ -378,7 +378,10 @@ impl Executor {
                     };
                     Ok((session, plan))
                 };
-                let (session, approver) = futures::join!(node, connector.approver());
+                // Boxed: both futures are large, and side by side they would not fit on a
+                // worker thread's stack in a debug build.
+                let (session, approver) =
+                    futures::join!(Box::pin(node), Box::pin(connector.approver()));
                 (session, Some(approver))
             }
         };

@@ -278,6 +278,17 @@ fn woken(rx: &mut mpsc::UnboundedReceiver<Waiter>) -> Vec<String> {
     names
 }
 
+/// Workers `w-1` and `w-2` hold cluster `c`'s two places.
+fn both_places_of_c_taken(executor: &Executor) -> (Guard, Guard) {
+    let take = |machine| {
+        executor
+            .admission
+            .try_enter("ns", "c", Role::Worker, &who(machine))
+            .unwrap()
+    };
+    (take("w-1"), take("w-2"))
+}
+
 /// What a [`Finished`] says, for assertions.
 fn said<N>(finished: &Finished<N>) -> String {
     match finished {
@@ -624,14 +635,7 @@ async fn workers_wait_for_their_cluster_s_control_planes_and_for_a_place() {
     // Two places per cluster: a third worker waits, and is woken when one leaves.
     let link = node(&log, "w-3", vec![Ok(4)], vec![Ok(EXPIRY)]);
     let mut journal = self::journal(&log);
-    let a = executor
-        .admission
-        .try_enter("ns", "c", Role::Worker, &who("w-1"))
-        .unwrap();
-    let _b = executor
-        .admission
-        .try_enter("ns", "c", Role::Worker, &who("w-2"))
-        .unwrap();
+    let (a, _b) = both_places_of_c_taken(&executor);
     let waiting = go(
         &executor,
         "w-3",
@@ -673,14 +677,7 @@ async fn workers_wait_for_their_cluster_s_control_planes_and_for_a_place() {
 async fn a_queued_worker_that_only_looks_again_keeps_its_place_in_line() {
     let log = Log::default();
     let (executor, mut rx) = executor();
-    let a = executor
-        .admission
-        .try_enter("ns", "c", Role::Worker, &who("w-1"))
-        .unwrap();
-    let _b = executor
-        .admission
-        .try_enter("ns", "c", Role::Worker, &who("w-2"))
-        .unwrap();
+    let (a, _b) = both_places_of_c_taken(&executor);
     let link = node(&log, "w-3", vec![Ok(4)], vec![Ok(EXPIRY)]);
     let mut journal = journal(&log);
     let queued = go(
