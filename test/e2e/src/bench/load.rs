@@ -34,6 +34,127 @@ pub struct RefreshFigures {
     pub k8sd_calls_per_refresh: f64,
     pub api_writes_per_refresh: f64,
     pub api_requests_per_refresh: f64,
+    /// Where the refreshes held their places.
+    pub held: HeldFigures,
+}
+
+/// How long each refresh held its place, in phases (means in ms over the refreshes whose calls
+/// were all seen), from the simulated nodes' calls and the management API server's audit log:
+/// a place is taken right before the refresh reads its node's CK8sConfig (the last such read
+/// before its `plan`), and given back when `run` answers.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct HeldFigures {
+    pub refreshes: usize,
+    /// Taking the place → `plan` sent: the node reached (its reads, its tunnel).
+    pub reach_ms: f64,
+    pub plan_ms: f64,
+    /// `plan` answered → `run` sent: a worker's approver found, the seed recorded.
+    pub record_ms: f64,
+    /// `run` sent → answered (`approve` beside it).
+    pub run_ms: f64,
+    /// The whole: taking the place → `run` answered.
+    pub held_ms: f64,
+    /// Σ held ÷ (concurrency × (last `run` answered − first place taken)): how full the places
+    /// were over the batch (1: never one free).
+    pub places_busy: f64,
+}
+
+/// One refresh's moments, as the node and the API server saw them.
+#[derive(Default)]
+struct Moments {
+    placed: Option<Timestamp>,
+    plan: Option<(Timestamp, Timestamp)>,
+    run: Option<(Timestamp, Timestamp)>,
+}
+
+/// [`HeldFigures`] of `nodes` from `calls` and the audited requests of `user`.
+fn held_places(
+    nodes: &[&NodeInfo],
+    calls: &[crate::sim::CallRecord],
+    audit: &AuditTail,
+    user: &str,
+    concurrency: usize,
+) -> HeldFigures {
+    use std::collections::HashMap;
+    let span = |c: &crate::sim::CallRecord| {
+        let start: Timestamp = c.started_at.parse().ok()?;
+        let end = start
+            .checked_add(jiff::SignedDuration::from_secs_f64(c.duration_ms / 1000.0))
+            .ok()?;
+        Some((start, end))
+    };
+    let mut moments: HashMap<(&str, &str), Moments> = nodes
+        .iter()
+        .map(|n| ((n.cluster.as_str(), n.node.as_str()), Moments::default()))
+        .collect();
+    for call in calls {
+        let Some(m) = moments.get_mut(&(call.cluster.as_str(), call.node.as_str())) else {
+            continue;
+        };
+        match call.path.as_str() {
+            ck8s_certs::k8sd::wire::path::PLAN => m.plan = span(call),
+            ck8s_certs::k8sd::wire::path::RUN => m.run = span(call),
+            _ => {}
+        }
+    }
+    let by_config: HashMap<(&str, &str), (&str, &str)> = nodes
+        .iter()
+        .map(|n| {
+            (
+                (n.namespace.as_str(), n.config_name.as_str()),
+                (n.cluster.as_str(), n.node.as_str()),
+            )
+        })
+        .collect();
+    for event in audit
+        .events
+        .iter()
+        .filter(|e| e.user.username == user && e.verb == "get")
+    {
+        let Some(object) = &event.object_ref else {
+            continue;
+        };
+        let Some(key) = by_config.get(&(object.namespace.as_str(), object.name.as_str())) else {
+            continue;
+        };
+        let (Some(at), Some(m)) = (event.received(), moments.get_mut(key)) else {
+            continue;
+        };
+        if m.plan.is_some_and(|(plan, _)| at <= plan) && m.placed.is_none_or(|p| p < at) {
+            m.placed = Some(at);
+        }
+    }
+    let ms = |from: Timestamp, to: Timestamp| to.duration_since(from).as_secs_f64() * 1000.0;
+    let mut figures = HeldFigures::default();
+    let (mut first, mut last): (Option<Timestamp>, Option<Timestamp>) = (None, None);
+    for m in moments.values() {
+        let (Some(placed), Some((plan, planned)), Some((run, ran))) = (m.placed, m.plan, m.run)
+        else {
+            continue;
+        };
+        figures.refreshes += 1;
+        figures.reach_ms += ms(placed, plan);
+        figures.plan_ms += ms(plan, planned);
+        figures.record_ms += ms(planned, run);
+        figures.run_ms += ms(run, ran);
+        figures.held_ms += ms(placed, ran);
+        first = Some(first.map_or(placed, |f| f.min(placed)));
+        last = Some(last.map_or(ran, |l| l.max(ran)));
+    }
+    let n = figures.refreshes.max(1) as f64;
+    if let (Some(first), Some(last)) = (first, last) {
+        figures.places_busy = figures.held_ms / (concurrency.max(1) as f64 * ms(first, last));
+    }
+    for mean in [
+        &mut figures.reach_ms,
+        &mut figures.plan_ms,
+        &mut figures.record_ms,
+        &mut figures.run_ms,
+        &mut figures.held_ms,
+    ] {
+        *mean /= n;
+    }
+    figures
 }
 
 /// Annotate → in-progress latency.
@@ -192,10 +313,11 @@ pub async fn refresh_batch(
     }
     let ended_at = Timestamp::now();
     let wall = last.duration_since(started).as_secs_f64();
-    let calls = env.sim.calls("", "").await?.len();
+    let calls = env.sim.calls("", "").await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     audit.refresh();
     let requests = audit.requests(user, started_at, ended_at);
+    let held = held_places(nodes, &calls, audit, user, concurrency);
     let n = nodes.len().max(1) as f64;
     let rounds = nodes.len().div_ceil(concurrency.max(1)) as f64;
     let restart = env.spec.restart_seconds as f64;
@@ -210,9 +332,10 @@ pub async fn refresh_batch(
         done,
         failed,
         unfinished,
-        k8sd_calls_per_refresh: calls as f64 / n,
+        k8sd_calls_per_refresh: calls.len() as f64 / n,
         api_writes_per_refresh: requests.writes as f64 / n,
         api_requests_per_refresh: requests.other as f64 / n,
+        held,
     })
 }
 
@@ -265,4 +388,82 @@ pub async fn set_k8sd_latency(env: &Environment, latency: Duration) -> Result<()
         env.sim.inject(&Fault::latency(latency)).await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::Role;
+
+    fn node(name: &str) -> NodeInfo {
+        NodeInfo {
+            cluster: "c".into(),
+            namespace: "ns".into(),
+            machine: format!("m-{name}"),
+            node: name.into(),
+            role: Role::Worker,
+            address: std::net::Ipv4Addr::LOCALHOST,
+            microcluster_port: 2380,
+            proxy_pod: String::new(),
+            config_name: format!("m-{name}-cfg"),
+        }
+    }
+
+    fn call(node: &str, path: &str, at: &str, ms: f64) -> crate::sim::CallRecord {
+        serde_json::from_value(json!({
+            "cluster": "c", "node": node, "endpoint": "x", "method": "POST", "path": path,
+            "headers": [], "body": "", "status": 200, "startedAt": at, "durationMs": ms,
+        }))
+        .unwrap()
+    }
+
+    fn get(user: &str, name: &str, at: &str) -> String {
+        json!({
+            "verb": "get", "user": { "username": user }, "stage": "ResponseComplete",
+            "objectRef": { "resource": "ck8sconfigs", "namespace": "ns", "name": name },
+            "requestReceivedTimestamp": at,
+        })
+        .to_string()
+    }
+
+    #[test]
+    fn a_place_is_held_from_the_last_config_read_before_plan_to_run_s_answer() {
+        use ck8s_certs::k8sd::wire::path;
+        let (a, b) = (node("a"), node("b"));
+        let calls = [
+            call("a", path::PLAN, "2026-01-01T00:00:01Z", 50.0),
+            call("a", path::RUN, "2026-01-01T00:00:01.100Z", 100.0),
+            call("b", path::PLAN, "2026-01-01T00:00:02Z", 50.0),
+            call("b", path::RUN, "2026-01-01T00:00:02.050Z", 150.0),
+            // Not a refreshed node's: ignored.
+            call("z", path::PLAN, "2026-01-01T00:00:00Z", 50.0),
+        ];
+        let dir = std::env::temp_dir().join(format!("held-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("audit.log");
+        let lines = [
+            // Read while queued, then right after taking its place: the latter counts.
+            get("us", "m-a-cfg", "2026-01-01T00:00:00Z"),
+            get("us", "m-a-cfg", "2026-01-01T00:00:00.800Z"),
+            // After its plan (the outcome recorded): not the place taken.
+            get("us", "m-a-cfg", "2026-01-01T00:00:01.300Z"),
+            get("someone", "m-b-cfg", "2026-01-01T00:00:01.900Z"),
+            get("us", "m-b-cfg", "2026-01-01T00:00:01.700Z"),
+        ];
+        std::fs::write(&log, lines.join("\n") + "\n").unwrap();
+        let mut audit = AuditTail::new(log);
+        audit.refresh();
+        let held = held_places(&[&a, &b], &calls, &audit, "us", 2);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(held.refreshes, 2);
+        // a: 200 reach, 50 plan, 50 record, 100 run = 400; b: 300, 50, 0, 150 = 500.
+        let close = |x: f64, y: f64| (x - y).abs() < 0.5;
+        assert!(close(held.reach_ms, 250.0), "{held:?}");
+        assert!(close(held.plan_ms, 50.0), "{held:?}");
+        assert!(close(held.record_ms, 25.0), "{held:?}");
+        assert!(close(held.run_ms, 125.0), "{held:?}");
+        assert!(close(held.held_ms, 450.0), "{held:?}");
+        // 900 ms held of 2 places × (2.2 s − 0.8 s).
+        assert!(close(held.places_busy * 1000.0, 900.0 / 2.8), "{held:?}");
+    }
 }

@@ -194,6 +194,19 @@ impl Report {
                 r.api_writes_per_refresh,
                 r.api_requests_per_refresh,
             );
+            let h = &r.held;
+            let _ = writeln!(
+                out,
+                "A place held {:.0} ms on average ({} refreshes): reaching the node {:.0} ms, plan {:.0} ms, \
+                 approver and seed record {:.0} ms, run ∥ approve {:.0} ms; the places were {:.0} % busy.",
+                h.held_ms,
+                h.refreshes,
+                h.reach_ms,
+                h.plan_ms,
+                h.record_ms,
+                h.run_ms,
+                h.places_busy * 100.0,
+            );
         }
         if let Some(w) = &self.waiting {
             let _ = writeln!(
