@@ -304,7 +304,8 @@ impl Inner {
 
     /// `role` left `cluster`: the waiters that can go now are woken, in the order they asked: a
     /// control plane alone once no worker is left, else workers up to the free places (a
-    /// worker place freed overall also wakes a worker of another cluster).
+    /// worker place freed overall, with no worker of this cluster waiting for it, wakes the
+    /// worker of another cluster that has waited longest).
     fn leave(&self, cluster: &ClusterKey, role: Role) {
         let mut woken: Vec<(Waiter, ClusterKey, Role)> = Vec::new();
         {

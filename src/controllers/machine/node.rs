@@ -54,8 +54,8 @@ impl Reconciler<'_> {
         let ns = &self.view.namespace;
         let cluster_name = self.view.cluster.clone().unwrap_or_default();
         let node_name = self.view.node_name.clone().unwrap_or_default();
-        // Independent reads, at once (a refresh holds its place while it waits for them); their
-        // errors in the order they were read in before.
+        // Independent reads, at once (a refresh holds its place while it waits for them); a
+        // failure is reported in this order whichever failed first.
         let (client, config, tokens) = futures::join!(
             async {
                 self.ctx
