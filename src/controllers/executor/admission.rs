@@ -356,14 +356,14 @@ impl Inner {
                 let other = clusters
                     .iter()
                     .filter_map(|(key, entry)| {
-                        let kept = invited
-                            .values()
-                            .filter(|(k, role, _)| k == key && *role == Role::Worker)
-                            .count();
                         let first = entry
                             .waiting
                             .iter()
                             .find(|q| q.role == Role::Worker && !invited.contains_key(&q.who))?;
+                        let kept = invited
+                            .values()
+                            .filter(|(k, role, _)| k == key && *role == Role::Worker)
+                            .count();
                         (key != cluster
                             && !entry.control_plane
                             && entry.workers + kept < self.per_cluster)

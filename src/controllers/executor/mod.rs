@@ -372,9 +372,10 @@ impl Executor {
             Role::Worker => {
                 let node = async {
                     let mut session = connector.node().await?;
-                    let plan = match plan_ahead {
-                        true => Some(session.node.plan().await),
-                        false => None,
+                    let plan = if plan_ahead {
+                        Some(session.node.plan().await)
+                    } else {
+                        None
                     };
                     Ok((session, plan))
                 };
@@ -394,23 +395,20 @@ impl Executor {
             }
         };
         let mut node = session.node;
-        let mut approver = match approver {
-            None => None,
-            Some(approver) => match approver {
-                Ok(approver) => Some(approver),
-                Err(failure) => {
-                    return self
-                        .wait_or_fail(
-                            who,
-                            parked,
-                            op,
-                            journal,
-                            "a Ready control-plane node",
-                            failure,
-                        )
-                        .await;
-                }
-            },
+        let mut approver = match approver.transpose() {
+            Ok(approver) => approver,
+            Err(failure) => {
+                return self
+                    .wait_or_fail(
+                        who,
+                        parked,
+                        op,
+                        journal,
+                        "a Ready control-plane node",
+                        failure,
+                    )
+                    .await;
+            }
         };
         let extra_sans = (role == Role::ControlPlane).then_some(session.extra_sans);
         let mut attempts_journal = AttemptsJournal {
