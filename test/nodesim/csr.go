@@ -68,8 +68,9 @@ func conditionTrue(csr *certv1.CertificateSigningRequest, t certv1.RequestCondit
 // attempt lived only in its request), and blocks until all are approved and signed. It
 // returns the kubelet serving certificate.
 //
-// It watches the CSRs through the server's informer cache (woken by their changes); without a
-// usable cache (not synced yet, or its watch failed lately) it polls the API server.
+// It watches the CSRs through the server's informer cache (woken by their changes) for its
+// first cache grace; without a usable cache (not synced yet, or its watch failed lately), and
+// after that, it polls the API server (see trustCache).
 func (s *Simulator) refreshWorker(ctx context.Context, n *node, seed int, expirationSeconds int32) (*x509.Certificate, error) {
 	srv := n.cluster.server
 	client := srv.client.CertificatesV1().CertificateSigningRequests()
@@ -91,12 +92,13 @@ func (s *Simulator) refreshWorker(ctx context.Context, n *node, seed int, expira
 		fromCache := true
 		for i, c := range csrs {
 			csr, found, usable := srv.cached(c.name)
-			if usable && !found && time.Since(created) < cacheGrace {
+			usable = usable && s.trustCache(created)
+			if usable && !found {
 				// Not in the cache yet: it was just created.
 				pending = append(pending, c.name)
 				continue
 			}
-			if !usable || !found {
+			if !usable {
 				fromCache = false
 				var err error
 				csr, err = client.Get(ctx, c.name, metav1.GetOptions{})
@@ -166,6 +168,15 @@ func (s *Simulator) refreshWorker(ctx context.Context, n *node, seed int, expira
 	}
 }
 
+// trustCache: whether a wait that began at started may still be served by the informer cache
+// alone (for cacheGrace). A watch can go stale without an error (a killed API server ends it
+// with a plain EOF, and the informer backs off before it lists again), leaving a CSR missing or
+// unapproved in the cache while the API server has it approved and signed; released k8sd reads
+// the API server, so a wait that lasts reads it too.
+func (s *Simulator) trustCache(started time.Time) bool {
+	return time.Since(started) < s.cacheGrace
+}
+
 // createCSR generates a key (kept only for this request, like k8sd's in-memory keys) and
 // creates the CSR; an existing CSR of that name is an error.
 func createCSR(ctx context.Context, client certclient.CertificateSigningRequestInterface, c workerCSR, expirationSeconds int32) error {
@@ -199,11 +210,12 @@ func (s *Simulator) approveWatch(ctx context.Context, cl *cluster, seed int, den
 	names := workerCSRNames(seed)
 	wake, unsubscribe := srv.subscribe(names)
 	defer unsubscribe()
+	started := time.Now()
 	for {
 		found, fromCache := 0, true
 		for _, name := range names {
 			_, inCache, usable := srv.cached(name)
-			if !usable {
+			if !usable || !s.trustCache(started) {
 				fromCache = false
 				if _, err := client.Get(ctx, name, metav1.GetOptions{}); err != nil {
 					if ctx.Err() != nil {

@@ -14,6 +14,8 @@ import (
 
 	certv1 "k8s.io/api/certificates/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	certlisters "k8s.io/client-go/listers/certificates/v1"
+	"k8s.io/client-go/tools/cache"
 )
 
 func TestRootEnvelopeBytes(t *testing.T) {
@@ -341,6 +343,64 @@ func TestWorkerRefreshWatchApprove(t *testing.T) {
 	}
 	if again := e.sim.findNode("alpha", "alpha-w-0-vm").status(); fmt.Sprint(again.SeedsRun) != fmt.Sprint(st.SeedsRun) || again.Restarts != 1 {
 		t.Errorf("a failed run changed the node: %+v", again)
+	}
+}
+
+// A CSR cache gone stale without a watch error (a killed API server ends the watch with a
+// plain EOF) holds no wait for ever: past the cache grace, run and approve read the API server.
+// "missing": approve would wait for CSRs the cache never shows; "undecided": run would wait for
+// an approval and a signature the cache never shows.
+func TestWaitsReadTheAPIServerPastAStaleCache(t *testing.T) {
+	const seed = 11
+	for _, stale := range []string{"missing", "undecided"} {
+		t.Run(stale, func(t *testing.T) {
+			e := newTestEnv(t)
+			e.sim.cacheGrace = 50 * time.Millisecond
+			e.startSigner(t)
+			srv := e.sim.byName["alpha"].server
+			waitFor(t, func() bool {
+				srv.mu.Lock()
+				defer srv.mu.Unlock()
+				return srv.lister != nil
+			})
+			// The informer goes on signing; the waits read a cache that never changes.
+			indexer := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+			if stale == "undecided" {
+				for _, name := range workerCSRNames(seed) {
+					if err := indexer.Add(&certv1.CertificateSigningRequest{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			srv.mu.Lock()
+			srv.lister = certlisters.NewCertificateSigningRequestLister(indexer)
+			srv.mu.Unlock()
+
+			runCh := make(chan response, 1)
+			go func() {
+				runCh <- e.do(t, "alpha-w-0-vm", "POST", pathRun, fmt.Sprintf(`{"seed":%d,"expiration-seconds":3600}`, seed), "node-token", tokW0)
+			}()
+			// Approved once the CSRs exist (the stale cache claims they do from the start).
+			csrs := e.wl.CertificatesV1().CertificateSigningRequests()
+			waitFor(t, func() bool {
+				list, err := csrs.List(context.Background(), metav1.ListOptions{})
+				return err == nil && len(list.Items) == 3
+			})
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			approve := e.doCtx(t, ctx, "alpha-cp-0-vm", "POST", pathApprove, fmt.Sprintf(`{"seed":%d}`, seed), "capi-auth-token", tokCAPI)
+			if approve.status != 200 {
+				t.Fatalf("approve %d %s", approve.status, approve.body)
+			}
+			select {
+			case run := <-runCh:
+				if run.status != 200 {
+					t.Fatalf("run %d %s", run.status, run.body)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("run did not finish")
+			}
+		})
 	}
 }
 

@@ -45,6 +45,8 @@ type Simulator struct {
 	restartDelay time.Duration
 	// pollInterval paces the CSR waits of run and approve.
 	pollInterval time.Duration
+	// cacheGrace: how long those waits trust the informer cache alone (trustCache).
+	cacheGrace time.Duration
 	// apiserverRestartAfter: how long after a single control plane's delivered run
 	// answer the restart hook is called (the answer travels back through the API server).
 	apiserverRestartAfter time.Duration
@@ -108,6 +110,7 @@ func newSimulator(ctx context.Context, cfg *Config, mgmt kubernetes.Interface, w
 		ctx:          ctx,
 		restartDelay: time.Duration(cfg.RestartSeconds * float64(time.Second)),
 		pollInterval: 200 * time.Millisecond,
+		cacheGrace:   defaultCacheGrace,
 
 		apiserverRestartAfter: 300 * time.Millisecond,
 		hookClient:            &http.Client{},

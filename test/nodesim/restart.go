@@ -120,6 +120,11 @@ func (s *Simulator) restartAPIServer(cl *cluster) {
 		if !waitTick(s.ctx, s.apiserverRestartAfter) {
 			return
 		}
+		// The CSR cache goes stale now: killing the API server ends its watch with a plain
+		// EOF (not taken as a watch error), and the informer then backs off before it lists
+		// again. Released k8sd's approve watches the API server itself (k8sd-protocol.md,
+		// item 4) and sees new CSRs as soon as it is back: the waits read it meanwhile.
+		cl.server.degrade()
 		if err := postHook(s.ctx, s.hookClient, target); err != nil {
 			s.log.Printf("cluster %s: restart hook %s: %v", cl.cfg.Name, target, err)
 			return

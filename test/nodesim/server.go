@@ -57,9 +57,10 @@ const (
 	degradedFor = 30 * time.Second
 	// cacheRecheck: how often a wait served by the cache looks again without a wake-up.
 	cacheRecheck = time.Second
-	// cacheGrace: how long a run's fresh CSR may be missing from the cache before the run
-	// asks the API server (a deleted CSR fails the run).
-	cacheGrace = 5 * time.Second
+	// defaultCacheGrace: how long a wait (run, approve) is served by the cache alone; after
+	// it, it reads the API server (a fresh CSR may be missing from the cache at first, and a
+	// stale cache must not hold a wait for ever).
+	defaultCacheGrace = 5 * time.Second
 	// degradedPoll paces the API server reads of waits while the watch is unhealthy.
 	degradedPoll = time.Second
 )
