@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Runs the e2e test binaries E2E_JOBS at a time (default 2). Each binary starts its own
-# environment and spends most of its time waiting on it (nodes restarting, windows opening,
-# controllers settling), so a 2-core machine runs several at once.
+# Runs the e2e test binaries E2E_JOBS at a time (default 2), and the tests of each binary
+# E2E_TEST_THREADS at a time (default 2, fixed rather than cargo's one per core, so that the
+# suite runs as measured on any machine). Each binary starts its own environment and spends most
+# of its time waiting on it (nodes restarting, windows opening, controllers settling), so a
+# 2-core machine runs several at once (it idled 57 % of the suite). Four tests at a time ran the
+# suite faster but failed two tests that race for a free port or lean on the Cluster API
+# manager's pace (docs/performance.md, "What the test suite costs").
 #
 #   hack/e2e.sh "<Cluster API versions>" "<tests run against every version>"
 #
@@ -14,6 +18,7 @@ cd "$(dirname "$0")/.."
 versions=($1)
 versioned=" $2 "
 jobs=${E2E_JOBS:-2}
+threads=${E2E_TEST_THREADS:-2}
 cargo=${CARGO:-cargo}
 logs=target/e2e-logs
 rm -rf "$logs"
@@ -49,7 +54,7 @@ done
 
 run() {
   local v=$1 name=$2 started=$SECONDS status=0
-  (cd test/e2e && CK8S_E2E_CAPI_VERSION=$v "${binary[$name]}" --nocapture) \
+  (cd test/e2e && CK8S_E2E_CAPI_VERSION=$v "${binary[$name]}" --nocapture --test-threads="$threads") \
     >"$logs/$v-$name.log" 2>&1 || status=$?
   local summary
   summary=$(grep -h '^test result:' "$logs/$v-$name.log" | tail -1)
@@ -61,7 +66,7 @@ run() {
   fi
 }
 
-echo "== e2e: ${#queue[@]} test binaries, $jobs at a time; the whole suite against $last"
+echo "== e2e: ${#queue[@]} test binaries, $jobs at a time (their tests $threads at a time); the whole suite against $last"
 started=$SECONDS
 for job in "${queue[@]}"; do
   while (($(jobs -rp | wc -l) >= jobs)); do wait -n || true; done
