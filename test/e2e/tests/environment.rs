@@ -181,6 +181,9 @@ async fn the_controller_binary_connects_serves_health_and_stops_on_sigterm() {
         .arg("--health-bind-address")
         .arg(format!("127.0.0.1:{port}"))
         .arg("--metrics-bind-address=127.0.0.1:0")
+        // Not the default 0.0.0.0:9443: this test of the other Cluster API version may run at
+        // the same time (hack/e2e.sh), and a port in use ends the controller.
+        .arg("--webhook-bind-address=127.0.0.1:0")
         .env("RUST_LOG", "info");
     let mut controller = Process::spawn("controller-health", command, &env.dir).unwrap();
 
