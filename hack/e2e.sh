@@ -4,8 +4,8 @@
 # suite runs as measured on any machine). Each binary starts its own environment and spends most
 # of its time waiting on it (nodes restarting, windows opening, controllers settling), so a
 # 2-core machine runs several at once (it idled 57 % of the suite). Four tests at a time ran the
-# suite faster but failed two tests that race for a free port or lean on the Cluster API
-# manager's pace (docs/performance.md, "What the test suite costs").
+# suite faster but failed a test that leans on the Cluster API manager's pace
+# (docs/performance.md, "What the test suite costs").
 #
 #   hack/e2e.sh "<Cluster API versions>" "<tests run against every version>"
 #
