@@ -215,7 +215,8 @@ func (s *Simulator) approveWatch(ctx context.Context, cl *cluster, seed int, den
 		found, fromCache := 0, true
 		for _, name := range names {
 			_, inCache, usable := srv.cached(name)
-			if !usable || !s.trustCache(started) {
+			usable = usable && s.trustCache(started)
+			if !usable {
 				fromCache = false
 				if _, err := client.Get(ctx, name, metav1.GetOptions{}); err != nil {
 					if ctx.Err() != nil {
