@@ -23,6 +23,7 @@ pub mod preview;
 pub mod refresh;
 pub mod shutdown;
 pub mod telemetry;
+pub mod text;
 pub mod workload;
 
 use kube::Client;

@@ -17,7 +17,7 @@
 //! the other reconciler. Everything else about a Machine never waits for us.
 //!
 //! The same call refuses a trigger the controller would refuse (a TTL outside the grammar or its
-//! bounds, a worker TTL a CertificateSigningRequest cannot carry: `step::check_trigger`, decided
+//! bounds, a worker TTL a CertificateSigningRequest cannot carry: `refresh::trigger::check_trigger`, decided
 //! from the Machine alone), with the message the controller would report, so a typo fails at the
 //! keyboard and nothing is stored. A trigger on a Machine being created, or set through
 //! server-side apply, is accepted with that message as a warning instead: its owner (a MachineSet
@@ -43,8 +43,8 @@ use kube::api::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use serde_json::json;
 
-use crate::controllers::machine::step::check_trigger;
 use crate::policy::Ttl;
+use crate::refresh::trigger::check_trigger;
 
 /// Everything the webhook needs, from the flags.
 #[derive(Clone, Debug)]

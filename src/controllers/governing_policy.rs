@@ -14,8 +14,6 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use ck8s_certs_api::annotations::REFRESH_CERTIFICATES;
-use ck8s_certs_api::machine::MachineView;
 use ck8s_certs_api::machine_certificates::{
     MachineCertificatesStatus, Operation, PolicyReference, RenewalStatus, WindowsStatus,
 };
@@ -314,20 +312,6 @@ pub fn describe_window(windows: &[Window], index: usize) -> String {
         }
     };
     format!("windows[{index}] ({when} {zone})")
-}
-
-/// The command that renews a Machine's certificates now, whatever the policy says: appended to
-/// every message that explains why a renewal does not happen (or failed).
-pub fn renew_now_hint(machine: &MachineView, ttl: &str) -> String {
-    format!(
-        "Renew now: kubectl annotate machines.cluster.x-k8s.io {} -n {} {REFRESH_CERTIFICATES}={ttl} --overwrite",
-        machine.name, machine.namespace
-    )
-}
-
-/// `message` followed by `hint` as its last sentence.
-pub fn with_hint(message: String, hint: &str) -> String {
-    format!("{}. {hint}", message.trim_end().trim_end_matches('.'))
 }
 
 /// What a renewal verdict shows in the status: the `renewal` summary and the renewal

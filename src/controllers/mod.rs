@@ -6,6 +6,7 @@ pub mod executor;
 mod feeds;
 pub mod fleet;
 pub mod governing_policy;
+pub mod history;
 pub mod machine;
 mod observe;
 pub mod patches;
@@ -202,21 +203,24 @@ pub async fn run(
     let woken = woken.map(move |w| ObjectRef::new_with(&w.machine, capi).within(&w.namespace));
     let ctx = Arc::new(machine::Context {
         clock: clock.clone(),
-        client: client.clone(),
-        capi,
-        workload: crate::workload::Clients::new(client.clone(), args.kubeconfig_vetting()),
+        reach: machine::Reach {
+            client: client.clone(),
+            capi,
+            workload: crate::workload::Clients::new(client.clone(), args.kubeconfig_vetting()),
+            config: machine::Config {
+                transport: args.k8sd_transport,
+                timeouts: Timeouts {
+                    call: args.k8sd_timeout,
+                    run: args.k8sd_run_timeout,
+                },
+                resync: args.resync_period,
+                renewal,
+                history: args.refresh_history,
+            },
+            k8sd_metrics: metrics.k8sd.clone(),
+        },
         stores: stores.clone(),
         recorder,
-        config: machine::Config {
-            transport: args.k8sd_transport,
-            timeouts: Timeouts {
-                call: args.k8sd_timeout,
-                run: args.k8sd_run_timeout,
-            },
-            resync: args.resync_period,
-            renewal,
-            history: args.refresh_history,
-        },
         executor: executor::Executor::new(
             executor::Admission::new(
                 args.max_worker_refreshes_per_cluster,
@@ -231,6 +235,7 @@ pub async fn run(
             },
             stop.clone(),
             term,
+            clock.clone(),
         ),
         outcomes: machine::KeptOutcomes::default(),
         shard: shard::Shard::new(client.clone(), carrier, clock.clone()),
@@ -403,7 +408,6 @@ mod tests {
                 }),
                 "api",
             ),
-            (machine::Error::NeedsLive, "internal"),
         ];
         for (error, category) in cases {
             assert_eq!(error.category(), category, "{error}");

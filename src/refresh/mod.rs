@@ -13,6 +13,7 @@
 
 pub mod flow;
 pub mod session;
+pub mod trigger;
 
 use std::future::Future;
 

@@ -3,8 +3,8 @@
 //! Every type parses the same text; a parsed value must print canonically and parse back to
 //! itself (the docs promise it).
 
-use ck8s_certs::controllers::machine::step::check_trigger;
 use ck8s_certs::policy::{FailSafeMargin, PolicyDuration, Spread, Ttl};
+use ck8s_certs::refresh::trigger::check_trigger;
 use ck8s_certs_api::machine::MachineView;
 
 use super::harness::Rng;

@@ -282,7 +282,7 @@ async fn accepted(kubeconfig: &str, vetting: crate::workload::Vetting) -> Result
     match tokio::time::timeout(PROBE_TIMEOUT, client.apiserver_version()).await {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(kube::Error::Api(status))) => Err(format!("it answered {}", status.code)),
-        Ok(Err(err)) => Err(crate::controllers::executor::truncate(err.to_string(), 200)),
+        Ok(Err(err)) => Err(crate::text::truncate(err.to_string(), 200)),
         Err(_) => Err(format!(
             "no answer within {}",
             humantime::format_duration(PROBE_TIMEOUT)

@@ -121,19 +121,6 @@ impl Failure {
     }
 }
 
-/// `text` cut to at most `max` bytes, with an ellipsis when cut.
-pub fn truncate(mut text: String, max: usize) -> String {
-    if text.len() > max {
-        let mut end = max.saturating_sub(1);
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
-        text.push('…');
-    }
-    text
-}
-
 /// How long a refresh may still wait for what it needs (a node or API that does not answer, a
 /// node that times out), across the reconciles it gives its slot back in between: the pauses
 /// grow from 1 s to 8 s; a node or API that does not answer is waited for until the deadline,

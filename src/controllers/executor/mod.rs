@@ -23,7 +23,8 @@
 //! ```
 //!
 //! What a waiting refresh needs to go on (its operation before the seed, its wait budget) is
-//! kept in memory ([`Executor::parked`]); after a restart the journal has the rest.
+//! kept in memory, and shown to the reconciler by [`Executor::look`]; after a restart the
+//! journal has the rest.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -35,6 +36,7 @@ use jiff::Timestamp;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::clock::{Clock, SharedClock};
 use crate::k8sd::K8sdError;
 use crate::policy::Ttl;
 use crate::refresh::{ApproveApi, NodeApi};
@@ -46,7 +48,7 @@ mod failure;
 mod scripted;
 
 pub use admission::{Admission, Busy, Guard, Waiter};
-pub use failure::{ApiError, Failure, Wait, deadline_after, truncate};
+pub use failure::{ApiError, Failure, Wait, deadline_after};
 
 /// `run` is sent at most this many times per operation (across retries and restarts), each time
 /// after a new `plan`. A second send only happens when the first one's outcome is unknown.
@@ -132,6 +134,10 @@ pub trait Probe: Send {
 
 /// What the executor persists and shows.
 pub trait Journal: Send {
+    /// A digest of what the Machine's reconcile last read or wrote of its state, kept while
+    /// the refresh waits: woken with the caches showing that same state, it goes on without
+    /// reading anything ([`Parked::seen`]).
+    fn seen(&self) -> Option<u64>;
     /// Persists `op` (its new seed and attempt count) before the attempt's `run` is sent, with
     /// the node's certificate fingerprint. An error stops the operation there.
     fn record(
@@ -145,7 +151,6 @@ pub trait Journal: Send {
         op: &Operation,
         note: &str,
     ) -> impl Future<Output = Result<(), Failure>> + Send;
-    fn now(&self) -> Timestamp;
 }
 
 /// Keeps a control plane's cluster after its refresh until its k8sd answers again.
@@ -187,8 +192,20 @@ impl<N: Probe + 'static> Settle<N> {
     }
 }
 
+/// A refresh this process parked for a Machine, as [`Executor::look`] shows it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Parked {
+    /// Its operation, while nothing of it is journaled (before its first seed).
+    pub op: Option<Operation>,
+    /// What its reconcile last saw of the Machine's state ([`Journal::seen`]).
+    pub seen: Option<u64>,
+    /// It still could not go now (its cluster's admission says no, or a control plane goes
+    /// first): reading anything would be wasted.
+    pub blocked: bool,
+}
+
 /// A refresh waiting between reconciles.
-struct Parked {
+struct Waiting {
     request: String,
     cluster: String,
     /// The operation, while nothing of it is journaled (before its first seed).
@@ -198,8 +215,7 @@ struct Parked {
     shown: Option<String>,
     /// When it first waited for the control planes of its cluster.
     waiting_for_control_planes: Option<tokio::time::Instant>,
-    /// What the reconciler that parked it last saw of the Machine's state (a digest, see
-    /// [`Executor::note_seen`]).
+    /// What the reconciler that parked it last saw of the Machine's state ([`Journal::seen`]).
     seen: Option<u64>,
     /// The last seed whose `run` this process sent (and saw end) before it parked.
     sent: Option<i64>,
@@ -207,8 +223,9 @@ struct Parked {
 
 pub struct Executor {
     admission: Admission,
-    parked: Mutex<HashMap<Waiter, Parked>>,
+    parked: Mutex<HashMap<Waiter, Waiting>>,
     settings: Settings,
+    clock: SharedClock,
     stop: CancellationToken,
     /// This replica's term as leader: nothing is sent to a node outside it.
     term: crate::leader::Term,
@@ -220,58 +237,46 @@ impl Executor {
         settings: Settings,
         stop: CancellationToken,
         term: crate::leader::Term,
+        clock: SharedClock,
     ) -> Self {
         Self {
             admission,
             parked: Mutex::default(),
             settings,
+            clock,
             stop,
             term,
         }
     }
 
-    fn parked(&self) -> MutexGuard<'_, HashMap<Waiter, Parked>> {
+    fn parked(&self) -> MutexGuard<'_, HashMap<Waiter, Waiting>> {
         self.parked.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The operation of `request`, taken up and waiting before anything of it was journaled.
-    pub fn waiting_operation(&self, who: &Waiter, request: &str) -> Option<Operation> {
-        self.parked()
-            .get(who)
-            .filter(|p| p.request == request)
-            .and_then(|p| p.op.clone())
-    }
-
-    /// Notes a digest of the Machine's state as the reconciler that parked `who` last saw it:
-    /// when woken, a cache showing that same state lets it go on without reading anything.
-    pub fn note_seen(&self, who: &Waiter, digest: u64) {
-        if let Some(parked) = self.parked().get_mut(who) {
-            parked.seen = Some(digest);
-        }
-    }
-
-    /// [`waiting_operation`](Self::waiting_operation), with the digest noted for it.
-    pub fn waiting_seen(&self, who: &Waiter, request: &str) -> Option<(Operation, u64)> {
-        let parked = self.parked();
-        let parked = parked.get(who).filter(|p| p.request == request)?;
-        Some((parked.op.clone()?, parked.seen?))
-    }
-
-    /// Whether `who` waits for `request` and still could not go now (so reading anything
-    /// would be wasted): its cluster's admission says no, or a control plane goes first. A
-    /// refresh still blocked stays noted as waiting, its place in line kept: one that only
-    /// looked again would otherwise be forgotten after [`admission::WAITER_TTL`] and no longer
-    /// woken when a place frees (in a long queue it then waited for the end of the queue).
-    pub fn still_blocked(
+    /// The refresh parked for `who`'s `request`, if one is. Whether it is still blocked is
+    /// decided now; one still blocked stays noted as waiting, its place in line kept: one that
+    /// only looked again would otherwise be forgotten after [`admission::WAITER_TTL`] and no
+    /// longer woken when a place frees (in a long queue it then waited for the end of the
+    /// queue). `control_planes_pending`: whether a control plane of its cluster is refreshed
+    /// or asked to be (asked only for a worker that waits for them).
+    pub fn look(
         &self,
         who: &Waiter,
         request: &str,
         role: Role,
         control_planes_pending: impl FnOnce() -> bool,
-    ) -> bool {
-        let (cluster, waiting_for_control_planes) = match self.parked().get(who) {
-            Some(p) if p.request == request => (p.cluster.clone(), p.waiting_for_control_planes),
-            _ => return false,
+    ) -> Option<Parked> {
+        let (cluster, waiting_for_control_planes, parked) = match self.parked().get(who) {
+            Some(p) if p.request == request => (
+                p.cluster.clone(),
+                p.waiting_for_control_planes,
+                Parked {
+                    op: p.op.clone(),
+                    seen: p.seen,
+                    blocked: false,
+                },
+            ),
+            _ => return None,
         };
         let control_planes_first = waiting_for_control_planes
             .is_some_and(|since| since.elapsed() < self.settings.wait_timeout);
@@ -283,7 +288,7 @@ impl Executor {
             self.admission
                 .note_waiting(&who.namespace, &cluster, role, who);
         }
-        blocked
+        Some(Parked { blocked, ..parked })
     }
 
     /// Forgets what waits for `who` (its refresh ended or was withdrawn).
@@ -318,7 +323,7 @@ impl Executor {
         // attempts; one sent by someone else (or before a restart) is waited out.
         if parked.sent.is_none_or(|sent| op.seed != Some(sent))
             && let Some((after, why)) =
-                run_may_be_running(&op, self.settings.run_timeout, journal.now())
+                run_may_be_running(&op, self.settings.run_timeout, self.clock.now())
         {
             return self.park(who, parked, op, journal, why, after).await;
         }
@@ -349,7 +354,7 @@ impl Executor {
                 // queued, a status write per waiting refresh would slow the queue itself); the
                 // Machine shows in-progress, and Refreshing turns True when it reaches its node.
                 info!(why = %busy, "Queued");
-                self.keep(who, parked, op);
+                self.keep(who, parked, op, journal.seen());
                 return Finished::Wait {
                     after: WAITING_RECHECK,
                     why: busy.to_string(),
@@ -419,6 +424,7 @@ impl Executor {
             tries: self.settings.tries,
             stop: &self.stop,
             term: &self.term,
+            clock: self.clock.as_ref(),
         };
         let result = attempts::carry_out(
             &mut node,
@@ -444,7 +450,7 @@ impl Executor {
             Err(Failure::Wait(after)) => {
                 let why = parked.shown.clone().unwrap_or_default();
                 parked.sent = op.seed;
-                self.keep(who, parked, op);
+                self.keep(who, parked, op, journal.seen());
                 Finished::Wait { after, why }
             }
             Err(Failure::Stopping) => {
@@ -462,14 +468,14 @@ impl Executor {
         }
     }
 
-    fn unpark(&self, who: &Waiter, request: &str, cluster: &str) -> Parked {
+    fn unpark(&self, who: &Waiter, request: &str, cluster: &str) -> Waiting {
         match self.parked().remove(who) {
             // What its reconciler saw is noted again when it parks again.
-            Some(parked) if parked.request == request => Parked {
+            Some(parked) if parked.request == request => Waiting {
                 seen: None,
                 ..parked
             },
-            _ => Parked {
+            _ => Waiting {
                 request: request.to_owned(),
                 cluster: cluster.to_owned(),
                 op: None,
@@ -482,9 +488,10 @@ impl Executor {
         }
     }
 
-    fn keep(&self, who: Waiter, mut parked: Parked, op: Operation) {
+    fn keep(&self, who: Waiter, mut parked: Waiting, op: Operation, seen: Option<u64>) {
         // Once a seed is journaled, the journal is the operation; only the budget is kept.
         parked.op = op.seed.is_none().then_some(op);
+        parked.seen = seen;
         self.parked().insert(who, parked);
     }
 
@@ -497,7 +504,7 @@ impl Executor {
     async fn park<N, J: Journal>(
         &self,
         who: Waiter,
-        mut parked: Parked,
+        mut parked: Waiting,
         op: Operation,
         journal: &mut J,
         why: String,
@@ -507,7 +514,7 @@ impl Executor {
             self.forget_parked(&who);
             return Finished::Failed { op, failure };
         }
-        self.keep(who, parked, op);
+        self.keep(who, parked, op, journal.seen());
         Finished::Wait { after, why }
     }
 
@@ -516,7 +523,7 @@ impl Executor {
     async fn wait_or_fail<N, J: Journal>(
         &self,
         who: Waiter,
-        mut parked: Parked,
+        mut parked: Waiting,
         op: Operation,
         journal: &mut J,
         what: &str,
@@ -623,6 +630,7 @@ struct AttemptsJournal<'a, J> {
     tries: u32,
     stop: &'a CancellationToken,
     term: &'a crate::leader::Term,
+    clock: &'a dyn Clock,
 }
 
 impl<J: Journal> attempts::Journal for AttemptsJournal<'_, J> {
@@ -664,7 +672,7 @@ impl<J: Journal> attempts::Journal for AttemptsJournal<'_, J> {
     }
 
     fn now(&self) -> Timestamp {
-        self.journal.now()
+        self.clock.now()
     }
 }
 

@@ -157,8 +157,8 @@ impl super::Journal for Journal {
         Ok(())
     }
 
-    fn now(&self) -> Timestamp {
-        Timestamp::from_second(EXPIRY - YEAR).unwrap()
+    fn seen(&self) -> Option<u64> {
+        None
     }
 }
 
@@ -210,6 +210,9 @@ fn executor_in(term: crate::leader::Term) -> (Executor, mpsc::UnboundedReceiver<
         },
         CancellationToken::new(),
         term,
+        Arc::new(crate::clock::FixedClock::new(
+            Timestamp::from_second(EXPIRY - YEAR).unwrap(),
+        )),
     );
     (executor, rx)
 }
@@ -601,7 +604,9 @@ async fn workers_wait_for_their_cluster_s_control_planes_and_for_a_place() {
         ["Waiting: the control planes of cluster c are refreshed first"]
     );
     assert_eq!(
-        executor.waiting_operation(&who("w-0"), "w-0-1"),
+        executor
+            .look(&who("w-0"), "w-0-1", Role::Worker, || true)
+            .and_then(|parked| parked.op),
         Some(operation(None, 0))
     );
     // The control plane's refresh wakes it.
@@ -693,11 +698,20 @@ async fn a_queued_worker_that_only_looks_again_keeps_its_place_in_line() {
     // Its note in the queue lapses (WAITER_TTL without a new try) while it still waits.
     executor.admission.forget("ns", "c", &who("w-3"));
     // Looking again (the cheap recheck, nothing read) notes it as waiting again ...
-    assert!(executor.still_blocked(&who("w-3"), "w-3-1", Role::Worker, || false));
+    assert!(blocked(&executor, "w-3"));
     // ... so that it is woken when a place frees, not left to find one by itself.
     drop(a);
     assert_eq!(woken(&mut rx), ["w-3"]);
-    assert!(!executor.still_blocked(&who("w-3"), "w-3-1", Role::Worker, || false));
+    assert!(!blocked(&executor, "w-3"));
+}
+
+/// Whether the refresh parked for `machine` (request `<machine>-1`) could still not go.
+fn blocked(executor: &Executor, machine: &str) -> bool {
+    executor
+        .look(&who(machine), &format!("{machine}-1"), Role::Worker, || {
+            false
+        })
+        .is_some_and(|parked| parked.blocked)
 }
 
 #[tokio::test(start_paused = true)]
@@ -760,7 +774,7 @@ async fn a_stopping_process_starts_nothing_new() {
 async fn a_run_sent_before_a_handover_is_waited_out_before_a_new_plan() {
     let log = Log::default();
     let (executor, _rx) = executor();
-    let now = super::Journal::now(&journal(&log));
+    let now = Timestamp::from_second(EXPIRY - YEAR).unwrap();
     let seeded = |ago: i64| Operation {
         seeded_at: Some(Time(now - jiff::SignedDuration::from_secs(ago))),
         ..operation(Some(7), 1)

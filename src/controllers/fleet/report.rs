@@ -152,7 +152,7 @@ pub(super) async fn prune(api: &Api<CertificateRefresh>, cluster: &str, owner: &
             ))
         })
         .collect();
-    for old in crate::controllers::machine::journal::beyond(finished, keep.max(1)) {
+    for old in crate::controllers::history::beyond(finished, keep.max(1)) {
         if let Err(err) = api.delete(&old, &DeleteParams::background()).await {
             warn!(request = old, error = %err, "Could not delete an old fleet request");
         }

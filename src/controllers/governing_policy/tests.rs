@@ -1,6 +1,8 @@
 use ck8s_certs_api::machine_certificates::{Origin, Phase, WindowBypass};
 
 use super::*;
+use crate::refresh::trigger::{renew_now_hint, with_hint};
+use ck8s_certs_api::machine::MachineView;
 
 fn at(second: i64) -> jiff::Timestamp {
     jiff::Timestamp::from_second(second).unwrap()

@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use ck8s_certs_api::machine::ClusterView;
 use ck8s_certs_api::machine_certificates::MachineCertificatesStatus;
 use ck8s_certs_api::reasons::{condition_reasons as why, conditions, events};
 use jiff::Timestamp;
@@ -11,27 +10,37 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
-use super::{Error, Reconciler};
+use super::Error;
+use super::act::Act;
+use super::connector::{KubeConnector, pin_of};
 use crate::controllers::executor::Failure;
 use crate::controllers::patches::{MachineChanges, set_condition};
 use crate::k8sd::wire::{CertificatesExpiryResponse, path};
 
-impl Reconciler<'_> {
+impl Act<'_> {
     /// Reads the node's expiry through `certificates-expiry`; quiet while the node is starting.
     pub(super) async fn read_expiry(
         &self,
         mut status: MachineCertificatesStatus,
-        cluster: ClusterView,
     ) -> Result<Action, Error> {
-        let now = self.now();
-        let role = self.role();
-        let pin = super::node::pin_of(
+        let now = self.ctx.clock.now();
+        let (view, role) = (self.view, self.requests.role);
+        let pin = pin_of(
             status.k8sd_fingerprint.as_deref(),
-            &self.view.namespace,
-            &self.view.name,
+            &view.namespace,
+            &view.name,
         );
         let prepared = match pin {
-            Ok(pin) => self.prepare(pin, role, &cluster).await,
+            Ok(pin) => {
+                let connector = KubeConnector {
+                    reach: &self.ctx.reach,
+                    machine: view,
+                    cluster: &self.cluster,
+                    pin,
+                    role,
+                };
+                connector.prepare().await
+            }
             Err(failure) => Err(failure),
         };
         let mut node = match prepared {
@@ -40,13 +49,14 @@ impl Reconciler<'_> {
                 return Ok(Action::requeue(Duration::from_secs(15)));
             }
             Err(failure) => {
-                let message = failure.message(&self.view);
-                self.set_ready(&mut status, false, why::EXPIRY_UNKNOWN, message, now)
+                let message = failure.message(view);
+                self.report
+                    .set_ready(&mut status, false, why::EXPIRY_UNKNOWN, message, now)
                     .await?;
                 return Ok(Action::requeue(Duration::from_secs(300)));
             }
         };
-        let timeout = self.ctx.config.timeouts.call;
+        let timeout = self.ctx.config().timeouts.call;
         match node
             .session
             .call::<_, CertificatesExpiryResponse>(
@@ -63,21 +73,23 @@ impl Reconciler<'_> {
                         node.session.target().node,
                         answer.expiry_date
                     );
-                    self.set_ready(
-                        &mut status,
-                        false,
-                        why::EXPIRY_UNKNOWN,
-                        message.clone(),
-                        now,
-                    )
-                    .await?;
-                    self.event(EventType::Warning, events::EXPIRY_UNKNOWN, message)
+                    self.report
+                        .set_ready(
+                            &mut status,
+                            false,
+                            why::EXPIRY_UNKNOWN,
+                            message.clone(),
+                            now,
+                        )
+                        .await?;
+                    self.report
+                        .event(EventType::Warning, events::EXPIRY_UNKNOWN, message)
                         .await;
                     return Ok(Action::requeue(Duration::from_secs(300)));
                 };
                 status.expiry = Some(Time(expiry));
                 status.role = Some(role);
-                status.node_name = self.view.node_name.clone();
+                status.node_name = view.node_name.clone();
                 status.k8sd_fingerprint = node.session.fingerprint().map(|f| f.to_string());
                 set_condition(
                     &mut status,
@@ -90,23 +102,26 @@ impl Reconciler<'_> {
                     ),
                     now,
                 );
-                self.write_status(&status).await?;
-                self.patch_machine(&MachineChanges {
-                    expiry: status.expiry.as_ref(),
-                    ..Default::default()
-                })
-                .await?;
-                Ok(Action::requeue(self.ctx.config.resync))
+                self.report.write_status(&status).await?;
+                self.report
+                    .patch_machine(&MachineChanges {
+                        expiry: status.expiry.as_ref(),
+                        ..Default::default()
+                    })
+                    .await?;
+                Ok(Action::requeue(self.ctx.config().resync))
             }
             // The node is still starting (503) or unreachable for now: try again soon, quietly.
             Err(err) if err.is_retryable() => Ok(Action::requeue(Duration::from_secs(15))),
             Err(err) => {
-                let message = Failure::k8sd("certificates-expiry", err).message(&self.view);
+                let message = Failure::k8sd("certificates-expiry", err).message(view);
                 if status.conditions.iter().all(|c| c.message != message) {
-                    self.event(EventType::Warning, events::EXPIRY_UNKNOWN, message.clone())
+                    self.report
+                        .event(EventType::Warning, events::EXPIRY_UNKNOWN, message.clone())
                         .await;
                 }
-                self.set_ready(&mut status, false, why::EXPIRY_UNKNOWN, message, now)
+                self.report
+                    .set_ready(&mut status, false, why::EXPIRY_UNKNOWN, message, now)
                     .await?;
                 Ok(Action::requeue(Duration::from_secs(300)))
             }

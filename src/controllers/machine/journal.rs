@@ -6,24 +6,26 @@
 //! there. A refused request gets one at once. The last `--refresh-history` finished ones per
 //! Machine are kept: the audit trail.
 
-use ck8s_certs_api::capi::{CLUSTER_NAME_LABEL, WATCH_FILTER_LABEL};
-use ck8s_certs_api::machine::{CapiVersion, Machine, MachineView};
-use ck8s_certs_api::machine_certificates::{Operation, Phase, Role};
-use jiff::Timestamp;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
-use kube::{Api, Resource};
-use serde_json::json;
-use tracing::warn;
-
-use super::{Error, MANAGER, Reconciler};
-
 use ck8s_certs_api::annotations::IN_FLIGHT_REFRESH;
+use ck8s_certs_api::capi::{CLUSTER_NAME_LABEL, WATCH_FILTER_LABEL};
 use ck8s_certs_api::certificate_refresh::{
     CertificateRefresh, CertificateRefreshSpec, CertificateRefreshStatus, MachinePhase,
     MachineProgress, RequestPhase, Target, labels,
 };
-use kube::api::{DeleteParams, ObjectMeta};
+use ck8s_certs_api::machine::{CapiVersion, MachineView};
+use ck8s_certs_api::machine_certificates::{MachineCertificatesStatus, Operation, Phase, Role};
+use ck8s_certs_api::reasons::{condition_reasons as why, conditions};
+use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, Client, Resource};
+use serde_json::json;
+use tracing::warn;
+
+use super::report::{Reporter, owner};
+use super::{Error, MANAGER};
+use crate::controllers::executor::{self, Failure};
+use crate::controllers::patches::set_condition;
+use crate::controllers::shard::{Claimed, Shard};
+use crate::metrics::Metrics;
 
 /// A record's name: the Machine's and the operation's start (unique per Machine: one operation
 /// at a time, and a start is recorded to the second).
@@ -55,14 +57,7 @@ pub fn record(
             name: Some(name.to_owned()),
             namespace: Some(view.namespace.clone()),
             labels: Some(labels),
-            owner_references: Some(vec![OwnerReference {
-                api_version: Machine::api_version(&capi).into_owned(),
-                kind: "Machine".into(),
-                name: view.name.clone(),
-                uid: view.uid.clone().unwrap_or_default(),
-                controller: Some(true),
-                block_owner_deletion: None,
-            }]),
+            owner_references: Some(vec![owner(view, capi)]),
             ..Default::default()
         },
         spec: CertificateRefreshSpec {
@@ -117,50 +112,39 @@ pub fn record_status(machine: &str, role: Role, op: &Operation) -> CertificateRe
     }
 }
 
-/// Of records `(name, created)`, those beyond the newest `keep`.
-pub fn beyond(mut records: Vec<(String, Timestamp)>, keep: usize) -> Vec<String> {
-    records.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| b.0.cmp(&a.0)));
-    records
-        .into_iter()
-        .skip(keep)
-        .map(|(name, _)| name)
-        .collect()
+/// A Machine's CertificateRefresh records.
+#[derive(Clone, Copy)]
+pub(super) struct Requests<'a> {
+    pub client: &'a Client,
+    pub capi: CapiVersion,
+    pub machine: &'a MachineView,
+    pub role: Role,
 }
 
-impl Reconciler<'_> {
-    fn records(&self) -> Api<CertificateRefresh> {
-        Api::namespaced(self.ctx.client.clone(), &self.view.namespace)
+impl Requests<'_> {
+    fn api(&self) -> Api<CertificateRefresh> {
+        Api::namespaced(self.client.clone(), &self.machine.namespace)
     }
 
     /// The name of the request carrying `op`: the one the Machine names (given when the refresh
     /// was taken up), else one derived from the operation (refused before it started, or taken
     /// up by an older version, which kept it in the MachineCertificates only).
-    pub(super) fn request_name(&self, op: &Operation) -> String {
-        self.view
-            .annotation(IN_FLIGHT_REFRESH)
-            .map_or_else(|| record_name(&self.view.name, op), str::to_owned)
-    }
-
-    /// The request the Machine names, read live (`None`: not created yet, or none named).
-    pub(super) async fn in_flight_request(&self) -> Result<Option<CertificateRefresh>, Error> {
-        let Some(name) = self.view.annotation(IN_FLIGHT_REFRESH) else {
-            return Ok(None);
-        };
-        Ok(self.records().get_opt(name).await?)
+    pub fn name(&self, op: &Operation) -> String {
+        request_name(self.machine, op)
     }
 
     /// Creates the request of an operation reaching its node (idempotent: created before a crash,
     /// or by another instance that then lost the claim). It exists while the refresh runs, so
     /// `clusterctl move` (which finds objects before it waits for our block-move) takes it along.
-    pub(super) async fn open_record(&self, op: &Operation) -> Result<(), Error> {
+    pub async fn open(&self, op: &Operation) -> Result<(), Error> {
         let params = PostParams {
             field_manager: Some(MANAGER.into()),
             ..Default::default()
         };
-        let name = self.request_name(op);
+        let name = self.name(op);
         match self
-            .records()
-            .create(&params, &record(&self.view, self.ctx.capi, &name, op))
+            .api()
+            .create(&params, &record(self.machine, self.capi, &name, op))
             .await
         {
             Ok(_) => Ok(()),
@@ -171,25 +155,24 @@ impl Reconciler<'_> {
 
     /// Writes `op` into its request's status (the whole status, server-side apply), creating the
     /// request when it is not there (refused before it started, or taken up by an older version).
-    pub(super) async fn write_record(&self, op: &Operation) -> Result<(), Error> {
-        self.write_record_named(&self.request_name(op), op).await
+    pub async fn write(&self, op: &Operation) -> Result<(), Error> {
+        self.write_named(&self.name(op), op).await
     }
 
-    /// [`write_record`](Self::write_record) into the request `name`.
-    pub(super) async fn write_record_named(&self, name: &str, op: &Operation) -> Result<(), Error> {
-        self.live_only()?;
-        let api = self.records();
+    /// [`write`](Self::write) into the request `name`.
+    pub async fn write_named(&self, name: &str, op: &Operation) -> Result<(), Error> {
+        let api = self.api();
         let status = json!({
             "apiVersion": CertificateRefresh::api_version(&()),
             "kind": CertificateRefresh::kind(&()),
-            "status": record_status(&self.view.name, self.role(), op),
+            "status": record_status(&self.machine.name, self.role, op),
         });
         let params = PatchParams::apply(MANAGER).force();
         let patch = Patch::Apply(status);
         match api.patch_status(name, &params, &patch).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(status)) if status.code == 404 => {
-                self.open_record(op).await?;
+                self.open(op).await?;
                 api.patch_status(name, &params, &patch).await?;
                 Ok(())
             }
@@ -197,13 +180,12 @@ impl Reconciler<'_> {
         }
     }
 
-    /// Drops the Machine's oldest records beyond `--refresh-history` (0: none kept), once its
-    /// refresh has ended (none is in flight). Housekeeping: a failure leaves one record too many
-    /// until the next refresh.
-    pub(super) async fn prune_history(&self) {
-        let keep = self.ctx.config.history;
-        let api = self.records();
-        let selector = format!("{}={}", labels::MACHINE, labels::value(&self.view.name));
+    /// Drops the Machine's oldest records beyond `keep` (`--refresh-history`; 0: none kept),
+    /// once its refresh has ended (none is in flight). Housekeeping: a failure leaves one record
+    /// too many until the next refresh.
+    pub async fn prune(&self, keep: usize) {
+        let api = self.api();
+        let selector = format!("{}={}", labels::MACHINE, labels::value(&self.machine.name));
         let list = match api
             .list_metadata(&ListParams::default().labels(&selector))
             .await
@@ -221,7 +203,7 @@ impl Reconciler<'_> {
                 .owner_references
                 .iter()
                 .flatten()
-                .any(|o| Some(&o.uid) == self.view.uid.as_ref())
+                .any(|o| Some(&o.uid) == self.machine.uid.as_ref())
         };
         let records = list
             .items
@@ -232,10 +214,114 @@ impl Reconciler<'_> {
                 Some((r.metadata.name?, created))
             })
             .collect();
-        for old in beyond(records, keep) {
+        for old in crate::controllers::history::beyond(records, keep) {
             if let Err(err) = api.delete(&old, &DeleteParams::background()).await {
                 warn!(record = old, error = %err, "Could not delete an old refresh record");
             }
         }
+    }
+}
+
+/// The name of the request carrying `op` for `machine` (see [`Requests::name`]).
+pub(super) fn request_name(machine: &MachineView, op: &Operation) -> String {
+    machine
+        .annotation(IN_FLIGHT_REFRESH)
+        .map_or_else(|| record_name(&machine.name, op), str::to_owned)
+}
+
+/// The request's status is the journal: the seed is recorded there before `run`. The
+/// MachineCertificates shows the refresh in its Refreshing condition (naming the request and
+/// seed), written in the same step with the pinned k8sd certificate of a node met for the first
+/// time.
+pub(super) struct RequestJournal<'a> {
+    pub requests: Requests<'a>,
+    pub reporter: Reporter<'a>,
+    pub shard: &'a Shard,
+    pub metrics: &'a Metrics,
+    pub clock: &'a dyn crate::clock::Clock,
+    pub status: &'a mut MachineCertificatesStatus,
+    /// Whether the request exists.
+    pub opened: bool,
+}
+
+impl RequestJournal<'_> {
+    /// Records an attempt (its seed) in the request's status before its `run` is sent, creating
+    /// the request first if it is not there yet. With a Lease, the same write names us as the
+    /// operation's carrier, on the condition that the request did not change since it was read
+    /// (sharding): of two instances that planned at once (`plan` changes nothing on the node),
+    /// only one records and runs.
+    async fn record_attempt(&mut self, op: &mut Operation) -> Result<(), Failure> {
+        if !self.opened {
+            self.requests.open(op).await?;
+            self.opened = true;
+        }
+        if self.shard.ours().is_none() {
+            return Ok(self.requests.write(op).await?);
+        }
+        let name = self.requests.name(op);
+        let (machine, role) = (&self.requests.machine.name, self.requests.role);
+        let status = |op: &Operation| record_status(machine, role, op);
+        let namespace = &self.requests.machine.namespace;
+        match self
+            .shard
+            .claim(namespace, &name, op, status, MANAGER)
+            .await
+        {
+            Ok(Claimed::Ours) => Ok(()),
+            Ok(Claimed::Lost) => Err(Failure::Superseded),
+            Err(err) => Err(Error::from(err).into()),
+        }
+    }
+
+    /// Shows in the Refreshing condition that the refresh runs (with its request and seed) or
+    /// waits (with what for); written only when it changes.
+    async fn show_refreshing(&mut self, message: String) -> Result<(), Failure> {
+        let before = self.status.clone();
+        let now = self.clock.now();
+        set_condition(
+            self.status,
+            conditions::REFRESHING,
+            true,
+            why::REFRESH_IN_PROGRESS,
+            message,
+            now,
+        );
+        Ok(self.reporter.update_status(&before, self.status).await?)
+    }
+}
+
+impl executor::Journal for RequestJournal<'_> {
+    async fn record(
+        &mut self,
+        op: &mut Operation,
+        fingerprint: Option<String>,
+    ) -> Result<(), Failure> {
+        self.status.k8sd_fingerprint = fingerprint;
+        self.record_attempt(op).await?;
+        crate::failpoint::hit(crate::failpoint::AFTER_SEED_RECORDED);
+        if op.run_attempts == 1 {
+            self.metrics
+                .renewals_started
+                .get_or_create(&crate::metrics::origin(op.origin))
+                .inc();
+        }
+        let request = self.requests.name(op);
+        let seed = op.seed.unwrap_or_default();
+        let message = format!(
+            "CertificateRefresh {request}: refreshing with seed {seed} (run {} of at most {})",
+            op.run_attempts,
+            executor::MAX_RUN_SENDS
+        );
+        self.show_refreshing(message).await
+    }
+
+    async fn waiting(&mut self, op: &Operation, note: &str) -> Result<(), Failure> {
+        let request = self.requests.name(op);
+        self.show_refreshing(format!("CertificateRefresh {request}: {note}"))
+            .await
+    }
+
+    fn seen(&self) -> Option<u64> {
+        self.reporter.seen.get()
     }
 }

@@ -8,19 +8,21 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use ck8s_certs_api::annotations::{IN_FLIGHT_REFRESH, REFRESH_CERTIFICATES, RefreshStatus};
+use ck8s_certs_api::machine::MachineView;
 use ck8s_certs_api::machine_certificates::{MachineCertificatesStatus, Operation, Phase};
 use ck8s_certs_api::reasons::events;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use tracing::{info, warn};
 
-use super::{Error, Reconciler, role_label};
+use super::act::Act;
+use super::conclusion::{Ending, conclude, ending_of};
+use super::{Context, Error, role_label};
 use crate::controllers::executor::Failure;
 use crate::controllers::patches::MachineChanges;
+use crate::refresh::trigger::{renew_now_hint, with_hint};
 
-use super::conclusion::{Ending, conclude, ending_of};
-
-impl Reconciler<'_> {
+impl Act<'_> {
     /// Records the outcome: the request, the status, then the Machine, then Events.
     pub(super) async fn finish(
         &self,
@@ -28,7 +30,7 @@ impl Reconciler<'_> {
         mut op: Operation,
         result: Result<(), Failure>,
     ) -> Result<Action, Error> {
-        let now = self.now();
+        let now = self.ctx.clock.now();
         let outcome = if result.is_ok() {
             "succeeded"
         } else {
@@ -45,7 +47,7 @@ impl Reconciler<'_> {
             .get_or_create(&origin)
             .inc();
             let seconds = now.duration_since(op.started_at.0).as_secs_f64().max(0.0);
-            let role = role_label(self.role());
+            let role = role_label(self.requests.role);
             metrics
                 .refresh_duration
                 .get_or_create(&crate::metrics::RefreshLabels {
@@ -59,47 +61,16 @@ impl Reconciler<'_> {
             Ok(()) => Ending::Succeeded,
             // Our own write failed: the operation stays as last persisted and is resumed.
             Err(Failure::Api(err)) => return Err(Error::from_api(err)),
-            Err(failure) => Ending::Failed(self.failure_message(&failure, &op, &status, now)),
+            Err(failure) => {
+                let message = failure_message(self.ctx, self.view, &failure, &op, &status, now);
+                Ending::Failed(message)
+            }
         };
         conclude(&mut status, &mut op, ending, now);
         self.journal_outcome(&op).await?;
         crate::failpoint::hit(crate::failpoint::AFTER_OUTCOME_RECORDED);
-        self.write_status(&status).await?;
+        self.report.write_status(&status).await?;
         self.show(&op).await
-    }
-
-    /// What failed, what to fix, how it is tried again (by the controller after its backoff
-    /// for an automatic renewal, by annotating again otherwise) and where to read more.
-    fn failure_message(
-        &self,
-        failure: &Failure,
-        op: &Operation,
-        status: &MachineCertificatesStatus,
-        now: jiff::Timestamp,
-    ) -> String {
-        use crate::controllers::governing_policy::{renew_now_hint, with_hint};
-        let renew_now = renew_now_hint(&self.view, &op.ttl);
-        let again = match op.origin {
-            ck8s_certs_api::machine_certificates::Origin::Policy => {
-                // The count `conclude` is about to record.
-                let failures = status.failed_attempts.unwrap_or(0).max(0).saturating_add(1);
-                let delay = self.ctx.config.renewal.backoff.delay(Some(failures));
-                let at = crate::policy::backoff::saturating_add(now, delay);
-                // Whole seconds, as the status shows the failure's time.
-                let at = jiff::Timestamp::from_second(at.as_second()).unwrap_or(at);
-                format!(
-                    "The controller tries again by itself, not before {at} (backoff after {failures} failed automatic renewal(s); windows permitting), or: {renew_now}"
-                )
-            }
-            _ => renew_now,
-        };
-        let details = format!(
-            "Details: kubectl ck8s-certs explain {} -n {} (CertificateRefresh {})",
-            self.view.name,
-            self.view.namespace,
-            self.request_name(op)
-        );
-        with_hint(with_hint(failure.message(&self.view), &again), &details)
     }
 
     /// Writes a finished operation into its request (the journal) before anything else shows
@@ -108,8 +79,11 @@ impl Reconciler<'_> {
     /// ([`OUTCOME_WRITE_DELAYS`]), and when the API still refuses it, the outcome is kept in
     /// memory ([`KeptOutcomes`]) and written first the next time the Machine is reconciled.
     async fn journal_outcome(&self, op: &Operation) -> Result<(), Error> {
-        let name = self.request_name(op);
-        let written = retried(OUTCOME_WRITE_DELAYS, || self.write_record_named(&name, op)).await;
+        let name = self.requests.name(op);
+        let written = retried(OUTCOME_WRITE_DELAYS, || {
+            self.requests.write_named(&name, op)
+        })
+        .await;
         if let Err(err) = &written {
             warn!(request = name, error = %err, "The outcome could not be written to its request; it is kept and written before anything else");
             self.ctx
@@ -117,23 +91,6 @@ impl Reconciler<'_> {
                 .keep(&self.view.namespace, &self.view.name, &name, op);
         }
         written
-    }
-
-    /// Writes an outcome kept after its write failed ([`journal_outcome`](Self::journal_outcome))
-    /// into its request, before the reconcile reads the request; an error stops the reconcile
-    /// (it is tried again later, and the node is never touched meanwhile).
-    pub(super) async fn write_kept_outcome(&self) -> Result<(), Error> {
-        let outcomes = &self.ctx.outcomes;
-        let Some((name, op)) = outcomes.get(&self.view.namespace, &self.view.name) else {
-            return Ok(());
-        };
-        self.write_record_named(&name, &op).await?;
-        info!(
-            request = name,
-            "The kept outcome was written to its request"
-        );
-        outcomes.forget(&self.view.namespace, &self.view.name, &name);
-        Ok(())
     }
 
     /// Records a finished operation found after a crash (or a lost write) wherever it is not
@@ -148,15 +105,18 @@ impl Reconciler<'_> {
         // record may lack the outcome.
         if !journaled
             && self.view.annotation(IN_FLIGHT_REFRESH).is_none()
-            && self.ctx.config.history > 0
+            && self.ctx.config().history > 0
         {
-            self.write_record(op).await?;
+            self.requests.write(op).await?;
         }
         if status.operation.as_ref() != Some(op) {
             let mut concluded = op.clone();
-            let now = op.finished_at.as_ref().map_or_else(|| self.now(), |t| t.0);
+            let now = op
+                .finished_at
+                .as_ref()
+                .map_or_else(|| self.ctx.clock.now(), |t| t.0);
             conclude(&mut status, &mut concluded, ending_of(op), now);
-            self.write_status(&status).await?;
+            self.report.write_status(&status).await?;
         }
         self.show(op).await
     }
@@ -169,54 +129,92 @@ impl Reconciler<'_> {
             .trigger
             .as_deref()
             .filter(|t| Some(*t) == current_trigger);
-        self.patch_machine(&MachineChanges {
-            status: Some(if succeeded {
-                RefreshStatus::Done
-            } else {
-                RefreshStatus::Failed
-            }),
-            expiry: if succeeded {
-                op.new_expiry.as_ref()
-            } else {
-                None
-            },
-            remove_trigger: remove,
-            // The fleet's mark goes with the trigger it came with.
-            remove_fleet: remove.is_some()
-                && op.fleet.is_some()
-                && self
-                    .view
-                    .annotation(ck8s_certs_api::annotations::FLEET_REQUEST)
-                    == op.fleet.as_deref(),
-            ..Default::default()
-        })
-        .await?;
+        self.report
+            .patch_machine(&MachineChanges {
+                status: Some(if succeeded {
+                    RefreshStatus::Done
+                } else {
+                    RefreshStatus::Failed
+                }),
+                expiry: if succeeded {
+                    op.new_expiry.as_ref()
+                } else {
+                    None
+                },
+                remove_trigger: remove,
+                // The fleet's mark goes with the trigger it came with.
+                remove_fleet: remove.is_some()
+                    && op.fleet.is_some()
+                    && self
+                        .view
+                        .annotation(ck8s_certs_api::annotations::FLEET_REQUEST)
+                        == op.fleet.as_deref(),
+                ..Default::default()
+            })
+            .await?;
         if succeeded {
             let expiry = op
                 .new_expiry
                 .as_ref()
                 .map(crate::controllers::patches::rfc3339)
                 .unwrap_or_default();
-            self.event(
-                EventType::Normal,
-                events::REFRESH_DONE,
-                format!("Certificates refreshed; they now expire at {expiry}"),
-            )
-            .await;
+            self.report
+                .event(
+                    EventType::Normal,
+                    events::REFRESH_DONE,
+                    format!("Certificates refreshed; they now expire at {expiry}"),
+                )
+                .await;
             if let Some(note) = &op.note {
-                self.event(EventType::Warning, events::LIFETIME_MISMATCH, note.clone())
+                self.report
+                    .event(EventType::Warning, events::LIFETIME_MISMATCH, note.clone())
                     .await;
             }
             info!(expiry, "Certificates refreshed");
         } else {
             let error = op.error.clone().unwrap_or_default();
-            self.event(EventType::Warning, events::REFRESH_FAILED, error.clone())
+            self.report
+                .event(EventType::Warning, events::REFRESH_FAILED, error.clone())
                 .await;
             warn!(error, "Certificate refresh failed");
         }
-        self.prune_history().await;
-        Ok(Action::requeue(self.ctx.config.resync))
+        self.requests.prune(self.ctx.config().history).await;
+        Ok(Action::requeue(self.ctx.config().resync))
     }
+}
+
+/// What failed, what to fix, how it is tried again (by the controller after its backoff
+/// for an automatic renewal, by annotating again otherwise) and where to read more.
+fn failure_message(
+    ctx: &Context,
+    view: &MachineView,
+    failure: &Failure,
+    op: &Operation,
+    status: &MachineCertificatesStatus,
+    now: jiff::Timestamp,
+) -> String {
+    let renew_now = renew_now_hint(view, &op.ttl);
+    let again = match op.origin {
+        ck8s_certs_api::machine_certificates::Origin::Policy => {
+            // The count `conclude` is about to record.
+            let failures = status.failed_attempts.unwrap_or(0).max(0).saturating_add(1);
+            let delay = ctx.config().renewal.backoff.delay(Some(failures));
+            let at = crate::policy::backoff::saturating_add(now, delay);
+            // Whole seconds, as the status shows the failure's time.
+            let at = jiff::Timestamp::from_second(at.as_second()).unwrap_or(at);
+            format!(
+                "The controller tries again by itself, not before {at} (backoff after {failures} failed automatic renewal(s); windows permitting), or: {renew_now}"
+            )
+        }
+        _ => renew_now,
+    };
+    let details = format!(
+        "Details: kubectl ck8s-certs explain {} -n {} (CertificateRefresh {})",
+        view.name,
+        view.namespace,
+        super::journal::request_name(view, op)
+    );
+    with_hint(with_hint(failure.message(view), &again), &details)
 }
 
 /// The pauses between the tries of an outcome's write: five tries within about 15 s.

@@ -12,10 +12,6 @@ use ck8s_certs_api::annotations::{
 use ck8s_certs_api::capi::PAUSED_ANNOTATION;
 use ck8s_certs_api::machine::{ClusterView, MachineView};
 use ck8s_certs_api::machine_certificates::{MachineCertificatesStatus, Operation, Phase};
-use ck8s_certs_api::renewal_policy::DEFAULT_TTL;
-
-use crate::controllers::governing_policy::{renew_now_hint, with_hint};
-use crate::policy::{DurationError, Ttl, WorkerTtlError};
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Step {
@@ -179,39 +175,6 @@ fn decide_unpaused(
         }
         _ => Step::Idle,
     }
-}
-
-/// Why a manual trigger is refused before anything happens on the node. The reconciler fails
-/// the request with [`message`](Self::message); the admission webhook denies the write that sets
-/// the trigger with the same text, so both say the same thing.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum TriggerRefusal {
-    #[error("Refusing to refresh: {0}; annotate again with a valid TTL")]
-    Ttl(DurationError),
-    #[error("Refusing to refresh: {0}; annotate again with a TTL from 10m to 68y")]
-    WorkerTtl(WorkerTtlError),
-}
-
-impl TriggerRefusal {
-    /// The refusal as the Machine's reports show it: the reason, then how to renew now.
-    pub fn message(&self, machine: &MachineView) -> String {
-        with_hint(
-            self.to_string(),
-            &renew_now_hint(machine, &DEFAULT_TTL.to_string()),
-        )
-    }
-}
-
-/// The TTL a manual trigger asks for, or why it is refused: the grammar and its bounds, and for a
-/// worker the lifetimes a CertificateSigningRequest can carry. Decided from the Machine alone
-/// (the role is its control-plane label), so the admission webhook can refuse exactly what the
-/// reconciler would.
-pub fn check_trigger(machine: &MachineView, trigger: &str) -> Result<Ttl, TriggerRefusal> {
-    let ttl: Ttl = trigger.parse().map_err(TriggerRefusal::Ttl)?;
-    if !machine.control_plane {
-        ttl.check_worker().map_err(TriggerRefusal::WorkerTtl)?;
-    }
-    Ok(ttl)
 }
 
 #[cfg(test)]
@@ -733,45 +696,6 @@ mod tests {
             Step::Start {
                 trigger: "1y".into()
             }
-        );
-    }
-
-    #[test]
-    fn a_trigger_is_checked_by_the_grammar_and_for_a_worker_by_the_csr_range() {
-        let control_plane = machine(&[]);
-        let worker = MachineView {
-            control_plane: false,
-            ..machine(&[])
-        };
-        assert_eq!(
-            check_trigger(&control_plane, "1y").map(Ttl::as_seconds),
-            Ok(365 * 86_400)
-        );
-        for bad in ["1yr", "", "0", "-1h", "1.5h", "1M"] {
-            assert!(
-                matches!(check_trigger(&worker, bad), Err(TriggerRefusal::Ttl(_))),
-                "{bad:?}"
-            );
-        }
-        // Only a worker's certificates come through CSRs (10m to 68y).
-        for ttl in ["5m", "69y"] {
-            assert!(check_trigger(&control_plane, ttl).is_ok(), "{ttl}");
-            assert!(
-                matches!(
-                    check_trigger(&worker, ttl),
-                    Err(TriggerRefusal::WorkerTtl(_))
-                ),
-                "{ttl}"
-            );
-        }
-        let refusal = check_trigger(&worker, "5m").unwrap_err();
-        let message = refusal.message(&worker);
-        assert!(
-            message.starts_with("Refusing to refresh: TTL 5m is too short for a worker node")
-                && message.ends_with(
-                    ". Renew now: kubectl annotate machines.cluster.x-k8s.io m -n ns v1beta2.k8sd.io/refresh-certificates=1y --overwrite"
-                ),
-            "{message}"
         );
     }
 }

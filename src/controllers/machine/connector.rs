@@ -1,25 +1,31 @@
 //! Reaching k8sd: the node's session (endpoint, port, tokens, pinned certificate) and, for a
-//! worker, a Ready control plane's to approve its CSRs.
+//! worker, a Ready control plane's to approve its CSRs. [`KubeConnector`] is the executor's
+//! [`Connector`] over the management cluster's API and the workload clusters' clients.
 
+use ck8s_certs_api::annotations::{
+    REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS, RefreshStatus,
+};
 use ck8s_certs_api::capi::{
     CK8S_CONFIG_GROUP, CK8S_CONFIG_KIND, CK8S_CONFIG_VERSION, CLUSTER_NAME_LABEL,
     CONTROL_PLANE_LABEL,
 };
 use ck8s_certs_api::k8sd::DEFAULT_MICROCLUSTER_PORT;
-use ck8s_certs_api::machine::{ClusterView, MachineView};
+use ck8s_certs_api::machine::{CapiVersion, ClusterView, Machine, MachineView};
 use ck8s_certs_api::machine_certificates::{MachineCertificates, Role};
-use kube::Api;
-use kube::ResourceExt;
 use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::GroupVersionKind;
+use kube::runtime::reflector::Store;
+use kube::{Api, Client, ResourceExt};
 
-use super::{Node, Reconciler};
-use crate::k8sd::Fingerprint;
+use super::Config;
+use super::report::create_certificates;
+use crate::controllers::executor::{Connector, Failure, NodeSession, Probe};
+use crate::k8sd::{Fingerprint, K8sdError};
+use crate::metrics::K8sdCalls;
+use crate::refresh::NodeApi;
 use crate::refresh::session::Session;
 use crate::workload;
 use crate::workload::endpoint;
-
-use crate::controllers::executor::Failure;
 
 /// The field manager of a pin written when a control plane is first used as an approver.
 const APPROVER_MANAGER: &str = "ck8s-certs-approver";
@@ -38,35 +44,61 @@ pub(super) fn pin_of(
     text.parse::<Fingerprint>().map(Some).map_err(|_| {
         Failure::Message(format!(
             "status.k8sdFingerprint of MachineCertificates {namespace}/{machine} is not a SHA-256 fingerprint ({}), so the node's k8sd cannot be verified and nothing is sent to it; set it to the fingerprint of the node's k8sd certificate (docs/refresh.md, \"Trust in k8sd's certificate\")",
-            crate::controllers::executor::truncate(text.to_owned(), 80)
+            crate::text::truncate(text.to_owned(), 80)
         ))
     })
 }
 
-impl Reconciler<'_> {
+/// The clients and settings every connection to a node needs (one per controller).
+pub struct Reach {
+    pub client: Client,
+    pub capi: CapiVersion,
+    pub workload: workload::Clients,
+    pub config: Config,
+    pub k8sd_metrics: K8sdCalls,
+}
+
+/// The node's k8sd (and, for a worker, a control plane's to approve) for one refresh.
+pub(super) struct KubeConnector<'a> {
+    pub reach: &'a Reach,
+    pub machine: &'a MachineView,
+    pub cluster: &'a ClusterView,
+    /// The node's pinned k8sd certificate.
+    pub pin: Option<Fingerprint>,
+    pub role: Role,
+}
+
+/// What [`KubeConnector::prepare`] found out about the node.
+pub(super) struct Node {
+    pub session: Session,
+    pub sans: Vec<String>,
+    pub workload: Client,
+}
+
+impl KubeConnector<'_> {
     /// Resolves the node, its tokens and SANs, and opens a session (nothing sent yet).
-    pub(super) async fn prepare(
-        &self,
-        pin: Option<Fingerprint>,
-        role: Role,
-        cluster: &ClusterView,
-    ) -> Result<Node, Failure> {
-        let ns = &self.view.namespace;
-        let cluster_name = self.view.cluster.clone().unwrap_or_default();
-        let node_name = self.view.node_name.clone().unwrap_or_default();
+    pub async fn prepare(&self) -> Result<Node, Failure> {
+        let (reach, view, role) = (self.reach, self.machine, self.role);
+        let ns = &view.namespace;
+        let cluster_name = view.cluster.clone().unwrap_or_default();
+        let node_name = view.node_name.clone().unwrap_or_default();
         // Independent reads, at once (a refresh holds its place while it waits for them); a
         // failure is reported in this order whichever failed first.
         let (client, config, tokens) = futures::join!(
             async {
-                self.ctx
+                reach
                     .workload
                     .get(ns, &cluster_name)
                     .await
                     .map_err(Failure::Workload)
             },
-            async { self.ck8s_config().await.map_err(|e| Failure::Api(e.into())) },
             async {
-                workload::tokens(&self.ctx.client, ns, &cluster_name, &self.view.name)
+                ck8s_config_of(reach, view)
+                    .await
+                    .map_err(|e| Failure::Api(e.into()))
+            },
+            async {
+                workload::tokens(&reach.client, ns, &cluster_name, &view.name)
                     .await
                     .map_err(Failure::Workload)
             },
@@ -92,10 +124,10 @@ impl Reconciler<'_> {
             .unwrap_or_default();
         if role == Role::ControlPlane {
             // The CK8s provider adds the CK8sConfig's name when the node joins: keep it.
-            if let Some(name) = &self.view.bootstrap_name {
+            if let Some(name) = &view.bootstrap_name {
                 sans.push(name.clone());
             }
-            if let Some(host) = &cluster.endpoint_host {
+            if let Some(host) = &self.cluster.endpoint_host {
                 sans.push(host.clone());
             }
             sans.dedup();
@@ -105,17 +137,17 @@ impl Reconciler<'_> {
             &cluster_name,
             &node_name,
             port,
-            self.ctx.config.transport,
+            reach.config.transport,
         )
         .await
         .map_err(Failure::Workload)?;
         let session = Session::node(
             endpoint.target,
             endpoint.route,
-            pin,
+            self.pin,
             tokens.node,
-            self.ctx.config.timeouts,
-            self.ctx.metrics.k8sd.clone(),
+            reach.config.timeouts,
+            reach.k8sd_metrics.clone(),
         );
         Ok(Node {
             session,
@@ -124,53 +156,29 @@ impl Reconciler<'_> {
         })
     }
 
-    pub(super) async fn ck8s_config(&self) -> Result<Option<DynamicObject>, kube::Error> {
-        self.ck8s_config_of(&self.view).await
-    }
-
-    /// The CK8sConfig `machine` was bootstrapped from, if it names one and it is there.
-    async fn ck8s_config_of(
-        &self,
-        machine: &MachineView,
-    ) -> Result<Option<DynamicObject>, kube::Error> {
-        let Some(name) = &machine.bootstrap_name else {
-            return Ok(None);
-        };
-        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
-            CK8S_CONFIG_GROUP,
-            CK8S_CONFIG_VERSION,
-            CK8S_CONFIG_KIND,
-        ));
-        Api::<DynamicObject>::namespaced_with(
-            self.ctx.client.clone(),
-            &machine.namespace,
-            &resource,
-        )
-        .get_opt(name)
-        .await
-    }
-
     /// A session to a Ready control-plane node of the same cluster that answers a probe.
-    pub(super) async fn approver(&self, cluster: &str) -> Result<Session, Failure> {
-        let ns = &self.view.namespace;
+    pub async fn approver(&self) -> Result<Session, Failure> {
+        let (reach, view) = (self.reach, self.machine);
+        let ns = &view.namespace;
+        let cluster = view.cluster.as_deref().unwrap_or_default();
         // Listed, not taken from our cache: the control planes need not be in our watch scope
         // (--watch-filter, --namespace) to approve a worker's CSRs.
         let selector = format!("{CLUSTER_NAME_LABEL}={cluster},{CONTROL_PLANE_LABEL}");
         let (client, tokens, listed) = futures::join!(
             async {
-                self.ctx
+                reach
                     .workload
                     .get(ns, cluster)
                     .await
                     .map_err(Failure::Workload)
             },
             async {
-                workload::tokens(&self.ctx.client, ns, cluster, &self.view.name)
+                workload::tokens(&reach.client, ns, cluster, &view.name)
                     .await
                     .map_err(Failure::Workload)
             },
             async {
-                self.machines()
+                Api::<Machine>::namespaced_with(reach.client.clone(), ns, &reach.capi)
                     .list(&ListParams::default().labels(&selector))
                     .await
                     .map_err(|e| Failure::Api(e.into()))
@@ -192,12 +200,12 @@ impl Reconciler<'_> {
             let node = machine.node_name.clone().unwrap_or_default();
             // A pin that cannot be read (or an API error reading it) rules the node out: the
             // cluster's approval token never goes to an unverified endpoint.
-            let record = match self.certificates().get_opt(&machine.name).await {
+            let record = match certificates(reach, ns).get_opt(&machine.name).await {
                 Ok(Some(record)) => Ok(Some(record)),
                 // A control plane outside our scope (or not reconciled yet) gets its record
                 // here, so that the certificate it presents on first use is kept.
-                Ok(None) => self.create_record(&machine).await,
-                Err(err) => Err(err.into()),
+                Ok(None) => create_certificates(&reach.client, reach.capi, &machine).await,
+                Err(err) => Err(err),
             };
             let record = match record {
                 Ok(Some(record)) => record,
@@ -227,9 +235,9 @@ impl Reconciler<'_> {
                     continue;
                 }
             };
-            let port = self.microcluster_port_of(&machine).await;
+            let port = microcluster_port_of(reach, &machine).await;
             let Ok(endpoint) =
-                endpoint::resolve(&client, cluster, &node, port, self.ctx.config.transport).await
+                endpoint::resolve(&client, cluster, &node, port, reach.config.transport).await
             else {
                 transient = true;
                 tried.push(format!("{node} (no endpoint)"));
@@ -245,8 +253,8 @@ impl Reconciler<'_> {
                 endpoint.route,
                 pin,
                 tokens.capi_auth.clone(),
-                self.ctx.config.timeouts,
-                self.ctx.metrics.k8sd.clone(),
+                reach.config.timeouts,
+                reach.k8sd_metrics.clone(),
             );
             if let Err(err) = session.probe().await {
                 transient |= !matches!(err, crate::k8sd::K8sdError::PinMismatch { .. });
@@ -256,7 +264,7 @@ impl Reconciler<'_> {
             // First use: the certificate is kept before the approval token is sent to it.
             if pin.is_none() {
                 let seen = session.fingerprint();
-                if let Err(reason) = self.keep_approver_pin(&record, seen).await {
+                if let Err(reason) = keep_approver_pin(reach, &record, seen).await {
                     transient = true;
                     tried.push(format!("{node} ({reason})"));
                     continue;
@@ -279,68 +287,160 @@ impl Reconciler<'_> {
             tried.join(", ")
         )))
     }
+}
 
-    /// Pins `seen` on a control plane first used as an approver, in one write guarded by the
-    /// record's resourceVersion: the control plane's own reconcile may be pinning it at the same
-    /// moment, and whichever pin lands first is the one both must then match. Only that field
-    /// is written (a merge patch under its own field manager, so the record's owner keeps the
-    /// rest of its status).
-    async fn keep_approver_pin(
-        &self,
-        record: &MachineCertificates,
-        seen: Option<Fingerprint>,
-    ) -> Result<(), String> {
-        let Some(seen) = seen else {
-            return Err("it presented no certificate to pin".to_owned());
-        };
-        let name = record.name_any();
-        let api = self.certificates();
-        let patch = serde_json::json!({
-            "metadata": {"resourceVersion": record.resource_version()},
-            "status": {"k8sdFingerprint": seen.to_string()},
-        });
-        let params = PatchParams {
-            field_manager: Some(APPROVER_MANAGER.into()),
-            ..PatchParams::default()
-        };
-        match api
-            .patch_status(&name, &params, &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(status)) if status.code == 409 => {
-                // Changed meanwhile: usable only if what was pinned is what answered us.
-                let pinned = api
-                    .get_opt(&name)
-                    .await
-                    .map_err(|err| format!("reading its pinned certificate failed: {err}"))?
-                    .and_then(|r| r.status)
-                    .and_then(|s| s.k8sd_fingerprint)
-                    .and_then(|text| text.parse::<Fingerprint>().ok());
-                if pinned == Some(seen) {
-                    Ok(())
-                } else {
-                    Err(format!(
-                        "its certificate {seen} could not be pinned: MachineCertificates {name} changed meanwhile and does not pin it"
-                    ))
-                }
+/// Pins `seen` on a control plane first used as an approver, in one write guarded by the
+/// record's resourceVersion: the control plane's own reconcile may be pinning it at the same
+/// moment, and whichever pin lands first is the one both must then match. Only that field
+/// is written (a merge patch under its own field manager, so the record's owner keeps the
+/// rest of its status).
+async fn keep_approver_pin(
+    reach: &Reach,
+    record: &MachineCertificates,
+    seen: Option<Fingerprint>,
+) -> Result<(), String> {
+    let Some(seen) = seen else {
+        return Err("it presented no certificate to pin".to_owned());
+    };
+    let name = record.name_any();
+    let api = certificates(reach, &record.namespace().unwrap_or_default());
+    let patch = serde_json::json!({
+        "metadata": {"resourceVersion": record.resource_version()},
+        "status": {"k8sdFingerprint": seen.to_string()},
+    });
+    let params = PatchParams {
+        field_manager: Some(APPROVER_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    match api
+        .patch_status(&name, &params, &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 409 => {
+            // Changed meanwhile: usable only if what was pinned is what answered us.
+            let pinned = api
+                .get_opt(&name)
+                .await
+                .map_err(|err| format!("reading its pinned certificate failed: {err}"))?
+                .and_then(|r| r.status)
+                .and_then(|s| s.k8sd_fingerprint)
+                .and_then(|text| text.parse::<Fingerprint>().ok());
+            if pinned == Some(seen) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "its certificate {seen} could not be pinned: MachineCertificates {name} changed meanwhile and does not pin it"
+                ))
             }
-            Err(err) => Err(format!("pinning its k8sd certificate failed: {err}")),
         }
+        Err(err) => Err(format!("pinning its k8sd certificate failed: {err}")),
+    }
+}
+
+/// The microcluster port of `machine`'s CK8sConfig, else the default.
+async fn microcluster_port_of(reach: &Reach, machine: &MachineView) -> u16 {
+    ck8s_config_of(reach, machine)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|c| {
+            c.data
+                .pointer("/spec/controlPlane/microclusterPort")
+                .and_then(serde_json::Value::as_u64)
+        })
+        .and_then(|p| u16::try_from(p).ok())
+        .unwrap_or(DEFAULT_MICROCLUSTER_PORT)
+}
+
+/// The CK8sConfig `machine` was bootstrapped from, if it names one and it is there.
+async fn ck8s_config_of(
+    reach: &Reach,
+    machine: &MachineView,
+) -> Result<Option<DynamicObject>, kube::Error> {
+    let Some(name) = &machine.bootstrap_name else {
+        return Ok(None);
+    };
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        CK8S_CONFIG_GROUP,
+        CK8S_CONFIG_VERSION,
+        CK8S_CONFIG_KIND,
+    ));
+    Api::<DynamicObject>::namespaced_with(reach.client.clone(), &machine.namespace, &resource)
+        .get_opt(name)
+        .await
+}
+
+fn certificates(reach: &Reach, namespace: &str) -> Api<MachineCertificates> {
+    Api::namespaced(reach.client.clone(), namespace)
+}
+
+/// Whether a control plane of `machine`'s cluster is being refreshed or asked to be (from the
+/// cache): its workers wait for it. Cheap fields first: this runs on every look at a waiting
+/// worker, over every cached Machine.
+pub(super) fn control_planes_pending(machines: &Store<Machine>, machine: &MachineView) -> bool {
+    let Some(cluster) = machine.cluster.as_deref() else {
+        return false;
+    };
+    machines.state().iter().any(|m| {
+        m.metadata.namespace.as_deref() == Some(machine.namespace.as_str())
+            && m.labels.get(CONTROL_PLANE_LABEL).is_some()
+            && m.labels.get(CLUSTER_NAME_LABEL) == Some(cluster)
+            && m.metadata.name.as_deref() != Some(machine.name.as_str())
+            && m.node_name.is_some()
+            && m.metadata.deletion_timestamp.is_none()
+            && (m.annotations.get(REFRESH_CERTIFICATES).is_some()
+                || m.annotations.get(REFRESH_CERTIFICATES_STATUS)
+                    == Some(RefreshStatus::InProgress.as_str()))
+    })
+}
+
+impl Connector for KubeConnector<'_> {
+    type Node = NodeLink;
+    type Approver = Session;
+
+    async fn node(&self) -> Result<NodeSession<NodeLink>, Failure> {
+        let node = self.prepare().await?;
+        Ok(NodeSession {
+            node: NodeLink {
+                session: node.session,
+                _workload: node.workload,
+            },
+            extra_sans: node.sans,
+        })
     }
 
-    pub(super) async fn microcluster_port_of(&self, machine: &MachineView) -> u16 {
-        self.ck8s_config_of(machine)
-            .await
-            .ok()
-            .flatten()
-            .and_then(|c| {
-                c.data
-                    .pointer("/spec/controlPlane/microclusterPort")
-                    .and_then(serde_json::Value::as_u64)
-            })
-            .and_then(|p| u16::try_from(p).ok())
-            .unwrap_or(DEFAULT_MICROCLUSTER_PORT)
+    async fn approver(&self) -> Result<Session, Failure> {
+        KubeConnector::approver(self).await
+    }
+}
+
+/// A node's session, with the workload client its tunnels go through kept alive.
+pub(super) struct NodeLink {
+    session: Session,
+    _workload: Client,
+}
+
+impl NodeApi for NodeLink {
+    async fn plan(&mut self) -> Result<crate::k8sd::wire::PlanResponse, K8sdError> {
+        self.session.plan().await
+    }
+
+    async fn run(
+        &mut self,
+        request: &crate::k8sd::wire::RunRequest,
+    ) -> Result<crate::k8sd::wire::RunResponse, K8sdError> {
+        self.session.run(request).await
+    }
+
+    fn fingerprint(&self) -> Option<String> {
+        NodeApi::fingerprint(&self.session)
+    }
+}
+
+impl Probe for NodeLink {
+    async fn probe(&mut self) -> Result<(), K8sdError> {
+        self.session.probe().await
     }
 }
 

@@ -1,0 +1,266 @@
+//! Carrying one [`Step`] out on what a reconcile read: the one way in is [`Act::run`]. A Machine
+//! at rest shows what [`settle`] says; a refresh is taken up ([`requests`](super::requests)),
+//! handed to the executor ([`execute`](super::execute)) and its outcome recorded
+//! ([`outcome`](super::outcome)).
+
+use ck8s_certs_api::annotations::RefreshStatus;
+use ck8s_certs_api::machine::{ClusterView, Machine, MachineView};
+use ck8s_certs_api::machine_certificates::{MachineCertificatesStatus, Operation};
+use ck8s_certs_api::reasons::events;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Resource;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use tracing::{info, warn};
+
+use super::journal::Requests;
+use super::next::Certificates;
+use super::observe::{Observed, role, waiter};
+use super::report::{Reporter, Seen};
+use super::rest::{After, MachineMark, Renewals, Settled, clear_refusal, settle};
+use super::step::Step;
+use super::verdict::VerdictMetric;
+use super::{Context, Error, MANAGER};
+use crate::controllers::patches::MachineChanges;
+
+/// The action a rest amounts to.
+pub(super) fn action(after: After) -> Action {
+    match after {
+        After::Change => Action::await_change(),
+        After::Requeue(after) => Action::requeue(after),
+    }
+}
+
+/// One step carried out on one Machine.
+pub(super) struct Act<'a> {
+    pub ctx: &'a Context,
+    /// The Machine as read (its resourceVersion guards the take-up).
+    pub machine: &'a Machine,
+    /// The Machine as last read or written.
+    pub view: &'a MachineView,
+    pub cluster: ClusterView,
+    pub report: Reporter<'a>,
+    pub requests: Requests<'a>,
+}
+
+impl<'a> Act<'a> {
+    /// Carries `step` out on what `observed` holds.
+    pub async fn run(ctx: &Context, observed: &Observed, step: Step) -> Result<Action, Error> {
+        tracing::Span::current().record("step", tracing::field::debug(&step));
+        let Certificates::Read {
+            status,
+            generation,
+            digest: _,
+        } = &observed.certificates
+        else {
+            return Ok(Action::await_change());
+        };
+        // Sharding: an operation another live instance carries out is left to it.
+        if let Some(retry) = crate::controllers::shard::gate(
+            &ctx.shard,
+            &step,
+            &observed.view.namespace,
+            &observed.view.name,
+            MANAGER,
+        )
+        .await?
+        {
+            return Ok(Action::requeue(retry));
+        }
+        if !matches!(
+            step,
+            Step::Continue(_) | Step::Resume(_) | Step::Start { .. }
+        ) {
+            // What waited (if anything) is over: withdrawn, paused, recorded.
+            ctx.executor.forget(&waiter(&observed.view));
+        }
+        let seen = Seen::default();
+        seen.set(status.as_ref());
+        let reference = observed.machine.object_ref(&ctx.capi());
+        let act = Act::new(
+            ctx,
+            &observed.machine,
+            &observed.view,
+            observed.cluster.clone().unwrap_or_default(),
+            &reference,
+            *generation,
+            &seen,
+        );
+        act.step(
+            status.clone().unwrap_or_default(),
+            observed.request.as_ref(),
+            step,
+        )
+        .await
+    }
+
+    pub fn new(
+        ctx: &'a Context,
+        machine: &'a Machine,
+        view: &'a MachineView,
+        cluster: ClusterView,
+        reference: &'a ObjectReference,
+        generation: Option<i64>,
+        seen: &'a Seen,
+    ) -> Self {
+        Self {
+            ctx,
+            machine,
+            view,
+            cluster,
+            report: Reporter {
+                client: ctx.client(),
+                capi: ctx.capi(),
+                recorder: &ctx.recorder,
+                machine: view,
+                reference,
+                generation,
+                seen,
+            },
+            requests: Requests {
+                client: ctx.client(),
+                capi: ctx.capi(),
+                machine: view,
+                role: role(view),
+            },
+        }
+    }
+
+    /// `request`: the operation of the request the Machine names as in flight.
+    async fn step(
+        self,
+        mut status: MachineCertificatesStatus,
+        request: Option<&Operation>,
+        step: Step,
+    ) -> Result<Action, Error> {
+        let now = self.ctx.clock.now();
+        let governing = crate::controllers::governing_policy::governing(
+            &self.ctx.stores.policies,
+            &self.ctx.stores.policy_readings,
+            &self.view.namespace,
+            Some(&self.cluster.labels),
+            &self.view.labels,
+        );
+        let renewals = Renewals {
+            governing: &governing,
+            settings: self.ctx.config().renewal,
+            resync: self.ctx.config().resync,
+        };
+        let cluster = Some(&self.cluster);
+        if let Some(settled) = settle(&step, self.view, cluster, &status, &renewals, now) {
+            return self.settle(status, settled).await;
+        }
+        // The trigger its owner kept applying is gone (or changed): the refusal is over.
+        let before = status.clone();
+        clear_refusal(&mut status, now);
+        self.report.update_status(&before, &status).await?;
+        match step {
+            Step::Withdrawn => {
+                self.report
+                    .patch_machine(&MachineChanges {
+                        status: Some(RefreshStatus::Failed),
+                        ..Default::default()
+                    })
+                    .await?;
+                self.report
+                    .event(
+                        EventType::Warning,
+                        events::REFRESH_FAILED,
+                        "The refresh request was withdrawn before it started".into(),
+                    )
+                    .await;
+                Ok(Action::await_change())
+            }
+            Step::Record(op) => {
+                let journaled = request == Some(&op);
+                self.record(status, &op, journaled).await
+            }
+            Step::Start { trigger } => self.start(status, trigger).await,
+            Step::Continue(op) => {
+                let role = role(self.view);
+                self.execute(status, op, false, role).await
+            }
+            Step::Resume(op) => {
+                let opened = request == Some(&op);
+                let role = status.role.unwrap_or(role(self.view));
+                info!(seed = ?op.seed, attempts = op.run_attempts, "Resuming an interrupted refresh");
+                self.execute(status, op, opened, role).await
+            }
+            Step::SyncExpiry => {
+                let expiry = status.expiry.clone();
+                self.report
+                    .patch_machine(&MachineChanges {
+                        expiry: expiry.as_ref(),
+                        ..Default::default()
+                    })
+                    .await?;
+                // Then as at rest: the verdict.
+                match settle(&Step::Idle, self.view, cluster, &status, &renewals, now) {
+                    Some(settled) => self.settle(status, settled).await,
+                    None => Ok(Action::requeue(self.ctx.config().resync)),
+                }
+            }
+            Step::ReadExpiry => self.read_expiry(status).await,
+            // Settled above.
+            Step::Ignore
+            | Step::ClusterMissing
+            | Step::Paused
+            | Step::WaitForNode
+            | Step::Reapplied { .. }
+            | Step::Idle => Ok(Action::await_change()),
+        }
+    }
+
+    /// Shows what `settled` says (each write only when it changes something), then renews when
+    /// the verdict says so.
+    async fn settle(
+        self,
+        current: MachineCertificatesStatus,
+        settled: Settled,
+    ) -> Result<Action, Error> {
+        let Settled {
+            status,
+            machine,
+            event,
+            metric,
+            next,
+            after,
+        } = settled;
+        if let Some(mark) = machine {
+            let (failed, release_move) = match mark {
+                MachineMark::Refused { release_move } => (true, release_move),
+                MachineMark::ReleaseMove => (false, true),
+            };
+            self.report
+                .patch_machine(&MachineChanges {
+                    status: failed.then_some(RefreshStatus::Failed),
+                    release_move,
+                    ..Default::default()
+                })
+                .await?;
+        }
+        if let Some(renewal) = next {
+            return self.start_automatic(status, renewal).await;
+        }
+        self.report.update_status(&current, &status).await?;
+        let metrics = &self.ctx.metrics;
+        match metric {
+            Some(VerdictMetric::Deferred(reason)) => {
+                let labels = crate::metrics::reason_label(&reason);
+                metrics.renewal_deferred.get_or_create(&labels).inc();
+            }
+            Some(VerdictMetric::Invalid(reason)) => {
+                let labels = crate::metrics::reason_label(&reason);
+                metrics.policy_invalid.get_or_create(&labels).inc();
+            }
+            None => {}
+        }
+        if let Some((type_, reason, message)) = event {
+            if reason == events::REFRESH_REFUSED {
+                warn!("Refused a refresh trigger its owner applies again");
+            }
+            self.report.event(type_, reason, message).await;
+        }
+        Ok(action(after))
+    }
+}

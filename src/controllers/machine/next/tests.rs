@@ -1,0 +1,506 @@
+//! Every case of [`next`]: what a reconcile does with what it has read, without an API server.
+
+use std::time::Duration;
+
+use ck8s_certs_api::annotations::{CERTIFICATES_EXPIRY, REFRESH_CERTIFICATES_STATUS};
+use ck8s_certs_api::capi::PAUSED_ANNOTATION;
+use ck8s_certs_api::machine_certificates::{Origin, Phase};
+use ck8s_certs_api::reasons::conditions;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::*;
+use crate::controllers::governing_policy::Governing;
+use crate::controllers::patches::set_condition;
+
+const RESYNC: Duration = Duration::from_secs(36_000);
+const EXPIRY: i64 = 1_900_000_000;
+const EXPIRY_TEXT: &str = "2030-03-17T17:46:40Z";
+const REQUEST: &str = "m-1";
+
+fn now() -> Timestamp {
+    Timestamp::from_second(EXPIRY - 300 * 86_400).unwrap()
+}
+
+fn machine(annotations: &[(&str, &str)]) -> MachineView {
+    MachineView {
+        namespace: "ns".into(),
+        name: "m".into(),
+        uid: Some("uid".into()),
+        cluster: Some("c".into()),
+        control_plane: true,
+        bootstrap_kind: Some("CK8sConfig".into()),
+        bootstrap_group: Some("bootstrap.cluster.x-k8s.io".into()),
+        bootstrap_name: Some("m".into()),
+        node_name: Some("n".into()),
+        annotations: annotations
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// A Machine at rest: its expiry known and shown.
+fn at_rest() -> MachineView {
+    machine(&[(CERTIFICATES_EXPIRY, EXPIRY_TEXT)])
+}
+
+/// A Machine whose refresh (trigger `1y`) was taken up as request [`REQUEST`].
+fn asked(trigger: &str) -> MachineView {
+    machine(&[
+        (REFRESH_CERTIFICATES, trigger),
+        (REFRESH_CERTIFICATES_STATUS, "in-progress"),
+        (IN_FLIGHT_REFRESH, REQUEST),
+    ])
+}
+
+fn op(phase: Phase) -> Operation {
+    Operation {
+        seed: (phase != Phase::Pending).then_some(42),
+        phase,
+        ..Operation::pending(
+            Origin::Manual,
+            None,
+            Some("1y".into()),
+            "1y".into(),
+            365 * 86_400,
+            Time(Timestamp::UNIX_EPOCH),
+        )
+    }
+}
+
+fn known() -> MachineCertificatesStatus {
+    MachineCertificatesStatus {
+        expiry: Some(Time(Timestamp::from_second(EXPIRY).unwrap())),
+        ..Default::default()
+    }
+}
+
+/// `status` with its Ready condition as settling `step` shows it.
+fn shown(
+    step: &Step,
+    machine: &MachineView,
+    cluster: Option<&ClusterView>,
+) -> MachineCertificatesStatus {
+    let governing = Governing::None;
+    let renewals = renewals(&governing);
+    settle(step, machine, cluster, &known(), &renewals, now())
+        .map(|s| s.status)
+        .unwrap_or_else(known)
+}
+
+fn refused() -> MachineCertificatesStatus {
+    let mut status = known();
+    set_condition(
+        &mut status,
+        conditions::TRIGGER_REFUSED,
+        true,
+        "Reapplied",
+        "refused".into(),
+        now(),
+    );
+    status
+}
+
+fn read(status: MachineCertificatesStatus) -> Certificates {
+    Certificates::Read {
+        digest: crate::controllers::stores::status_digest(Some(&status)),
+        status: Some(status),
+        generation: Some(1),
+    }
+}
+
+fn renewals(governing: &Governing) -> Renewals<'_> {
+    Renewals {
+        governing,
+        settings: crate::policy::spec::Settings::default(),
+        resync: RESYNC,
+    }
+}
+
+/// One row: what was read, and what comes next.
+struct Row {
+    name: &'static str,
+    source: Source,
+    machine: MachineView,
+    cluster: Option<ClusterView>,
+    certificates: Certificates,
+    request: Option<Operation>,
+    parked: Option<Parked>,
+    kept_outcome: bool,
+    next: Next,
+}
+
+fn row(
+    name: &'static str,
+    source: Source,
+    machine: MachineView,
+    certificates: Certificates,
+    next: Next,
+) -> Row {
+    Row {
+        name,
+        source,
+        machine,
+        cluster: Some(ClusterView::default()),
+        certificates,
+        request: None,
+        parked: None,
+        kept_outcome: false,
+        next,
+    }
+}
+
+#[test]
+fn every_case_of_the_next_step() {
+    let live = Next::Read(Source::Live);
+    let cluster = ClusterView::default();
+    let paused_cluster = ClusterView {
+        paused: true,
+        ..ClusterView::default()
+    };
+    let waiting = Parked {
+        op: Some(op(Phase::Pending)),
+        seen: None,
+        blocked: false,
+    };
+    let asked_status = known();
+    let digest = crate::controllers::stores::status_digest(Some(&asked_status));
+    let nodeless = MachineView {
+        node_name: None,
+        ..at_rest()
+    };
+    let deleting = MachineView {
+        deleting: true,
+        ..at_rest()
+    };
+    let paused = machine(&[(CERTIFICATES_EXPIRY, EXPIRY_TEXT), (PAUSED_ANNOTATION, "")]);
+    let reapplied = MachineView {
+        trigger_manager: Some("capi-machineset".into()),
+        trigger_applied: true,
+        ..machine(&[
+            (REFRESH_CERTIFICATES, "1y"),
+            (CERTIFICATES_EXPIRY, EXPIRY_TEXT),
+        ])
+    };
+    let reapplied_step = Step::Reapplied {
+        trigger: "1y".into(),
+        manager: "capi-machineset".into(),
+    };
+    let done = Operation {
+        requested_by: Some("capi-machineset".into()),
+        ..op(Phase::Succeeded)
+    };
+    let rows = vec![
+        Row {
+            parked: Some(Parked {
+                blocked: true,
+                ..waiting.clone()
+            }),
+            ..row(
+                "parked, still asked for and still blocked: nothing is read",
+                Source::Cache,
+                asked("1y"),
+                Certificates::Missing,
+                Next::Rest(After::Requeue(WAITING_RECHECK)),
+            )
+        },
+        Row {
+            parked: Some(Parked {
+                blocked: true,
+                op: None,
+                seen: None,
+            }),
+            ..row(
+                "parked after its seed and blocked: nothing is read",
+                Source::Cache,
+                asked("1y"),
+                Certificates::Missing,
+                Next::Rest(After::Requeue(WAITING_RECHECK)),
+            )
+        },
+        Row {
+            parked: Some(Parked {
+                blocked: true,
+                ..waiting.clone()
+            }),
+            ..row(
+                "parked and blocked, but another TTL is asked now: read live",
+                Source::Cache,
+                asked("30d"),
+                read(known()),
+                live.clone(),
+            )
+        },
+        Row {
+            parked: Some(Parked {
+                seen: Some(digest),
+                ..waiting.clone()
+            }),
+            ..row(
+                "woken, the caches showing what it left: it goes on",
+                Source::Cache,
+                asked("1y"),
+                read(asked_status.clone()),
+                Next::Act(Step::Continue(op(Phase::Pending))),
+            )
+        },
+        Row {
+            parked: Some(Parked {
+                seen: Some(digest ^ 1),
+                ..waiting.clone()
+            }),
+            ..row(
+                "woken, the status changed since it parked: read live",
+                Source::Cache,
+                asked("1y"),
+                read(asked_status.clone()),
+                live.clone(),
+            )
+        },
+        Row {
+            parked: Some(Parked {
+                seen: Some(digest),
+                ..waiting.clone()
+            }),
+            kept_outcome: true,
+            ..row(
+                "woken, an outcome is kept to be written first: read live",
+                Source::Cache,
+                asked("1y"),
+                read(asked_status),
+                live.clone(),
+            )
+        },
+        row(
+            "no MachineCertificates in the cache: read live (and created)",
+            Source::Cache,
+            at_rest(),
+            Certificates::Missing,
+            live.clone(),
+        ),
+        row(
+            "a status this version cannot read: read live, where it is reported",
+            Source::Cache,
+            at_rest(),
+            Certificates::Unreadable,
+            live.clone(),
+        ),
+        row(
+            "a request in flight is read live",
+            Source::Cache,
+            asked("1y"),
+            read(known()),
+            live.clone(),
+        ),
+        row(
+            "at rest, nothing to show: no request",
+            Source::Cache,
+            at_rest(),
+            read(known()),
+            Next::Rest(After::Requeue(RESYNC)),
+        ),
+        row(
+            "a refusal shown, its trigger gone: read live to end it",
+            Source::Cache,
+            at_rest(),
+            read(refused()),
+            live.clone(),
+        ),
+        row(
+            "a new trigger: read live",
+            Source::Cache,
+            machine(&[
+                (REFRESH_CERTIFICATES, "1y"),
+                (CERTIFICATES_EXPIRY, EXPIRY_TEXT),
+            ]),
+            read(known()),
+            live.clone(),
+        ),
+        row(
+            "no node yet, shown: no request",
+            Source::Cache,
+            nodeless.clone(),
+            read(shown(&Step::WaitForNode, &nodeless, Some(&cluster))),
+            Next::Rest(After::Change),
+        ),
+        row(
+            "no node yet, not shown: read live to show it",
+            Source::Cache,
+            nodeless,
+            read(known()),
+            live.clone(),
+        ),
+        row(
+            "paused, shown: no request",
+            Source::Cache,
+            paused.clone(),
+            read(shown(&Step::Paused, &paused, Some(&cluster))),
+            Next::Rest(After::Change),
+        ),
+        Row {
+            cluster: Some(paused_cluster.clone()),
+            ..row(
+                "its Cluster paused, shown for the Machine's annotation instead: read live",
+                Source::Cache,
+                paused.clone(),
+                read(shown(&Step::Paused, &paused, Some(&cluster))),
+                live.clone(),
+            )
+        },
+        row(
+            "being deleted: nothing to do",
+            Source::Cache,
+            deleting,
+            read(known()),
+            Next::Rest(After::Change),
+        ),
+        Row {
+            cluster: None,
+            ..row(
+                "its Cluster not in the cache: looked up live",
+                Source::Cache,
+                at_rest(),
+                read(known()),
+                live.clone(),
+            )
+        },
+        row(
+            "a reapplied trigger, refused and shown: no request",
+            Source::Cache,
+            reapplied.clone(),
+            read(MachineCertificatesStatus {
+                operation: Some(done.clone()),
+                ..shown(&reapplied_step, &reapplied, Some(&cluster))
+            }),
+            Next::Rest(After::Change),
+        ),
+        row(
+            "live: no MachineCertificates and none created (paused, deleting)",
+            Source::Live,
+            at_rest(),
+            Certificates::Missing,
+            Next::Rest(After::Change),
+        ),
+        Row {
+            request: Some(op(Phase::Succeeded)),
+            ..row(
+                "live: an outcome to show on the Machine is shown from the Machine read fresh",
+                Source::Live,
+                asked("1y"),
+                read(known()),
+                Next::Read(Source::Fresh),
+            )
+        },
+        Row {
+            request: Some(op(Phase::Succeeded)),
+            ..row(
+                "fresh: the outcome is recorded",
+                Source::Fresh,
+                asked("1y"),
+                read(known()),
+                Next::Act(Step::Record(op(Phase::Succeeded))),
+            )
+        },
+        Row {
+            request: Some(op(Phase::Running)),
+            ..row(
+                "live: a request Running is resumed",
+                Source::Live,
+                asked("1y"),
+                read(known()),
+                Next::Act(Step::Resume(op(Phase::Running))),
+            )
+        },
+        Row {
+            parked: Some(waiting.clone()),
+            ..row(
+                "live: the parked refresh, still asked for, goes on",
+                Source::Live,
+                asked("1y"),
+                read(known()),
+                Next::Act(Step::Continue(op(Phase::Pending))),
+            )
+        },
+        row(
+            "live: a new trigger starts",
+            Source::Live,
+            machine(&[(REFRESH_CERTIFICATES, "1y")]),
+            read(known()),
+            Next::Act(Step::Start {
+                trigger: "1y".into(),
+            }),
+        ),
+        row(
+            "live: the idle Machine is settled",
+            Source::Live,
+            at_rest(),
+            read(known()),
+            Next::Act(Step::Idle),
+        ),
+    ];
+    assert!(rows.len() >= 12);
+    let governing = Governing::None;
+    let renewals = renewals(&governing);
+    for row in rows {
+        let summary = Summary {
+            source: row.source,
+            machine: &row.machine,
+            cluster: row.cluster.as_ref(),
+            certificates: &row.certificates,
+            request: row.request.as_ref(),
+            parked: row.parked.as_ref(),
+            kept_outcome: row.kept_outcome,
+            renewals: &renewals,
+        };
+        assert_eq!(next(&summary, now()), row.next, "{}", row.name);
+    }
+}
+
+#[test]
+fn a_changed_verdict_is_read_live_and_an_unchanged_one_costs_nothing() {
+    let spec: ck8s_certs_api::renewal_policy::CertificateRenewalPolicySpec =
+        serde_json::from_value(serde_json::json!({"machineSelector": {}, "policy": "Automatic"}))
+            .unwrap();
+    let governing = Governing::One {
+        info: crate::controllers::governing_policy::PolicyInfo {
+            name: "p".into(),
+            generation: Some(1),
+            mode: Some(spec.policy),
+            windows: Some(crate::controllers::governing_policy::windows_status(&[])),
+        },
+        policy: Ok(std::sync::Arc::new(
+            crate::policy::spec::validate(&spec).unwrap(),
+        )),
+    };
+    let renewals = renewals(&governing);
+    let machine = at_rest();
+    let cluster = ClusterView::default();
+    let ask = |certificates: &Certificates| {
+        next(
+            &Summary {
+                source: Source::Cache,
+                machine: &machine,
+                cluster: Some(&cluster),
+                certificates,
+                request: None,
+                parked: None,
+                kept_outcome: false,
+                renewals: &renewals,
+            },
+            now(),
+        )
+    };
+    assert_eq!(ask(&read(known())), Next::Read(Source::Live));
+    let settled = settle(
+        &Step::Idle,
+        &machine,
+        Some(&cluster),
+        &known(),
+        &renewals,
+        now(),
+    )
+    .unwrap()
+    .status;
+    assert!(matches!(ask(&read(settled)), Next::Rest(After::Requeue(_))));
+}
