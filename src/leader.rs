@@ -441,9 +441,7 @@ fn timeout_error(what: &str, after: Duration) -> kube::Error {
 /// pod with the same name never mistakes its predecessor's lease for its own.
 pub fn identity() -> String {
     use std::hash::{BuildHasher, Hasher};
-    let base = std::env::var("POD_NAME")
-        .ok()
-        .filter(|n| !n.is_empty())
+    let base = crate::pod_name()
         .or_else(|| {
             std::fs::read_to_string("/proc/sys/kernel/hostname")
                 .ok()

@@ -61,6 +61,11 @@ pub enum Error {
     LeaderTask(String),
 }
 
+/// The pod's name (`POD_NAME`, from the Downward API), where the process runs in one.
+pub fn pod_name() -> Option<String> {
+    std::env::var("POD_NAME").ok().filter(|n| !n.is_empty())
+}
+
 /// Runs the controller until SIGTERM or SIGINT (or, with leader election, until leadership is
 /// lost, which is an error: the process exits and its restart stands by again).
 pub async fn run(args: cli::Args) -> Result<(), Error> {
@@ -142,8 +147,7 @@ pub async fn run(args: cli::Args) -> Result<(), Error> {
         controllers::run(
             client,
             machines,
-            &args,
-            renewal,
+            controllers::Settings::new(&args, renewal, pod_name()),
             metrics.clone(),
             health.clone(),
             shutdown.stop.clone(),

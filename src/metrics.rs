@@ -8,13 +8,11 @@
 //! counters get their `_total` suffix from the encoder, so `renewal_deferred` is exported as
 //! `ck8s_certs_renewal_deferred_total`. Label values are snake_case (`outside_window`).
 
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet};
-use prometheus_client::metrics::MetricType;
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -511,3 +509,12 @@ pub async fn serve(
 
 #[cfg(test)]
 mod tests;
+
+/// A role as a metric label value.
+pub fn role_label(role: ck8s_certs_api::machine_certificates::Role) -> &'static str {
+    use ck8s_certs_api::machine_certificates::Role;
+    match role {
+        Role::ControlPlane => "control-plane",
+        Role::Worker => "worker",
+    }
+}

@@ -18,28 +18,21 @@
 //! [`run`] is the only part that touches the outside world (the file, the clock, stdout); the
 //! rest is pure and tested with a fixed `now`.
 
-use std::fmt::Write as _;
 use std::io::Read as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use ck8s_certs_api::renewal_policy::{
-    CertificateRenewalPolicy, CertificateRenewalPolicySpec, conditions,
-};
 use jiff::{Timestamp, Zoned};
-use kube::{CustomResourceExt, Resource};
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
+
+use serde::Serialize;
 
 use crate::cli::{OutputFormat, PreviewArgs};
-use crate::policy::decision::{DEFAULT_RENEW_BEFORE, WINDOWS_IGNORED_MESSAGE};
+use crate::policy::decision::DEFAULT_RENEW_BEFORE;
 use crate::policy::spec::{Settings, ValidPolicy, validate};
 use crate::policy::{
-    Backoff, BackoffError, DayOfWeek, Decision, FailSafeMargin, Failures, InvalidPolicy, Mode,
-    PolicyDuration, PolicyError, Resume, Slot, Spread, Ttl, WallTime, WindowStart, decide,
-    requeue_at,
+    Backoff, BackoffError, Decision, Failures, InvalidPolicy, PolicyError, Resume, Slot, Spread,
+    WindowStart, decide, requeue_at,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 /// Exit code of a policy the controller would report invalid.
 pub const EXIT_INVALID_POLICY: u8 = 2;

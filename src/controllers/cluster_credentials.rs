@@ -30,13 +30,17 @@ use crate::workload::client_certificate::{self, Held, Refusal};
 use crate::workload::credentials::{Certificate, KubeconfigExpiry, kubeconfig_expiry};
 
 mod renewal;
+mod start;
+
 pub use renewal::Config as RenewalConfig;
+pub use start::start;
 
 const MANAGER: &str = "ck8s-certs-kubeconfig";
 
 /// A reading younger than this is reused.
 const RECHECK_AFTER: Duration = Duration::from_secs(600);
 
+#[derive(Clone, Debug)]
 pub struct Config {
     /// Warn this long before a certificate expires.
     pub warning: SignedDuration,

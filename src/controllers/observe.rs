@@ -1,7 +1,15 @@
 //! What the controllers export about themselves: the certificate expiry series, read from the
 //! caches when scraped, and each reconcile's time and error category.
 
-use super::*;
+use std::sync::Arc;
+
+use ck8s_certs_api::capi::{CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL};
+use ck8s_certs_api::machine::Machine;
+use kube::runtime::controller;
+use kube::runtime::reflector::Store;
+
+use crate::controllers::stores;
+use crate::metrics::{Controller as Timed, Metrics, role_label};
 
 /// The series of `certificate_expiry_timestamp_seconds`: each CK8s Machine in the cache whose
 /// MachineCertificates' status knows its expiry (what each Machine's reconcile exported before
@@ -54,7 +62,7 @@ impl crate::metrics::ExpirySource for CachedExpiries {
                 namespace: meta.namespace.as_deref().unwrap_or_default(),
                 cluster: cluster.unwrap_or_default(),
                 machine: meta.name.as_deref().unwrap_or_default(),
-                role: machine::role_label(role),
+                role: role_label(role),
                 expiry,
             });
         }

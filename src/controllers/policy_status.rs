@@ -18,8 +18,12 @@ use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
-use super::governing_policy::{PolicyReadings, Reading, machines_in_namespace};
+use crate::controllers::governing_policy::{PolicyReadings, Reading, machines_in_namespace};
 use crate::policy::spec;
+
+mod start;
+
+pub use start::start;
 
 const MANAGER: &str = "ck8s-certs-policy";
 

@@ -1,7 +1,11 @@
 //! The per-Machine certificate expiry gauge: one series per CK8s Machine, read from a source
 //! (the controller's caches) when scraped rather than kept in the registry.
 
-use super::*;
+use std::sync::{Arc, PoisonError, RwLock};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet};
+use prometheus_client::metrics::MetricType;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MachineLabels {

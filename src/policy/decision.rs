@@ -50,18 +50,11 @@
 //! Comparisons are inclusive at each boundary: due at `D`, backoff over at `B`, inside the
 //! margin at `F`, inside a window at its start, the Machine's turn at its slot `P`.
 
-use std::fmt;
-
 use jiff::{SignedDuration, Timestamp};
 
-use super::backoff::{Backoff, Failures, saturating_add, saturating_sub};
-use super::duration::{FailSafeMargin, PolicyDuration, Spread, Ttl};
+use super::backoff::{saturating_add, saturating_sub};
 pub use super::stagger::{Slot, StaggerKey};
-use super::window::{
-    ValidWindow, Window, WindowStart, first_containing, next_start_after, opened_first,
-    validate_windows,
-};
-use ck8s_certs_api::renewal_policy::{DEFAULT_TTL, RENEW_BEFORE_PERCENTAGE_RANGE};
+use super::window::{ValidWindow, WindowStart, first_containing, next_start_after, opened_first};
 
 /// The policy's `policy` field and the defaults of omitted fields, from the CRD.
 pub use ck8s_certs_api::renewal_policy::{
@@ -383,7 +376,6 @@ mod invalid;
 mod messages;
 
 pub use input::Input;
-use invalid::write_invalid;
 pub use invalid::{InvalidPolicy, PolicyError, SelectorError};
 
 pub use messages::WINDOWS_IGNORED_MESSAGE;

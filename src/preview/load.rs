@@ -1,7 +1,16 @@
 //! Reading a policy file as the API server would: the whole object, field problems with their
 //! paths, unknown fields, then the controller's own checks.
 
-use super::*;
+use std::path::Path;
+
+use ck8s_certs_api::renewal_policy::{CertificateRenewalPolicy, CertificateRenewalPolicySpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::{CustomResourceExt, Resource};
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::PreviewError;
+use crate::policy::{DayOfWeek, FailSafeMargin, Mode, PolicyDuration, Spread, Ttl, WallTime};
 
 pub(super) const KIND: &str = "certificates.ck8s.io/v1alpha1 CertificateRenewalPolicy";
 

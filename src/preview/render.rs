@@ -1,6 +1,11 @@
 //! The preview's output: text for people, JSON for scripts.
 
-use super::*;
+use std::fmt::Write as _;
+
+use ck8s_certs_api::renewal_policy::conditions;
+
+use super::Report;
+use crate::policy::decision::WINDOWS_IGNORED_MESSAGE;
 
 /// The report for people.
 pub fn render_text(report: &Report) -> String {

@@ -1,8 +1,15 @@
 //! Preview tests: the samples in `config/samples` at fixed instants, golden text, the JSON shape,
 //! and every way a file can be wrong.
 
+use std::path::Path;
+
+use ck8s_certs_api::renewal_policy::CertificateRenewalPolicy;
+
+use kube::CustomResourceExt;
+
 use super::load::field_problems;
 use super::*;
+use crate::policy::decision::WINDOWS_IGNORED_MESSAGE;
 use crate::policy::testing::utc;
 use serde_json::json;
 

@@ -12,9 +12,12 @@ mod moves;
 pub mod plan;
 mod report;
 pub mod scope;
+mod start;
 #[cfg(test)]
 mod tests;
 pub mod trigger;
+
+pub use start::{control_plane_triggers, start};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,8 +43,7 @@ use self::moves::{hold_move, release_move, restore_status};
 use self::plan::{MachineState, Outcome, World};
 use self::report::{event_target, mirror_on_trigger, prune, publish};
 use self::scope::Scope;
-use super::Stores;
-use super::stores::{get, get_capi};
+use crate::controllers::stores::{Stores, get, get_capi};
 
 const MANAGER: &str = "ck8s-certs";
 

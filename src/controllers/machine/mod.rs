@@ -52,12 +52,14 @@ mod outcome;
 mod report;
 mod requests;
 pub mod rest;
+pub mod start;
 pub mod step;
 pub mod verdict;
 
 pub use crate::controllers::executor::MAX_RUN_SENDS;
 pub use connector::Reach;
 pub use outcome::KeptOutcomes;
+pub use start::start;
 
 /// Field manager of our writes.
 const MANAGER: &str = "ck8s-certs";
@@ -189,13 +191,4 @@ pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Actio
     }
     .instrument(span)
     .await
-}
-
-/// A role as a metric label value.
-pub(crate) fn role_label(role: ck8s_certs_api::machine_certificates::Role) -> &'static str {
-    use ck8s_certs_api::machine_certificates::Role;
-    match role {
-        Role::ControlPlane => "control-plane",
-        Role::Worker => "worker",
-    }
 }

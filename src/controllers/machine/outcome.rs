@@ -17,9 +17,10 @@ use tracing::{info, warn};
 
 use super::act::Act;
 use super::conclusion::{Ending, conclude, ending_of};
-use super::{Context, Error, role_label};
+use super::{Context, Error};
 use crate::controllers::executor::Failure;
 use crate::controllers::patches::MachineChanges;
+use crate::metrics::role_label;
 use crate::refresh::trigger::{renew_now_hint, with_hint};
 
 impl Act<'_> {

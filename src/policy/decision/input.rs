@@ -2,7 +2,17 @@
 //! written), the Machine's certificates and failure history; and the checks that make a policy
 //! usable.
 
-use super::*;
+use ck8s_certs_api::renewal_policy::{
+    DEFAULT_FAIL_SAFE_MARGIN, DEFAULT_RENEW_BEFORE, DEFAULT_SPREAD, DEFAULT_TTL, MAX_SPREAD, Mode,
+    RENEW_BEFORE_PERCENTAGE_RANGE,
+};
+use jiff::{SignedDuration, Timestamp};
+
+use super::invalid::PolicyError;
+use crate::policy::backoff::{Backoff, Failures, saturating_sub};
+use crate::policy::duration::{FailSafeMargin, PolicyDuration, Spread, Ttl};
+use crate::policy::stagger::StaggerKey;
+use crate::policy::window::{ValidWindow, Window, validate_windows};
 
 /// Everything the decision depends on, besides `now`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,7 +1,14 @@
 //! How decisions read: the messages of renewals and deferrals (conditions, Events, `policy
 //! preview`), which say when, why and what happens next.
 
-use super::*;
+use std::fmt;
+
+use jiff::{SignedDuration, Timestamp};
+
+use super::invalid::write_invalid;
+use super::{Decision, DeferReason, Deferral, RenewReason, Renewal, Resume};
+use crate::policy::duration::Spread;
+use crate::policy::stagger::Slot;
 
 /// The message shown when `Automatic` has windows (the `WindowsIgnored` condition).
 pub const WINDOWS_IGNORED_MESSAGE: &str =

@@ -3,9 +3,11 @@
 //! Friday, 30 days before) and the fail-safe margin opens at 2026-12-19 00:00Z (24 hours before).
 
 use super::*;
-use crate::policy::backoff::FAIL_SAFE_RETRY;
+use crate::policy::backoff::{FAIL_SAFE_RETRY, Failures};
+use crate::policy::duration::{FailSafeMargin, PolicyDuration, Spread, Ttl};
 use crate::policy::testing::{arbitrary_instant, arbitrary_window, utc, window};
 use crate::policy::window::DayOfWeek::*;
+use crate::policy::window::Window;
 use jiff::SignedDuration;
 use proptest::prelude::*;
 

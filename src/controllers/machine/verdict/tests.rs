@@ -348,7 +348,11 @@ fn every_verdict_shape_plans_its_status_announcement_metric_and_next_step() {
         // Shown once, the same verdict again writes and says nothing.
         let again = super::plan(&machine, &plan.status, &governing, settings, RESYNC, now());
         assert_eq!(again.status, plan.status, "{name}: again");
-        assert_eq!((&again.event, &again.metric), (&None, &None), "{name}: again");
+        assert_eq!(
+            (&again.event, &again.metric),
+            (&None, &None),
+            "{name}: again"
+        );
         let renews = matches!(plan.next, VerdictNext::Renew(_));
         assert_eq!(again.quiet(&plan.status), !renews, "{name}: quiet");
     }

@@ -1,0 +1,90 @@
+//! The credentials controller's wiring: each Cluster's management kubeconfig checked once every
+//! cache is synced (which Clusters have CK8s Machines is read from the Machine cache), a record
+//! changed by someone else set right from the last reading, and a periodic sweep.
+
+use std::sync::Arc;
+
+use ck8s_certs_api::cluster_certificates::ClusterCertificates;
+use futures::StreamExt;
+use kube::ResourceExt;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{Controller, controller};
+
+use super::{Config, Context, Error, SWEEP_INTERVAL, error_policy, reconcile, sweep};
+use crate::controllers::Shared;
+use crate::controllers::observe::observed;
+use crate::controllers::stores;
+use crate::controllers::watches::Watches;
+use crate::metrics::Controller as Timed;
+
+/// Subscribes the credentials controller to `watches`; the future runs it.
+pub fn start(
+    watches: &mut Watches,
+    shared: &Shared,
+    config: Config,
+) -> impl Future<Output = ()> + use<> {
+    let Shared {
+        client,
+        capi,
+        stores,
+        recorder,
+        clock,
+        metrics,
+        stop,
+    } = shared.clone();
+    let clusters = watches.clusters.subscribe();
+    let records = watches.cluster_records.subscribe();
+    let ctx = Context {
+        clock,
+        readings: Default::default(),
+        attempts: Default::default(),
+        client,
+        capi,
+        machines: stores.machines.clone(),
+        records: watches.cluster_records.store.clone(),
+        recorder,
+        metrics: metrics.clone(),
+        config,
+    };
+    async move {
+        stores.synced().await;
+        stores::synced(&ctx.records).await;
+        // A record changed or deleted by someone else is set right from the last reading.
+        let cluster_of_record = move |record: ClusterCertificates| {
+            let namespace = record.namespace().unwrap_or_default();
+            Some(ObjectRef::new_with(&record.name_any(), capi).within(&namespace))
+        };
+        let ctx = Arc::new(ctx);
+        let sweeper = {
+            let (ctx, clusters, stop) = (ctx.clone(), stores.clusters.clone(), stop.clone());
+            async move {
+                let mut every = tokio::time::interval(SWEEP_INTERVAL);
+                loop {
+                    tokio::select! {
+                        _ = every.tick() => sweep(&ctx, &clusters),
+                        () = stop.cancelled() => break,
+                    }
+                }
+            }
+        };
+        let controller = Controller::for_stream_with(clusters, stores.clusters.clone(), capi)
+            // Secret reads are few and need not be fast: keep them gentle on the API server.
+            .with_config(controller::Config::default().concurrency(2))
+            .graceful_shutdown_on(stop.cancelled_owned())
+            .watches_stream_with(records, cluster_of_record, ())
+            .run(
+                move |cluster, ctx| {
+                    observed(
+                        metrics.clone(),
+                        Timed::Kubeconfig,
+                        reconcile(cluster, ctx),
+                        Error::category,
+                    )
+                },
+                error_policy,
+                ctx,
+            )
+            .for_each(|_| async {});
+        futures::future::join(controller, sweeper).await;
+    }
+}

@@ -1,0 +1,126 @@
+//! The fleet controllers' wiring: the requests, the triggers on Clusters and MachineDeployments
+//! that create them (all act only once the caches are synced), and the trigger on
+//! CK8sControlPlanes once that kind is served.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ck8s_certs_api::control_plane::{ControlPlane, ControlPlaneVersion};
+use ck8s_certs_api::machine::Machine;
+use futures::StreamExt;
+use kube::runtime::{Controller, watcher};
+use kube::{Api, Client};
+use tokio_util::sync::CancellationToken;
+
+use super::{Context, error_policy, reconcile, requests_of_machine, trigger};
+use crate::controllers::stores::{self, SharedWatch};
+use crate::controllers::watches::Watches;
+
+/// Subscribes the fleet controllers to `watches`; the future runs them. The subscriptions are
+/// read from the start: a watch waits for a subscriber that falls behind, so one not read until
+/// the caches are synced would keep them from ever syncing (a kind with more objects than the
+/// subscription's buffer). Reconciles wait instead.
+pub fn start(
+    watches: &mut Watches,
+    ctx: Arc<Context>,
+    stop: CancellationToken,
+) -> impl Future<Output = ()> + use<> {
+    let capi = ctx.capi;
+    let store = ctx.requests.clone();
+    let of_machine = move |machine: Machine| requests_of_machine(&store, &machine);
+    let requests = Controller::for_stream(watches.requests.subscribe(), ctx.requests.clone())
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .watches_stream_with(watches.machines.subscribe(), of_machine, capi)
+        .run(reconcile, error_policy, ctx.clone())
+        .for_each(|_| async {});
+    let clusters = ctx.stores.clusters.clone();
+    let triggers = Controller::for_stream_with(watches.clusters.subscribe(), clusters, capi)
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(trigger::reconcile, trigger::error_policy, ctx.clone())
+        .for_each(|_| async {});
+    let deployments = ctx.stores.deployments.clone();
+    let deployment_triggers =
+        Controller::for_stream_with(watches.deployments.subscribe(), deployments, capi)
+            .graceful_shutdown_on(stop.cancelled_owned())
+            .run(trigger::reconcile_deployment, trigger::error_policy, ctx)
+            .for_each(|_| async {});
+    async move {
+        futures::future::join3(requests, triggers, deployment_triggers).await;
+    }
+}
+
+/// How long the first look for the CK8s control plane kind waits before looking again, and the
+/// longest wait between looks (one discovery read each).
+const CONTROL_PLANE_LOOK: (Duration, Duration) =
+    (Duration::from_secs(10), Duration::from_secs(600));
+
+/// The refresh trigger on CK8sControlPlanes. The kind is the CK8s control plane provider's, which
+/// may be installed after us (`clusterctl init` installs providers in one go) or not at all
+/// (another control plane provider): it is looked for until it is served, then watched.
+pub async fn control_plane_triggers(
+    client: Client,
+    namespace: Option<String>,
+    ctx: Arc<Context>,
+    stop: CancellationToken,
+) {
+    let version = tokio::select! {
+        version = control_plane_version(&client) => version,
+        () = stop.cancelled() => return,
+    };
+    let mut watch = SharedWatch::<ControlPlane>::with(version.clone());
+    let events = watch.subscribe();
+    ctx.control_planes.set(version.clone(), watch.store.clone());
+    let api: Api<ControlPlane> = match &namespace {
+        Some(ns) => Api::namespaced_with(client, ns, &version),
+        None => Api::all_with(client, &version),
+    };
+    let store = watch.store.clone();
+    let controller = Controller::for_stream_with(events, store, version)
+        .graceful_shutdown_on(stop.cancelled_owned())
+        .run(trigger::reconcile_control_plane, trigger::error_policy, ctx)
+        .for_each(|_| async {});
+    tokio::select! {
+        () = watch.run(api, watcher::Config::default(), stores::keep) => {
+            tracing::error!("The CK8sControlPlane watch ended unexpectedly");
+        }
+        () = controller => {}
+    }
+}
+
+/// The served version of the CK8s control plane kind, once it is served.
+async fn control_plane_version(client: &Client) -> ControlPlaneVersion {
+    use ck8s_certs_api::capi::{CK8S_CONTROL_PLANE_KIND, CONTROL_PLANE_GROUP};
+    let (mut wait, longest) = CONTROL_PLANE_LOOK;
+    let mut said = false;
+    loop {
+        match kube::discovery::group(client, CONTROL_PLANE_GROUP).await {
+            Ok(group) => {
+                let found = group
+                    .resources_by_stability()
+                    .into_iter()
+                    .find(|(resource, _)| resource.kind == CK8S_CONTROL_PLANE_KIND);
+                if let Some((resource, _)) = found {
+                    tracing::info!(
+                        version = %resource.version,
+                        "Watching CK8sControlPlanes for the refresh trigger"
+                    );
+                    return ControlPlaneVersion(resource.version);
+                }
+            }
+            // The group is not served.
+            Err(kube::Error::Discovery(_)) => {}
+            Err(err) => {
+                tracing::debug!(error = %err, "Looking for the CK8sControlPlane kind failed")
+            }
+        }
+        if !said {
+            tracing::info!(
+                "CK8sControlPlane is not served: its refresh trigger starts once it is (looked for again, at most every {})",
+                humantime::format_duration(longest)
+            );
+            said = true;
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(longest);
+    }
+}

@@ -1,0 +1,174 @@
+//! The Machine controller's wiring: what it watches and what wakes a Machine's reconcile (its
+//! MachineCertificates, its Cluster, a policy that selects it, a refresh that may go on).
+
+use std::sync::Arc;
+
+use ck8s_certs_api::capi::CLUSTER_NAME_LABEL;
+use ck8s_certs_api::machine::{CapiVersion, Cluster};
+use ck8s_certs_api::machine_certificates::Carrier;
+use futures::StreamExt;
+use kube::ResourceExt;
+use kube::api::DynamicObject;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{Controller, controller};
+
+use super::{Config, Context, Error, KeptOutcomes, Reach, error_policy, reconcile};
+use crate::controllers::Shared;
+use crate::controllers::executor::{self, Admission, Executor, Waiter};
+use crate::controllers::governing_policy::{self, PolicySelections};
+use crate::controllers::observe::observed;
+use crate::controllers::shard::Shard;
+use crate::controllers::stores::CachedCertificates;
+use crate::controllers::watches::{Watches, policy_resource};
+use crate::metrics::Controller as Timed;
+
+/// The Machine controller's settings, from the command line.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub config: Config,
+    pub executor: executor::Settings,
+    /// Worker refreshes at once per cluster, and in all.
+    pub workers_per_cluster: usize,
+    pub workers: usize,
+    pub concurrency: u16,
+    pub vetting: crate::workload::Vetting,
+}
+
+/// Subscribes the Machine controller to `watches`; the future runs it.
+pub fn start(
+    watches: &mut Watches,
+    shared: &Shared,
+    settings: Settings,
+    carrier: Option<Carrier>,
+    term: crate::leader::Term,
+) -> impl Future<Output = ()> + use<> {
+    let Shared {
+        client,
+        capi,
+        stores,
+        recorder,
+        clock,
+        metrics,
+        stop,
+    } = shared.clone();
+    let capi: CapiVersion = capi;
+    // Refreshes that waited for their cluster are woken here when they can go.
+    let (wakes, woken) = futures::channel::mpsc::unbounded::<Waiter>();
+    let woken = woken.map(move |w| ObjectRef::new_with(&w.machine, capi).within(&w.namespace));
+    let concurrency = settings.concurrency;
+    let ctx = Arc::new(Context {
+        reach: Reach {
+            client: client.clone(),
+            capi,
+            workload: crate::workload::Clients::new(client.clone(), settings.vetting),
+            config: settings.config,
+            k8sd_metrics: metrics.k8sd.clone(),
+        },
+        executor: Executor::new(
+            Admission::new(settings.workers_per_cluster, settings.workers, Some(wakes)),
+            settings.executor,
+            stop.clone(),
+            term,
+            clock.clone(),
+        ),
+        outcomes: KeptOutcomes::default(),
+        shard: Shard::new(client, carrier, clock.clone()),
+        stores: stores.clone(),
+        recorder,
+        metrics,
+        clock,
+        stop: stop.clone(),
+    });
+    let policy_events = watches
+        .policies
+        .subscribe_with_deletions(governing_policy::spec_changed);
+    Controller::for_stream_with(watches.machines.subscribe(), stores.machines.clone(), capi)
+        .with_config(controller::Config::default().concurrency(concurrency))
+        .graceful_shutdown_on(stop.cancelled_owned())
+        .watches_stream_with(
+            watches.certificates.subscribe(),
+            machine_of_certificates(capi),
+            (),
+        )
+        .watches_stream_with(
+            watches.clusters.subscribe(),
+            machines_of_cluster(&stores, capi),
+            capi,
+        )
+        .watches_stream_with(
+            policy_events,
+            machines_of_policy(&stores, capi),
+            policy_resource(),
+        )
+        .reconcile_on(woken)
+        .run(
+            |machine, ctx: Arc<Context>| {
+                let metrics = ctx.metrics.clone();
+                observed(
+                    metrics,
+                    Timed::Machine,
+                    reconcile(machine, ctx),
+                    Error::category,
+                )
+            },
+            error_policy,
+            ctx,
+        )
+        .enumerate()
+        .for_each(|(count, result)| async move {
+            if count == 0 {
+                // Start-up time, for operators and `make bench`.
+                tracing::info!("First Machine reconciled");
+            }
+            if let Err(err) = result {
+                tracing::debug!(error = %err, "Reconcile error");
+            }
+        })
+}
+
+/// A MachineCertificates belongs to the Machine of the same name (its owner; the cache keeps no
+/// owner references).
+fn machine_of_certificates(
+    capi: CapiVersion,
+) -> impl Fn(CachedCertificates) -> Option<ObjectRef<ck8s_certs_api::machine::Machine>> {
+    move |certificates| {
+        let namespace = certificates.namespace().unwrap_or_default();
+        Some(ObjectRef::new_with(&certificates.name_any(), capi).within(&namespace))
+    }
+}
+
+/// A Cluster change (paused, endpoint) re-checks its Machines.
+fn machines_of_cluster(
+    stores: &crate::controllers::stores::Stores,
+    capi: CapiVersion,
+) -> impl Fn(Cluster) -> Vec<ObjectRef<ck8s_certs_api::machine::Machine>> + use<> {
+    let store = stores.machines.clone();
+    move |cluster| {
+        let (namespace, name) = (cluster.namespace(), cluster.name_any());
+        store
+            .state()
+            .into_iter()
+            .filter(|m| {
+                m.namespace() == namespace && m.labels.get(CLUSTER_NAME_LABEL) == Some(&name)
+            })
+            .map(|m| ObjectRef::from_obj_with(m.as_ref(), capi))
+            .collect()
+    }
+}
+
+/// A policy change re-checks the Machines it selected and those it selects now; a write of its
+/// status alone (its generation unchanged, as its own controller writes `matchedMachines`)
+/// re-checks none.
+fn machines_of_policy(
+    stores: &crate::controllers::stores::Stores,
+    capi: CapiVersion,
+) -> impl Fn(DynamicObject) -> Vec<ObjectRef<ck8s_certs_api::machine::Machine>> + use<> {
+    let (stores, selections) = (stores.clone(), PolicySelections::default());
+    move |policy| {
+        selections
+            .concerned(&policy, &stores)
+            .into_iter()
+            .map(|c| ObjectRef::from_obj_with(c.machine.as_ref(), capi))
+            .collect()
+    }
+}

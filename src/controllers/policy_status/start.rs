@@ -1,0 +1,122 @@
+//! The policy controller's wiring: a Machine change re-checks the policies of its namespace; a
+//! policy change, those that select the Machines it concerns.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ck8s_certs_api::machine::Machine;
+use futures::StreamExt;
+use kube::ResourceExt;
+use kube::api::DynamicObject;
+use kube::runtime::Controller;
+use kube::runtime::reflector::ObjectRef;
+
+use super::{Context, error_policy, reconcile, selects_differently};
+use crate::controllers::Shared;
+use crate::controllers::governing_policy::{self, PolicySelections};
+use crate::controllers::observe::observed;
+use crate::controllers::stores::Stores;
+use crate::controllers::watches::{Watches, policy_resource};
+use crate::metrics::Controller as Timed;
+
+/// Subscribes the policy controller to `watches`; the future runs it. `resync`: how often a
+/// policy's report is computed again without a change.
+pub fn start(
+    watches: &mut Watches,
+    shared: &Shared,
+    resync: Duration,
+) -> impl Future<Output = ()> + use<> {
+    let Shared {
+        client,
+        capi,
+        stores,
+        clock,
+        metrics,
+        stop,
+        ..
+    } = shared.clone();
+    let machines = watches.machines.subscribe_changes(selects_differently);
+    let policies = watches.policies.subscribe();
+    // Changes of the policies' specs, and deletions: a change re-checks the other policies
+    // that select the Machines it concerns (their conflicts).
+    let siblings = watches
+        .policies
+        .subscribe_with_deletions(governing_policy::spec_changed);
+    let ctx = Arc::new(Context {
+        client,
+        machines: stores.machines.clone(),
+        clusters: stores.clusters.clone(),
+        policies: stores.policies.clone(),
+        readings: stores.policy_readings.clone(),
+        clock,
+        resync,
+    });
+    let of_namespace = policies_of_namespace(&stores);
+    Controller::for_stream_with(policies, stores.policies.clone(), policy_resource())
+        .graceful_shutdown_on(stop.cancelled_owned())
+        .watches_stream_with(
+            machines,
+            move |machine: Machine| of_namespace(machine.namespace()),
+            capi,
+        )
+        .watches_stream_with(siblings, policies_of_sibling(&stores), policy_resource())
+        .run(
+            move |object, ctx| {
+                observed(
+                    metrics.clone(),
+                    Timed::Policy,
+                    reconcile(object, ctx),
+                    |_: &kube::Error| "kube",
+                )
+            },
+            error_policy,
+            ctx,
+        )
+        .for_each(|result| async move {
+            if let Err(err) = result {
+                tracing::debug!(error = %err, "Policy reconcile error");
+            }
+        })
+}
+
+/// The policies of a namespace.
+fn policies_of_namespace(
+    stores: &Stores,
+) -> impl Fn(Option<String>) -> Vec<ObjectRef<DynamicObject>> + use<> {
+    let store = stores.policies.clone();
+    move |namespace| {
+        store
+            .state()
+            .into_iter()
+            .filter(|p| p.namespace() == namespace)
+            .map(|p| ObjectRef::from_obj_with(p.as_ref(), policy_resource()))
+            .collect()
+    }
+}
+
+/// The other policies of `policy`'s namespace that select a Machine it selected or selects.
+fn policies_of_sibling(
+    stores: &Stores,
+) -> impl Fn(DynamicObject) -> Vec<ObjectRef<DynamicObject>> + use<> {
+    let (stores, selections) = (stores.clone(), PolicySelections::default());
+    move |policy| {
+        let concerned = selections.concerned(&policy, &stores);
+        if concerned.is_empty() {
+            return Vec::new();
+        }
+        let namespace = policy.namespace();
+        stores
+            .policies
+            .state()
+            .into_iter()
+            .filter(|p| p.namespace() == namespace && p.metadata.uid != policy.metadata.uid)
+            .filter(|p| {
+                stores
+                    .policy_readings
+                    .of(p)
+                    .is_some_and(|r| concerned.iter().any(|m| m.selected_by(&r)))
+            })
+            .map(|p| ObjectRef::from_obj_with(p.as_ref(), policy_resource()))
+            .collect()
+    }
+}

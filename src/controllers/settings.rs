@@ -1,0 +1,102 @@
+//! The controllers' settings, built once from the command line.
+
+use std::time::Duration;
+
+use super::watches::{Scope, Watches};
+use super::{Shared, cluster_credentials, executor, fleet, machine};
+use crate::cli::Args;
+use crate::refresh::session::Timeouts;
+
+/// Everything the controllers are configured with.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub scope: Scope,
+    pub machine: machine::start::Settings,
+    pub credentials: cluster_credentials::Config,
+    /// How long a fleet refresh waits for a Machine that does not go on.
+    pub fleet_wait_timeout: Duration,
+    /// Finished refresh records kept (`--refresh-history`).
+    pub history: usize,
+    /// The re-check period of idle Machines and policies.
+    pub resync: Duration,
+    /// This instance's name in the Events it records (the pod's).
+    pub instance: Option<String>,
+}
+
+impl Settings {
+    /// `renewal`: the checked renewal flags; `instance`: the pod's name.
+    pub fn new(
+        args: &Args,
+        renewal: crate::policy::spec::Settings,
+        instance: Option<String>,
+    ) -> Self {
+        let vetting = args.kubeconfig_vetting();
+        Self {
+            scope: Scope {
+                namespace: args.namespace.clone(),
+                watch_filter: args.watch_filter.clone(),
+            },
+            machine: machine::start::Settings {
+                config: machine::Config {
+                    transport: args.k8sd_transport,
+                    timeouts: Timeouts {
+                        call: args.k8sd_timeout,
+                        run: args.k8sd_run_timeout,
+                    },
+                    resync: args.resync_period,
+                    renewal,
+                    history: args.refresh_history,
+                },
+                executor: executor::Settings {
+                    wait_timeout: args.refresh_wait_timeout,
+                    tries: args.k8sd_attempts.max(1),
+                    settle_timeout: args.settle_timeout,
+                    run_timeout: args.k8sd_run_timeout,
+                },
+                workers_per_cluster: args.max_worker_refreshes_per_cluster,
+                workers: args.max_worker_refreshes,
+                concurrency: args.concurrent_reconciles,
+                vetting,
+            },
+            credentials: cluster_credentials::Config {
+                warning: jiff::SignedDuration::try_from(args.kubeconfig_expiry_warning)
+                    .unwrap_or(jiff::SignedDuration::MAX),
+                interval: args.kubeconfig_check_interval,
+                vetting,
+                renewal: cluster_credentials::RenewalConfig {
+                    mode: args.renew_management_kubeconfig,
+                    renew_before: args
+                        .kubeconfig_renew_before
+                        .and_then(|d| jiff::SignedDuration::try_from(d).ok()),
+                },
+            },
+            fleet_wait_timeout: args.refresh_wait_timeout,
+            history: args.refresh_history,
+            resync: args.resync_period,
+            instance,
+        }
+    }
+
+    /// The fleet controllers' context. `synced`: turns true once every cache is synced.
+    pub(super) fn fleet_context(
+        &self,
+        shared: &Shared,
+        watches: &Watches,
+        synced: tokio::sync::watch::Receiver<bool>,
+    ) -> fleet::Context {
+        fleet::Context {
+            clock: shared.clock.clone(),
+            client: shared.client.clone(),
+            capi: shared.capi,
+            stores: shared.stores.clone(),
+            requests: watches.requests.store.clone(),
+            workload: crate::workload::Clients::new(shared.client.clone(), self.machine.vetting),
+            recorder: shared.recorder.clone(),
+            wait_timeout: self.fleet_wait_timeout,
+            history: self.history,
+            watch_filter: self.scope.watch_filter.clone(),
+            synced,
+            control_planes: Default::default(),
+        }
+    }
+}
