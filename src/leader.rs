@@ -439,9 +439,9 @@ fn timeout_error(what: &str, after: Duration) -> kube::Error {
 
 /// A process-unique identity: the pod name (or host name) and a random suffix, so a restarted
 /// pod with the same name never mistakes its predecessor's lease for its own.
-pub fn identity() -> String {
+pub fn identity(pod: Option<String>) -> String {
     use std::hash::{BuildHasher, Hasher};
-    let base = crate::pod_name()
+    let base = pod
         .or_else(|| {
             std::fs::read_to_string("/proc/sys/kernel/hostname")
                 .ok()

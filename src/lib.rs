@@ -300,7 +300,7 @@ fn leader_settings(args: &cli::Args, client: &Client) -> leader::Settings {
     leader::Settings {
         namespace: own_namespace(args, client),
         name,
-        identity: leader::identity(),
+        identity: leader::identity(pod_name()),
         lease_duration: args.leader_elect_lease_duration,
         renew_deadline: args.leader_elect_renew_deadline,
         retry_period: args.leader_elect_retry_period,

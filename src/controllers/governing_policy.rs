@@ -30,7 +30,7 @@ use crate::policy::spec::{self, ValidPolicy};
 
 mod selections;
 
-pub use selections::{Concerned, PolicySelections, in_namespace as machines_in_namespace};
+pub use selections::{Caches, Concerned, PolicySelections, in_namespace as machines_in_namespace};
 
 /// The condition reason of a fail-safe bypass (also its `RenewReason`).
 pub const FAIL_SAFE_BYPASS: &str = "FailSafeBypass";

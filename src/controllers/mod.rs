@@ -15,6 +15,7 @@ pub mod patches;
 pub mod policy_status;
 mod settings;
 pub mod shard;
+pub mod shared;
 pub mod stores;
 pub mod watches;
 
@@ -26,28 +27,13 @@ use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
 use tokio_util::sync::CancellationToken;
 
-use crate::clock::SharedClock;
 use crate::health::Health;
 use crate::metrics::Metrics;
 use observe::CachedExpiries;
 pub use settings::Settings;
+pub use shared::Shared;
 pub use stores::Stores;
 use watches::Watches;
-
-/// What every controller is started with.
-#[derive(Clone)]
-pub struct Shared {
-    pub client: Client,
-    /// The Cluster API version Machines and Clusters are read in.
-    pub capi: CapiVersion,
-    /// The watch caches.
-    pub stores: Stores,
-    pub recorder: Recorder,
-    /// One clock for every controller.
-    pub clock: SharedClock,
-    pub metrics: Arc<Metrics>,
-    pub stop: CancellationToken,
-}
 
 /// Runs the controllers until their streams end.
 // One argument per thing the process hands over; a struct of them would only rename them.

@@ -2,8 +2,9 @@
 
 use std::time::Duration;
 
+use super::shared::Shared;
 use super::watches::{Scope, Watches};
-use super::{Shared, cluster_credentials, executor, fleet, machine};
+use super::{cluster_credentials, executor, fleet, machine};
 use crate::cli::Args;
 use crate::refresh::session::Timeouts;
 

@@ -32,7 +32,6 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 
-use super::machine::step::Step;
 use crate::leader::{Claim, claim};
 
 /// How soon an instance that leaves an operation to another carrier looks again.
@@ -308,20 +307,29 @@ where
     }
 }
 
-/// Before acting on `step`: how long to leave the Machine alone because another live instance
-/// carries out (or has just finished and is recording) its operation, shown in the record.
-/// `None`: go on. Only steps that act on an operation are checked (no API call otherwise).
+/// What a reconcile is about to do with an operation that may carry another instance's name.
+#[derive(Clone, Copy, Debug)]
+pub enum Acting<'a> {
+    /// Go on with an interrupted operation.
+    Resume(&'a Operation),
+    /// Show a finished operation.
+    Record(&'a Operation),
+}
+
+/// Before `acting`: how long to leave the Machine alone because another live instance carries
+/// out (or has just finished and is recording) its operation, shown in the record. `None`: go
+/// on.
 pub async fn gate(
     shard: &Shard,
-    step: &Step,
+    acting: Acting<'_>,
     namespace: &str,
     name: &str,
     manager: &str,
 ) -> Result<Option<Duration>, ShardError> {
-    let op = match step {
-        Step::Resume(op) => op,
-        Step::Record(op) if leave_record(op, shard.clock.now()) => op,
-        _ => return Ok(None),
+    let op = match acting {
+        Acting::Resume(op) => op,
+        Acting::Record(op) if leave_record(op, shard.clock.now()) => op,
+        Acting::Record(_) => return Ok(None),
     };
     match shard.check(op).await? {
         Verdict::Proceed => Ok(None),

@@ -40,6 +40,16 @@ pub struct Stores {
 
 impl Stores {
     /// Waits until every cache holds a full list.
+    /// The caches a change of a policy's selection is read from.
+    pub fn policy_caches(&self) -> crate::controllers::governing_policy::Caches<'_> {
+        crate::controllers::governing_policy::Caches {
+            policies: &self.policies,
+            readings: &self.policy_readings,
+            machines: &self.machines,
+            clusters: &self.clusters,
+        }
+    }
+
     pub async fn synced(&self) {
         synced(&self.machines).await;
         synced(&self.clusters).await;

@@ -134,5 +134,5 @@ fn the_lease_outlasts_the_renew_deadline_by_a_margin() {
 
 #[test]
 fn identities_are_unique_per_call() {
-    assert_ne!(identity(), identity());
+    assert_ne!(identity(None), identity(None));
 }

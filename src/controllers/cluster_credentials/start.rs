@@ -11,8 +11,8 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, controller};
 
 use super::{Config, Context, Error, SWEEP_INTERVAL, error_policy, reconcile, sweep};
-use crate::controllers::Shared;
 use crate::controllers::observe::observed;
+use crate::controllers::shared::Shared;
 use crate::controllers::stores;
 use crate::controllers::watches::Watches;
 use crate::metrics::Controller as Timed;

@@ -11,8 +11,7 @@ use kube::ResourceExt;
 use kube::api::DynamicObject;
 use kube::runtime::reflector::Store;
 
-use super::Reading;
-use crate::controllers::stores::Stores;
+use super::{PolicyReadings, Reading};
 use crate::policy::spec::MachineSelector;
 
 /// What one consumer was last shown of each policy (by UID): its generation and reading. Each
@@ -76,12 +75,20 @@ pub fn in_namespace(
         .collect()
 }
 
+/// The caches a change of a policy's selection is read from.
+pub struct Caches<'a> {
+    pub policies: &'a Store<DynamicObject>,
+    pub readings: &'a PolicyReadings,
+    pub machines: &'a Store<Machine>,
+    pub clusters: &'a Store<Cluster>,
+}
+
 impl PolicySelections {
     /// The Machines of the cache that a change of `policy` concerns: those its generation shown
     /// before selected and those its current one selects. A write of its status alone (the
     /// generation already shown) concerns none; a policy gone from the cache (deleted) concerns
     /// those it selected.
-    pub fn concerned(&self, policy: &DynamicObject, stores: &Stores) -> Vec<Concerned> {
+    pub fn concerned(&self, policy: &DynamicObject, stores: &Caches<'_>) -> Vec<Concerned> {
         let Some(uid) = policy.metadata.uid.as_deref() else {
             return Vec::new();
         };
@@ -100,7 +107,7 @@ impl PolicySelections {
                 if shown.get(uid).is_some_and(|s| s.generation == generation) {
                     return Vec::new();
                 }
-                let Some(reading) = stores.policy_readings.of(policy) else {
+                let Some(reading) = stores.readings.of(policy) else {
                     return Vec::new();
                 };
                 let before = shown.insert(
@@ -126,8 +133,8 @@ impl PolicySelections {
             reading.as_ref().is_some_and(|r| machine.selected_by(r))
         };
         in_namespace(
-            &stores.machines,
-            &stores.clusters,
+            stores.machines,
+            stores.clusters,
             policy.namespace().as_deref().unwrap_or_default(),
         )
         .into_iter()

@@ -397,7 +397,7 @@ fn a_policy_change_concerns_the_machines_it_selected_and_selects() {
     let prod = serde_json::json!({ "policy": "Automatic", "clusterSelector": { "matchLabels": { "env": "prod" } } });
     let concerned = |policy: &DynamicObject, stores: &crate::controllers::stores::Stores| {
         let mut names: Vec<String> = selections
-            .concerned(policy, stores)
+            .concerned(policy, &stores.policy_caches())
             .iter()
             .map(|c| c.machine.name_any())
             .collect();

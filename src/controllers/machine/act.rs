@@ -22,6 +22,7 @@ use super::step::Step;
 use super::verdict::VerdictMetric;
 use super::{Context, Error, MANAGER};
 use crate::controllers::patches::MachineChanges;
+use crate::controllers::shard::{self, Acting};
 
 /// The action a rest amounts to.
 pub(super) fn action(after: After) -> Action {
@@ -55,17 +56,19 @@ impl<'a> Act<'a> {
         else {
             return Ok(Action::await_change());
         };
-        // Sharding: an operation another live instance carries out is left to it.
-        if let Some(retry) = crate::controllers::shard::gate(
-            &ctx.shard,
-            &step,
-            &observed.view.namespace,
-            &observed.view.name,
-            MANAGER,
-        )
-        .await?
-        {
-            return Ok(Action::requeue(retry));
+        // Sharding: an operation another live instance carries out is left to it (no API call
+        // for any other step).
+        let acting = match &step {
+            Step::Resume(op) => Some(Acting::Resume(op)),
+            Step::Record(op) => Some(Acting::Record(op)),
+            _ => None,
+        };
+        if let Some(acting) = acting {
+            let view = &observed.view;
+            let gate = shard::gate(&ctx.shard, acting, &view.namespace, &view.name, MANAGER);
+            if let Some(retry) = gate.await? {
+                return Ok(Action::requeue(retry));
+            }
         }
         if !matches!(
             step,

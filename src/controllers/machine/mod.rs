@@ -83,14 +83,14 @@ pub struct Context {
     /// to a node needs (`reach.config` is the reconciler's).
     pub reach: Reach,
     /// The watch caches (Machines, Clusters, MachineCertificates, policies).
-    pub stores: super::Stores,
+    pub stores: crate::controllers::stores::Stores,
     pub recorder: Recorder,
     /// Carries refreshes out on their nodes (admission per cluster, waits, attempts).
     pub executor: crate::controllers::executor::Executor,
     /// Outcomes of `run`s whose write to their request failed, written before anything else.
     pub outcomes: KeptOutcomes,
     /// Our identity among the --watch-filter shards, and what we saw of the others' Leases.
-    pub shard: super::shard::Shard,
+    pub shard: crate::controllers::shard::Shard,
     pub metrics: Arc<crate::metrics::Metrics>,
     /// The time decisions are taken at.
     pub clock: crate::clock::SharedClock,
@@ -122,7 +122,7 @@ pub enum Error {
     #[error("reading node certificate expiry failed: {0}")]
     Expiry(#[source] K8sdError),
     #[error(transparent)]
-    Shard(#[from] super::shard::ShardError),
+    Shard(#[from] crate::controllers::shard::ShardError),
     /// Our own call failed while a refresh was carried out.
     #[error("Kubernetes API call failed: {0}")]
     Api(#[source] ApiError),

@@ -13,11 +13,11 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, controller};
 
 use super::{Config, Context, Error, KeptOutcomes, Reach, error_policy, reconcile};
-use crate::controllers::Shared;
 use crate::controllers::executor::{self, Admission, Executor, Waiter};
 use crate::controllers::governing_policy::{self, PolicySelections};
 use crate::controllers::observe::observed;
 use crate::controllers::shard::Shard;
+use crate::controllers::shared::Shared;
 use crate::controllers::stores::CachedCertificates;
 use crate::controllers::watches::{Watches, policy_resource};
 use crate::metrics::Controller as Timed;
@@ -166,7 +166,7 @@ fn machines_of_policy(
     let (stores, selections) = (stores.clone(), PolicySelections::default());
     move |policy| {
         selections
-            .concerned(&policy, &stores)
+            .concerned(&policy, &stores.policy_caches())
             .into_iter()
             .map(|c| ObjectRef::from_obj_with(c.machine.as_ref(), capi))
             .collect()

@@ -12,9 +12,9 @@ use kube::runtime::Controller;
 use kube::runtime::reflector::ObjectRef;
 
 use super::{Context, error_policy, reconcile, selects_differently};
-use crate::controllers::Shared;
 use crate::controllers::governing_policy::{self, PolicySelections};
 use crate::controllers::observe::observed;
+use crate::controllers::shared::Shared;
 use crate::controllers::stores::Stores;
 use crate::controllers::watches::{Watches, policy_resource};
 use crate::metrics::Controller as Timed;
@@ -100,7 +100,7 @@ fn policies_of_sibling(
 ) -> impl Fn(DynamicObject) -> Vec<ObjectRef<DynamicObject>> + use<> {
     let (stores, selections) = (stores.clone(), PolicySelections::default());
     move |policy| {
-        let concerned = selections.concerned(&policy, &stores);
+        let concerned = selections.concerned(&policy, &stores.policy_caches());
         if concerned.is_empty() {
             return Vec::new();
         }
