@@ -324,29 +324,7 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         Some(reading) => reading,
         None => fresh_reading(&ctx, &key, None).await?,
     };
-    let mut retry = None;
-    let report = match renewal::plan(ctx.config.renewal, &reading, &secret, now) {
-        renewal::Plan::Silent => None,
-        renewal::Plan::Report(report) => Some(report),
-        renewal::Plan::Due => {
-            let report = attempt(&ctx, &key, now).await;
-            if report.renewed.is_some() {
-                // What the Secret holds now (signed by the same client CA).
-                let client_ca = match &reading {
-                    Reading::Read { expiry, .. } => Some(expiry.client_ca),
-                    _ => None,
-                };
-                reading = fresh_reading(&ctx, &key, client_ca).await?;
-            } else if !report.ok {
-                retry = Some(if report.transient() {
-                    Duration::from_secs(60)
-                } else {
-                    RECHECK_AFTER
-                });
-            }
-            Some(report)
-        }
-    };
+    let (report, retry) = renew_if_due(&ctx, &key, &mut reading, &secret, now).await?;
     export(&ctx.metrics, &namespace, &name, &reading);
 
     let (ready, reason, message, warn) = verdict(&reading, &secret, ctx.config.warning, now);
@@ -431,6 +409,41 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         next = next.min(retry);
     }
     Ok(Action::requeue(next))
+}
+
+/// The management kubeconfig's renewal, when it is due: its report (`None`: nothing to say),
+/// and how soon to look again after a failure. A renewed Secret is read again into `reading`.
+async fn renew_if_due(
+    ctx: &Context,
+    key: &(String, String),
+    reading: &mut Reading,
+    secret: &str,
+    now: Timestamp,
+) -> Result<(Option<renewal::Report>, Option<Duration>), Error> {
+    let mut retry = None;
+    let report = match renewal::plan(ctx.config.renewal, reading, secret, now) {
+        renewal::Plan::Silent => None,
+        renewal::Plan::Report(report) => Some(report),
+        renewal::Plan::Due => {
+            let report = attempt(ctx, key, now).await;
+            if report.renewed.is_some() {
+                // What the Secret holds now (signed by the same client CA).
+                let client_ca = match &*reading {
+                    Reading::Read { expiry, .. } => Some(expiry.client_ca),
+                    _ => None,
+                };
+                *reading = fresh_reading(ctx, key, client_ca).await?;
+            } else if !report.ok {
+                retry = Some(if report.transient() {
+                    Duration::from_secs(60)
+                } else {
+                    RECHECK_AFTER
+                });
+            }
+            Some(report)
+        }
+    };
+    Ok((report, retry))
 }
 
 /// Reads the Secret and keeps the reading for [`RECHECK_AFTER`]; with renewal on, also the

@@ -104,63 +104,12 @@ pub async fn reconcile(
         ),
     };
 
-    // Machines of the namespace this policy selects, and which other policies select them too.
-    let mut matched = Vec::new();
-    let mut conflicts: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    if let Some(selector) = &selector {
-        let in_namespace = |o: &ObjectMeta| o.namespace.as_deref() == Some(&namespace);
-        // Decoded once per generation (shared with the Machine reconciler): a namespace's
-        // policies are all re-checked together, each against all the others.
-        let others: Vec<(String, Arc<Reading>)> = ctx
-            .policies
-            .state()
-            .iter()
-            .filter(|p| in_namespace(p.meta()))
-            .filter(|p| p.name_any() != name)
-            .filter_map(|p| Some((p.name_any(), ctx.readings.of(p)?)))
-            .collect();
-        for machine in machines_in_namespace(&ctx.machines, &ctx.clusters, &namespace) {
-            if !machine.machine.is_ck8s() || !machine.matched_by(selector) {
-                continue;
-            }
-            let name = machine.machine.name_any();
-            for (other, reading) in &others {
-                if machine.selected_by(reading) {
-                    conflicts
-                        .entry(other.clone())
-                        .or_default()
-                        .push(name.clone());
-                }
-            }
-            matched.push(name);
-        }
-        // Deterministic messages.
-        matched.sort();
-        conflicts.values_mut().for_each(|names| names.sort());
-    }
-
-    let (ready, ready_reason, ready_message) = if !valid {
-        (false, reasons::INVALID, valid_message.clone())
-    } else if !conflicts.is_empty() {
-        let detail: Vec<String> = conflicts
-            .iter()
-            .map(|(other, machines)| format!("{other} also selects {}", machines.join(", ")))
-            .collect();
-        (
-            false,
-            reasons::CONFLICT,
-            format!(
-                "{}: those Machines renew manually only until exactly one policy selects them",
-                detail.join("; ")
-            ),
-        )
-    } else {
-        (
-            true,
-            reasons::ACTIVE,
-            format!("Governs {} Machine(s)", matched.len()),
-        )
+    let (matched, conflicts) = match &selector {
+        Some(selector) => selection(&ctx, &namespace, &name, selector),
+        None => Default::default(),
     };
+    let (ready, ready_reason, ready_message) =
+        readiness(valid, &valid_message, &conflicts, matched.len());
 
     // Read on its own: the status of a policy whose spec cannot be decoded is still compared,
     // so that reporting it costs one write, not one per resync.
@@ -224,6 +173,80 @@ pub async fn reconcile(
     // Changes of Machines and of the other policies are fed to this controller; the resync only
     // makes up for one missed (a policy deleted while the watch was down).
     Ok(Action::requeue(ctx.resync))
+}
+
+/// The CK8s Machines of `namespace` that policy `name` selects (sorted), and by each other
+/// policy of the namespace, those of them it selects too.
+fn selection(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+    selector: &spec::MachineSelector,
+) -> (Vec<String>, BTreeMap<String, Vec<String>>) {
+    let mut matched = Vec::new();
+    let mut conflicts: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let in_namespace = |o: &ObjectMeta| o.namespace.as_deref() == Some(namespace);
+    // Decoded once per generation (shared with the Machine reconciler): a namespace's policies
+    // are all re-checked together, each against all the others.
+    let others: Vec<(String, Arc<Reading>)> = ctx
+        .policies
+        .state()
+        .iter()
+        .filter(|p| in_namespace(p.meta()))
+        .filter(|p| p.name_any() != name)
+        .filter_map(|p| Some((p.name_any(), ctx.readings.of(p)?)))
+        .collect();
+    for machine in machines_in_namespace(&ctx.machines, &ctx.clusters, namespace) {
+        if !machine.machine.is_ck8s() || !machine.matched_by(selector) {
+            continue;
+        }
+        let name = machine.machine.name_any();
+        for (other, reading) in &others {
+            if machine.selected_by(reading) {
+                conflicts
+                    .entry(other.clone())
+                    .or_default()
+                    .push(name.clone());
+            }
+        }
+        matched.push(name);
+    }
+    // Deterministic messages.
+    matched.sort();
+    conflicts.values_mut().for_each(|names| names.sort());
+    (matched, conflicts)
+}
+
+/// The Ready condition: invalid (`valid_message` says why), in conflict with other policies
+/// over some Machines, or governing `matched` Machines.
+fn readiness(
+    valid: bool,
+    valid_message: &str,
+    conflicts: &BTreeMap<String, Vec<String>>,
+    matched: usize,
+) -> (bool, &'static str, String) {
+    if !valid {
+        return (false, reasons::INVALID, valid_message.to_owned());
+    }
+    if conflicts.is_empty() {
+        return (
+            true,
+            reasons::ACTIVE,
+            format!("Governs {matched} Machine(s)"),
+        );
+    }
+    let detail: Vec<String> = conflicts
+        .iter()
+        .map(|(other, machines)| format!("{other} also selects {}", machines.join(", ")))
+        .collect();
+    (
+        false,
+        reasons::CONFLICT,
+        format!(
+            "{}: those Machines renew manually only until exactly one policy selects them",
+            detail.join("; ")
+        ),
+    )
 }
 
 #[cfg(test)]

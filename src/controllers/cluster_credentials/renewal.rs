@@ -46,6 +46,22 @@ pub struct Report {
 }
 
 impl Report {
+    /// A dry run's report: what would have been written.
+    fn would_renew(message: String) -> Self {
+        Self {
+            ok: true,
+            reason: why::WOULD_RENEW,
+            event: Some((
+                EventType::Normal,
+                events::KUBECONFIG_WOULD_RENEW,
+                message.clone(),
+            )),
+            message,
+            next: None,
+            renewed: None,
+        }
+    }
+
     fn not_due(secret: &str, held: &Held, due: Timestamp) -> Self {
         Self {
             ok: true,
@@ -159,30 +175,9 @@ pub async fn renew(
     if due > now {
         return Report::not_due(&secret, &held, due);
     }
-    let ca = match secrets.get_opt(&ca_name).await {
-        Ok(Some(ca)) => ca,
-        Ok(None) => {
-            return Report::not_renewed(
-                why::CLIENT_CA_MISSING,
-                format!(
-                    "The client certificate in Secret {secret} is not renewed: the client CA Secret {ca_secret} is not there (the CK8s control-plane provider writes it with the cluster)"
-                ),
-            );
-        }
-        Err(err) => {
-            return Report::not_renewed(
-                why::FAILED,
-                format!("Reading Secret {ca_secret} failed, tried again at the next check: {err}"),
-            );
-        }
-    };
-    let (Some(ca_pem), Some(ca_key)) = (text_of(&ca, "tls.crt"), text_of(&ca, "tls.key")) else {
-        return Report::not_renewed(
-            why::CLIENT_CA_MISSING,
-            format!(
-                "The client certificate in Secret {secret} is not renewed: the client CA Secret {ca_secret} lacks `tls.crt` or `tls.key`"
-            ),
-        );
+    let (ca_pem, ca_key) = match client_ca(&secrets, &ca_name, &secret).await {
+        Ok(ca) => ca,
+        Err(report) => return report,
     };
     let issued = match client_certificate::issue(
         &held,
@@ -218,18 +213,7 @@ pub async fn renew(
             "Dry run: the client certificate in Secret {secret} (expires at {}) would be replaced by one signed by {ca_secret}, valid until {}, which the workload API server accepted; nothing was written (--renew-management-kubeconfig=dry-run)",
             held.not_after, issued.not_after
         );
-        return Report {
-            ok: true,
-            reason: why::WOULD_RENEW,
-            event: Some((
-                EventType::Normal,
-                events::KUBECONFIG_WOULD_RENEW,
-                message.clone(),
-            )),
-            message,
-            next: None,
-            renewed: None,
-        };
+        return Report::would_renew(message);
     }
     let patch = json!({
         "metadata": { "resourceVersion": version },
@@ -263,6 +247,42 @@ pub async fn renew(
             format!("Writing Secret {secret} failed, tried again at the next check: {err}"),
         ),
     }
+}
+
+/// The client CA (`tls.crt`, `tls.key`) of Secret `ca_name`, which signs the kubeconfig's
+/// client certificate in Secret `secret`; the report of why not otherwise.
+async fn client_ca(
+    secrets: &Api<Secret>,
+    ca_name: &str,
+    secret: &str,
+) -> Result<(String, String), Report> {
+    let ca_secret = format!("{}/{ca_name}", secrets.namespace().unwrap_or_default());
+    let ca = match secrets.get_opt(ca_name).await {
+        Ok(Some(ca)) => ca,
+        Ok(None) => {
+            return Err(Report::not_renewed(
+                why::CLIENT_CA_MISSING,
+                format!(
+                    "The client certificate in Secret {secret} is not renewed: the client CA Secret {ca_secret} is not there (the CK8s control-plane provider writes it with the cluster)"
+                ),
+            ));
+        }
+        Err(err) => {
+            return Err(Report::not_renewed(
+                why::FAILED,
+                format!("Reading Secret {ca_secret} failed, tried again at the next check: {err}"),
+            ));
+        }
+    };
+    let (Some(ca_pem), Some(ca_key)) = (text_of(&ca, "tls.crt"), text_of(&ca, "tls.key")) else {
+        return Err(Report::not_renewed(
+            why::CLIENT_CA_MISSING,
+            format!(
+                "The client certificate in Secret {secret} is not renewed: the client CA Secret {ca_secret} lacks `tls.crt` or `tls.key`"
+            ),
+        ));
+    };
+    Ok((ca_pem, ca_key))
 }
 
 /// The text of `key` of a Secret (from `data`).

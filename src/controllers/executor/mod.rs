@@ -319,30 +319,15 @@ impl Executor {
         let who = Waiter { namespace, machine };
         let mut parked = self.unpark(&who, &request, &cluster);
 
-        // A seed whose `run` this process saw end is planned again at once, as within the
-        // attempts; one sent by someone else (or before a restart) is waited out.
-        if parked.sent.is_none_or(|sent| op.seed != Some(sent))
-            && let Some((after, why)) =
-                run_may_be_running(&op, self.settings.run_timeout, self.clock.now())
-        {
+        if let Some((after, why)) = self.held(
+            &who,
+            &mut parked,
+            &op,
+            role,
+            &cluster,
+            control_planes_pending,
+        ) {
             return self.park(who, parked, op, journal, why, after).await;
-        }
-
-        // Control planes first: a worker whose cluster refreshes a control plane (or is asked
-        // to) waits for it, up to the wait timeout, so that a cluster annotated in one command
-        // refreshes its control planes before its workers, whose approvals need them.
-        if role == Role::Worker && op.seed.is_none() && control_planes_pending {
-            let since = *parked
-                .waiting_for_control_planes
-                .get_or_insert_with(tokio::time::Instant::now);
-            if since.elapsed() < self.settings.wait_timeout {
-                self.admission
-                    .note_waiting(&who.namespace, &cluster, role, &who);
-                let why = format!("the control planes of cluster {cluster} are refreshed first");
-                return self
-                    .park(who, parked, op, journal, why, WAITING_RECHECK)
-                    .await;
-            }
         }
         let guard = match self
             .admission
@@ -368,29 +353,7 @@ impl Executor {
             return Finished::Stopping;
         }
 
-        // A worker's first `plan` (which changes nothing on the node) is asked while its
-        // approver is looked for: finding a control plane that answers takes several reads and
-        // a tunnel of its own, and the refresh holds its place meanwhile.
-        let plan_ahead = role == Role::Worker && !attempts::runs_spent(&op);
-        let (session, approver) = match role {
-            Role::ControlPlane => (connector.node().await.map(|s| (s, None)), None),
-            Role::Worker => {
-                let node = async {
-                    let mut session = connector.node().await?;
-                    let plan = if plan_ahead {
-                        Some(session.node.plan().await)
-                    } else {
-                        None
-                    };
-                    Ok((session, plan))
-                };
-                // Boxed: both futures are large, and side by side they would not fit on a
-                // worker thread's stack in a debug build.
-                let (session, approver) =
-                    futures::join!(Box::pin(node), Box::pin(connector.approver()));
-                (session, Some(approver))
-            }
-        };
+        let (session, approver) = connect(connector, role, &op).await;
         let (session, planned) = match session {
             Ok(session) => session,
             Err(failure) => {
@@ -403,15 +366,9 @@ impl Executor {
         let mut approver = match approver.transpose() {
             Ok(approver) => approver,
             Err(failure) => {
+                let what = "a Ready control-plane node";
                 return self
-                    .wait_or_fail(
-                        who,
-                        parked,
-                        op,
-                        journal,
-                        "a Ready control-plane node",
-                        failure,
-                    )
+                    .wait_or_fail(who, parked, op, journal, what, failure)
                     .await;
             }
         };
@@ -466,6 +423,40 @@ impl Executor {
                 Finished::Failed { op, failure }
             }
         }
+    }
+
+    /// Why `op` waits before it may even ask for its cluster's place, and for how long: a `run`
+    /// that may still be running on the node (a seed whose `run` this process saw end is
+    /// planned again at once, as within the attempts; one sent by someone else, or before a
+    /// restart, is waited out), or, for a worker, the control planes of its cluster, which go
+    /// first up to the wait timeout (a cluster annotated in one command refreshes its control
+    /// planes before its workers, whose approvals need them).
+    fn held(
+        &self,
+        who: &Waiter,
+        parked: &mut Waiting,
+        op: &Operation,
+        role: Role,
+        cluster: &str,
+        control_planes_pending: bool,
+    ) -> Option<(Duration, String)> {
+        if parked.sent.is_none_or(|sent| op.seed != Some(sent))
+            && let Some(held) = run_may_be_running(op, self.settings.run_timeout, self.clock.now())
+        {
+            return Some(held);
+        }
+        if role == Role::Worker && op.seed.is_none() && control_planes_pending {
+            let since = *parked
+                .waiting_for_control_planes
+                .get_or_insert_with(tokio::time::Instant::now);
+            if since.elapsed() < self.settings.wait_timeout {
+                self.admission
+                    .note_waiting(&who.namespace, cluster, role, who);
+                let why = format!("the control planes of cluster {cluster} are refreshed first");
+                return Some((WAITING_RECHECK, why));
+            }
+        }
+        None
     }
 
     fn unpark(&self, who: &Waiter, request: &str, cluster: &str) -> Waiting {
@@ -546,6 +537,43 @@ impl Executor {
                 let failure = gave_up(what, self.settings.wait_timeout, failure);
                 Finished::Failed { op, failure }
             }
+        }
+    }
+}
+
+/// A planned `plan`'s answer, asked while the approver was looked for.
+type Planned = Option<Result<crate::k8sd::wire::PlanResponse, K8sdError>>;
+
+/// The node's session (and for a worker its first `plan`'s answer) and, for a worker, a control
+/// plane to approve its CSRs. A worker's first `plan` (which changes nothing on the node) is
+/// asked while its approver is looked for: finding a control plane that answers takes several
+/// reads and a tunnel of its own, and the refresh holds its place meanwhile.
+async fn connect<C: Connector>(
+    connector: &C,
+    role: Role,
+    op: &Operation,
+) -> (
+    Result<(NodeSession<C::Node>, Planned), Failure>,
+    Option<Result<C::Approver, Failure>>,
+) {
+    match role {
+        Role::ControlPlane => (connector.node().await.map(|s| (s, None)), None),
+        Role::Worker => {
+            let plan_ahead = !attempts::runs_spent(op);
+            let node = async {
+                let mut session = connector.node().await?;
+                let plan = if plan_ahead {
+                    Some(session.node.plan().await)
+                } else {
+                    None
+                };
+                Ok((session, plan))
+            };
+            // Boxed: both futures are large, and side by side they would not fit on a worker
+            // thread's stack in a debug build.
+            let (session, approver) =
+                futures::join!(Box::pin(node), Box::pin(connector.approver()));
+            (session, Some(approver))
         }
     }
 }

@@ -277,12 +277,7 @@ async fn handle(ctx: &Context, object: Triggered<'_>) -> Result<Action, Error> {
     let (ttl, request) = match step(name, trigger, pending, last, ctx.clock.now()) {
         Step::Nothing => return Ok(Action::await_change()),
         Step::Withdraw { name: request } => {
-            let ops = vec![
-                test("/metadata/uid", uid),
-                test(&pointer(FLEET_REQUEST_PENDING), &request),
-                json!({ "op": "remove", "path": pointer(FLEET_REQUEST_PENDING) }),
-            ];
-            patch(objects, name, ops).await?;
+            patch(objects, name, withdrawn(uid, &request)).await?;
             return Ok(Action::await_change());
         }
         Step::Reserve { ttl, name: request } => {
@@ -299,44 +294,7 @@ async fn handle(ctx: &Context, object: Triggered<'_>) -> Result<Action, Error> {
         Step::Create { ttl, name: request } => (ttl, request),
     };
     let api: Api<CertificateRefresh> = Api::namespaced(ctx.client.clone(), namespace);
-    let mut labels: std::collections::BTreeMap<String, String> = object
-        .labels
-        .iter()
-        .filter(|(k, _)| k.as_str() == WATCH_FILTER_LABEL)
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    labels.insert(CLUSTER_NAME_LABEL.to_owned(), object.cluster.clone());
-    let request_object = CertificateRefresh {
-        metadata: ObjectMeta {
-            name: Some(request.clone()),
-            namespace: Some(namespace.clone()),
-            labels: Some(labels),
-            // Held from the start: a move must not carry a request whose progress it drops.
-            annotations: Some(
-                [(
-                    BLOCK_MOVE_ANNOTATION.to_owned(),
-                    BLOCK_MOVE_OWNER.to_owned(),
-                )]
-                .into(),
-            ),
-            owner_references: Some(vec![object.owner.clone()]),
-            ..Default::default()
-        },
-        spec: CertificateRefreshSpec {
-            target: object.target.clone(),
-            ttl: ttl.clone(),
-            origin: Origin::Manual,
-            requested_by: object.trigger_manager.clone(),
-            requester: object.annotations.get(REQUESTER).map(|username| Requester {
-                username: username.to_owned(),
-                ..Default::default()
-            }),
-            max_parallel_workers: None,
-            continue_on_failure: false,
-            suspend: false,
-        },
-        status: None,
-    };
+    let request_object = request_of(&object, &request, &ttl);
     let params = PostParams {
         field_manager: Some(MANAGER.into()),
         ..Default::default()
@@ -348,12 +306,7 @@ async fn handle(ctx: &Context, object: Triggered<'_>) -> Result<Action, Error> {
         Err(kube::Error::Api(status)) if status.code == 409 => {
             let existing = api.get_opt(&request).await?;
             if !existing.is_some_and(|r| r.owner_references().iter().any(|o| o.uid == *uid)) {
-                let ops = vec![
-                    test("/metadata/uid", uid),
-                    test(&pointer(FLEET_REQUEST_PENDING), &request),
-                    json!({ "op": "remove", "path": pointer(FLEET_REQUEST_PENDING) }),
-                ];
-                patch(objects, name, ops).await?;
+                patch(objects, name, withdrawn(uid, &request)).await?;
                 return Ok(Action::requeue(std::time::Duration::from_secs(1)));
             }
         }
@@ -387,6 +340,57 @@ async fn handle(ctx: &Context, object: Triggered<'_>) -> Result<Action, Error> {
         }
     }
     Ok(Action::await_change())
+}
+
+/// The fleet request `name` that `object`'s trigger asks for (`ttl`), owned by it.
+fn request_of(object: &Triggered<'_>, name: &str, ttl: &str) -> CertificateRefresh {
+    let mut labels: std::collections::BTreeMap<String, String> = object
+        .labels
+        .iter()
+        .filter(|(k, _)| k.as_str() == WATCH_FILTER_LABEL)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    labels.insert(CLUSTER_NAME_LABEL.to_owned(), object.cluster.clone());
+    CertificateRefresh {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(object.namespace.clone()),
+            labels: Some(labels),
+            // Held from the start: a move must not carry a request whose progress it drops.
+            annotations: Some(
+                [(
+                    BLOCK_MOVE_ANNOTATION.to_owned(),
+                    BLOCK_MOVE_OWNER.to_owned(),
+                )]
+                .into(),
+            ),
+            owner_references: Some(vec![object.owner.clone()]),
+            ..Default::default()
+        },
+        spec: CertificateRefreshSpec {
+            target: object.target.clone(),
+            ttl: ttl.to_owned(),
+            origin: Origin::Manual,
+            requested_by: object.trigger_manager.clone(),
+            requester: object.annotations.get(REQUESTER).map(|username| Requester {
+                username: username.to_owned(),
+                ..Default::default()
+            }),
+            max_parallel_workers: None,
+            continue_on_failure: false,
+            suspend: false,
+        },
+        status: None,
+    }
+}
+
+/// The patch that withdraws the reservation of request `name` on the object of `uid`.
+fn withdrawn(uid: &str, request: &str) -> Vec<serde_json::Value> {
+    vec![
+        test("/metadata/uid", uid),
+        test(&pointer(FLEET_REQUEST_PENDING), request),
+        json!({ "op": "remove", "path": pointer(FLEET_REQUEST_PENDING) }),
+    ]
 }
 
 fn pointer(key: &str) -> String {

@@ -197,80 +197,14 @@ impl KubeConnector<'_> {
         // answering); a pin that is wrong or does not match waits for the operator instead.
         let mut transient = false;
         for machine in candidates {
-            let node = machine.node_name.clone().unwrap_or_default();
-            // A pin that cannot be read (or an API error reading it) rules the node out: the
-            // cluster's approval token never goes to an unverified endpoint.
-            let record = match certificates(reach, ns).get_opt(&machine.name).await {
-                Ok(Some(record)) => Ok(Some(record)),
-                // A control plane outside our scope (or not reconciled yet) gets its record
-                // here, so that the certificate it presents on first use is kept.
-                Ok(None) => create_certificates(&reach.client, reach.capi, &machine).await,
-                Err(err) => Err(err),
-            };
-            let record = match record {
-                Ok(Some(record)) => record,
-                Ok(None) => {
-                    transient = true;
-                    tried.push(format!(
-                        "{node} (its MachineCertificates could not be created)"
-                    ));
-                    continue;
-                }
-                Err(err) => {
-                    transient = true;
-                    tried.push(format!(
-                        "{node} (reading its pinned certificate failed: {err})"
-                    ));
-                    continue;
-                }
-            };
-            let fingerprint = record
-                .status
-                .as_ref()
-                .and_then(|s| s.k8sd_fingerprint.clone());
-            let pin = match pin_of(fingerprint.as_deref(), ns, &machine.name) {
-                Ok(pin) => pin,
-                Err(failure) => {
-                    tried.push(format!("{node} ({})", failure.cause()));
-                    continue;
-                }
-            };
-            let port = microcluster_port_of(reach, &machine).await;
-            let Ok(endpoint) =
-                endpoint::resolve(&client, cluster, &node, port, reach.config.transport).await
-            else {
-                transient = true;
-                tried.push(format!("{node} (no endpoint)"));
-                continue;
-            };
-            if !endpoint.ready {
-                transient = true;
-                tried.push(format!("{node} (not Ready)"));
-                continue;
-            }
-            let mut session = Session::approver(
-                endpoint.target,
-                endpoint.route,
-                pin,
-                tokens.capi_auth.clone(),
-                reach.config.timeouts,
-                reach.k8sd_metrics.clone(),
-            );
-            if let Err(err) = session.probe().await {
-                transient |= !matches!(err, crate::k8sd::K8sdError::PinMismatch { .. });
-                tried.push(format!("{node} ({err})"));
-                continue;
-            }
-            // First use: the certificate is kept before the approval token is sent to it.
-            if pin.is_none() {
-                let seen = session.fingerprint();
-                if let Err(reason) = keep_approver_pin(reach, &record, seen).await {
-                    transient = true;
-                    tried.push(format!("{node} ({reason})"));
-                    continue;
+            let node = machine.node_name.as_deref().unwrap_or_default();
+            match approver_on(reach, &client, &tokens.capi_auth, &machine).await {
+                Ok(session) => return Ok(session),
+                Err(ruled_out) => {
+                    transient |= ruled_out.transient;
+                    tried.push(format!("{node} ({})", ruled_out.why));
                 }
             }
-            return Ok(session);
         }
         if transient || tried.is_empty() {
             return Err(Failure::Unavailable(format!(
@@ -287,6 +221,95 @@ impl KubeConnector<'_> {
             tried.join(", ")
         )))
     }
+}
+
+/// Why a control plane cannot approve now; `transient`: it may pass (not Ready, not
+/// answering), unlike a pin that is wrong or does not match, which waits for the operator.
+struct RuledOut {
+    why: String,
+    transient: bool,
+}
+
+impl RuledOut {
+    fn transient(why: impl Into<String>) -> Self {
+        Self {
+            why: why.into(),
+            transient: true,
+        }
+    }
+}
+
+/// A session to control plane `machine` of `cluster` as approver, once it is Ready, answers a
+/// probe and is verified against its pinned k8sd certificate (pinned now on first use).
+async fn approver_on(
+    reach: &Reach,
+    client: &Client,
+    token: &crate::k8sd::Token,
+    machine: &MachineView,
+) -> Result<Session, RuledOut> {
+    let (ns, cluster) = (
+        &machine.namespace,
+        machine.cluster.as_deref().unwrap_or_default(),
+    );
+    let node = machine.node_name.as_deref().unwrap_or_default();
+    // A pin that cannot be read (or an API error reading it) rules the node out: the cluster's
+    // approval token never goes to an unverified endpoint.
+    let record = match certificates(reach, ns).get_opt(&machine.name).await {
+        Ok(Some(record)) => Ok(Some(record)),
+        // A control plane outside our scope (or not reconciled yet) gets its record here, so
+        // that the certificate it presents on first use is kept.
+        Ok(None) => create_certificates(&reach.client, reach.capi, machine).await,
+        Err(err) => Err(err),
+    };
+    let record = match record {
+        Ok(Some(record)) => record,
+        Ok(None) => {
+            return Err(RuledOut::transient(
+                "its MachineCertificates could not be created",
+            ));
+        }
+        Err(err) => {
+            let why = format!("reading its pinned certificate failed: {err}");
+            return Err(RuledOut::transient(why));
+        }
+    };
+    let fingerprint = record
+        .status
+        .as_ref()
+        .and_then(|s| s.k8sd_fingerprint.as_deref());
+    let pin = pin_of(fingerprint, ns, &machine.name).map_err(|failure| RuledOut {
+        why: failure.cause(),
+        transient: false,
+    })?;
+    let port = microcluster_port_of(reach, machine).await;
+    let endpoint = endpoint::resolve(client, cluster, node, port, reach.config.transport)
+        .await
+        .map_err(|_| RuledOut::transient("no endpoint"))?;
+    if !endpoint.ready {
+        return Err(RuledOut::transient("not Ready"));
+    }
+    let mut session = Session::approver(
+        endpoint.target,
+        endpoint.route,
+        pin,
+        token.clone(),
+        reach.config.timeouts,
+        reach.k8sd_metrics.clone(),
+    );
+    if let Err(err) = session.probe().await {
+        return Err(RuledOut {
+            transient: !matches!(err, K8sdError::PinMismatch { .. }),
+            why: err.to_string(),
+        });
+    }
+    // First use: the certificate is kept before the approval token is sent to it.
+    if pin.is_none() {
+        let seen = session.fingerprint();
+        keep_approver_pin(reach, &record, seen)
+            .await
+            .map_err(RuledOut::transient)?;
+    }
+    Ok(session)
 }
 
 /// Pins `seen` on a control plane first used as an approver, in one write guarded by the

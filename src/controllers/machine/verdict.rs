@@ -15,8 +15,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::events::EventType;
 
 use crate::controllers::governing_policy::{
-    CONFIG_INVALID, Governing, Verdict, describe_window, with_verdict,
+    CONFIG_INVALID, Governing, PolicyInfo, Verdict, describe_window, with_verdict,
 };
+use crate::policy::spec::ValidPolicy;
 use crate::policy::{Decision, DeferReason, RenewReason, Ttl};
 use crate::refresh::trigger::{renew_now_hint, with_hint};
 
@@ -93,15 +94,7 @@ pub fn plan(
         }
         Governing::One { info, policy } => (info, policy),
     };
-    let invalid = |message: String, ttl: &str| {
-        Verdict::new(
-            info,
-            CONFIG_INVALID,
-            None,
-            with_hint(message, &hint(ttl)),
-            Some(conditions::RENEWAL_CONFIG_INVALID),
-        )
-    };
+    let invalid = |message: String, ttl: &str| invalid(info, machine, message, ttl);
     let policy = match policy {
         Ok(policy) => policy,
         Err(message) => {
@@ -112,7 +105,6 @@ pub fn plan(
             );
         }
     };
-    let ttl = policy.ttl.to_string();
     if !machine.control_plane
         && let Err(err) = policy.ttl.check_worker()
     {
@@ -122,6 +114,25 @@ pub fn plan(
         );
         return shown(invalid(message, &default_ttl), Some(invalid_event), resync);
     }
+    decided(machine, status, info, policy, settings, resync, now)
+}
+
+/// The verdict of one usable `policy`: its decision shown, and what comes of it.
+fn decided(
+    machine: &MachineView,
+    status: &MachineCertificatesStatus,
+    info: &PolicyInfo,
+    policy: &ValidPolicy,
+    settings: crate::policy::spec::Settings,
+    resync: Duration,
+    now: Timestamp,
+) -> VerdictPlan {
+    let hint = |ttl: &str| renew_now_hint(machine, ttl);
+    let invalid_event = (EventType::Warning, events::RENEWAL_CONFIG_INVALID);
+    let shown = |verdict: Verdict, announce: Option<(EventType, &'static str)>, after| {
+        shown(status, verdict, announce, VerdictNext::Requeue(after), now)
+    };
+    let ttl = policy.ttl.to_string();
     let failures = crate::policy::Failures {
         count: status.failed_attempts,
         last_failure: status.last_failure_time.as_ref().map(|t| t.0),
@@ -133,13 +144,7 @@ pub fn plan(
         // Its place in the policy's spread: the UID stays the same for the Machine's life.
         .with_stagger_key(machine.uid.as_deref());
     let decision = crate::policy::decide(&input, now);
-    let requeue = crate::policy::requeue_at(&decision)
-        .map(|at| {
-            Duration::try_from(at.duration_since(now))
-                .unwrap_or_default()
-                .max(Duration::from_millis(100))
-        })
-        .map_or(resync, |d| d.min(resync));
+    let requeue = requeue_after(&decision, now, resync);
     let message = decision.to_string();
     let windows_ignored = |verdict: Verdict| {
         if decision.windows_ignored() {
@@ -222,8 +227,34 @@ pub fn plan(
             let announce = (severity, events::RENEWAL_DISABLED);
             shown(windows_ignored(verdict), Some(announce), requeue)
         }
-        Decision::Invalid { .. } => shown(invalid(message, &ttl), Some(invalid_event), resync),
+        Decision::Invalid { .. } => {
+            let verdict = invalid(info, machine, message, &ttl);
+            shown(verdict, Some(invalid_event), resync)
+        }
     }
+}
+
+/// When the answer of `decision` can change, from `now`, at most `resync` later.
+fn requeue_after(decision: &Decision, now: Timestamp, resync: Duration) -> Duration {
+    crate::policy::requeue_at(decision)
+        .map(|at| {
+            Duration::try_from(at.duration_since(now))
+                .unwrap_or_default()
+                .max(Duration::from_millis(100))
+        })
+        .map_or(resync, |d| d.min(resync))
+}
+
+/// The verdict of a policy that cannot renew this Machine: `message`, then how to renew now
+/// (for `ttl`).
+fn invalid(info: &PolicyInfo, machine: &MachineView, message: String, ttl: &str) -> Verdict {
+    Verdict::new(
+        info,
+        CONFIG_INVALID,
+        None,
+        with_hint(message, &renew_now_hint(machine, ttl)),
+        Some(conditions::RENEWAL_CONFIG_INVALID),
+    )
 }
 
 /// Shows `verdict`: the status differs from `current` only when the verdict does; a changed
