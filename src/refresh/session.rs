@@ -33,43 +33,35 @@ pub struct Session {
     metrics: K8sdCalls,
 }
 
-impl Session {
-    /// A session authenticating with the node token (plan, run, certificates-expiry).
-    pub fn node(
-        target: Target,
-        route: Route,
-        pin: Option<Fingerprint>,
-        token: Token,
-        timeouts: Timeouts,
-        metrics: K8sdCalls,
-    ) -> Self {
-        Self {
-            target,
-            route,
-            pin,
-            token,
-            header: NODE_TOKEN_HEADER,
-            timeouts,
-            connection: None,
-            metrics,
-        }
-    }
+/// The token a session authenticates with.
+pub enum Credential {
+    /// The node's own token (plan, run, certificates-expiry).
+    Node(Token),
+    /// The cluster-wide CAPI token (approve).
+    Approver(Token),
+}
 
-    /// A session authenticating with the cluster-wide CAPI token (approve).
-    pub fn approver(
+impl Session {
+    /// A session to `target` through `route`, verified against `pin` (none: trust on first
+    /// use), authenticating with `credential`; not connected yet.
+    pub fn new(
         target: Target,
         route: Route,
         pin: Option<Fingerprint>,
-        token: Token,
+        credential: Credential,
         timeouts: Timeouts,
         metrics: K8sdCalls,
     ) -> Self {
+        let (header, token) = match credential {
+            Credential::Node(token) => (NODE_TOKEN_HEADER, token),
+            Credential::Approver(token) => (CAPI_AUTH_TOKEN_HEADER, token),
+        };
         Self {
             target,
             route,
             pin,
             token,
-            header: CAPI_AUTH_TOKEN_HEADER,
+            header,
             timeouts,
             connection: None,
             metrics,
@@ -193,7 +185,7 @@ mod tests {
     use crate::metrics::Metrics;
 
     fn session(address: std::net::SocketAddr, metrics: &Metrics) -> Session {
-        Session::node(
+        Session::new(
             Target {
                 node: "n1".into(),
                 address: address.ip(),
@@ -201,7 +193,7 @@ mod tests {
             },
             Route::Direct { address },
             None,
-            Token::new("secret"),
+            Credential::Node(Token::new("secret")),
             Timeouts {
                 call: Duration::from_millis(300),
                 run: Duration::from_millis(300),

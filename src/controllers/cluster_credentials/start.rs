@@ -23,26 +23,23 @@ pub fn start(
     shared: &Shared,
     config: Config,
 ) -> impl Future<Output = ()> + use<> {
-    let Shared {
-        client,
-        capi,
-        stores,
-        recorder,
-        clock,
-        metrics,
-        stop,
-    } = shared.clone();
     let clusters = watches.clusters.subscribe();
     let records = watches.cluster_records.subscribe();
+    let (capi, stores, metrics, stop) = (
+        shared.capi,
+        shared.stores.clone(),
+        shared.metrics.clone(),
+        shared.stop.clone(),
+    );
     let ctx = Context {
-        clock,
+        clock: shared.clock.clone(),
         readings: Default::default(),
         attempts: Default::default(),
-        client,
+        client: shared.client.clone(),
         capi,
         machines: stores.machines.clone(),
         records: watches.cluster_records.store.clone(),
-        recorder,
+        recorder: shared.recorder.clone(),
         metrics: metrics.clone(),
         config,
     };

@@ -1,9 +1,16 @@
-//! What the executor's tests script a node to answer: the errors released k8sd and its
-//! transports give.
+//! The executor's test fakes: a scripted node, approver, connector and journal, and the errors
+//! released k8sd and its transports give. Everything that happens is logged, in order.
 
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use ck8s_certs_api::machine_certificates::Operation;
+
+use super::{Connector, Failure, NodeSession, Probe};
 use crate::k8sd::K8sdError;
+use crate::k8sd::wire::{PlanResponse, RunRequest, RunResponse};
+use crate::refresh::{ApproveApi, NodeApi};
 
 /// A call that got no answer in time (`endpoint`: `plan`, `run`).
 pub fn no_answer(endpoint: &str) -> K8sdError {
@@ -29,5 +36,182 @@ pub fn api(status: u16, message: &str) -> K8sdError {
         endpoint: "x".into(),
         status,
         message: message.into(),
+    }
+}
+
+pub(super) type Log = Arc<Mutex<Vec<String>>>;
+
+pub(super) fn push(log: &Log, entry: impl Into<String>) {
+    log.lock().unwrap().push(entry.into());
+}
+
+pub(super) fn entries(log: &Log) -> Vec<String> {
+    log.lock().unwrap().clone()
+}
+
+/// A scripted node: each `plan` pops a seed (or an error), each `run` an expiry (or an error);
+/// `probe` pops an answer (then answers).
+pub(super) struct Node {
+    pub(super) name: &'static str,
+    pub(super) plans: VecDeque<Result<i64, K8sdError>>,
+    pub(super) runs: VecDeque<Result<i64, K8sdError>>,
+    pub(super) probes: VecDeque<Result<(), K8sdError>>,
+    /// A worker's `run` waits for its CSRs to be approved.
+    pub(super) run_takes: Duration,
+    pub(super) log: Log,
+}
+
+impl NodeApi for Node {
+    async fn plan(&mut self) -> Result<PlanResponse, K8sdError> {
+        let seed = self
+            .plans
+            .pop_front()
+            .unwrap_or_else(|| Err(api(500, "unscripted plan")))
+            .inspect_err(|e| push(&self.log, format!("{} plan: {e}", self.name)))?;
+        push(&self.log, format!("{} plan {seed}", self.name));
+        Ok(PlanResponse {
+            seed,
+            certificate_signing_requests: None,
+        })
+    }
+
+    async fn run(&mut self, request: &RunRequest) -> Result<RunResponse, K8sdError> {
+        push(
+            &self.log,
+            format!(
+                "{} run {} for {}s",
+                self.name, request.seed, request.expiration_seconds
+            ),
+        );
+        tokio::time::sleep(self.run_takes).await;
+        let expiration_seconds = self
+            .runs
+            .pop_front()
+            .unwrap_or_else(|| Err(api(500, "unscripted run")))?;
+        Ok(RunResponse { expiration_seconds })
+    }
+}
+
+impl Probe for Node {
+    async fn probe(&mut self) -> Result<(), K8sdError> {
+        push(&self.log, format!("{} probe", self.name));
+        self.probes.pop_front().unwrap_or(Ok(()))
+    }
+}
+
+pub(super) struct Approver {
+    pub(super) answers: VecDeque<Result<(), K8sdError>>,
+    pub(super) log: Log,
+}
+
+impl ApproveApi for Approver {
+    async fn approve(&mut self, seed: i64) -> Result<(), K8sdError> {
+        push(&self.log, format!("approve {seed}"));
+        self.answers.pop_front().unwrap_or(Ok(()))
+    }
+}
+
+/// Hands out its node once; its connections and approver fail as scripted first.
+pub(super) struct Link {
+    pub(super) node: Mutex<Option<Node>>,
+    pub(super) connects: Mutex<VecDeque<Failure>>,
+    pub(super) approver: Mutex<Option<Approver>>,
+    pub(super) log: Log,
+}
+
+impl Connector for Link {
+    type Node = Node;
+    type Approver = Approver;
+
+    async fn node(&self) -> Result<NodeSession<Node>, Failure> {
+        let failed = self.connects.lock().unwrap().pop_front();
+        if let Some(failure) = failed {
+            push(&self.log, format!("connect: {}", failure.cause()));
+            return Err(failure);
+        }
+        push(&self.log, "connect");
+        Ok(NodeSession {
+            node: self
+                .node
+                .lock()
+                .unwrap()
+                .take()
+                .expect("one node per execute"),
+            extra_sans: vec!["cp.example".into()],
+        })
+    }
+
+    async fn approver(&self) -> Result<Approver, Failure> {
+        self.approver
+            .lock()
+            .unwrap()
+            .take()
+            .ok_or_else(|| Failure::Unavailable("no control plane answers".into()))
+    }
+}
+
+/// Records into the log; refuses to record when told.
+pub(super) struct Journal {
+    pub(super) log: Log,
+    pub(super) refuse: Option<fn() -> Failure>,
+    pub(super) shown: Vec<String>,
+}
+
+impl super::Journal for Journal {
+    async fn record(&mut self, op: &mut Operation, _: Option<String>) -> Result<(), Failure> {
+        if let Some(refusal) = self.refuse {
+            push(&self.log, "record refused");
+            return Err(refusal());
+        }
+        push(
+            &self.log,
+            format!(
+                "record seed={} attempts={}",
+                op.seed.unwrap_or_default(),
+                op.run_attempts
+            ),
+        );
+        Ok(())
+    }
+
+    async fn waiting(&mut self, _: &Operation, note: &str) -> Result<(), Failure> {
+        self.shown.push(note.to_owned());
+        Ok(())
+    }
+
+    fn seen(&self) -> Option<u64> {
+        None
+    }
+}
+
+pub(super) fn journal(log: &Log) -> Journal {
+    Journal {
+        log: log.clone(),
+        refuse: None,
+        shown: Vec::new(),
+    }
+}
+
+pub(super) fn node(
+    log: &Log,
+    name: &'static str,
+    plans: Vec<Result<i64, K8sdError>>,
+    runs: Vec<Result<i64, K8sdError>>,
+) -> Link {
+    Link {
+        node: Mutex::new(Some(Node {
+            name,
+            plans: plans.into(),
+            runs: runs.into(),
+            probes: VecDeque::new(),
+            run_takes: Duration::ZERO,
+            log: log.clone(),
+        })),
+        connects: Mutex::default(),
+        approver: Mutex::new(Some(Approver {
+            answers: VecDeque::new(),
+            log: log.clone(),
+        })),
+        log: log.clone(),
     }
 }

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ck8s_certs_api::control_plane::{ControlPlane, ControlPlaneVersion};
-use ck8s_certs_api::machine::Machine;
+use ck8s_certs_api::machine::{Cluster, Machine};
+use ck8s_certs_api::machine_deployment::MachineDeployment;
 use futures::StreamExt;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Client};
@@ -36,13 +37,21 @@ pub fn start(
     let clusters = ctx.stores.clusters.clone();
     let triggers = Controller::for_stream_with(watches.clusters.subscribe(), clusters, capi)
         .graceful_shutdown_on(stop.clone().cancelled_owned())
-        .run(trigger::reconcile, trigger::error_policy, ctx.clone())
+        .run(
+            trigger::reconcile::<Cluster>,
+            trigger::error_policy,
+            ctx.clone(),
+        )
         .for_each(|_| async {});
     let deployments = ctx.stores.deployments.clone();
     let deployment_triggers =
         Controller::for_stream_with(watches.deployments.subscribe(), deployments, capi)
             .graceful_shutdown_on(stop.cancelled_owned())
-            .run(trigger::reconcile_deployment, trigger::error_policy, ctx)
+            .run(
+                trigger::reconcile::<MachineDeployment>,
+                trigger::error_policy,
+                ctx,
+            )
             .for_each(|_| async {});
     async move {
         futures::future::join3(requests, triggers, deployment_triggers).await;
@@ -77,7 +86,11 @@ pub async fn control_plane_triggers(
     let store = watch.store.clone();
     let controller = Controller::for_stream_with(events, store, version)
         .graceful_shutdown_on(stop.cancelled_owned())
-        .run(trigger::reconcile_control_plane, trigger::error_policy, ctx)
+        .run(
+            trigger::reconcile::<ControlPlane>,
+            trigger::error_policy,
+            ctx,
+        )
         .for_each(|_| async {});
     tokio::select! {
         () = watch.run(api, watcher::Config::default(), stores::keep) => {

@@ -120,138 +120,103 @@ struct Triggered<'a> {
     reference: ObjectReference,
 }
 
-/// `kubectl annotate cluster …`.
-pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Error> {
-    if let Some(later) = super::not_synced(&ctx) {
-        return Ok(later);
-    }
-    let name = cluster.name_any();
-    let empty = Default::default();
-    let Some(owner) = owner_ref(cluster.as_ref(), &ctx.capi) else {
-        return Ok(Action::await_change());
-    };
-    handle(
-        &ctx,
-        Triggered {
-            api: dynamic(&ctx, &cluster.namespace().unwrap_or_default(), "Cluster"),
-            kind: "Cluster",
-            namespace: cluster.namespace().unwrap_or_default(),
-            uid: cluster.uid().unwrap_or_default(),
-            labels: cluster.metadata.labels.as_ref().unwrap_or(&empty),
-            annotations: &cluster.annotations,
-            trigger_manager: cluster.trigger_manager.clone(),
-            idle: cluster.paused || cluster.metadata.deletion_timestamp.is_some(),
-            target: Target {
-                cluster: Some(name.clone()),
-                ..Default::default()
-            },
-            owner,
-            reference: cluster.object_ref(&ctx.capi),
-            cluster: name.clone(),
-            name,
-        },
-    )
-    .await
+/// A kind whose objects may carry the fleet refresh trigger: `kubectl annotate cluster …`,
+/// `… machinedeployment …`, `… ck8scontrolplane …` (the last watched once the kind is served).
+pub trait Triggering: Resource + ResourceExt + Send + Sync + 'static {
+    const KIND: &'static str;
+    /// The version it is served in (`None`: not yet).
+    fn served(ctx: &Context) -> Option<Self::DynamicType>;
+    /// Its group, version and kind, to patch its annotations.
+    fn gvk(version: &Self::DynamicType) -> GroupVersionKind;
+    /// The annotations the trigger is read from.
+    fn trigger_annotations(&self) -> &Pairs;
+    fn trigger_manager(&self) -> Option<String>;
+    /// The Cluster whose Machines it names.
+    fn cluster(&self) -> Option<String>;
+    /// Paused itself (its Cluster's pause is looked up).
+    fn paused(&self) -> bool;
+    /// The request's target naming it.
+    fn target(name: String) -> Target;
 }
 
-/// `kubectl annotate machinedeployment …`.
-pub async fn reconcile_deployment(
-    deployment: Arc<MachineDeployment>,
-    ctx: Arc<Context>,
-) -> Result<Action, Error> {
+/// The trigger's kinds differ in how their version is served, their group, where they name
+/// their Cluster and the request's target field; the rest is the same fields.
+macro_rules! triggering {
+    ($type:ty, $kind:expr, $group:expr, served: |$ctx:ident| $served:expr,
+     version: |$v:ident| $version:expr, cluster: |$o:ident| $cluster:expr, target: $field:ident) => {
+        impl Triggering for $type {
+            const KIND: &'static str = $kind;
+            fn served($ctx: &Context) -> Option<Self::DynamicType> {
+                $served
+            }
+            fn gvk($v: &Self::DynamicType) -> GroupVersionKind {
+                GroupVersionKind::gvk($group, $version, Self::KIND)
+            }
+            fn trigger_annotations(&self) -> &Pairs {
+                &self.annotations
+            }
+            fn trigger_manager(&self) -> Option<String> {
+                self.trigger_manager.clone()
+            }
+            fn cluster(&self) -> Option<String> {
+                let $o = self;
+                $cluster
+            }
+            fn paused(&self) -> bool {
+                self.paused
+            }
+            fn target(name: String) -> Target {
+                Target {
+                    $field: Some(name),
+                    ..Default::default()
+                }
+            }
+        }
+    };
+}
+
+triggering!(Cluster, "Cluster", GROUP, served: |ctx| Some(ctx.capi),
+    version: |v| v.as_str(), cluster: |o| Some(o.name_any()), target: cluster);
+triggering!(MachineDeployment, "MachineDeployment", GROUP, served: |ctx| Some(ctx.capi),
+    version: |v| v.as_str(), cluster: |o| o.cluster_name.clone(), target: machine_deployment);
+triggering!(ControlPlane, CK8S_CONTROL_PLANE_KIND, CONTROL_PLANE_GROUP,
+    served: |ctx| ctx.control_planes.version().cloned(),
+    version: |v| &v.0, cluster: |o| o.cluster_name.clone(), target: control_plane);
+
+/// Handles the trigger on `object`, once the caches are synced.
+pub async fn reconcile<K: Triggering>(object: Arc<K>, ctx: Arc<Context>) -> Result<Action, Error> {
     if let Some(later) = super::not_synced(&ctx) {
         return Ok(later);
     }
-    let namespace = deployment.namespace().unwrap_or_default();
-    let name = deployment.name_any();
+    let Some(version) = K::served(&ctx) else {
+        return Ok(Action::await_change());
+    };
+    let namespace = object.namespace().unwrap_or_default();
+    let name = object.name_any();
     let empty = Default::default();
-    let (Some(owner), Some(cluster)) = (
-        owner_ref(deployment.as_ref(), &ctx.capi),
-        deployment.cluster_name.clone(),
-    ) else {
+    let (Some(owner), Some(cluster)) = (owner_ref(object.as_ref(), &version), object.cluster())
+    else {
         return Ok(Action::await_change());
     };
     let cluster_paused =
         get_capi(&ctx.stores.clusters, ctx.capi, &namespace, &cluster).is_some_and(|c| c.paused);
-    handle(
-        &ctx,
-        Triggered {
-            api: dynamic(&ctx, &namespace, "MachineDeployment"),
-            kind: "MachineDeployment",
-            uid: deployment.uid().unwrap_or_default(),
-            labels: deployment.metadata.labels.as_ref().unwrap_or(&empty),
-            annotations: &deployment.annotations,
-            trigger_manager: deployment.trigger_manager.clone(),
-            idle: deployment.paused
-                || cluster_paused
-                || deployment.metadata.deletion_timestamp.is_some(),
-            target: Target {
-                machine_deployment: Some(name.clone()),
-                ..Default::default()
-            },
-            owner,
-            reference: deployment.object_ref(&ctx.capi),
-            cluster,
-            namespace,
-            name,
-        },
-    )
-    .await
-}
-
-/// `kubectl annotate ck8scontrolplane …` (watched once the kind is served).
-pub async fn reconcile_control_plane(
-    control_plane: Arc<ControlPlane>,
-    ctx: Arc<Context>,
-) -> Result<Action, Error> {
-    if let Some(later) = super::not_synced(&ctx) {
-        return Ok(later);
-    }
-    let Some(version) = ctx.control_planes.version().cloned() else {
-        return Ok(Action::await_change());
+    let resource = ApiResource::from_gvk(&K::gvk(&version));
+    let triggered = Triggered {
+        api: Api::namespaced_with(ctx.client.clone(), &namespace, &resource),
+        kind: K::KIND,
+        uid: object.uid().unwrap_or_default(),
+        labels: object.meta().labels.as_ref().unwrap_or(&empty),
+        annotations: object.trigger_annotations(),
+        trigger_manager: object.trigger_manager(),
+        idle: object.paused() || cluster_paused || object.meta().deletion_timestamp.is_some(),
+        target: K::target(name.clone()),
+        owner,
+        reference: object.object_ref(&version),
+        cluster,
+        namespace,
+        name,
     };
-    let namespace = control_plane.namespace().unwrap_or_default();
-    let name = control_plane.name_any();
-    let empty = Default::default();
-    let (Some(owner), Some(cluster)) = (
-        owner_ref(control_plane.as_ref(), &version),
-        control_plane.cluster_name.clone(),
-    ) else {
-        return Ok(Action::await_change());
-    };
-    let cluster_paused =
-        get_capi(&ctx.stores.clusters, ctx.capi, &namespace, &cluster).is_some_and(|c| c.paused);
-    let gvk = GroupVersionKind::gvk(CONTROL_PLANE_GROUP, &version.0, CK8S_CONTROL_PLANE_KIND);
-    handle(
-        &ctx,
-        Triggered {
-            api: Api::namespaced_with(ctx.client.clone(), &namespace, &ApiResource::from_gvk(&gvk)),
-            kind: CK8S_CONTROL_PLANE_KIND,
-            uid: control_plane.uid().unwrap_or_default(),
-            labels: control_plane.metadata.labels.as_ref().unwrap_or(&empty),
-            annotations: &control_plane.annotations,
-            trigger_manager: control_plane.trigger_manager.clone(),
-            idle: control_plane.paused
-                || cluster_paused
-                || control_plane.metadata.deletion_timestamp.is_some(),
-            target: Target {
-                control_plane: Some(name.clone()),
-                ..Default::default()
-            },
-            owner,
-            reference: control_plane.object_ref(&version),
-            cluster,
-            namespace,
-            name,
-        },
-    )
-    .await
-}
-
-/// A CAPI object of `kind` in the served version, to patch.
-fn dynamic(ctx: &Context, namespace: &str, kind: &str) -> Api<DynamicObject> {
-    let gvk = GroupVersionKind::gvk(GROUP, ctx.capi.as_str(), kind);
-    Api::namespaced_with(ctx.client.clone(), namespace, &ApiResource::from_gvk(&gvk))
+    handle(&ctx, triggered).await
 }
 
 async fn handle(ctx: &Context, object: Triggered<'_>) -> Result<Action, Error> {

@@ -23,7 +23,7 @@ use crate::controllers::executor::{Connector, Failure, NodeSession, Probe};
 use crate::k8sd::{Fingerprint, K8sdError};
 use crate::metrics::K8sdCalls;
 use crate::refresh::NodeApi;
-use crate::refresh::session::Session;
+use crate::refresh::session::{Credential, Session};
 use crate::workload;
 use crate::workload::endpoint;
 
@@ -141,11 +141,11 @@ impl KubeConnector<'_> {
         )
         .await
         .map_err(Failure::Workload)?;
-        let session = Session::node(
+        let session = Session::new(
             endpoint.target,
             endpoint.route,
             self.pin,
-            tokens.node,
+            Credential::Node(tokens.node),
             reach.config.timeouts,
             reach.k8sd_metrics.clone(),
         );
@@ -288,11 +288,11 @@ async fn approver_on(
     if !endpoint.ready {
         return Err(RuledOut::transient("not Ready"));
     }
-    let mut session = Session::approver(
+    let mut session = Session::new(
         endpoint.target,
         endpoint.route,
         pin,
-        token.clone(),
+        Credential::Approver(token.clone()),
         reach.config.timeouts,
         reach.k8sd_metrics.clone(),
     );

@@ -54,6 +54,8 @@ mod requests;
 pub mod rest;
 pub mod start;
 pub mod step;
+#[cfg(test)]
+mod testing;
 pub mod verdict;
 
 pub use crate::controllers::executor::MAX_RUN_SENDS;

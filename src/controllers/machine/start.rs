@@ -42,16 +42,13 @@ pub fn start(
     carrier: Option<Carrier>,
     term: crate::leader::Term,
 ) -> impl Future<Output = ()> + use<> {
-    let Shared {
-        client,
-        capi,
-        stores,
-        recorder,
-        clock,
-        metrics,
-        stop,
-    } = shared.clone();
-    let capi: CapiVersion = capi;
+    let (client, capi, stores, clock, stop) = (
+        &shared.client,
+        shared.capi,
+        &shared.stores,
+        &shared.clock,
+        &shared.stop,
+    );
     // Refreshes that waited for their cluster are woken here when they can go.
     let (wakes, woken) = futures::channel::mpsc::unbounded::<Waiter>();
     let woken = woken.map(move |w| ObjectRef::new_with(&w.machine, capi).within(&w.namespace));
@@ -62,7 +59,7 @@ pub fn start(
             capi,
             workload: crate::workload::Clients::new(client.clone(), settings.vetting),
             config: settings.config,
-            k8sd_metrics: metrics.k8sd.clone(),
+            k8sd_metrics: shared.metrics.k8sd.clone(),
         },
         executor: Executor::new(
             Admission::new(settings.workers_per_cluster, settings.workers, Some(wakes)),
@@ -72,11 +69,11 @@ pub fn start(
             clock.clone(),
         ),
         outcomes: KeptOutcomes::default(),
-        shard: Shard::new(client, carrier, clock.clone()),
+        shard: Shard::new(client.clone(), carrier, clock.clone()),
         stores: stores.clone(),
-        recorder,
-        metrics,
-        clock,
+        recorder: shared.recorder.clone(),
+        metrics: shared.metrics.clone(),
+        clock: clock.clone(),
         stop: stop.clone(),
     });
     let policy_events = watches
@@ -84,7 +81,7 @@ pub fn start(
         .subscribe_with_deletions(governing_policy::spec_changed);
     Controller::for_stream_with(watches.machines.subscribe(), stores.machines.clone(), capi)
         .with_config(controller::Config::default().concurrency(concurrency))
-        .graceful_shutdown_on(stop.cancelled_owned())
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
         .watches_stream_with(
             watches.certificates.subscribe(),
             machine_of_certificates(capi),
@@ -92,12 +89,12 @@ pub fn start(
         )
         .watches_stream_with(
             watches.clusters.subscribe(),
-            machines_of_cluster(&stores, capi),
+            machines_of_cluster(stores, capi),
             capi,
         )
         .watches_stream_with(
             policy_events,
-            machines_of_policy(&stores, capi),
+            machines_of_policy(stores, capi),
             policy_resource(),
         )
         .reconcile_on(woken)

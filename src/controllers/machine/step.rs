@@ -181,57 +181,13 @@ fn decide_unpaused(
 mod tests {
     use std::collections::BTreeMap;
 
-    use ck8s_certs_api::machine_certificates::Origin;
     use jiff::Timestamp;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     use super::*;
+    use ck8s_certs_api::machine_certificates::Origin;
 
-    fn machine(annotations: &[(&str, &str)]) -> MachineView {
-        MachineView {
-            namespace: "ns".into(),
-            name: "m".into(),
-            uid: Some("uid".into()),
-            cluster: Some("c".into()),
-            control_plane: true,
-            bootstrap_kind: Some("CK8sConfig".into()),
-            bootstrap_group: Some("bootstrap.cluster.x-k8s.io".into()),
-            bootstrap_name: Some("m".into()),
-            node_name: Some("n".into()),
-            annotations: annotations
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect::<BTreeMap<_, _>>(),
-            labels: BTreeMap::new(),
-            deleting: false,
-            ..Default::default()
-        }
-    }
-
-    fn op(phase: Phase, trigger: &str) -> Operation {
-        Operation {
-            origin: Origin::Manual,
-            requested_by: None,
-            requester: None,
-            trigger: Some(trigger.into()),
-            request: None,
-            fleet: None,
-            ttl: trigger.into(),
-            ttl_seconds: Some(3600),
-            seed: Some(42),
-            phase,
-            run_attempts: 1,
-            seeded_at: None,
-            started_at: Time(Timestamp::UNIX_EPOCH),
-            finished_at: None,
-            new_expiry: None,
-            error: None,
-            note: None,
-            matched_window: None,
-            bypassed_windows: false,
-            carrier: None,
-        }
-    }
+    use crate::controllers::machine::testing::{machine, op};
 
     fn status(operation: Option<Operation>, expiry: Option<i64>) -> MachineCertificatesStatus {
         MachineCertificatesStatus {

@@ -26,15 +26,7 @@ pub fn start(
     shared: &Shared,
     resync: Duration,
 ) -> impl Future<Output = ()> + use<> {
-    let Shared {
-        client,
-        capi,
-        stores,
-        clock,
-        metrics,
-        stop,
-        ..
-    } = shared.clone();
+    let (stores, metrics) = (&shared.stores, shared.metrics.clone());
     let machines = watches.machines.subscribe_changes(selects_differently);
     let policies = watches.policies.subscribe();
     // Changes of the policies' specs, and deletions: a change re-checks the other policies
@@ -43,23 +35,23 @@ pub fn start(
         .policies
         .subscribe_with_deletions(governing_policy::spec_changed);
     let ctx = Arc::new(Context {
-        client,
+        client: shared.client.clone(),
         machines: stores.machines.clone(),
         clusters: stores.clusters.clone(),
         policies: stores.policies.clone(),
         readings: stores.policy_readings.clone(),
-        clock,
+        clock: shared.clock.clone(),
         resync,
     });
-    let of_namespace = policies_of_namespace(&stores);
+    let of_namespace = policies_of_namespace(stores);
     Controller::for_stream_with(policies, stores.policies.clone(), policy_resource())
-        .graceful_shutdown_on(stop.cancelled_owned())
+        .graceful_shutdown_on(shared.stop.clone().cancelled_owned())
         .watches_stream_with(
             machines,
             move |machine: Machine| of_namespace(machine.namespace()),
-            capi,
+            shared.capi,
         )
-        .watches_stream_with(siblings, policies_of_sibling(&stores), policy_resource())
+        .watches_stream_with(siblings, policies_of_sibling(stores), policy_resource())
         .run(
             move |object, ctx| {
                 observed(

@@ -2,26 +2,14 @@
 //! sent, and when a new `plan` follows. Paused time: retries and waits cost nothing.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ck8s_certs_api::machine_certificates::Origin;
 
 use super::*;
-use crate::controllers::executor::scripted::{self, api, refused};
+use crate::controllers::executor::scripted::{self, Approver, Log, api, entries, push, refused};
 use crate::k8sd::K8sdError;
 use crate::k8sd::wire::{PlanResponse, RunResponse};
-
-/// Everything that happened, in order, across the node, the approver and the journal.
-type Log = Arc<Mutex<Vec<String>>>;
-
-fn push(log: &Log, entry: String) {
-    log.lock().unwrap().push(entry);
-}
-
-fn entries(log: &Log) -> Vec<String> {
-    log.lock().unwrap().clone()
-}
 
 const EXPIRY: i64 = 1_900_000_000;
 
@@ -79,19 +67,6 @@ fn node(log: &Log, plans: Vec<Result<i64, K8sdError>>, runs: Vec<Result<i64, K8s
         run_takes: Duration::ZERO,
         lifetimes: Vec::new(),
         log: log.clone(),
-    }
-}
-
-/// A control plane that approves a worker's CSRs: each call pops an answer (then succeeds).
-struct Approver {
-    answers: VecDeque<Result<(), K8sdError>>,
-    log: Log,
-}
-
-impl ApproveApi for Approver {
-    async fn approve(&mut self, seed: i64) -> Result<(), K8sdError> {
-        push(&self.log, format!("approve {seed}"));
-        self.answers.pop_front().unwrap_or(Ok(()))
     }
 }
 

@@ -4,12 +4,13 @@ use std::time::Duration;
 
 use ck8s_certs_api::annotations::{CERTIFICATES_EXPIRY, REFRESH_CERTIFICATES_STATUS};
 use ck8s_certs_api::capi::PAUSED_ANNOTATION;
-use ck8s_certs_api::machine_certificates::{Origin, Phase};
+use ck8s_certs_api::machine_certificates::Phase;
 use ck8s_certs_api::reasons::conditions;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::*;
 use crate::controllers::governing_policy::Governing;
+use crate::controllers::machine::testing::{machine, op};
 use crate::controllers::patches::set_condition;
 
 const RESYNC: Duration = Duration::from_secs(36_000);
@@ -19,25 +20,6 @@ const REQUEST: &str = "m-1";
 
 fn now() -> Timestamp {
     Timestamp::from_second(EXPIRY - 300 * 86_400).unwrap()
-}
-
-fn machine(annotations: &[(&str, &str)]) -> MachineView {
-    MachineView {
-        namespace: "ns".into(),
-        name: "m".into(),
-        uid: Some("uid".into()),
-        cluster: Some("c".into()),
-        control_plane: true,
-        bootstrap_kind: Some("CK8sConfig".into()),
-        bootstrap_group: Some("bootstrap.cluster.x-k8s.io".into()),
-        bootstrap_name: Some("m".into()),
-        node_name: Some("n".into()),
-        annotations: annotations
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect(),
-        ..Default::default()
-    }
 }
 
 /// A Machine at rest: its expiry known and shown.
@@ -52,21 +34,6 @@ fn asked(trigger: &str) -> MachineView {
         (REFRESH_CERTIFICATES_STATUS, "in-progress"),
         (IN_FLIGHT_REFRESH, REQUEST),
     ])
-}
-
-fn op(phase: Phase) -> Operation {
-    Operation {
-        seed: (phase != Phase::Pending).then_some(42),
-        phase,
-        ..Operation::pending(
-            Origin::Manual,
-            None,
-            Some("1y".into()),
-            "1y".into(),
-            365 * 86_400,
-            Time(Timestamp::UNIX_EPOCH),
-        )
-    }
 }
 
 fn known() -> MachineCertificatesStatus {
@@ -160,7 +127,7 @@ fn every_case_of_the_next_step() {
         ..ClusterView::default()
     };
     let waiting = Parked {
-        op: Some(op(Phase::Pending)),
+        op: Some(op(Phase::Pending, "1y")),
         seen: None,
         blocked: false,
     };
@@ -189,7 +156,7 @@ fn every_case_of_the_next_step() {
     };
     let done = Operation {
         requested_by: Some("capi-machineset".into()),
-        ..op(Phase::Succeeded)
+        ..op(Phase::Succeeded, "1y")
     };
     let rows = vec![
         Row {
@@ -242,7 +209,7 @@ fn every_case_of_the_next_step() {
                 Source::Cache,
                 asked("1y"),
                 read(asked_status.clone()),
-                Next::Act(Step::Continue(op(Phase::Pending))),
+                Next::Act(Step::Continue(op(Phase::Pending, "1y"))),
             )
         },
         Row {
@@ -383,7 +350,7 @@ fn every_case_of_the_next_step() {
             Next::Rest(After::Change),
         ),
         Row {
-            request: Some(op(Phase::Succeeded)),
+            request: Some(op(Phase::Succeeded, "1y")),
             ..row(
                 "live: an outcome to show on the Machine is shown from the Machine read fresh",
                 Source::Live,
@@ -393,23 +360,23 @@ fn every_case_of_the_next_step() {
             )
         },
         Row {
-            request: Some(op(Phase::Succeeded)),
+            request: Some(op(Phase::Succeeded, "1y")),
             ..row(
                 "fresh: the outcome is recorded",
                 Source::Fresh,
                 asked("1y"),
                 read(known()),
-                Next::Act(Step::Record(op(Phase::Succeeded))),
+                Next::Act(Step::Record(op(Phase::Succeeded, "1y"))),
             )
         },
         Row {
-            request: Some(op(Phase::Running)),
+            request: Some(op(Phase::Running, "1y")),
             ..row(
                 "live: a request Running is resumed",
                 Source::Live,
                 asked("1y"),
                 read(known()),
-                Next::Act(Step::Resume(op(Phase::Running))),
+                Next::Act(Step::Resume(op(Phase::Running, "1y"))),
             )
         },
         Row {
@@ -419,7 +386,7 @@ fn every_case_of_the_next_step() {
                 Source::Live,
                 asked("1y"),
                 read(known()),
-                Next::Act(Step::Continue(op(Phase::Pending))),
+                Next::Act(Step::Continue(op(Phase::Pending, "1y"))),
             )
         },
         row(
