@@ -50,6 +50,8 @@
 //! Comparisons are inclusive at each boundary: due at `D`, backoff over at `B`, inside the
 //! margin at `F`, inside a window at its start, the Machine's turn at its slot `P`.
 
+use std::sync::Arc;
+
 use jiff::{SignedDuration, Timestamp};
 
 use super::backoff::{saturating_add, saturating_sub};
@@ -202,9 +204,13 @@ impl Decision {
 
 /// Decides what to do about one machine at `now`. Pure: same input, same answer.
 pub fn decide(input: &Input, now: Timestamp) -> Decision {
-    let windows = match input.validate() {
-        Ok(windows) => windows,
-        Err(errors) => return Decision::Invalid { errors },
+    // A policy's input was checked when the policy was read: only a bare input is checked here.
+    let windows: Arc<[ValidWindow]> = match &input.checked {
+        Some(checked) => checked.0.clone(),
+        None => match input.validate() {
+            Ok(windows) => windows.into(),
+            Err(errors) => return Decision::Invalid { errors },
+        },
     };
     let windows_ignored = input.mode == Mode::Automatic && !windows.is_empty();
     let Some(expires_at) = input.expiry else {
@@ -375,7 +381,7 @@ mod input;
 mod invalid;
 mod messages;
 
-pub use input::Input;
+pub use input::{Checked, Input};
 pub use invalid::{InvalidPolicy, PolicyError, SelectorError};
 
 pub use messages::WINDOWS_IGNORED_MESSAGE;

@@ -21,6 +21,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 use ck8s_certs_api::machine_certificates::{MachineCertificatesStatus, Phase};
 use ck8s_certs_api::renewal_policy::{CertificateRenewalPolicySpec, MAX_WINDOWS};
@@ -30,7 +31,7 @@ use kube::core::{Selector, SelectorExt};
 
 use super::backoff::{Backoff, Failures};
 pub use super::decision::SelectorError;
-use super::decision::{Input, InvalidPolicy, Mode, PolicyError};
+use super::decision::{Checked, Input, InvalidPolicy, Mode, PolicyError};
 use super::duration::{FailSafeMargin, PolicyDuration, Spread, Ttl};
 use super::window::{ValidWindow, Window, WindowStart, upcoming_starts};
 
@@ -54,7 +55,7 @@ pub struct ValidPolicy {
     pub windows: Vec<Window>,
     pub fail_safe_margin: FailSafeMargin,
     pub spread: Spread,
-    valid_windows: Vec<ValidWindow>,
+    valid_windows: Arc<[ValidWindow]>,
 }
 
 impl ValidPolicy {
@@ -84,6 +85,7 @@ impl ValidPolicy {
             backoff: settings.backoff,
             spread: Some(self.spread),
             stagger: None,
+            checked: Some(Checked(self.valid_windows.clone())),
         }
     }
 
@@ -130,7 +132,7 @@ pub fn validate(spec: &CertificateRenewalPolicySpec) -> Result<ValidPolicy, Inva
         windows: spec.windows.clone(),
         fail_safe_margin: spec.fail_safe_margin,
         spread: spec.spread,
-        valid_windows: Vec::new(),
+        valid_windows: Arc::from([]),
     };
     // Windows, Scheduled without windows, renewBefore against ttl, the spread's bound: the
     // decision's own checks.
@@ -138,7 +140,7 @@ pub fn validate(spec: &CertificateRenewalPolicySpec) -> Result<ValidPolicy, Inva
         .input(None, Failures::default(), Settings::default())
         .validate()
     {
-        Ok(windows) => policy.valid_windows = windows,
+        Ok(windows) => policy.valid_windows = windows.into(),
         Err(problems) => errors.extend(problems),
     }
     if errors.is_empty() {

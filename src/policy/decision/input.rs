@@ -6,6 +6,8 @@ use ck8s_certs_api::renewal_policy::{
     DEFAULT_FAIL_SAFE_MARGIN, DEFAULT_RENEW_BEFORE, DEFAULT_SPREAD, DEFAULT_TTL, MAX_SPREAD, Mode,
     RENEW_BEFORE_PERCENTAGE_RANGE,
 };
+use std::sync::Arc;
+
 use jiff::{SignedDuration, Timestamp};
 
 use super::invalid::PolicyError;
@@ -42,7 +44,24 @@ pub struct Input {
     /// This Machine's place in a spread ([`Self::with_stagger_key`]). `None`: no staggering,
     /// as when there is no Machine (a preview without one).
     pub stagger: Option<StaggerKey>,
+    /// The windows as checked when the policy was read ([`ValidPolicy::input`](crate::policy::spec::ValidPolicy::input)):
+    /// the input is valid and [`decide`](super::decide) checks nothing again. `None`: checked
+    /// by `decide`.
+    pub checked: Option<Checked>,
 }
+
+/// Windows checked once, shared by every input of their policy.
+#[derive(Debug, Clone)]
+pub struct Checked(pub Arc<[ValidWindow]>);
+
+/// Checked windows are what `windows` says, which inputs compare already.
+impl PartialEq for Checked {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for Checked {}
 
 impl Input {
     /// An input with no windows, default durations, no failures, not strict.
@@ -61,6 +80,7 @@ impl Input {
             backoff: Backoff::default(),
             spread: None,
             stagger: None,
+            checked: None,
         }
     }
 

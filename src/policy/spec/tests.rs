@@ -408,3 +408,35 @@ fn label_syntax_follows_the_api_server() {
         assert!(check_label_value(value).is_err(), "{value}");
     }
 }
+
+#[test]
+fn a_policy_s_input_carries_its_checked_windows_and_decides_as_a_bare_one() {
+    let policy = validate(&spec(json!({
+        "machineSelector": {},
+        "policy": "Scheduled",
+        "windows": [
+            {"daysOfWeek": ["Sunday"], "start": "22:00", "end": "02:00", "timezone": "Europe/London"},
+            {"schedule": "0 3 * * 1-5", "duration": "2h", "timezone": "America/New_York"},
+        ],
+    })))
+    .unwrap();
+    let input = policy.input(
+        Some(utc("2026-12-20T00:00:00Z")),
+        Failures::default(),
+        Settings::default(),
+    );
+    // Checked when the policy was read: `decide` checks nothing again.
+    assert!(input.checked.is_some());
+    let bare = Input {
+        checked: None,
+        ..input.clone()
+    };
+    for now in [
+        "2026-11-28T12:00:00Z",
+        "2026-11-29T22:30:00Z",
+        "2026-12-01T08:30:00Z",
+        "2026-12-19T23:00:00Z",
+    ] {
+        assert_eq!(decide(&input, utc(now)), decide(&bare, utc(now)), "{now}");
+    }
+}
