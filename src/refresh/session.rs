@@ -31,6 +31,8 @@ pub struct Session {
     timeouts: Timeouts,
     connection: Option<Connection>,
     metrics: K8sdCalls,
+    /// The workload cluster's client its tunnels go through (port-forward), kept alive with it.
+    _tunnel: Option<kube::Client>,
 }
 
 /// The token a session authenticates with.
@@ -65,6 +67,15 @@ impl Session {
             timeouts,
             connection: None,
             metrics,
+            _tunnel: None,
+        }
+    }
+
+    /// The session, keeping `client` (its tunnels' way to the node) alive as long as it lives.
+    pub fn keeping(self, client: kube::Client) -> Self {
+        Self {
+            _tunnel: Some(client),
+            ..self
         }
     }
 

@@ -153,6 +153,12 @@ pub trait Journal: Send {
     ) -> impl Future<Output = Result<(), Failure>> + Send;
 }
 
+impl Probe for crate::refresh::session::Session {
+    async fn probe(&mut self) -> Result<(), K8sdError> {
+        crate::refresh::session::Session::probe(self).await
+    }
+}
+
 /// Keeps a control plane's cluster after its refresh until its k8sd answers again.
 pub struct Settle<N> {
     guard: Guard,

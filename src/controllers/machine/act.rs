@@ -137,21 +137,16 @@ impl<'a> Act<'a> {
         step: Step,
     ) -> Result<Action, Error> {
         let now = self.ctx.clock.now();
-        let governing = crate::controllers::governing_policy::governing(
-            &self.ctx.stores.policies,
-            &self.ctx.stores.policy_readings,
-            &self.view.namespace,
-            Some(&self.cluster.labels),
-            &self.view.labels,
-        );
-        let renewals = Renewals {
-            governing: &governing,
-            settings: self.ctx.config().renewal,
-            resync: self.ctx.config().resync,
-        };
-        let cluster = Some(&self.cluster);
-        if let Some(settled) = settle(&step, self.view, cluster, &status, &renewals, now) {
-            return self.settle(status, settled).await;
+        if matches!(
+            step,
+            Step::Ignore
+                | Step::ClusterMissing
+                | Step::Paused
+                | Step::WaitForNode
+                | Step::Reapplied { .. }
+                | Step::Idle
+        ) {
+            return self.rest(status, &step).await;
         }
         // The trigger its owner kept applying is gone (or changed): the refusal is over.
         let before = status.clone();
@@ -198,13 +193,10 @@ impl<'a> Act<'a> {
                     })
                     .await?;
                 // Then as at rest: the verdict.
-                match settle(&Step::Idle, self.view, cluster, &status, &renewals, now) {
-                    Some(settled) => self.settle(status, settled).await,
-                    None => Ok(Action::requeue(self.ctx.config().resync)),
-                }
+                self.rest(status, &Step::Idle).await
             }
             Step::ReadExpiry => self.read_expiry(status).await,
-            // Settled above.
+            // At rest: above.
             Step::Ignore
             | Step::ClusterMissing
             | Step::Paused
@@ -214,9 +206,37 @@ impl<'a> Act<'a> {
         }
     }
 
+    /// A Machine at rest for `step`: shows what [`settle`] says, under its governing policy.
+    async fn rest(self, status: MachineCertificatesStatus, step: &Step) -> Result<Action, Error> {
+        let governing = crate::controllers::governing_policy::governing(
+            &self.ctx.stores.policies,
+            &self.ctx.stores.policy_readings,
+            &self.view.namespace,
+            Some(&self.cluster.labels),
+            &self.view.labels,
+        );
+        let renewals = Renewals {
+            governing: &governing,
+            settings: self.ctx.config().renewal,
+            resync: self.ctx.config().resync,
+        };
+        let now = self.ctx.clock.now();
+        match settle(
+            step,
+            self.view,
+            Some(&self.cluster),
+            &status,
+            &renewals,
+            now,
+        ) {
+            Some(settled) => self.show_settled(status, settled).await,
+            None => Ok(Action::requeue(self.ctx.config().resync)),
+        }
+    }
+
     /// Shows what `settled` says (each write only when it changes something), then renews when
     /// the verdict says so.
-    async fn settle(
+    async fn show_settled(
         self,
         current: MachineCertificatesStatus,
         settled: Settled,

@@ -19,10 +19,9 @@ use kube::{Api, Client, ResourceExt};
 
 use super::Config;
 use super::report::create_certificates;
-use crate::controllers::executor::{Connector, Failure, NodeSession, Probe};
+use crate::controllers::executor::{Connector, Failure, NodeSession};
 use crate::k8sd::{Fingerprint, K8sdError};
 use crate::metrics::K8sdCalls;
-use crate::refresh::NodeApi;
 use crate::refresh::session::{Credential, Session};
 use crate::workload;
 use crate::workload::endpoint;
@@ -419,51 +418,19 @@ pub(super) fn control_planes_pending(machines: &Store<Machine>, machine: &Machin
 }
 
 impl Connector for KubeConnector<'_> {
-    type Node = NodeLink;
+    type Node = Session;
     type Approver = Session;
 
-    async fn node(&self) -> Result<NodeSession<NodeLink>, Failure> {
+    async fn node(&self) -> Result<NodeSession<Session>, Failure> {
         let node = self.prepare().await?;
         Ok(NodeSession {
-            node: NodeLink {
-                session: node.session,
-                _workload: node.workload,
-            },
+            node: node.session.keeping(node.workload),
             extra_sans: node.sans,
         })
     }
 
     async fn approver(&self) -> Result<Session, Failure> {
         KubeConnector::approver(self).await
-    }
-}
-
-/// A node's session, with the workload client its tunnels go through kept alive.
-pub(super) struct NodeLink {
-    session: Session,
-    _workload: Client,
-}
-
-impl NodeApi for NodeLink {
-    async fn plan(&mut self) -> Result<crate::k8sd::wire::PlanResponse, K8sdError> {
-        self.session.plan().await
-    }
-
-    async fn run(
-        &mut self,
-        request: &crate::k8sd::wire::RunRequest,
-    ) -> Result<crate::k8sd::wire::RunResponse, K8sdError> {
-        self.session.run(request).await
-    }
-
-    fn fingerprint(&self) -> Option<String> {
-        NodeApi::fingerprint(&self.session)
-    }
-}
-
-impl Probe for NodeLink {
-    async fn probe(&mut self) -> Result<(), K8sdError> {
-        self.session.probe().await
     }
 }
 
