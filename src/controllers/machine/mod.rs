@@ -55,7 +55,7 @@ pub mod rest;
 pub mod start;
 pub mod step;
 #[cfg(test)]
-mod testing;
+pub(crate) mod testing;
 pub mod verdict;
 
 pub use crate::controllers::executor::MAX_RUN_SENDS;

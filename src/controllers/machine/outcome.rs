@@ -289,9 +289,6 @@ mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
 
     use super::*;
-    use ck8s_certs_api::machine_certificates::Origin;
-    use jiff::Timestamp;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     #[tokio::test(start_paused = true)]
     async fn a_refused_write_is_tried_again_in_place_until_the_delays_run_out() {
@@ -321,14 +318,7 @@ mod tests {
     #[test]
     fn a_kept_outcome_is_the_machine_s_until_its_own_request_is_written() {
         let kept = KeptOutcomes::default();
-        let op = Operation::pending(
-            Origin::Manual,
-            None,
-            Some("1y".into()),
-            "1y".into(),
-            31_536_000,
-            Time(Timestamp::UNIX_EPOCH),
-        );
+        let op = crate::controllers::machine::testing::op(Phase::Running, "1y");
         kept.keep("ns", "m", "m-1", &op);
         assert_eq!(kept.get("ns", "m"), Some(("m-1".into(), op.clone())));
         assert_eq!(kept.get("other", "m"), None);

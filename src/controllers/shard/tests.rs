@@ -1,4 +1,4 @@
-use ck8s_certs_api::machine_certificates::{Origin, Phase};
+use ck8s_certs_api::machine_certificates::Phase;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::*;
@@ -13,16 +13,7 @@ fn carrier(lease: &str, holder: &str) -> Carrier {
 fn op(by: Option<Carrier>) -> Operation {
     Operation {
         carrier: by,
-        seed: Some(7),
-        phase: Phase::Running,
-        ..Operation::pending(
-            Origin::Manual,
-            None,
-            Some("1y".into()),
-            "1y".into(),
-            31_536_000,
-            Time(Timestamp::UNIX_EPOCH),
-        )
+        ..crate::controllers::machine::testing::op(Phase::Running, "1y")
     }
 }
 
