@@ -197,7 +197,7 @@ impl KubeConnector<'_> {
         let mut transient = false;
         for machine in candidates {
             let node = machine.node_name.as_deref().unwrap_or_default();
-            match approver_on(reach, &client, &tokens.capi_auth, &machine).await {
+            match approver_on(reach, &client, cluster, &tokens.capi_auth, &machine).await {
                 Ok(session) => return Ok(session),
                 Err(ruled_out) => {
                     transient |= ruled_out.transient;
@@ -243,13 +243,11 @@ impl RuledOut {
 async fn approver_on(
     reach: &Reach,
     client: &Client,
+    cluster: &str,
     token: &crate::k8sd::Token,
     machine: &MachineView,
 ) -> Result<Session, RuledOut> {
-    let (ns, cluster) = (
-        &machine.namespace,
-        machine.cluster.as_deref().unwrap_or_default(),
-    );
+    let ns = &machine.namespace;
     let node = machine.node_name.as_deref().unwrap_or_default();
     // A pin that cannot be read (or an API error reading it) rules the node out: the cluster's
     // approval token never goes to an unverified endpoint.
