@@ -33,25 +33,16 @@ pub fn machine(annotations: &[(&str, &str)]) -> MachineView {
 /// An operation for `trigger` in `phase`: seed 42, one `run` sent.
 pub fn op(phase: Phase, trigger: &str) -> Operation {
     Operation {
-        origin: Origin::Manual,
-        requested_by: None,
-        requester: None,
-        trigger: Some(trigger.into()),
-        request: None,
-        fleet: None,
-        ttl: trigger.into(),
-        ttl_seconds: Some(3600),
         seed: Some(42),
         phase,
         run_attempts: 1,
-        seeded_at: None,
-        started_at: Time(Timestamp::UNIX_EPOCH),
-        finished_at: None,
-        new_expiry: None,
-        error: None,
-        note: None,
-        matched_window: None,
-        bypassed_windows: false,
-        carrier: None,
+        ..Operation::pending(
+            Origin::Manual,
+            None,
+            Some(trigger.into()),
+            trigger.into(),
+            3600,
+            Time(Timestamp::UNIX_EPOCH),
+        )
     }
 }
