@@ -93,21 +93,16 @@ pub async fn run(args: cli::Args) -> Result<(), Error> {
         "Connected to the management cluster"
     );
 
+    let not_bound = |address| move |source| Error::Health { address, source };
     let health = health::Health::default();
     let server = health::serve(args.health_bind_address, health.clone())
         .await
-        .map_err(|source| Error::Health {
-            address: args.health_bind_address,
-            source,
-        })?;
+        .map_err(not_bound(args.health_bind_address))?;
 
     let metrics = std::sync::Arc::new(metrics::Metrics::default());
     let metrics_server = metrics::serve(args.metrics_bind_address, metrics.clone())
         .await
-        .map_err(|source| Error::Health {
-            address: args.metrics_bind_address,
-            source,
-        })?;
+        .map_err(not_bound(args.metrics_bind_address))?;
 
     // Every replica serves the webhook: refresh requests must be marked whoever leads.
     let webhook = match args.webhook {

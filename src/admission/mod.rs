@@ -33,6 +33,8 @@
 pub mod certificate;
 pub mod requests;
 pub mod server;
+#[cfg(test)]
+mod testing;
 
 use ck8s_certs_api::annotations::{
     REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS, REFRESH_REQUEST, RefreshStatus,

@@ -65,24 +65,16 @@ mod tests {
         object: serde_json::Value,
         user: serde_json::Value,
     ) -> AdmissionRequest<DynamicObject> {
+        let review = crate::admission::testing::review(
+            ["certificates.ck8s.io", "v1alpha1", "CertificateRefresh"],
+            "certificaterefreshes",
+            operation,
+            user,
+            object,
+            serde_json::Value::Null,
+        );
         let review: kube::core::admission::AdmissionReview<DynamicObject> =
-            serde_json::from_value(json!({
-                "apiVersion": "admission.k8s.io/v1",
-                "kind": "AdmissionReview",
-                "request": {
-                    "uid": "u-1",
-                    "kind": { "group": "certificates.ck8s.io", "version": "v1alpha1", "kind": "CertificateRefresh" },
-                    "resource": { "group": "certificates.ck8s.io", "version": "v1alpha1", "resource": "certificaterefreshes" },
-                    "namespace": "fleet",
-                    "operation": operation,
-                    "userInfo": user,
-                    "object": object,
-                    "oldObject": null,
-                    "dryRun": false,
-                    "options": null
-                }
-            }))
-            .expect("review");
+            serde_json::from_value(review).expect("review");
         review.try_into().expect("request")
     }
 

@@ -280,7 +280,7 @@ pub async fn run(
         return Ok(());
     }
     for line in lines(&explanation, Timestamp::now()) {
-        writeln!(out, "{line}").map_err(|e| PluginError::Failed(e.to_string()))?;
+        writeln!(out, "{line}")?;
     }
     Ok(())
 }

@@ -179,18 +179,14 @@ pub async fn run(
     out: &mut impl Write,
 ) -> Result<(), PluginError> {
     let entries = entries(session, args).await?;
-    if super::output::structured(out, args.output, &entries)? {
+    if super::output::structured_or_none(out, args.output, &entries, "No refreshes recorded.")? {
         return Ok(());
     }
-    let io = |e: std::io::Error| PluginError::Failed(e.to_string());
-    if entries.is_empty() {
-        return writeln!(out, "No refreshes recorded.").map_err(io);
-    }
     let rows: Vec<Vec<Cell>> = entries.iter().map(cells).collect();
-    table(out, &HEADERS, &rows, super::output::colour()).map_err(io)?;
+    table(out, &HEADERS, &rows, super::output::colour())?;
     for entry in entries.iter().filter(|e| e.result == "Failed") {
         if let Some(message) = &entry.message {
-            writeln!(out, "\n{} {}: {message}", entry.target, entry.name).map_err(io)?;
+            writeln!(out, "\n{} {}: {message}", entry.target, entry.name)?;
         }
     }
     Ok(())

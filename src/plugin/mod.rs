@@ -111,6 +111,8 @@ pub enum PluginError {
     Api(#[from] kube::Error),
     #[error("{0}")]
     Failed(String),
+    #[error("writing the output failed: {0}")]
+    Output(#[from] std::io::Error),
 }
 
 /// Runs the plugin with the process arguments.

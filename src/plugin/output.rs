@@ -113,6 +113,24 @@ pub fn short(duration: SignedDuration) -> String {
     }
 }
 
+/// Writes `rows` as JSON or YAML when asked, or `none` when there are none: whether that was
+/// all there is to write (else the caller prints its table).
+pub fn structured_or_none<T: serde::Serialize>(
+    out: &mut impl Write,
+    format: super::Format,
+    rows: &[T],
+    none: &str,
+) -> Result<bool, super::PluginError> {
+    if structured(out, format, &rows)? {
+        return Ok(true);
+    }
+    if rows.is_empty() {
+        writeln!(out, "{none}")?;
+        return Ok(true);
+    }
+    Ok(false)
+}
+
 /// Writes `rows` as JSON or YAML and returns true; false for a table (the caller draws it).
 pub fn structured<T: serde::Serialize>(
     out: &mut impl Write,
@@ -127,8 +145,7 @@ pub fn structured<T: serde::Serialize>(
         }
         super::Format::Yaml => serde_yaml::to_string(rows).map_err(|e| failed(e.to_string()))?,
     };
-    out.write_all(text.as_bytes())
-        .map_err(|e| failed(e.to_string()))?;
+    out.write_all(text.as_bytes())?;
     Ok(true)
 }
 

@@ -163,7 +163,6 @@ pub async fn run(
             ttl = args.ttl,
         )));
     }
-    let io = |e: std::io::Error| PluginError::Failed(e.to_string());
     let params = PatchParams {
         field_manager: Some(MANAGER.into()),
         ..Default::default()
@@ -187,8 +186,7 @@ pub async fn run(
             out,
             "machine.{GROUP}/{} renewal requested ({})",
             target.name, args.ttl
-        )
-        .map_err(io)?;
+        )?;
     }
     if !args.wait {
         return Ok(());
@@ -203,7 +201,6 @@ async fn wait(
     timeout: Duration,
     out: &mut impl Write,
 ) -> Result<(), PluginError> {
-    let io = |e: std::io::Error| PluginError::Failed(e.to_string());
     let records: Api<MachineCertificates> =
         Api::namespaced(session.client.clone(), &session.namespace);
     let deadline = tokio::time::Instant::now() + timeout;
@@ -216,7 +213,7 @@ async fn wait(
                 continue;
             }
             let Some(machine) = api.get_opt(&target.name).await? else {
-                writeln!(out, "{}: deleted", target.name).map_err(io)?;
+                writeln!(out, "{}: deleted", target.name)?;
                 shown.insert(target.name.clone(), Stage::Failed);
                 failed.push(target.name.clone());
                 continue;
@@ -251,7 +248,7 @@ async fn wait(
                     Stage::Done => "done",
                     Stage::Failed => "failed",
                 };
-                writeln!(out, "{}: {word}{detail}", target.name).map_err(io)?;
+                writeln!(out, "{}: {word}{detail}", target.name)?;
                 if now == Stage::Failed {
                     failed.push(target.name.clone());
                 }

@@ -191,16 +191,12 @@ pub async fn run(
     out: &mut impl Write,
 ) -> Result<(), PluginError> {
     let rows = rows(session, args).await?;
-    if super::output::structured(out, args.output, &rows)? {
+    if super::output::structured_or_none(out, args.output, &rows, "No CK8s Machines found.")? {
         return Ok(());
-    }
-    let io = |e: std::io::Error| PluginError::Failed(e.to_string());
-    if rows.is_empty() {
-        return writeln!(out, "No CK8s Machines found.").map_err(io);
     }
     let now = Timestamp::now();
     let cells: Vec<Vec<Cell>> = rows.iter().map(|r| cells(r, now)).collect();
-    table(out, &HEADERS, &cells, super::output::colour()).map_err(io)?;
+    table(out, &HEADERS, &cells, super::output::colour())?;
     Ok(())
 }
 

@@ -391,9 +391,7 @@ impl ValidWindow {
         if let Form::Schedule(cron) = &self.form {
             return cron.earliest_containing(&self.zone, t);
         }
-        let local = self.zone.to_datetime(t).date();
-        dates(days_before(local, DAYS_BACK), DAYS_BACK + 1 + DAYS_AHEAD)
-            .filter_map(|date| self.occurrence(date))
+        self.occurrences_around(t)
             .find(|occurrence| occurrence.contains(t))
     }
 
@@ -402,10 +400,16 @@ impl ValidWindow {
         if let Form::Schedule(cron) = &self.form {
             return cron.contains(&self.zone, t);
         }
+        self.occurrences_around(t)
+            .any(|occurrence| occurrence.contains(t))
+    }
+
+    /// A `daysOfWeek`/`start`/`end` window's occurrences on the local dates around `t`: every
+    /// one that can contain it.
+    fn occurrences_around(&self, t: Timestamp) -> impl Iterator<Item = Occurrence> + '_ {
         let local = self.zone.to_datetime(t).date();
         dates(days_before(local, DAYS_BACK), DAYS_BACK + 1 + DAYS_AHEAD)
             .filter_map(|date| self.occurrence(date))
-            .any(|occurrence| occurrence.contains(t))
     }
 
     /// The earliest occurrence start strictly after `t`, so that calling it again with the

@@ -116,25 +116,20 @@ pub(super) fn field_problems(spec: &serde_yaml::Value) -> Vec<String> {
         let error = serde_yaml::from_value::<T>(value?.clone()).err()?;
         Some(format!("{path}: {error}"))
     }
+    // A top-level field: its key is its path.
+    fn field<T: serde::de::DeserializeOwned>(
+        spec: &serde_yaml::Value,
+        key: &str,
+    ) -> Option<String> {
+        problem::<T>(spec.get(key), key)
+    }
     let mut problems = Vec::new();
-    problems.extend(problem::<LabelSelector>(
-        spec.get("clusterSelector"),
-        "clusterSelector",
-    ));
-    problems.extend(problem::<LabelSelector>(
-        spec.get("machineSelector"),
-        "machineSelector",
-    ));
-    problems.extend(problem::<Mode>(spec.get("policy"), "policy"));
-    problems.extend(problem::<PolicyDuration>(
-        spec.get("renewBefore"),
-        "renewBefore",
-    ));
-    problems.extend(problem::<i32>(
-        spec.get("renewBeforePercentage"),
-        "renewBeforePercentage",
-    ));
-    problems.extend(problem::<Ttl>(spec.get("ttl"), "ttl"));
+    problems.extend(field::<LabelSelector>(spec, "clusterSelector"));
+    problems.extend(field::<LabelSelector>(spec, "machineSelector"));
+    problems.extend(field::<Mode>(spec, "policy"));
+    problems.extend(field::<PolicyDuration>(spec, "renewBefore"));
+    problems.extend(field::<i32>(spec, "renewBeforePercentage"));
+    problems.extend(field::<Ttl>(spec, "ttl"));
     let windows = spec.get("windows");
     problems.extend(problem::<Vec<serde_yaml::Mapping>>(windows, "windows"));
     let windows = windows.and_then(serde_yaml::Value::as_sequence);
@@ -150,20 +145,13 @@ pub(super) fn field_problems(spec: &serde_yaml::Value) -> Vec<String> {
         problems.extend(problem::<WallTime>(window.get("start"), &path("start")));
         problems.extend(problem::<WallTime>(window.get("end"), &path("end")));
         problems.extend(problem::<String>(window.get("schedule"), &path("schedule")));
-        problems.extend(problem::<PolicyDuration>(
-            window.get("duration"),
-            &path("duration"),
-        ));
-        problems.extend(problem::<Option<String>>(
-            window.get("timezone"),
-            &path("timezone"),
-        ));
+        let duration = window.get("duration");
+        problems.extend(problem::<PolicyDuration>(duration, &path("duration")));
+        let timezone = window.get("timezone");
+        problems.extend(problem::<Option<String>>(timezone, &path("timezone")));
     }
-    problems.extend(problem::<FailSafeMargin>(
-        spec.get("failSafeMargin"),
-        "failSafeMargin",
-    ));
-    problems.extend(problem::<Spread>(spec.get("spread"), "spread"));
+    problems.extend(field::<FailSafeMargin>(spec, "failSafeMargin"));
+    problems.extend(field::<Spread>(spec, "spread"));
     problems
 }
 

@@ -95,6 +95,16 @@ async fn connect(server: &Server) -> TlsStream<TcpStream> {
 }
 
 /// Everything the server sends until it closes the connection (or `SOON` passes).
+/// Asserts that the server closes `stream` soon, with nothing sent.
+async fn assert_closed(stream: &mut (impl AsyncReadExt + Unpin)) {
+    let mut buf = [0u8; 16];
+    let closed = tokio::time::timeout(SOON, stream.read(&mut buf)).await;
+    assert!(
+        matches!(closed, Ok(Ok(0) | Err(_))),
+        "not closed: {closed:?}"
+    );
+}
+
 async fn read_all(stream: &mut (impl AsyncReadExt + Unpin)) -> String {
     let mut answer = Vec::new();
     let mut chunk = [0u8; 4096];
@@ -159,21 +169,14 @@ fn review_json(ttl: &str) -> Vec<u8> {
             "status": { "nodeRef": { "name": "n" } }
         })
     };
-    serde_json::to_vec(&json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "req-1",
-            "kind": { "group": "cluster.x-k8s.io", "version": "v1beta1", "kind": "Machine" },
-            "resource": { "group": "cluster.x-k8s.io", "version": "v1beta1", "resource": "machines" },
-            "name": "m",
-            "namespace": "fleet",
-            "operation": "UPDATE",
-            "userInfo": { "username": "alice" },
-            "object": machine(json!({ REFRESH_CERTIFICATES: ttl })),
-            "oldObject": machine(json!({})),
-        }
-    }))
+    serde_json::to_vec(&crate::admission::testing::review(
+        ["cluster.x-k8s.io", "v1beta1", "Machine"],
+        "machines",
+        "UPDATE",
+        json!({ "username": "alice" }),
+        machine(json!({ REFRESH_CERTIFICATES: ttl })),
+        machine(json!({})),
+    ))
     .unwrap()
 }
 
@@ -383,19 +386,10 @@ async fn a_client_that_sends_nothing_is_dropped() {
     .await;
     // After the handshake: dropped once the headers do not come.
     let mut silent = connect(&server).await;
-    let mut buf = [0u8; 16];
-    let closed = tokio::time::timeout(SOON, silent.read(&mut buf)).await;
-    assert!(
-        matches!(closed, Ok(Ok(0) | Err(_))),
-        "not closed: {closed:?}"
-    );
+    assert_closed(&mut silent).await;
     // Without a handshake.
     let mut tcp = TcpStream::connect(server.address).await.unwrap();
-    let closed = tokio::time::timeout(SOON, tcp.read(&mut buf)).await;
-    assert!(
-        matches!(closed, Ok(Ok(0) | Err(_))),
-        "not closed: {closed:?}"
-    );
+    assert_closed(&mut tcp).await;
     // Headers that stop half-way.
     let mut slow = connect(&server).await;
     slow.write_all(b"POST /mutate-machine HTTP/1.1\r\nHost: loc")
@@ -430,12 +424,7 @@ async fn a_connection_on_which_nothing_moves_is_closed() {
     .await;
     // The handshake done, then nothing: the header timeout is a minute away.
     let mut silent = connect(&server).await;
-    let mut buf = [0u8; 16];
-    let closed = tokio::time::timeout(SOON, silent.read(&mut buf)).await;
-    assert!(
-        matches!(closed, Ok(Ok(0) | Err(_))),
-        "not closed: {closed:?}"
-    );
+    assert_closed(&mut silent).await;
     // A connection in use is not idle.
     response_of(&exchange(&server, &review_request("1y")).await);
 }
@@ -460,8 +449,8 @@ async fn requests_beyond_the_cap_wait_for_a_place() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let mut waiting = connect(&server).await;
     waiting.write_all(&review_request("1y")).await.unwrap();
-    let mut buf = [0u8; 16];
     // Every timeout is a minute away: an answer now would mean no cap.
+    let mut buf = [0u8; 16];
     let early = tokio::time::timeout(Duration::from_millis(500), waiting.read(&mut buf)).await;
     assert!(
         early.is_err(),

@@ -39,6 +39,16 @@ pub fn api(status: u16, message: &str) -> K8sdError {
     }
 }
 
+/// The next answer of a script (`what`: `plan`, `run`); an API error once it has run out.
+pub(super) fn next<T>(
+    script: &mut VecDeque<Result<T, K8sdError>>,
+    what: &str,
+) -> Result<T, K8sdError> {
+    script
+        .pop_front()
+        .unwrap_or_else(|| Err(api(500, &format!("unscripted {what}"))))
+}
+
 pub(super) type Log = Arc<Mutex<Vec<String>>>;
 
 pub(super) fn push(log: &Log, entry: impl Into<String>) {
@@ -63,10 +73,7 @@ pub(super) struct Node {
 
 impl NodeApi for Node {
     async fn plan(&mut self) -> Result<PlanResponse, K8sdError> {
-        let seed = self
-            .plans
-            .pop_front()
-            .unwrap_or_else(|| Err(api(500, "unscripted plan")))
+        let seed = next(&mut self.plans, "plan")
             .inspect_err(|e| push(&self.log, format!("{} plan: {e}", self.name)))?;
         push(&self.log, format!("{} plan {seed}", self.name));
         Ok(PlanResponse {
@@ -84,10 +91,7 @@ impl NodeApi for Node {
             ),
         );
         tokio::time::sleep(self.run_takes).await;
-        let expiration_seconds = self
-            .runs
-            .pop_front()
-            .unwrap_or_else(|| Err(api(500, "unscripted run")))?;
+        let expiration_seconds = next(&mut self.runs, "run")?;
         Ok(RunResponse { expiration_seconds })
     }
 }
@@ -150,6 +154,15 @@ impl Connector for Link {
     }
 }
 
+/// How a journal logs the record of `op`.
+pub(super) fn recorded(op: &Operation) -> String {
+    format!(
+        "record seed={} attempts={}",
+        op.seed.unwrap_or_default(),
+        op.run_attempts
+    )
+}
+
 /// Records into the log; refuses to record when told.
 pub(super) struct Journal {
     pub(super) log: Log,
@@ -163,14 +176,7 @@ impl super::Journal for Journal {
             push(&self.log, "record refused");
             return Err(refusal());
         }
-        push(
-            &self.log,
-            format!(
-                "record seed={} attempts={}",
-                op.seed.unwrap_or_default(),
-                op.run_attempts
-            ),
-        );
+        push(&self.log, recorded(op));
         Ok(())
     }
 

@@ -72,8 +72,19 @@ fn accepted(machine: &str, role: Role, op: Operation) -> Accepted {
     }
 }
 
-/// Runs `op` of `machine` (in cluster `c`) through `executor`.
+/// Runs a first operation of `machine` (in cluster `c`) through `executor`.
 async fn go(
+    executor: &Executor,
+    machine: &str,
+    role: Role,
+    link: &Link,
+    journal: &mut Journal,
+) -> Finished<Node> {
+    go_with(executor, machine, role, operation(None, 0), link, journal).await
+}
+
+/// Runs `op` of `machine` (in cluster `c`) through `executor`.
+async fn go_with(
     executor: &Executor,
     machine: &str,
     role: Role,
@@ -138,7 +149,6 @@ async fn a_control_plane_is_refreshed_and_keeps_its_cluster_until_it_answers_aga
         &executor,
         "cp-0",
         Role::ControlPlane,
-        operation(None, 0),
         &link,
         &mut journal(&log),
     )
@@ -171,7 +181,6 @@ async fn a_control_plane_is_refreshed_and_keeps_its_cluster_until_it_answers_aga
         &executor,
         "cp-1",
         Role::ControlPlane,
-        operation(None, 0),
         &other,
         &mut journal(&log),
     )
@@ -194,7 +203,6 @@ async fn a_control_plane_is_refreshed_and_keeps_its_cluster_until_it_answers_aga
         &executor,
         "cp-1",
         Role::ControlPlane,
-        operation(None, 0),
         &other,
         &mut journal(&log),
     )
@@ -215,15 +223,7 @@ async fn a_worker_runs_while_a_control_plane_approves_and_an_approve_error_is_no
     link.approver.get_mut().unwrap().as_mut().unwrap().answers =
         (0..10).map(|_| Err(api(500, "already approved"))).collect();
     link.node.get_mut().unwrap().as_mut().unwrap().run_takes = Duration::from_secs(3);
-    let finished = go(
-        &executor,
-        "w-0",
-        Role::Worker,
-        operation(None, 0),
-        &link,
-        &mut journal(&log),
-    )
-    .await;
+    let finished = go(&executor, "w-0", Role::Worker, &link, &mut journal(&log)).await;
     let Finished::Ran { op, settle } = finished else {
         panic!("not run: {}", said(&finished));
     };
@@ -257,7 +257,6 @@ async fn a_lost_answer_is_followed_by_a_new_plan_and_a_restart_counts_the_runs_s
         &executor,
         "cp-0",
         Role::ControlPlane,
-        operation(None, 0),
         &link,
         &mut journal(&log),
     )
@@ -314,15 +313,7 @@ async fn a_journal_that_cannot_record_the_seed_stops_the_operation_before_run() 
         refuse: Some(|| Failure::Api("the API server refused the write".into())),
         ..journal(&log)
     };
-    let finished = go(
-        &executor,
-        "cp-0",
-        Role::ControlPlane,
-        operation(None, 0),
-        &link,
-        &mut journal,
-    )
-    .await;
+    let finished = go(&executor, "cp-0", Role::ControlPlane, &link, &mut journal).await;
     assert_eq!(said(&finished), "failed: the API server refused the write");
     assert!(!entries(&log).iter().any(|e| e.contains(" run ")));
     // The cluster is free again at once.
@@ -331,7 +322,6 @@ async fn a_journal_that_cannot_record_the_seed_stops_the_operation_before_run() 
         &executor,
         "cp-1",
         Role::ControlPlane,
-        operation(None, 0),
         &next,
         &mut self::journal(&log),
     )
@@ -344,15 +334,7 @@ async fn a_hung_worker_gives_its_cluster_back_between_tries_so_a_control_plane_g
     let log = Log::default();
     let (executor, _rx) = executor();
     let worker = node(&log, "w-0", vec![Err(no_answer("plan"))], vec![]);
-    let first = go(
-        &executor,
-        "w-0",
-        Role::Worker,
-        operation(None, 0),
-        &worker,
-        &mut journal(&log),
-    )
-    .await;
+    let first = go(&executor, "w-0", Role::Worker, &worker, &mut journal(&log)).await;
     assert!(
         said(&first).starts_with("wait: the node's k8sd"),
         "{}",
@@ -364,7 +346,6 @@ async fn a_hung_worker_gives_its_cluster_back_between_tries_so_a_control_plane_g
         &executor,
         "cp-0",
         Role::ControlPlane,
-        operation(None, 0),
         &cp,
         &mut journal(&log),
     )
@@ -378,17 +359,7 @@ async fn a_hung_worker_gives_its_cluster_back_between_tries_so_a_control_plane_g
     let mut last = String::new();
     for _ in 0..2 {
         let worker = node(&log, "w-0", vec![Err(no_answer("plan"))], vec![]);
-        last = said(
-            &go(
-                &executor,
-                "w-0",
-                Role::Worker,
-                operation(None, 0),
-                &worker,
-                &mut journal,
-            )
-            .await,
-        );
+        last = said(&go(&executor, "w-0", Role::Worker, &worker, &mut journal).await);
     }
     assert!(last.contains("(3 tries)"), "{last}");
     let plans = entries(&log)
@@ -436,7 +407,6 @@ async fn workers_wait_for_their_cluster_s_control_planes_and_for_a_place() {
         &executor,
         "cp-0",
         Role::ControlPlane,
-        operation(None, 0),
         &cp,
         &mut self::journal(&log),
     )
@@ -447,55 +417,23 @@ async fn workers_wait_for_their_cluster_s_control_planes_and_for_a_place() {
     drop(settle);
     assert_eq!(woken(&mut rx), ["w-0"]);
     // Woken, it goes (its place was kept for it).
-    let finished = go(
-        &executor,
-        "w-0",
-        Role::Worker,
-        operation(None, 0),
-        &link,
-        &mut journal,
-    )
-    .await;
+    let finished = go(&executor, "w-0", Role::Worker, &link, &mut journal).await;
     assert!(said(&finished).starts_with("ran"), "{}", said(&finished));
 
     // Two places per cluster: a third worker waits, and is woken when one leaves.
     let link = node(&log, "w-3", vec![Ok(4)], vec![Ok(EXPIRY)]);
     let mut journal = self::journal(&log);
     let (a, _b) = both_places_of_c_taken(&executor);
-    let waiting = go(
-        &executor,
-        "w-3",
-        Role::Worker,
-        operation(None, 0),
-        &link,
-        &mut journal,
-    )
-    .await;
+    let waiting = go(&executor, "w-3", Role::Worker, &link, &mut journal).await;
     assert!(said(&waiting).contains("(--max-worker-refreshes-per-cluster)"));
     // Queued for a place: nothing written.
     assert!(journal.shown.is_empty(), "{:?}", journal.shown);
-    let again = go(
-        &executor,
-        "w-3",
-        Role::Worker,
-        operation(None, 0),
-        &link,
-        &mut journal,
-    )
-    .await;
+    let again = go(&executor, "w-3", Role::Worker, &link, &mut journal).await;
     assert!(said(&again).starts_with("wait"), "{}", said(&again));
     assert!(journal.shown.is_empty(), "{:?}", journal.shown);
     drop(a);
     assert_eq!(woken(&mut rx), ["w-3"]);
-    let finished = go(
-        &executor,
-        "w-3",
-        Role::Worker,
-        operation(None, 0),
-        &link,
-        &mut journal,
-    )
-    .await;
+    let finished = go(&executor, "w-3", Role::Worker, &link, &mut journal).await;
     assert!(said(&finished).starts_with("ran"), "{}", said(&finished));
 }
 
@@ -506,15 +444,7 @@ async fn a_queued_worker_that_only_looks_again_keeps_its_place_in_line() {
     let (a, _b) = both_places_of_c_taken(&executor);
     let link = node(&log, "w-3", vec![Ok(4)], vec![Ok(EXPIRY)]);
     let mut journal = journal(&log);
-    let queued = go(
-        &executor,
-        "w-3",
-        Role::Worker,
-        operation(None, 0),
-        &link,
-        &mut journal,
-    )
-    .await;
+    let queued = go(&executor, "w-3", Role::Worker, &link, &mut journal).await;
     assert!(said(&queued).starts_with("wait"), "{}", said(&queued));
     // Its note in the queue lapses (WAITER_TTL without a new try) while it still waits.
     executor.admission.forget("ns", "c", &who("w-3"));
@@ -546,15 +476,7 @@ async fn a_restarting_workload_api_is_waited_for_then_given_up_on() {
     let mut journal = journal(&log);
     let mut waited = Duration::ZERO;
     let last = loop {
-        let finished = go(
-            &executor,
-            "cp-0",
-            Role::ControlPlane,
-            operation(None, 0),
-            &link,
-            &mut journal,
-        )
-        .await;
+        let finished = go(&executor, "cp-0", Role::ControlPlane, &link, &mut journal).await;
         match finished {
             Finished::Wait { after, .. } => {
                 waited += after;
@@ -582,7 +504,6 @@ async fn a_stopping_process_starts_nothing_new() {
         &executor,
         "cp-0",
         Role::ControlPlane,
-        operation(None, 0),
         &link,
         &mut journal(&log),
     )
@@ -603,7 +524,7 @@ async fn a_run_sent_before_a_handover_is_waited_out_before_a_new_plan() {
     // Sent 10 s ago by another leader: that run may still be running on the node.
     let link = node(&log, "w-0", vec![Ok(8)], vec![Ok(EXPIRY)]);
     let mut journal = journal(&log);
-    let finished = go(
+    let finished = go_with(
         &executor,
         "w-0",
         Role::Worker,
@@ -624,7 +545,7 @@ async fn a_run_sent_before_a_handover_is_waited_out_before_a_new_plan() {
     // The run timeout has passed since: a new plan, a new seed.
     let link = node(&log, "w-0", vec![Ok(8)], vec![Ok(EXPIRY)]);
     let timeout = i64::try_from(RUN_TIMEOUT.as_secs()).unwrap();
-    let finished = go(
+    let finished = go_with(
         &executor,
         "w-0",
         Role::Worker,
@@ -651,7 +572,7 @@ async fn a_replica_that_does_not_lead_sends_nothing_even_for_a_journaled_operati
     let (executor, _rx) = executor_in(crate::leader::Term::none());
     let link = node(&log, "cp-0", vec![Ok(2)], vec![Ok(EXPIRY)]);
     // A run of seed 1 with no known outcome: the next leader goes on with it, not this one.
-    let finished = go(
+    let finished = go_with(
         &executor,
         "cp-0",
         Role::ControlPlane,

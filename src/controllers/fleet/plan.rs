@@ -251,6 +251,26 @@ fn ordered(machines: &[MachineState]) -> Vec<MachineProgress> {
         .collect()
 }
 
+/// Ends `entry`'s part at `now` in `phase`, saying `message`.
+fn finish_machine(
+    entry: &mut MachineProgress,
+    phase: MachinePhase,
+    now: &Time,
+    message: Option<String>,
+) {
+    entry.phase = phase;
+    entry.finished_at = Some(now.clone());
+    entry.message = message;
+}
+
+/// Skips `entry` at `now`, because the Machine `why` (`is gone`): the note that says so.
+fn skip(entry: &mut MachineProgress, now: &Time, why: &str) -> Note {
+    let message = format!("The Machine {why}");
+    finish_machine(entry, MachinePhase::Skipped, now, Some(message));
+    let message = format!("Machine {} {why}: skipped", entry.name);
+    note(true, reasons::MACHINE_SKIPPED, message)
+}
+
 /// Takes in what happened to the Machines since the last step.
 fn follow(plan: &mut Plan, world: &World, now: Time) {
     let states = world.machines.as_deref().unwrap_or_default();
@@ -262,21 +282,12 @@ fn follow(plan: &mut Plan, world: &World, now: Time) {
         let state = states.iter().find(|s| s.name == entry.name);
         match (entry.phase, state) {
             (_, None) => {
-                entry.phase = MachinePhase::Skipped;
-                entry.finished_at = Some(now.clone());
-                entry.message = Some("The Machine is gone".into());
-                notes.push(note(
-                    true,
-                    reasons::MACHINE_SKIPPED,
-                    format!("Machine {} is gone: skipped", entry.name),
-                ));
+                notes.push(skip(entry, &now, "is gone"));
             }
             (MachinePhase::Running, Some(state)) => match &state.outcome {
                 Some(Outcome::Succeeded { expiry }) => {
-                    entry.phase = MachinePhase::Succeeded;
-                    entry.finished_at = Some(now.clone());
+                    finish_machine(entry, MachinePhase::Succeeded, &now, None);
                     entry.new_expiry = expiry.clone();
-                    entry.message = None;
                     notes.push(note(
                         false,
                         reasons::MACHINE_DONE,
@@ -284,9 +295,7 @@ fn follow(plan: &mut Plan, world: &World, now: Time) {
                     ));
                 }
                 Some(Outcome::Failed { error }) => {
-                    entry.phase = MachinePhase::Failed;
-                    entry.finished_at = Some(now.clone());
-                    entry.message = Some(error.clone());
+                    finish_machine(entry, MachinePhase::Failed, &now, Some(error.clone()));
                     notes.push(note(
                         true,
                         reasons::MACHINE_FAILED,
@@ -296,14 +305,7 @@ fn follow(plan: &mut Plan, world: &World, now: Time) {
                 None => {}
             },
             (MachinePhase::Pending, Some(state)) if !state.node => {
-                entry.phase = MachinePhase::Skipped;
-                entry.finished_at = Some(now.clone());
-                entry.message = Some("The Machine has no node yet".into());
-                notes.push(note(
-                    true,
-                    reasons::MACHINE_SKIPPED,
-                    format!("Machine {} has no node yet: skipped", entry.name),
-                ));
+                notes.push(skip(entry, &now, "has no node yet"));
             }
             _ => {}
         }

@@ -6,14 +6,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ck8s_certs_api::control_plane::{ControlPlane, ControlPlaneVersion};
-use ck8s_certs_api::machine::{Cluster, Machine};
-use ck8s_certs_api::machine_deployment::MachineDeployment;
-use futures::StreamExt;
+use ck8s_certs_api::machine::Machine;
+use futures::{Stream, StreamExt};
+use kube::runtime::reflector::Store;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Client};
+use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
-use super::{Context, error_policy, reconcile, requests_of_machine, trigger};
+use super::trigger::{self, Triggering};
+use super::{Context, error_policy, reconcile, requests_of_machine};
 use crate::controllers::stores::{self, SharedWatch};
 use crate::controllers::watches::Watches;
 
@@ -34,28 +36,41 @@ pub fn start(
         .watches_stream_with(watches.machines.subscribe(), of_machine, capi)
         .run(reconcile, error_policy, ctx.clone())
         .for_each(|_| async {});
-    let clusters = ctx.stores.clusters.clone();
-    let triggers = Controller::for_stream_with(watches.clusters.subscribe(), clusters, capi)
-        .graceful_shutdown_on(stop.clone().cancelled_owned())
-        .run(
-            trigger::reconcile::<Cluster>,
-            trigger::error_policy,
-            ctx.clone(),
-        )
-        .for_each(|_| async {});
-    let deployments = ctx.stores.deployments.clone();
-    let deployment_triggers =
-        Controller::for_stream_with(watches.deployments.subscribe(), deployments, capi)
-            .graceful_shutdown_on(stop.cancelled_owned())
-            .run(
-                trigger::reconcile::<MachineDeployment>,
-                trigger::error_policy,
-                ctx,
-            )
-            .for_each(|_| async {});
+    let clusters = triggers(
+        watches.clusters.subscribe(),
+        ctx.stores.clusters.clone(),
+        capi,
+        ctx.clone(),
+        stop.clone(),
+    );
+    let deployments = triggers(
+        watches.deployments.subscribe(),
+        ctx.stores.deployments.clone(),
+        capi,
+        ctx,
+        stop,
+    );
     async move {
-        futures::future::join3(requests, triggers, deployment_triggers).await;
+        futures::future::join3(requests, clusters, deployments).await;
     }
+}
+
+/// The refresh trigger's controller on the objects of kind `K` that `events` and `store` hold.
+fn triggers<K>(
+    events: impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+    store: Store<K>,
+    version: K::DynamicType,
+    ctx: Arc<Context>,
+    stop: CancellationToken,
+) -> impl Future<Output = ()>
+where
+    K: Triggering + Clone + DeserializeOwned + std::fmt::Debug,
+    K::DynamicType: Eq + std::hash::Hash + Clone + std::fmt::Debug + Unpin + Send + Sync,
+{
+    Controller::for_stream_with(events, store, version)
+        .graceful_shutdown_on(stop.cancelled_owned())
+        .run(trigger::reconcile::<K>, trigger::error_policy, ctx)
+        .for_each(|_| async {})
 }
 
 /// How long the first look for the CK8s control plane kind waits before looking again, and the
@@ -83,15 +98,7 @@ pub async fn control_plane_triggers(
         Some(ns) => Api::namespaced_with(client, ns, &version),
         None => Api::all_with(client, &version),
     };
-    let store = watch.store.clone();
-    let controller = Controller::for_stream_with(events, store, version)
-        .graceful_shutdown_on(stop.cancelled_owned())
-        .run(
-            trigger::reconcile::<ControlPlane>,
-            trigger::error_policy,
-            ctx,
-        )
-        .for_each(|_| async {});
+    let controller = triggers(events, watch.store.clone(), version, ctx, stop.clone());
     tokio::select! {
         () = watch.run(api, watcher::Config::default(), stores::keep) => {
             tracing::error!("The CK8sControlPlane watch ended unexpectedly");

@@ -189,9 +189,22 @@ mod tests {
 
     use crate::controllers::machine::testing::{machine, op};
 
-    fn status(operation: Option<Operation>, expiry: Option<i64>) -> MachineCertificatesStatus {
+    /// A Machine that asks for a refresh of `ttl`, accepted by the webhook.
+    fn asking(ttl: &str) -> MachineView {
+        machine(&[
+            (REFRESH_CERTIFICATES, ttl),
+            (REFRESH_CERTIFICATES_STATUS, "in-progress"),
+        ])
+    }
+
+    /// The expiry known, nothing in flight.
+    fn known() -> MachineCertificatesStatus {
+        status(None, Some(EXPIRY))
+    }
+
+    fn status(operation: Option<&Operation>, expiry: Option<i64>) -> MachineCertificatesStatus {
         MachineCertificatesStatus {
-            operation,
+            operation: operation.cloned(),
             expiry: expiry.map(|s| Time(Timestamp::from_second(s).unwrap())),
             ..Default::default()
         }
@@ -244,10 +257,7 @@ mod tests {
 
     #[test]
     fn a_waiting_refresh_goes_on_without_being_taken_up_again_while_still_asked_for() {
-        let asked = machine(&[
-            (REFRESH_CERTIFICATES, "1y"),
-            (REFRESH_CERTIFICATES_STATUS, "in-progress"),
-        ]);
+        let asked = asking("1y");
         let waiting = Operation {
             seed: None,
             phase: Phase::Pending,
@@ -265,10 +275,7 @@ mod tests {
             Step::Resume(running.clone())
         );
         // Another TTL asked meanwhile: a new request.
-        let changed = machine(&[
-            (REFRESH_CERTIFICATES, "30d"),
-            (REFRESH_CERTIFICATES_STATUS, "in-progress"),
-        ]);
+        let changed = asking("30d");
         assert_eq!(
             decide(&changed, &LIVE, None),
             Step::Start {
@@ -317,7 +324,7 @@ mod tests {
             requested_by: Some("capi-machineset".into()),
             ..op(Phase::Succeeded, "1y")
         };
-        let done = status(Some(last.clone()), Some(EXPIRY));
+        let done = status(Some(&last), Some(EXPIRY));
         let reapplied = Step::Reapplied {
             trigger: "1y".into(),
             manager: "capi-machineset".into(),
@@ -356,10 +363,7 @@ mod tests {
         let unshown = MachineView {
             trigger_manager: Some("capi-machineset".into()),
             trigger_applied: true,
-            ..machine(&[
-                (REFRESH_CERTIFICATES, "1y"),
-                (REFRESH_CERTIFICATES_STATUS, "in-progress"),
-            ])
+            ..asking("1y")
         };
         assert_eq!(
             decide(&unshown, Some(&LIVE), Some(&done), None),
@@ -408,47 +412,29 @@ mod tests {
             paused: true,
             endpoint_host: None,
         };
-        let m = machine(&[
-            (REFRESH_CERTIFICATES, "1y"),
-            (REFRESH_CERTIFICATES_STATUS, "in-progress"),
-        ]);
+        let m = asking("1y");
         // Past `plan`: the node is mid-refresh, and block-move holds a move until it ends.
         let running = op(Phase::Running, "1y");
         assert_eq!(
-            decide(
-                &m,
-                Some(&paused),
-                Some(&status(Some(running.clone()), None)),
-                None
-            ),
+            decide(&m, Some(&paused), Some(&status(Some(&running), None)), None),
             Step::Resume(running)
         );
         // Finished, not yet shown on the Machine: shown (which releases block-move).
         let done = op(Phase::Succeeded, "1y");
         assert_eq!(
-            decide(
-                &m,
-                Some(&paused),
-                Some(&status(Some(done.clone()), None)),
-                None
-            ),
+            decide(&m, Some(&paused), Some(&status(Some(&done), None)), None),
             Step::Record(done)
         );
         // Only claimed (nothing ran on the node): it waits for the Cluster to be resumed.
         let pending = op(Phase::Pending, "1y");
         assert_eq!(
-            decide(&m, Some(&paused), Some(&status(Some(pending), None)), None),
+            decide(&m, Some(&paused), Some(&status(Some(&pending), None)), None),
             Step::Paused
         );
         // At rest: nothing to do, paused or not.
         let idle = machine(&[(CERTIFICATES_EXPIRY, EXPIRY_TEXT)]);
         assert_eq!(
-            decide(
-                &idle,
-                Some(&paused),
-                Some(&status(None, Some(EXPIRY))),
-                None
-            ),
+            decide(&idle, Some(&paused), Some(&known()), None),
             Step::Paused
         );
     }
@@ -456,17 +442,9 @@ mod tests {
     #[test]
     fn an_interrupted_run_is_resumed_before_anything_else() {
         let running = op(Phase::Running, "1y");
-        let m = machine(&[
-            (REFRESH_CERTIFICATES, "90d"),
-            (REFRESH_CERTIFICATES_STATUS, "in-progress"),
-        ]);
+        let m = asking("90d");
         assert_eq!(
-            decide(
-                &m,
-                Some(&LIVE),
-                Some(&status(Some(running.clone()), None)),
-                None
-            ),
+            decide(&m, Some(&LIVE), Some(&status(Some(&running), None)), None),
             Step::Resume(running)
         );
     }
@@ -474,17 +452,10 @@ mod tests {
     #[test]
     fn a_finished_operation_whose_patch_did_not_land_is_recorded_not_repeated() {
         let done = op(Phase::Succeeded, "1y");
-        let m = machine(&[
-            (REFRESH_CERTIFICATES, "1y"),
-            (REFRESH_CERTIFICATES_STATUS, "in-progress"),
-        ]);
+        let m = asking("1y");
+        let finished = status(Some(&done), Some(EXPIRY));
         assert_eq!(
-            decide(
-                &m,
-                Some(&LIVE),
-                Some(&status(Some(done.clone()), Some(EXPIRY))),
-                None
-            ),
+            decide(&m, Some(&LIVE), Some(&finished), None),
             Step::Record(done)
         );
     }
@@ -496,7 +467,7 @@ mod tests {
             request: Some("uid-1".into()),
             ..op(Phase::Succeeded, "1y")
         };
-        let st = status(Some(done.clone()), Some(EXPIRY));
+        let st = status(Some(&done), Some(EXPIRY));
         let annotated = |request| {
             machine(&[
                 (REFRESH_CERTIFICATES, "1y"),
@@ -520,12 +491,9 @@ mod tests {
     #[test]
     fn a_new_or_re_added_trigger_starts_a_refresh() {
         let done = op(Phase::Succeeded, "1y");
-        let st = status(Some(done), Some(EXPIRY));
+        let st = status(Some(&done), Some(EXPIRY));
         // Another value while the last one was being handled.
-        let changed = machine(&[
-            (REFRESH_CERTIFICATES, "90d"),
-            (REFRESH_CERTIFICATES_STATUS, "in-progress"),
-        ]);
+        let changed = asking("90d");
         assert_eq!(
             decide(&changed, Some(&LIVE), Some(&st), None),
             Step::Start {
@@ -562,13 +530,9 @@ mod tests {
         let m = machine(&[(REFRESH_CERTIFICATES_STATUS, "in-progress")]);
         assert_eq!(decide(&m, Some(&LIVE), None, None), Step::Withdrawn);
         let done = op_with(Phase::Succeeded);
+        let finished = status(Some(&done), Some(EXPIRY));
         assert_eq!(
-            decide(
-                &m,
-                Some(&LIVE),
-                Some(&status(Some(done.clone()), Some(EXPIRY))),
-                None
-            ),
+            decide(&m, Some(&LIVE), Some(&finished), None),
             Step::Record(done)
         );
     }
@@ -584,25 +548,15 @@ mod tests {
             Step::ReadExpiry
         );
         assert_eq!(
-            decide(
-                &machine(&[]),
-                Some(&LIVE),
-                Some(&status(None, Some(EXPIRY))),
-                None
-            ),
+            decide(&machine(&[]), Some(&LIVE), Some(&known()), None),
             Step::SyncExpiry
         );
         let synced = machine(&[(CERTIFICATES_EXPIRY, EXPIRY_TEXT)]);
         assert_eq!(
-            decide(
-                &synced,
-                Some(&LIVE),
-                Some(&status(None, Some(EXPIRY))),
-                None
-            ),
+            decide(&synced, Some(&LIVE), Some(&known()), None),
             Step::Idle
         );
-        let finished = status(Some(op_with(Phase::Failed)), Some(EXPIRY));
+        let finished = status(Some(&op_with(Phase::Failed)), Some(EXPIRY));
         assert_eq!(
             decide(&synced, Some(&LIVE), Some(&finished), None),
             Step::Idle
@@ -611,13 +565,10 @@ mod tests {
 
     #[test]
     fn the_request_named_by_the_machine_is_the_journal() {
-        let m = machine(&[
-            (REFRESH_CERTIFICATES, "1y"),
-            (REFRESH_CERTIFICATES_STATUS, "in-progress"),
-        ]);
+        let m = asking("1y");
         let mut last = op(Phase::Succeeded, "90d");
         last.started_at = Time(Timestamp::from_second(1).unwrap());
-        let copy = status(Some(last.clone()), Some(EXPIRY));
+        let copy = status(Some(&last), Some(EXPIRY));
         // Running in the request: resumed, whatever the copy in the status says.
         let running = op(Phase::Running, "1y");
         assert_eq!(

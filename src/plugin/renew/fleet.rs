@@ -25,7 +25,6 @@ pub(super) async fn renew(
     wait: Option<Duration>,
     out: &mut impl Write,
 ) -> Result<(), PluginError> {
-    let io = |e: std::io::Error| PluginError::Failed(e.to_string());
     let clusters: Api<Cluster> =
         Api::namespaced_with(session.client.clone(), &session.namespace, &session.capi);
     let before = clusters
@@ -47,8 +46,7 @@ pub(super) async fn renew(
     writeln!(
         out,
         "cluster.{GROUP}/{cluster} renewal requested ({ttl}): one CertificateRefresh, control planes one at a time, then workers"
-    )
-    .map_err(io)?;
+    )?;
     let Some(timeout) = wait else {
         return Ok(());
     };
@@ -78,12 +76,11 @@ pub(super) async fn renew(
             writeln!(
                 out,
                 "no CertificateRefresh for it yet: is the controller running, and does its --watch-filter select Cluster {cluster} (label cluster.x-k8s.io/watch-filter)?"
-            )
-            .map_err(io)?;
+            )?;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     };
-    writeln!(out, "certificaterefresh/{name}").map_err(io)?;
+    writeln!(out, "certificaterefresh/{name}")?;
     let requests: Api<CertificateRefresh> =
         Api::namespaced(session.client.clone(), &session.namespace);
     let mut shown: BTreeMap<String, MachinePhase> = BTreeMap::new();
@@ -128,7 +125,7 @@ pub(super) async fn renew(
                         .unwrap_or_default()
                 ),
             };
-            writeln!(out, "{line}").map_err(io)?;
+            writeln!(out, "{line}")?;
         }
         match status.phase {
             Some(RequestPhase::Succeeded) => return Ok(()),

@@ -30,10 +30,7 @@ struct Node {
 
 impl NodeApi for Node {
     async fn plan(&mut self) -> Result<PlanResponse, K8sdError> {
-        let seed = self
-            .plans
-            .pop_front()
-            .unwrap_or_else(|| Err(api(500, "unscripted plan")))?;
+        let seed = scripted::next(&mut self.plans, "plan")?;
         push(&self.log, format!("plan {seed}"));
         Ok(PlanResponse {
             seed,
@@ -48,10 +45,7 @@ impl NodeApi for Node {
             format!("run {} sans={:?}", request.seed, request.extra_sans),
         );
         tokio::time::sleep(self.run_takes).await;
-        let expiration_seconds = self
-            .runs
-            .pop_front()
-            .unwrap_or_else(|| Err(api(500, "unscripted run")))?;
+        let expiration_seconds = scripted::next(&mut self.runs, "run")?;
         Ok(RunResponse { expiration_seconds })
     }
 
@@ -101,14 +95,7 @@ impl super::Journal for Journal {
         op: &mut Operation,
         fingerprint: Option<String>,
     ) -> Result<(), Failure> {
-        push(
-            &self.log,
-            format!(
-                "record seed={} attempts={}",
-                op.seed.unwrap_or_default(),
-                op.run_attempts
-            ),
-        );
+        push(&self.log, scripted::recorded(op));
         self.fingerprints.push(fingerprint);
         if self.refuse {
             return Err(Failure::Superseded);
