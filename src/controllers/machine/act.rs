@@ -45,8 +45,14 @@ pub(super) struct Act<'a> {
 }
 
 impl<'a> Act<'a> {
-    /// Carries `step` out on what `observed` holds.
-    pub async fn run(ctx: &Context, observed: &Observed, step: Step) -> Result<Action, Error> {
+    /// Carries `step` out on what `observed` holds; a step of rest shows `planned` when the
+    /// caches' pass planned it, else what [`settle`] says now.
+    pub async fn run(
+        ctx: &Context,
+        observed: &Observed,
+        step: Step,
+        planned: Option<Settled>,
+    ) -> Result<Action, Error> {
         tracing::Span::current().record("step", tracing::field::debug(&step));
         let Certificates::Read {
             status,
@@ -89,12 +95,11 @@ impl<'a> Act<'a> {
             *generation,
             &seen,
         );
-        act.step(
-            status.clone().unwrap_or_default(),
-            observed.request.as_ref(),
-            step,
-        )
-        .await
+        let status = status.clone().unwrap_or_default();
+        match planned {
+            Some(settled) => act.show_settled(status, settled).await,
+            None => act.step(status, observed.request.as_ref(), step).await,
+        }
     }
 
     pub fn new(

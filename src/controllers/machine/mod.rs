@@ -186,8 +186,16 @@ pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Actio
             let now = ctx.clock.now();
             match observed.next(&ctx, now) {
                 next::Next::Rest(after) => return Ok(act::action(after)),
-                next::Next::Read(source) => observed = observed.read(&ctx, source).await?,
-                next::Next::Act(step) => return act::Act::run(&ctx, &observed, step).await,
+                next::Next::Read(source) => observed = observed.read(&ctx, source, None).await?,
+                next::Next::Confirm(planned) => {
+                    observed = observed
+                        .read(&ctx, next::Source::Live, Some(*planned))
+                        .await?;
+                }
+                next::Next::Act(step) => return act::Act::run(&ctx, &observed, step, None).await,
+                next::Next::Show(step, planned) => {
+                    return act::Act::run(&ctx, &observed, step, Some(*planned)).await;
+                }
             }
         }
     }

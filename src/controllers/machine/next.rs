@@ -15,7 +15,7 @@ use ck8s_certs_api::machine::{ClusterView, MachineView};
 use ck8s_certs_api::machine_certificates::{MachineCertificatesStatus, Operation};
 use jiff::Timestamp;
 
-use super::rest::{After, Renewals, settle};
+use super::rest::{After, Planned, Renewals, Settled, settle};
 use super::step::{Step, decide_waiting};
 use crate::controllers::executor::{Parked, WAITING_RECHECK};
 
@@ -65,6 +65,8 @@ pub struct Summary<'a> {
     pub kept_outcome: bool,
     /// The renewal verdict's inputs (a Machine at rest from the caches).
     pub renewals: &'a Renewals<'a>,
+    /// What settling the Machine at rest from the caches would write (read live only).
+    pub planned: Option<&'a Planned>,
 }
 
 /// What the reconcile does next.
@@ -78,6 +80,12 @@ pub enum Next {
     Read(Source),
     /// Carry the step out on what was read.
     Act(Step),
+    /// Read live; write this plan of a Machine at rest when the API server shows what it was
+    /// computed from.
+    Confirm(Box<Planned>),
+    /// Write what the caches' pass planned for this step of rest (the API server shows the
+    /// same).
+    Show(Step, Box<Settled>),
 }
 
 /// The next step of a reconcile that knows `summary`, at `now`.
@@ -91,6 +99,7 @@ pub fn next(summary: &Summary<'_>, now: Timestamp) -> Next {
         parked,
         kept_outcome,
         renewals,
+        planned,
     } = summary;
     let read = match certificates {
         Certificates::Read {
@@ -127,27 +136,43 @@ pub fn next(summary: &Summary<'_>, now: Timestamp) -> Next {
         (Source::Cache, _, Some(_)) if machine.annotation(IN_FLIGHT_REFRESH).is_some() => {
             Next::Read(Source::Live)
         }
-        // At rest from the caches when settling writes nothing; a Cluster the cache lacks is
-        // looked up live before it is reported missing.
-        (Source::Cache, _, Some((status, _, _))) => {
+        // At rest from the caches when settling writes nothing; what it writes is planned here
+        // and written once read live. A Cluster the cache lacks is looked up live before it is
+        // reported missing.
+        (Source::Cache, _, Some((status, _, digest))) => {
             let step = decide_waiting(machine, *cluster, status, None, None);
             let current = status.cloned().unwrap_or_default();
             match settle(&step, machine, *cluster, &current, renewals, now) {
-                Some(settled) if step != Step::ClusterMissing && settled.quiet(&current) => {
-                    Next::Rest(settled.after)
-                }
-                _ => Next::Read(Source::Live),
+                _ if step == Step::ClusterMissing => Next::Read(Source::Live),
+                Some(settled) if settled.quiet(&current) => Next::Rest(settled.after),
+                Some(settled) => Next::Confirm(Box::new(Planned {
+                    step,
+                    digest,
+                    cluster: cluster.cloned(),
+                    settled,
+                })),
+                None => Next::Read(Source::Live),
             }
         }
         // Live: none is there and none was created (deleting, or its Cluster paused).
         (Source::Live | Source::Fresh, _, None) => Next::Rest(After::Change),
-        (Source::Live | Source::Fresh, _, Some((status, _, _))) => {
+        (Source::Live | Source::Fresh, _, Some((status, _, digest))) => {
             match decide_waiting(machine, *cluster, status, *request, waiting) {
                 // Recording shows an outcome on the Machine (done, the trigger removed) because
                 // the Machine still shows the refresh: a cache behind would show our own
                 // in-progress after a newer request was taken up.
                 Step::Record(_) if *source == Source::Live => Next::Read(Source::Fresh),
-                step => Next::Act(step),
+                step => match planned {
+                    // The API server shows what the caches' plan was computed from.
+                    Some(p)
+                        if p.step == step
+                            && p.digest == digest
+                            && p.cluster.as_ref() == *cluster =>
+                    {
+                        Next::Show(step, Box::new(p.settled.clone()))
+                    }
+                    _ => Next::Act(step),
+                },
             }
         }
     }

@@ -16,7 +16,7 @@ use tracing::info;
 use super::journal::Requests;
 use super::next::{self, Certificates, Next, Source, Summary};
 use super::report::create_certificates;
-use super::rest::Renewals;
+use super::rest::{Planned, Renewals};
 use super::{Context, Error, MANAGER};
 use crate::controllers::executor::{Parked, Waiter};
 use crate::controllers::stores;
@@ -32,6 +32,8 @@ pub(super) struct Observed {
     pub request: Option<Operation>,
     pub parked: Option<Parked>,
     pub kept_outcome: bool,
+    /// What the caches' pass planned to write for the Machine at rest.
+    pub planned: Option<Planned>,
 }
 
 impl Observed {
@@ -64,6 +66,7 @@ impl Observed {
             request: None,
             parked: parked(ctx, &view),
             kept_outcome: ctx.outcomes.get(&view.namespace, &view.name).is_some(),
+            planned: None,
             machine,
             view,
         }
@@ -97,6 +100,7 @@ impl Observed {
                 parked: self.parked.as_ref(),
                 kept_outcome: self.kept_outcome,
                 renewals: &renewals,
+                planned: self.planned.as_ref(),
             },
             now,
         )
@@ -104,8 +108,14 @@ impl Observed {
 
     /// Reads what `source` gives: the Cluster, the MachineCertificates (created when missing,
     /// unless the Cluster is paused) and the request the Machine names from the API server,
-    /// and for [`Source::Fresh`] the Machine itself first.
-    pub async fn read(self, ctx: &Context, source: Source) -> Result<Self, Error> {
+    /// and for [`Source::Fresh`] the Machine itself first. `planned`: what the caches' pass
+    /// planned, kept to be written if what is read shows the same.
+    pub async fn read(
+        self,
+        ctx: &Context,
+        source: Source,
+        planned: Option<Planned>,
+    ) -> Result<Self, Error> {
         let (machine, view, parked) = match source {
             Source::Fresh => {
                 let api: Api<Machine> =
@@ -161,6 +171,7 @@ impl Observed {
             request,
             parked,
             kept_outcome: false,
+            planned,
         })
     }
 }

@@ -38,7 +38,7 @@ pub struct Renewals<'a> {
 }
 
 /// What settling a Machine at rest writes and says.
-#[derive(Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Settled {
     /// The status it shows.
     pub status: MachineCertificatesStatus,
@@ -50,6 +50,17 @@ pub struct Settled {
     /// What comes next: a look again, or (the policy says so) a renewal.
     pub next: Option<verdict::Renewal>,
     pub after: After,
+}
+
+/// What settling a Machine at rest from the caches would write, and what it was computed from:
+/// written once the API server shows the same (the pass that computed it writes it).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Planned {
+    pub step: Step,
+    /// The status digest and the Cluster it was computed from.
+    pub digest: u64,
+    pub cluster: Option<ClusterView>,
+    pub settled: Settled,
 }
 
 /// A change of our annotations that settling a Machine makes.

@@ -95,6 +95,7 @@ struct Row {
     request: Option<Operation>,
     parked: Option<Parked>,
     kept_outcome: bool,
+    planned: Option<Planned>,
     next: Next,
 }
 
@@ -114,7 +115,26 @@ fn row(
         request: None,
         parked: None,
         kept_outcome: false,
+        planned: None,
         next,
+    }
+}
+
+/// What the caches' pass plans for a Machine at rest in `step` that shows `status`.
+fn planned(
+    step: Step,
+    machine: &MachineView,
+    cluster: Option<&ClusterView>,
+    status: &MachineCertificatesStatus,
+) -> Planned {
+    let governing = Governing::None;
+    let renewals = renewals(&governing);
+    let settled = settle(&step, machine, cluster, status, &renewals, now()).unwrap();
+    Planned {
+        step,
+        digest: crate::controllers::stores::status_digest(Some(status)),
+        cluster: cluster.cloned(),
+        settled,
     }
 }
 
@@ -268,11 +288,16 @@ fn every_case_of_the_next_step() {
             Next::Rest(After::Requeue(RESYNC)),
         ),
         row(
-            "a refusal shown, its trigger gone: read live to end it",
+            "a refusal shown, its trigger gone: planned, read live to end it",
             Source::Cache,
             at_rest(),
             read(refused()),
-            live.clone(),
+            Next::Confirm(Box::new(planned(
+                Step::Idle,
+                &at_rest(),
+                Some(&cluster),
+                &refused(),
+            ))),
         ),
         row(
             "a new trigger: read live",
@@ -292,12 +317,68 @@ fn every_case_of_the_next_step() {
             Next::Rest(After::Change),
         ),
         row(
-            "no node yet, not shown: read live to show it",
+            "no node yet, not shown: planned, read live to show it",
             Source::Cache,
-            nodeless,
+            nodeless.clone(),
             read(known()),
-            live.clone(),
+            Next::Confirm(Box::new(planned(
+                Step::WaitForNode,
+                &nodeless,
+                Some(&cluster),
+                &known(),
+            ))),
         ),
+        Row {
+            planned: Some(planned(
+                Step::WaitForNode,
+                &nodeless,
+                Some(&cluster),
+                &known(),
+            )),
+            ..row(
+                "live shows what the plan was made from: the plan is written",
+                Source::Live,
+                nodeless.clone(),
+                read(known()),
+                Next::Show(
+                    Step::WaitForNode,
+                    Box::new(
+                        planned(Step::WaitForNode, &nodeless, Some(&cluster), &known()).settled,
+                    ),
+                ),
+            )
+        },
+        Row {
+            planned: Some(planned(
+                Step::WaitForNode,
+                &nodeless,
+                Some(&cluster),
+                &known(),
+            )),
+            ..row(
+                "live shows another status than the plan's: settled again",
+                Source::Live,
+                nodeless.clone(),
+                read(refused()),
+                Next::Act(Step::WaitForNode),
+            )
+        },
+        Row {
+            planned: Some(planned(
+                Step::WaitForNode,
+                &nodeless,
+                Some(&cluster),
+                &known(),
+            )),
+            cluster: Some(paused_cluster.clone()),
+            ..row(
+                "live shows another Cluster than the plan's: settled again",
+                Source::Live,
+                nodeless,
+                read(known()),
+                Next::Act(Step::Paused),
+            )
+        },
         row(
             "paused, shown: no request",
             Source::Cache,
@@ -308,11 +389,16 @@ fn every_case_of_the_next_step() {
         Row {
             cluster: Some(paused_cluster.clone()),
             ..row(
-                "its Cluster paused, shown for the Machine's annotation instead: read live",
+                "its Cluster paused, shown for the Machine's annotation instead: planned",
                 Source::Cache,
                 paused.clone(),
                 read(shown(&Step::Paused, &paused, Some(&cluster))),
-                live.clone(),
+                Next::Confirm(Box::new(planned(
+                    Step::Paused,
+                    &paused,
+                    Some(&paused_cluster),
+                    &shown(&Step::Paused, &paused, Some(&cluster)),
+                ))),
             )
         },
         row(
@@ -419,13 +505,14 @@ fn every_case_of_the_next_step() {
             parked: row.parked.as_ref(),
             kept_outcome: row.kept_outcome,
             renewals: &renewals,
+            planned: row.planned.as_ref(),
         };
         assert_eq!(next(&summary, now()), row.next, "{}", row.name);
     }
 }
 
 #[test]
-fn a_changed_verdict_is_read_live_and_an_unchanged_one_costs_nothing() {
+fn a_changed_verdict_is_written_by_the_pass_that_planned_it_and_an_unchanged_one_costs_nothing() {
     let spec: ck8s_certs_api::renewal_policy::CertificateRenewalPolicySpec =
         serde_json::from_value(serde_json::json!({"machineSelector": {}, "policy": "Automatic"}))
             .unwrap();
@@ -443,10 +530,10 @@ fn a_changed_verdict_is_read_live_and_an_unchanged_one_costs_nothing() {
     let renewals = renewals(&governing);
     let machine = at_rest();
     let cluster = ClusterView::default();
-    let ask = |certificates: &Certificates| {
+    let ask = |source, certificates: &Certificates, planned: Option<&Planned>| {
         next(
             &Summary {
-                source: Source::Cache,
+                source,
                 machine: &machine,
                 cluster: Some(&cluster),
                 certificates,
@@ -454,11 +541,15 @@ fn a_changed_verdict_is_read_live_and_an_unchanged_one_costs_nothing() {
                 parked: None,
                 kept_outcome: false,
                 renewals: &renewals,
+                planned,
             },
             now(),
         )
     };
-    assert_eq!(ask(&read(known())), Next::Read(Source::Live));
+    // The caches' pass plans the new verdict.
+    let Next::Confirm(plan) = ask(Source::Cache, &read(known()), None) else {
+        panic!("a changed verdict is not planned");
+    };
     let settled = settle(
         &Step::Idle,
         &machine,
@@ -467,7 +558,22 @@ fn a_changed_verdict_is_read_live_and_an_unchanged_one_costs_nothing() {
         &renewals,
         now(),
     )
-    .unwrap()
-    .status;
-    assert!(matches!(ask(&read(settled)), Next::Rest(After::Requeue(_))));
+    .unwrap();
+    assert_eq!(plan.step, Step::Idle);
+    assert_eq!(plan.settled, settled);
+    // Read live and the same: the plan is written, not computed again.
+    assert_eq!(
+        ask(Source::Live, &read(known()), Some(&plan)),
+        Next::Show(Step::Idle, Box::new(settled.clone()))
+    );
+    // Read live and changed meanwhile: settled again on what is there.
+    assert_eq!(
+        ask(Source::Live, &read(refused()), Some(&plan)),
+        Next::Act(Step::Idle)
+    );
+    // Shown: nothing to write, no request.
+    assert!(matches!(
+        ask(Source::Cache, &read(settled.status), None),
+        Next::Rest(After::Requeue(_))
+    ));
 }
