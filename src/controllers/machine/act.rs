@@ -1,11 +1,12 @@
 //! Carrying one [`Step`] out on what a reconcile read: the one way in is [`Act::run`]. A Machine
 //! at rest shows what [`settle`] says; a refresh is taken up ([`requests`](super::requests)),
-//! handed to the executor ([`execute`](super::execute)) and its outcome recorded
+//! handed to the executor ([`Act::execute`]: an [`Accepted`] refresh with its seams, the node's
+//! k8sd through the [`KubeConnector`], the request as [`RequestJournal`]) and its outcome recorded
 //! ([`outcome`](super::outcome)).
 
 use ck8s_certs_api::annotations::RefreshStatus;
 use ck8s_certs_api::machine::{ClusterView, Machine, MachineView};
-use ck8s_certs_api::machine_certificates::{MachineCertificatesStatus, Operation};
+use ck8s_certs_api::machine_certificates::{MachineCertificatesStatus, Operation, Role};
 use ck8s_certs_api::reasons::events;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Resource;
@@ -13,7 +14,8 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use tracing::{info, warn};
 
-use super::journal::Requests;
+use super::connector::{KubeConnector, control_planes_pending, pin_of};
+use super::journal::{RequestJournal, Requests};
 use super::next::Certificates;
 use super::observe::{Observed, role, waiter};
 use super::report::{Reporter, Seen};
@@ -21,6 +23,7 @@ use super::rest::{After, MachineMark, Renewals, Settled, clear_refusal, settle};
 use super::step::Step;
 use super::verdict::VerdictMetric;
 use super::{Context, Error, MANAGER};
+use crate::controllers::executor::{self, Accepted, Finished};
 use crate::controllers::patches::MachineChanges;
 use crate::controllers::shard::{self, Acting};
 
@@ -291,4 +294,99 @@ impl<'a> Act<'a> {
         }
         Ok(action(after))
     }
+}
+
+impl Act<'_> {
+    /// Runs (or continues) `op` as far as it can go now and records the outcome. `opened`: its
+    /// request exists.
+    pub(super) async fn execute(
+        self,
+        mut status: MachineCertificatesStatus,
+        op: Operation,
+        opened: bool,
+        role: Role,
+    ) -> Result<Action, Error> {
+        let ttl = match executor::ttl_of(&op) {
+            Ok(ttl) => ttl,
+            Err(failure) => return self.finish(status, op, Err(failure)).await,
+        };
+        let view = self.view;
+        let pin = match pin_of(
+            status.k8sd_fingerprint.as_deref(),
+            &view.namespace,
+            &view.name,
+        ) {
+            Ok(pin) => pin,
+            Err(failure) => return self.finish(status, op, Err(failure)).await,
+        };
+        let ctx = self.ctx;
+        let accepted = Accepted {
+            namespace: view.namespace.clone(),
+            machine: view.name.clone(),
+            cluster: view.cluster.clone().unwrap_or_default(),
+            node: view.node_name.clone().unwrap_or_default(),
+            role,
+            ttl,
+            request: self.requests.name(&op),
+            control_planes_pending: role == Role::Worker
+                && op.seed.is_none()
+                && control_planes_pending(&ctx.stores.machines, view),
+            op,
+        };
+        status.role = Some(role);
+        status.node_name = view.node_name.clone();
+        let connector = KubeConnector {
+            reach: &ctx.reach,
+            machine: view,
+            cluster: &self.cluster,
+            pin,
+            role,
+        };
+        ctx.metrics.in_progress.inc();
+        let finished = {
+            let _in_progress = scopeguard(|| {
+                ctx.metrics.in_progress.dec();
+            });
+            let mut journal = RequestJournal {
+                requests: self.requests,
+                reporter: self.report,
+                shard: &ctx.shard,
+                metrics: &ctx.metrics,
+                clock: ctx.clock.as_ref(),
+                status: &mut status,
+                opened,
+            };
+            ctx.executor
+                .execute(accepted, &connector, &mut journal)
+                .await
+        };
+        match finished {
+            Finished::Ran { op, settle } => {
+                let action = self.finish(status, op, Ok(())).await;
+                if let Some(settle) = settle {
+                    settle.spawn();
+                }
+                action
+            }
+            Finished::Failed { op, failure } => self.finish(status, op, Err(failure)).await,
+            Finished::Wait { after, .. } => Ok(Action::requeue(after)),
+            // Stopping: the next leader takes this up from the request.
+            Finished::Stopping => Ok(Action::await_change()),
+            // Another instance recorded its own attempt first: it carries the refresh out.
+            Finished::Superseded => Ok(Action::requeue(crate::controllers::shard::RECHECK)),
+        }
+    }
+}
+
+/// Runs `f` when dropped (on every exit path, a cancelled reconcile included).
+fn scopeguard<F: FnOnce()>(f: F) -> impl Drop {
+    struct Guard<F: FnOnce()>(Option<F>);
+    impl<F: FnOnce()> Drop for Guard<F> {
+        fn drop(&mut self) {
+            if let Some(f) = self.0.take() {
+                f();
+            }
+        }
+    }
+    Guard(Some(f))
 }

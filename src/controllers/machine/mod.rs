@@ -43,7 +43,6 @@ use crate::workload::endpoint::Transport;
 mod act;
 mod conclusion;
 pub mod connector;
-mod execute;
 mod expiry;
 mod journal;
 pub mod next;
