@@ -377,6 +377,35 @@ fn duration(text: &str) -> Result<std::time::Duration, String> {
 /// Ten years.
 const MAX_FLAG_DURATION: std::time::Duration = std::time::Duration::from_secs(10 * 365 * 86_400);
 
+/// What the process environment says beyond the flags (which read their own variables): read
+/// here only.
+pub mod environment {
+    use std::io::IsTerminal;
+
+    /// `RUST_LOG`, when set and not empty: a log filter that takes precedence over `--log-level`.
+    pub fn log_filter() -> Option<String> {
+        std::env::var("RUST_LOG").ok().filter(|f| !f.is_empty())
+    }
+
+    /// Whether to colour standard output: a person at a terminal who did not set `NO_COLOR`
+    /// (log collectors and pipes get plain text).
+    pub fn colour() -> bool {
+        std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
+    }
+
+    /// `CK8S_CERTS_FAILPOINTS=<name>[,<name>…]`: the crash points the e2e suite enables.
+    pub fn failpoints() -> Vec<String> {
+        std::env::var("CK8S_CERTS_FAILPOINTS")
+            .map(|v| {
+                v.split(',')
+                    .map(|p| p.trim().to_owned())
+                    .filter(|p| !p.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

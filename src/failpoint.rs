@@ -14,16 +14,7 @@ pub const AFTER_OUTCOME_RECORDED: &str = "after-outcome-recorded";
 
 fn enabled() -> &'static [String] {
     static POINTS: OnceLock<Vec<String>> = OnceLock::new();
-    POINTS.get_or_init(|| {
-        std::env::var("CK8S_CERTS_FAILPOINTS")
-            .map(|v| {
-                v.split(',')
-                    .map(|p| p.trim().to_owned())
-                    .filter(|p| !p.is_empty())
-                    .collect()
-            })
-            .unwrap_or_default()
-    })
+    POINTS.get_or_init(crate::cli::environment::failpoints)
 }
 
 /// Aborts the process if `name` is enabled.

@@ -1,8 +1,6 @@
 //! Structured logging. Text for people, JSON for log pipelines; the level comes from
 //! `--log-level`, or `RUST_LOG` for per-module filters.
 
-use std::io::IsTerminal;
-
 use clap::{Args, ValueEnum};
 use tracing_subscriber::EnvFilter;
 
@@ -38,14 +36,10 @@ pub enum TelemetryError {
 }
 
 pub fn init(args: &LogArgs) -> Result<(), TelemetryError> {
-    let filter = match std::env::var("RUST_LOG") {
-        Ok(filter) if !filter.is_empty() => filter,
-        _ => args.log_level.clone(),
-    };
+    let filter = crate::cli::environment::log_filter().unwrap_or_else(|| args.log_level.clone());
     let env_filter =
         EnvFilter::try_new(&filter).map_err(|source| TelemetryError::Filter { filter, source })?;
-    // Colours only for a person at a terminal; log collectors get plain text.
-    let ansi = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let ansi = crate::cli::environment::colour();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(env_filter)
         .with_ansi(ansi);

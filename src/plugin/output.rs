@@ -1,7 +1,7 @@
 //! Human output: aligned tables (kubectl's style: upper-case headers, two spaces between
 //! columns), short durations, and colour only on a terminal (and never with `NO_COLOR`).
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 
 use jiff::{SignedDuration, Timestamp};
 
@@ -37,7 +37,7 @@ impl Cell {
 
 /// Whether to colour standard output.
 pub fn colour() -> bool {
-    std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
+    crate::cli::environment::colour()
 }
 
 /// Writes `rows` under `headers`, columns padded to their widest cell.
