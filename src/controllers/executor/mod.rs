@@ -320,19 +320,13 @@ impl Executor {
             ttl,
             request,
             mut op,
-            control_planes_pending,
+            control_planes_pending: pending,
         } = accepted;
         let who = Waiter { namespace, machine };
         let mut parked = self.unpark(&who, &request, &cluster);
 
-        if let Some((after, why)) = self.held(
-            &who,
-            &mut parked,
-            &op,
-            role,
-            &cluster,
-            control_planes_pending,
-        ) {
+        let held = self.held(&who, &mut parked, &op, role, &cluster, pending);
+        if let Some((after, why)) = held {
             return self.park(who, parked, op, journal, why, after).await;
         }
         let guard = match self
@@ -416,17 +410,13 @@ impl Executor {
                 self.keep(who, parked, op, journal.seen());
                 Finished::Wait { after, why }
             }
-            Err(Failure::Stopping) => {
-                self.forget_parked(&who);
-                Finished::Stopping
-            }
-            Err(Failure::Superseded) => {
-                self.forget_parked(&who);
-                Finished::Superseded
-            }
             Err(failure) => {
                 self.forget_parked(&who);
-                Finished::Failed { op, failure }
+                match failure {
+                    Failure::Stopping => Finished::Stopping,
+                    Failure::Superseded => Finished::Superseded,
+                    failure => Finished::Failed { op, failure },
+                }
             }
         }
     }
