@@ -50,7 +50,8 @@ fn controller(args: Args) -> anyhow::Result<()> {
     rustls::crypto::ring::default_provider()
         .install_default()
         .map_err(|_| anyhow::anyhow!("a rustls crypto provider was already installed"))?;
-    ck8s_certs::telemetry::init(&args.log)?;
+    use ck8s_certs::cli::environment;
+    ck8s_certs::telemetry::init(&args.log, environment::log_filter(), environment::colour())?;
     // Room beyond tokio's 2 MiB for polling a reconcile's nested futures (a debug build's
     // frames are large): running out aborts the process. Untouched stack costs no memory.
     let runtime = tokio::runtime::Builder::new_multi_thread()

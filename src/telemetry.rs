@@ -35,11 +35,12 @@ pub enum TelemetryError {
     AlreadyInstalled,
 }
 
-pub fn init(args: &LogArgs) -> Result<(), TelemetryError> {
-    let filter = crate::cli::environment::log_filter().unwrap_or_else(|| args.log_level.clone());
+/// Installs the global logger: `filter` (`RUST_LOG`) over `--log-level` when given, colours
+/// when `ansi`.
+pub fn init(args: &LogArgs, filter: Option<String>, ansi: bool) -> Result<(), TelemetryError> {
+    let filter = filter.unwrap_or_else(|| args.log_level.clone());
     let env_filter =
         EnvFilter::try_new(&filter).map_err(|source| TelemetryError::Filter { filter, source })?;
-    let ansi = crate::cli::environment::colour();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(env_filter)
         .with_ansi(ansi);
