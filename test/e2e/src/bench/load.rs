@@ -181,6 +181,12 @@ pub struct WaitingFigures {
     pub api_requests: usize,
     /// `run`s the waiting workers received in the window (0: they waited).
     pub worker_runs: usize,
+    /// When, in seconds after the control planes were annotated, the window opened, the
+    /// control planes' last `plan` was sent (their refreshes fail at its timeout) and the first
+    /// waiting worker got its `run`: how many runs fall in the window turns on these instants.
+    pub window_opened_seconds: f64,
+    pub last_control_plane_plan_seconds: Option<f64>,
+    pub first_worker_run_seconds: Option<f64>,
 }
 
 /// Calls of one worker refresh on the critical path: plan and run on the worker, approve on a
@@ -218,6 +224,7 @@ pub async fn waiting_cost(
 ) -> Result<WaitingFigures, Error> {
     use crate::sim::Endpoint;
     let client = env.management().await?;
+    let annotated = Timestamp::now();
     for node in control_planes {
         env.sim
             .inject(&Fault::hang().on(node).at(Endpoint::Plan))
@@ -234,6 +241,7 @@ pub async fn waiting_cost(
     // Every worker taken up (in-progress) before the window opens.
     tokio::time::sleep(Duration::from_secs(15)).await;
     let probe = super::probe::ProcessProbe { pid };
+    let window_opened = Timestamp::now().duration_since(annotated).as_secs_f64();
     let runs_before = worker_runs(env, workers).await?;
     let cpu_before = probe.cpu_seconds().unwrap_or_default();
     let from = Timestamp::now();
@@ -242,6 +250,29 @@ pub async fn waiting_cost(
     audit.refresh();
     let requests = audit.requests(user, from, Timestamp::now()).other;
     let runs = worker_runs(env, workers).await? - runs_before;
+    let calls = env
+        .sim
+        .calls("", "")
+        .await
+        .map_err(|e| Error::Sim(e.to_string()))?;
+    let after_annotation = |nodes: &[&NodeInfo], path: &str, last: bool| {
+        let nodes: std::collections::HashSet<(&str, &str)> = nodes
+            .iter()
+            .map(|n| (n.cluster.as_str(), n.node.as_str()))
+            .collect();
+        let offsets = calls
+            .iter()
+            .filter(|c| c.path == path && nodes.contains(&(c.cluster.as_str(), c.node.as_str())))
+            .filter_map(|c| c.started_at.parse::<Timestamp>().ok())
+            .filter(|at| *at >= annotated)
+            .map(|at| at.duration_since(annotated).as_secs_f64());
+        if last {
+            offsets.reduce(f64::max)
+        } else {
+            offsets.reduce(f64::min)
+        }
+    };
+    use ck8s_certs::k8sd::wire::path;
     Ok(WaitingFigures {
         workers: workers.len(),
         clusters: control_planes.len(),
@@ -249,6 +280,9 @@ pub async fn waiting_cost(
         cpu_seconds: cpu,
         api_requests: requests,
         worker_runs: runs,
+        window_opened_seconds: window_opened,
+        last_control_plane_plan_seconds: after_annotation(control_planes, path::PLAN, true),
+        first_worker_run_seconds: after_annotation(workers, path::RUN, false),
     })
 }
 

@@ -220,6 +220,15 @@ impl Report {
                 w.api_requests,
                 w.worker_runs,
             );
+            let at = |s: Option<f64>| s.map_or("—".to_owned(), |s| format!("{s:.1} s"));
+            let _ = writeln!(
+                out,
+                "After the control planes were annotated: their last `plan` at {}, the first worker `run` at {} (the window: {:.1} s to {:.1} s).",
+                at(w.last_control_plane_plan_seconds),
+                at(w.first_worker_run_seconds),
+                w.window_opened_seconds,
+                w.window_opened_seconds + w.window_seconds,
+            );
         }
         if let Some(l) = &self.latency {
             let _ = writeln!(
