@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ck8s_certs_api::capi::WATCH_FILTER_LABEL;
-use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
@@ -97,16 +96,7 @@ pub async fn service_account_kubeconfig(
         serde_json::from_value(json!({ "metadata": { "name": SERVICE_ACCOUNT } }))
             .map_err(|e| Error::Setup(e.to_string()))?;
     accounts.create(&pp, &account).await.map_err(Error::Kube)?;
-    let request: TokenRequest =
-        serde_json::from_value(json!({ "spec": { "expirationSeconds": 86400, "audiences": [] } }))
-            .map_err(|e| Error::Setup(e.to_string()))?;
-    let token = accounts
-        .create_token_request(SERVICE_ACCOUNT, &pp, &request)
-        .await
-        .map_err(Error::Kube)?
-        .status
-        .map(|s| s.token)
-        .ok_or_else(|| Error::Setup("the TokenRequest returned no token".into()))?;
+    let token = controlplane::service_account_token(&accounts, SERVICE_ACCOUNT).await?;
     let yaml = controlplane::kubeconfig("management", server_port, ca_pem, &token).replace(
         "  context:\n",
         &format!("  context:\n    namespace: {NAMESPACE}\n"),
@@ -452,6 +442,27 @@ impl Environment {
             json!({ "metadata": { "annotations": { ck8s_certs_api::annotations::REFRESH_CERTIFICATES: ttl } } }),
         )
         .await;
+    }
+
+    /// [`Self::annotate_refresh`] through `machines`: with another user's client, or on another
+    /// management cluster.
+    pub async fn annotate_refresh_through(
+        &self,
+        machines: &Api<DynamicObject>,
+        node: &NodeInfo,
+        ttl: &str,
+    ) {
+        let annotation = json!({ "metadata": { "annotations": {
+            ck8s_certs_api::annotations::REFRESH_CERTIFICATES: ttl
+        } } });
+        machines
+            .patch(
+                &node.machine,
+                &PatchParams::default(),
+                &Patch::Merge(annotation),
+            )
+            .await
+            .expect("annotate the Machine");
     }
 
     /// The Machine's `metadata.uid`: its place in a policy's `spread`.
