@@ -40,33 +40,42 @@ func newSerial() (*big.Int, error) {
 }
 
 func newAuthority(cluster string) (*authority, error) {
-	key, err := newKey()
-	if err != nil {
-		return nil, err
-	}
-	serial, err := newSerial()
-	if err != nil {
-		return nil, err
-	}
-	now := time.Now()
-	tmpl := &x509.Certificate{
-		SerialNumber:          serial,
+	key, cert, err := selfSigned(&x509.Certificate{
 		Subject:               pkix.Name{CommonName: "nodesim-ca-" + cluster},
-		NotBefore:             now.Add(-time.Minute),
-		NotAfter:              tenYears(now),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature | x509.KeyUsageCRLSign,
 		BasicConstraintsValid: true,
 		IsCA:                  true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
-	if err != nil {
-		return nil, err
-	}
-	cert, err := x509.ParseCertificate(der)
+	})
 	if err != nil {
 		return nil, err
 	}
 	return &authority{cert: cert, key: key}, nil
+}
+
+// selfSigned signs tmpl with a fresh key of its own, with a fresh serial, valid from a minute
+// ago for ten years: the simulator's CAs and k8sd serving certificates.
+func selfSigned(tmpl *x509.Certificate) (*ecdsa.PrivateKey, *x509.Certificate, error) {
+	key, err := newKey()
+	if err != nil {
+		return nil, nil, err
+	}
+	serial, err := newSerial()
+	if err != nil {
+		return nil, nil, err
+	}
+	now := time.Now()
+	tmpl.SerialNumber = serial
+	tmpl.NotBefore = now.Add(-time.Minute)
+	tmpl.NotAfter = tenYears(now)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		return nil, nil, err
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, nil, err
+	}
+	return key, cert, nil
 }
 
 // issue signs tmpl for pub. A fresh serial is always set.
@@ -150,34 +159,17 @@ func (a *authority) initialCert(n NodeConfig, lifetimeSeconds int64) (*x509.Cert
 // selfSignedServing creates the k8sd serving certificate of a node: k8sd's own
 // certificate is self-signed, so clients cannot verify it against any CA.
 func selfSignedServing(nodeName, address string) (*tls.Certificate, error) {
-	key, err := newKey()
+	key, leaf, err := selfSigned(&x509.Certificate{
+		Subject:     pkix.Name{CommonName: nodeName},
+		KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		DNSNames:    []string{nodeName},
+		IPAddresses: []net.IP{net.ParseIP(address)},
+	})
 	if err != nil {
 		return nil, err
 	}
-	serial, err := newSerial()
-	if err != nil {
-		return nil, err
-	}
-	now := time.Now()
-	tmpl := &x509.Certificate{
-		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: nodeName},
-		NotBefore:    now.Add(-time.Minute),
-		NotAfter:     tenYears(now),
-		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		DNSNames:     []string{nodeName},
-		IPAddresses:  []net.IP{net.ParseIP(address)},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
-	if err != nil {
-		return nil, err
-	}
-	leaf, err := x509.ParseCertificate(der)
-	if err != nil {
-		return nil, err
-	}
-	return &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, nil
+	return &tls.Certificate{Certificate: [][]byte{leaf.Raw}, PrivateKey: key, Leaf: leaf}, nil
 }
 
 func fingerprint(c *tls.Certificate) string {

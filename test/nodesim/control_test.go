@@ -186,6 +186,29 @@ func freePort(t *testing.T) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
+// startK8sdListener serves a node's k8sd on a real TLS listener at its configured address
+// and port until the test ends.
+func (e *testEnv) startK8sdListener(t *testing.T, cluster, nodeName string) *node {
+	t.Helper()
+	n := e.sim.findNode(cluster, nodeName)
+	n.k8sd = e.sim.newK8sdListener(n)
+	if err := n.k8sd.start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(n.k8sd.stop)
+	return n
+}
+
+// refusedAt: a TCP connection to addr is refused right now.
+func refusedAt(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err == nil {
+		c.Close()
+		return false
+	}
+	return errors.Is(err, syscall.ECONNREFUSED)
+}
+
 // TestListenerRestartAndRefuse runs a real TLS k8sd listener: run takes it down for
 // restartSeconds, a refuse fault keeps it down until cleared, reinstall changes the cert.
 func TestListenerRestartAndRefuse(t *testing.T) {
@@ -194,12 +217,7 @@ func TestListenerRestartAndRefuse(t *testing.T) {
 	cfg.Clusters[0].Nodes[0].Address = "127.0.0.1"
 	cfg.Clusters[0].Nodes[0].MicroclusterPort = freePort(t)
 	e := newTestEnvWith(t, cfg)
-	n := e.sim.findNode("alpha", "alpha-cp-0-vm")
-	n.k8sd = e.sim.newK8sdListener(n)
-	if err := n.k8sd.start(); err != nil {
-		t.Fatal(err)
-	}
-	defer n.k8sd.stop()
+	n := e.startK8sdListener(t, "alpha", "alpha-cp-0-vm")
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(cfg.Clusters[0].Nodes[0].MicroclusterPort))
 
 	var seenFP string
@@ -216,14 +234,7 @@ func TestListenerRestartAndRefuse(t *testing.T) {
 		req.Header.Set("node-token", token)
 		return client.Do(req)
 	}
-	refused := func() bool {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			c.Close()
-			return false
-		}
-		return errors.Is(err, syscall.ECONNREFUSED)
-	}
+	refused := func() bool { return refusedAt(addr) }
 
 	resp, err := post(pathExpiry, "{}", tokCP0)
 	if err != nil || resp.StatusCode != 200 {

@@ -33,10 +33,17 @@ const (
 	epRoot    = "root"
 )
 
-// Fault is one injected misbehaviour. Empty Cluster/Node/Endpoint match anything.
-// Count > 0 is the number of remaining applications; 0 means until cleared.
+// Fault is one injected misbehaviour: a request as POST /faults sent it, under the id the
+// simulator gave it. Its JSON is the id then the request's fields.
 type Fault struct {
-	ID       string `json:"id"`
+	ID string `json:"id"`
+	faultRequest
+}
+
+// faultRequest is the body of POST /faults (the id is assigned by the simulator). Empty
+// Cluster/Node/Endpoint match anything. Count > 0 is the number of remaining applications; 0
+// means until cleared.
+type faultRequest struct {
 	Cluster  string `json:"cluster"`
 	Node     string `json:"node"`
 	Endpoint string `json:"endpoint"`
@@ -47,19 +54,6 @@ type Fault struct {
 	Count    int    `json:"count"`
 	// Bytes is the size of a huge fault's answer.
 	Bytes int64 `json:"bytes"`
-}
-
-// faultRequest is the body of POST /faults (the id is assigned by the simulator).
-type faultRequest struct {
-	Cluster  string `json:"cluster"`
-	Node     string `json:"node"`
-	Endpoint string `json:"endpoint"`
-	Kind     string `json:"kind"`
-	DelayMs  int    `json:"delayMs"`
-	Status   int    `json:"status"`
-	Message  string `json:"message"`
-	Count    int    `json:"count"`
-	Bytes    int64  `json:"bytes"`
 }
 
 // validate checks a fault request and fills the defaults of the error kind.
@@ -145,8 +139,7 @@ type faultStore struct {
 func (s *faultStore) add(r faultRequest) Fault {
 	s.mu.Lock()
 	s.next++
-	f := &Fault{ID: "f" + strconv.Itoa(s.next), Cluster: r.Cluster, Node: r.Node, Endpoint: r.Endpoint,
-		Kind: r.Kind, DelayMs: r.DelayMs, Status: r.Status, Message: r.Message, Count: r.Count, Bytes: r.Bytes}
+	f := &Fault{ID: "f" + strconv.Itoa(s.next), faultRequest: r}
 	s.faults = append(s.faults, f)
 	out := *f
 	s.mu.Unlock()

@@ -65,25 +65,12 @@ func TestFaultKinds(t *testing.T) {
 	}
 
 	add(faultRequest{Node: cp, Kind: faultHang, Count: 1})
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "GET", e.servers[cp].URL+"/", nil)
-	if resp, err := http.DefaultClient.Do(req); err == nil {
-		resp.Body.Close()
-		t.Errorf("hang: answered %d", resp.StatusCode)
-	}
+	e.abandon(t, 200*time.Millisecond, cp, "GET", "/", "")
 
 	// Every call is recorded with the fault that hit it, the hang once the client left.
 	waitFor(t, func() bool {
-		e.sim.calls.mu.Lock()
-		defer e.sim.calls.mu.Unlock()
-		n := 0
-		for _, c := range e.sim.calls.entries {
-			if c.rec.Node == cp && c.done {
-				n++
-			}
-		}
-		return n == 8
+		done, _ := e.callsDone(cp)
+		return done == 8
 	})
 	var kinds []string
 	var statuses []string

@@ -45,25 +45,28 @@ type testEnv struct {
 	cancel  context.CancelFunc
 }
 
+// testNode is a node of the test clusters: its k8sd and kubelet at the usual ports, certificates
+// valid thirty days.
+func testNode(name, machine, role, addr string) NodeConfig {
+	return NodeConfig{Name: name, Machine: machine, Role: role, Address: addr, KubeletPort: 10250,
+		MicroclusterPort: 2380, ProxyPod: "k8sd-proxy-" + machine, KubeletCert: "unused", KubeletKey: "unused",
+		InitialCertLifetimeSeconds: thirtyDay}
+}
+
 func testConfig(t *testing.T) *Config {
 	t.Helper()
-	node := func(name, machine, role, addr string) NodeConfig {
-		return NodeConfig{Name: name, Machine: machine, Role: role, Address: addr, KubeletPort: 10250,
-			MicroclusterPort: 2380, ProxyPod: "k8sd-proxy-" + machine, KubeletCert: "unused", KubeletKey: "unused",
-			InitialCertLifetimeSeconds: thirtyDay}
-	}
-	cp1 := node("alpha-cp-1-vm", "alpha-cp-1", roleControlPlane, "127.23.1.2")
+	cp1 := testNode("alpha-cp-1-vm", "alpha-cp-1", roleControlPlane, "127.23.1.2")
 	cp1.ApproveMode = approveGetOnce
-	w1 := node("alpha-w-1-vm", "alpha-w-1", roleWorker, "127.23.1.4")
+	w1 := testNode("alpha-w-1-vm", "alpha-w-1", roleWorker, "127.23.1.4")
 	w1.RunAnswersDuration = true
 	cfg := &Config{
 		Control: "127.0.0.1:0", KubeletClientCA: "unused", ManagementKubeconfig: "unused",
 		Clusters: []ClusterConfig{{
 			Name: "alpha", Namespace: "fleet", Kubeconfig: "alpha.kubeconfig",
 			Nodes: []NodeConfig{
-				node("alpha-cp-0-vm", "alpha-cp-0", roleControlPlane, "127.23.1.1"),
+				testNode("alpha-cp-0-vm", "alpha-cp-0", roleControlPlane, "127.23.1.1"),
 				cp1,
-				node("alpha-w-0-vm", "alpha-w-0", roleWorker, "127.23.1.3"),
+				testNode("alpha-w-0-vm", "alpha-w-0", roleWorker, "127.23.1.3"),
 				w1,
 			},
 		}},
@@ -74,31 +77,32 @@ func testConfig(t *testing.T) *Config {
 	return cfg
 }
 
-func tokenSecret() *corev1.Secret {
-	return &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: "alpha-token", Namespace: "fleet"},
-		Data: map[string][]byte{
-			"value":                 []byte(tokCAPI),
-			"node-token-alpha-cp-0": []byte(tokCP0),
-			"node-token-alpha-cp-1": []byte(tokCP1),
-			"node-token-alpha-w-0":  []byte(tokW0),
-			"node-token-alpha-w-1":  []byte(tokW1),
-		},
+// clusterTokenSecret is a cluster's `<cluster>-token` Secret: the CAPI token, and the node
+// token of each machine.
+func clusterTokenSecret(cluster string, nodeTokens map[string]string) *corev1.Secret {
+	data := map[string][]byte{"value": []byte(tokCAPI)}
+	for machine, token := range nodeTokens {
+		data["node-token-"+machine] = []byte(token)
 	}
+	return &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: cluster + "-token", Namespace: "fleet"},
+		Data:       data,
+	}
+}
+
+func tokenSecret() *corev1.Secret {
+	return clusterTokenSecret("alpha", map[string]string{
+		"alpha-cp-0": tokCP0, "alpha-cp-1": tokCP1, "alpha-w-0": tokW0, "alpha-w-1": tokW1,
+	})
 }
 
 // soloConfig is a cluster with a single control plane (its run restarts the API server).
 func soloConfig() ClusterConfig {
-	node := func(name, machine, role, addr string) NodeConfig {
-		return NodeConfig{Name: name, Machine: machine, Role: role, Address: addr, KubeletPort: 10250,
-			MicroclusterPort: 2380, ProxyPod: "k8sd-proxy-" + machine, KubeletCert: "unused", KubeletKey: "unused",
-			InitialCertLifetimeSeconds: thirtyDay}
-	}
 	return ClusterConfig{
 		Name: "solo", Namespace: "fleet", Kubeconfig: "solo.kubeconfig",
 		Nodes: []NodeConfig{
-			node("solo-cp-0-vm", "solo-cp-0", roleControlPlane, "127.23.2.1"),
-			node("solo-w-0-vm", "solo-w-0", roleWorker, "127.23.2.2"),
+			testNode("solo-cp-0-vm", "solo-cp-0", roleControlPlane, "127.23.2.1"),
+			testNode("solo-w-0-vm", "solo-w-0", roleWorker, "127.23.2.2"),
 		},
 	}
 }
@@ -109,14 +113,7 @@ const (
 )
 
 func soloTokenSecret() *corev1.Secret {
-	return &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: "solo-token", Namespace: "fleet"},
-		Data: map[string][]byte{
-			"value":                []byte(tokCAPI),
-			"node-token-solo-cp-0": []byte(tokSoloCP),
-			"node-token-solo-w-0":  []byte(tokSoloW),
-		},
-	}
+	return clusterTokenSecret("solo", map[string]string{"solo-cp-0": tokSoloCP, "solo-w-0": tokSoloW})
 }
 
 // validateLikeAPIServer makes the fake clientset reject what kube-apiserver's CSR
@@ -214,6 +211,18 @@ type response struct {
 	body   string
 }
 
+// await returns the response sent on ch, failing the test when none comes within d.
+func await(t *testing.T, ch <-chan response, d time.Duration, what string) response {
+	t.Helper()
+	select {
+	case r := <-ch:
+		return r
+	case <-time.After(d):
+		t.Fatalf("%s: no answer within %v", what, d)
+		return response{}
+	}
+}
+
 // do sends one request to a node's k8sd. headers alternate name, value.
 func (e *testEnv) do(t *testing.T, node, method, path, body string, headers ...string) response {
 	t.Helper()
@@ -222,14 +231,7 @@ func (e *testEnv) do(t *testing.T, node, method, path, body string, headers ...s
 
 func (e *testEnv) doCtx(t *testing.T, ctx context.Context, node, method, path, body string, headers ...string) response {
 	t.Helper()
-	req, err := http.NewRequestWithContext(ctx, method, e.servers[node].URL+path, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i+1 < len(headers); i += 2 {
-		req.Header.Set(headers[i], headers[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := http.DefaultClient.Do(e.request(t, ctx, node, method, path, body, headers...))
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, path, err)
 	}
@@ -239,6 +241,47 @@ func (e *testEnv) doCtx(t *testing.T, ctx context.Context, node, method, path, b
 		t.Fatal(err)
 	}
 	return response{status: resp.StatusCode, close: resp.Close, header: resp.Header, body: string(b)}
+}
+
+// request is a request to a node's k8sd. headers alternate name, value.
+func (e *testEnv) request(t *testing.T, ctx context.Context, node, method, path, body string, headers ...string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, method, e.servers[node].URL+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	return req
+}
+
+// abandon sends a request to a node's k8sd whose client gives up after wait; an answer
+// before then fails the test.
+func (e *testEnv) abandon(t *testing.T, wait time.Duration, node, method, path, body string, headers ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	if resp, err := http.DefaultClient.Do(e.request(t, ctx, node, method, path, body, headers...)); err == nil {
+		resp.Body.Close()
+		t.Errorf("%s %s answered %d before the client left", method, path, resp.StatusCode)
+	}
+}
+
+// callsDone counts the recorded calls to node ("": any) and those of them that have ended.
+func (e *testEnv) callsDone(node string) (done, total int) {
+	e.sim.calls.mu.Lock()
+	defer e.sim.calls.mu.Unlock()
+	for _, c := range e.sim.calls.entries {
+		if node != "" && c.rec.Node != node {
+			continue
+		}
+		total++
+		if c.done {
+			done++
+		}
+	}
+	return done, total
 }
 
 const (

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -278,13 +277,7 @@ func runAndApprove(t *testing.T, e *testEnv, worker, wtoken, cp string, seed int
 			fmt.Sprintf(`{"certificates":null,"seed":%d,"expiration-seconds":%d,"extra-sans":null}`, seed, expSeconds), "node-token", wtoken)
 	}()
 	approve := e.do(t, cp, "POST", pathApprove, fmt.Sprintf(`{"seed":%d}`, seed), "capi-auth-token", tokCAPI)
-	select {
-	case run := <-runCh:
-		return run, approve
-	case <-time.After(10 * time.Second):
-		t.Fatal("run did not finish")
-	}
-	return response{}, response{}
+	return await(t, runCh, 10*time.Second, "run"), approve
 }
 
 func TestWorkerRefreshWatchApprove(t *testing.T) {
@@ -392,13 +385,8 @@ func TestWaitsReadTheAPIServerPastAStaleCache(t *testing.T) {
 			if approve.status != 200 {
 				t.Fatalf("approve %d %s", approve.status, approve.body)
 			}
-			select {
-			case run := <-runCh:
-				if run.status != 200 {
-					t.Fatalf("run %d %s", run.status, run.body)
-				}
-			case <-time.After(10 * time.Second):
-				t.Fatal("run did not finish")
+			if run := await(t, runCh, 10*time.Second, "run"); run.status != 200 {
+				t.Fatalf("run %d %s", run.status, run.body)
 			}
 		})
 	}
@@ -435,23 +423,12 @@ func TestWorkerRunValidation(t *testing.T) {
 
 func TestWorkerRunStopsWhenClientLeaves(t *testing.T) {
 	e := newTestEnv(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, "POST", e.servers["alpha-w-0-vm"].URL+pathRun,
-		strings.NewReader(`{"seed":5,"expiration-seconds":3600}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("node-token", tokW0)
-	if resp, err := http.DefaultClient.Do(req); err == nil {
-		resp.Body.Close()
-		t.Fatalf("run answered %d without approval", resp.StatusCode)
-	}
+	// Without approval, run is still waiting when the client leaves.
+	e.abandon(t, 300*time.Millisecond, "alpha-w-0-vm", "POST", pathRun, `{"seed":5,"expiration-seconds":3600}`, "node-token", tokW0)
 	// The handler notices the disconnect, stops waiting and records no answer.
 	waitFor(t, func() bool {
-		e.sim.calls.mu.Lock()
-		defer e.sim.calls.mu.Unlock()
-		return len(e.sim.calls.entries) == 1 && e.sim.calls.entries[0].done
+		done, total := e.callsDone("")
+		return total == 1 && done == 1
 	})
 	if calls := e.sim.calls.list("", ""); calls[0].Status != 0 {
 		t.Errorf("abandoned run recorded status %d", calls[0].Status)

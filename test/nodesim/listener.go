@@ -167,33 +167,38 @@ func (l *svcListener) closeAllLocked() {
 	}
 }
 
-// hold stops accepting connections (the socket closes) while the open ones carry on:
-// nobody may connect between a run's answer and the restart that follows it.
-func (l *svcListener) hold() {
+// change applies f to the listener's state under its lock, then opens or closes the socket
+// to match. A node served without this listener (nil) ignores it.
+func (l *svcListener) change(f func()) {
 	if l == nil {
 		return
 	}
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.holds++
-	if l.srv != nil {
-		l.ln.Close()
-		l.old = append(l.old, l.srv)
-		l.srv, l.ln = nil, nil
-	}
+	f()
+	l.mu.Unlock()
+	l.reconcile()
+}
+
+// hold stops accepting connections (the socket closes) while the open ones carry on:
+// nobody may connect between a run's answer and the restart that follows it.
+func (l *svcListener) hold() {
+	l.change(func() {
+		l.holds++
+		if l.srv != nil {
+			l.ln.Close()
+			l.old = append(l.old, l.srv)
+			l.srv, l.ln = nil, nil
+		}
+	})
 }
 
 // release ends a hold without a restart (the answer was not delivered).
 func (l *svcListener) release() {
-	if l == nil {
-		return
-	}
-	l.mu.Lock()
-	if l.holds > 0 {
-		l.holds--
-	}
-	l.mu.Unlock()
-	l.reconcile()
+	l.change(func() {
+		if l.holds > 0 {
+			l.holds--
+		}
+	})
 }
 
 // restartUntil ends a hold with a restart: every connection closes now and the
@@ -220,24 +225,13 @@ func (l *svcListener) restartUntil(until time.Time) {
 }
 
 // bounce drops every connection and listens again at once (after a reinstall).
-func (l *svcListener) bounce() {
-	if l == nil {
-		return
-	}
-	l.mu.Lock()
-	l.closeAllLocked()
-	l.mu.Unlock()
-	l.reconcile()
-}
+func (l *svcListener) bounce() { l.change(func() { l.closeAllLocked() }) }
 
 func (l *svcListener) stop() {
-	if l == nil {
-		return
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.stopped = true
-	l.closeAllLocked()
+	l.change(func() {
+		l.stopped = true
+		l.closeAllLocked()
+	})
 }
 
 // openConns counts the connections currently open (tests).

@@ -19,7 +19,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -193,13 +192,8 @@ func TestApproveWaitsWithoutDeadlineThenFailsOnApprovedCSR(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	select {
-	case r := <-done:
-		if r.status != 200 {
-			t.Fatalf("approve: %d %s", r.status, r.body)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("approve did not notice the CSRs")
+	if r := await(t, done, 5*time.Second, "approve once the CSRs exist"); r.status != 200 {
+		t.Fatalf("approve: %d %s", r.status, r.body)
 	}
 
 	// A second approve appends a second Approved condition: the API server rejects it.
@@ -341,12 +335,7 @@ func TestRestartTakesK8sdAndKubeletDown(t *testing.T) {
 	nc := &cfg.Clusters[0].Nodes[0]
 	nc.Address, nc.MicroclusterPort, nc.KubeletPort = "127.0.0.1", freePort(t), freePort(t)
 	e := newTestEnvWith(t, cfg)
-	n := e.sim.findNode("alpha", "alpha-cp-0-vm")
-	n.k8sd = e.sim.newK8sdListener(n)
-	if err := n.k8sd.start(); err != nil {
-		t.Fatal(err)
-	}
-	defer n.k8sd.stop()
+	n := e.startK8sdListener(t, "alpha", "alpha-cp-0-vm")
 	kubeletCert, err := selfSignedServing(nc.Name, nc.Address)
 	if err != nil {
 		t.Fatal(err)
@@ -440,14 +429,4 @@ func TestRestartTakesK8sdAndKubeletDown(t *testing.T) {
 		t.Errorf("status %+v", st)
 	}
 	tunnel().Close()
-}
-
-// refusedAt: a TCP connection to addr is refused right now.
-func refusedAt(addr string) bool {
-	c, err := net.DialTimeout("tcp", addr, time.Second)
-	if err == nil {
-		c.Close()
-		return false
-	}
-	return errors.Is(err, syscall.ECONNREFUSED)
 }

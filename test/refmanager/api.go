@@ -292,22 +292,10 @@ func (in *CK8sConfig) DeepCopyInto(out *CK8sConfig) {
 }
 
 // DeepCopy returns a deep copy.
-func (in *CK8sConfig) DeepCopy() *CK8sConfig {
-	if in == nil {
-		return nil
-	}
-	out := new(CK8sConfig)
-	in.DeepCopyInto(out)
-	return out
-}
+func (in *CK8sConfig) DeepCopy() *CK8sConfig { return deepCopy(in) }
 
 // DeepCopyObject implements runtime.Object.
-func (in *CK8sConfig) DeepCopyObject() runtime.Object {
-	if c := in.DeepCopy(); c != nil {
-		return c
-	}
-	return nil
-}
+func (in *CK8sConfig) DeepCopyObject() runtime.Object { return deepCopyObject(in) }
 
 // DeepCopyInto copies the receiver into out.
 func (in *CK8sConfigList) DeepCopyInto(out *CK8sConfigList) {
@@ -323,19 +311,33 @@ func (in *CK8sConfigList) DeepCopyInto(out *CK8sConfigList) {
 }
 
 // DeepCopy returns a deep copy.
-func (in *CK8sConfigList) DeepCopy() *CK8sConfigList {
+func (in *CK8sConfigList) DeepCopy() *CK8sConfigList { return deepCopy(in) }
+
+// DeepCopyObject implements runtime.Object.
+func (in *CK8sConfigList) DeepCopyObject() runtime.Object { return deepCopyObject(in) }
+
+// deepCopy is the generated DeepCopy of a pointer type with a DeepCopyInto: nil stays nil.
+func deepCopy[T any, P interface {
+	*T
+	DeepCopyInto(*T)
+}](in P) P {
 	if in == nil {
 		return nil
 	}
-	out := new(CK8sConfigList)
+	out := P(new(T))
 	in.DeepCopyInto(out)
 	return out
 }
 
-// DeepCopyObject implements runtime.Object.
-func (in *CK8sConfigList) DeepCopyObject() runtime.Object {
-	if c := in.DeepCopy(); c != nil {
-		return c
+// deepCopyObject is the generated DeepCopyObject: a nil receiver gives a nil interface, not a
+// typed nil pointer inside one.
+func deepCopyObject[T any, P interface {
+	*T
+	DeepCopyInto(*T)
+	runtime.Object
+}](in P) runtime.Object {
+	if in == nil {
+		return nil
 	}
-	return nil
+	return deepCopy[T, P](in)
 }

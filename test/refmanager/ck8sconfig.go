@@ -25,9 +25,23 @@ import (
 // (CK8sConfigReconciler.Reconcile and SetupWithManager) up to the point where a configuration
 // is found to be already generated.
 type CK8sConfigReconciler struct {
+	reconcilerBase
+}
+
+// reconcilerBase is what every modelled controller holds: the manager's client, its logger and
+// the counters logged at exit.
+type reconcilerBase struct {
 	client.Client
 	Log   logr.Logger
 	Stats *stats
+}
+
+// notModelled ends a reconcile at the work this reference manager leaves out (no requeue), and
+// counts it. what says what the provider would go on to do.
+func (b *reconcilerBase) notModelled(log logr.Logger, what string) (ctrl.Result, error) {
+	b.Stats.notModelled.Add(1)
+	log.Info(what + ", which this reference manager does not model")
+	return ctrl.Result{}, nil
 }
 
 // SetupWithManager registers the controller exactly as the provider does: For(CK8sConfig) and
@@ -226,9 +240,7 @@ func (r *CK8sConfigReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	}
 	// Control-plane init/join and worker join (init lock ConfigMaps, token Secrets, workload
 	// cluster clients, cloud-init, the bootstrap data Secret) are not modelled.
-	r.Stats.notModelled.Add(1)
-	log.Info("CK8sConfig needs bootstrapping, which this reference manager does not model")
-	return ctrl.Result{}, nil
+	return r.notModelled(log, "CK8sConfig needs bootstrapping")
 }
 
 // markCondition is conditions.MarkTrue/MarkFalse for v1beta1-style conditions: the transition

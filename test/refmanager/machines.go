@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -35,9 +34,7 @@ func workloadClusterReads(ctx context.Context, c client.Reader, cluster client.O
 // CertificatesReconciler models bootstrap/controllers/certificates_controller.go
 // (CertificatesReconciler.Reconcile, createScope, SetupWithManager).
 type CertificatesReconciler struct {
-	client.Client
-	Log   logr.Logger
-	Stats *stats
+	reconcilerBase
 }
 
 // SetupWithManager: For(Machine), nothing else, as the provider.
@@ -86,10 +83,7 @@ func (r *CertificatesReconciler) Reconcile(ctx context.Context, req ctrl.Request
 
 	m := &clusterv1.Machine{}
 	if err := r.Get(ctx, req.NamespacedName, m); err != nil {
-		if apierrors.IsNotFound(err) {
-			return ctrl.Result{}, nil
-		}
-		return ctrl.Result{}, err
+		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 
 	switch decideCertificates(m) {
@@ -134,9 +128,7 @@ func (r *CertificatesReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		return ctrl.Result{}, fmt.Errorf("failed to get workload cluster: %w", err)
 	}
 	// The expiry lookup / refresh (k8sd calls, annotation patches, Events) is not modelled.
-	r.Stats.notModelled.Add(1)
-	log.Info("Machine needs an expiry lookup or a certificates refresh, which this reference manager does not model")
-	return ctrl.Result{}, nil
+	return r.notModelled(log, "Machine needs an expiry lookup or a certificates refresh")
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -144,9 +136,7 @@ func (r *CertificatesReconciler) Reconcile(ctx context.Context, req ctrl.Request
 // InPlaceUpgradeReconciler models bootstrap/controllers/upgrade_controller.go
 // (InPlaceUpgradeReconciler): a second controller For(Machine) in the same manager.
 type InPlaceUpgradeReconciler struct {
-	client.Client
-	Log   logr.Logger
-	Stats *stats
+	reconcilerBase
 }
 
 func (r *InPlaceUpgradeReconciler) SetupWithManager(mgr ctrl.Manager, wrap func(string, reconcile.Func) reconcile.Func) error {
@@ -161,10 +151,7 @@ func (r *InPlaceUpgradeReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 
 	m := &clusterv1.Machine{}
 	if err := r.Get(ctx, req.NamespacedName, m); err != nil {
-		if apierrors.IsNotFound(err) {
-			return ctrl.Result{}, nil
-		}
-		return ctrl.Result{}, err
+		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if _, ok := m.GetAnnotations()[inPlaceUpgradeToAnnotation]; !ok {
 		return ctrl.Result{}, nil
@@ -183,9 +170,7 @@ func (r *InPlaceUpgradeReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 	if err := workloadClusterReads(ctx, r.Client, client.ObjectKeyFromObject(cluster)); err != nil {
 		return ctrl.Result{}, fmt.Errorf("failed to get workload cluster for machine: %w", err)
 	}
-	r.Stats.notModelled.Add(1)
-	log.Info("Machine asks for an in-place upgrade, which this reference manager does not model")
-	return ctrl.Result{}, nil
+	return r.notModelled(log, "Machine asks for an in-place upgrade")
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -194,9 +179,7 @@ func (r *InPlaceUpgradeReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 // bootstrap/controllers/orchestrated_inplace_upgrade_controller.go: For(MachineDeployment),
 // Owns(Machine).
 type OrchestratedInPlaceUpgradeController struct {
-	client.Client
-	Log   logr.Logger
-	Stats *stats
+	reconcilerBase
 }
 
 func (r *OrchestratedInPlaceUpgradeController) SetupWithManager(mgr ctrl.Manager, wrap func(string, reconcile.Func) reconcile.Func) error {
@@ -236,7 +219,5 @@ func (r *OrchestratedInPlaceUpgradeController) Reconcile(ctx context.Context, re
 		log.V(1).Info("MachineDeployment is being deleted, skipping reconciliation")
 		return ctrl.Result{}, nil
 	}
-	r.Stats.notModelled.Add(1)
-	log.Info("MachineDeployment asks for an orchestrated in-place upgrade, which this reference manager does not model")
-	return ctrl.Result{}, nil
+	return r.notModelled(log, "MachineDeployment asks for an orchestrated in-place upgrade")
 }

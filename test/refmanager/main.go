@@ -255,16 +255,19 @@ func run(metricsAddr, probeAddr, namespace string, leaderElect bool) error {
 
 	c := mgr.GetClient()
 	controllersLog := ctrl.Log.WithName("controllers")
-	if err := (&CK8sConfigReconciler{Client: c, Log: controllersLog.WithName("CK8sConfig"), Stats: st}).SetupWithManager(mgr, wrap); err != nil {
+	base := func(name string) reconcilerBase {
+		return reconcilerBase{Client: c, Log: controllersLog.WithName(name), Stats: st}
+	}
+	if err := (&CK8sConfigReconciler{base("CK8sConfig")}).SetupWithManager(mgr, wrap); err != nil {
 		return fmt.Errorf("unable to create controller CK8sConfig: %w", err)
 	}
-	if err := (&InPlaceUpgradeReconciler{Client: c, Log: controllersLog.WithName("Machine"), Stats: st}).SetupWithManager(mgr, wrap); err != nil {
+	if err := (&InPlaceUpgradeReconciler{base("Machine")}).SetupWithManager(mgr, wrap); err != nil {
 		return fmt.Errorf("unable to create controller Machine: %w", err)
 	}
-	if err := (&CertificatesReconciler{Client: c, Log: controllersLog.WithName("Certificates"), Stats: st}).SetupWithManager(mgr, wrap); err != nil {
+	if err := (&CertificatesReconciler{base("Certificates")}).SetupWithManager(mgr, wrap); err != nil {
 		return fmt.Errorf("unable to create controller Certificates: %w", err)
 	}
-	if err := (&OrchestratedInPlaceUpgradeController{Client: c, Log: controllersLog.WithName("OrchestratedInPlaceUpgrade"), Stats: st}).SetupWithManager(mgr, wrap); err != nil {
+	if err := (&OrchestratedInPlaceUpgradeController{base("OrchestratedInPlaceUpgrade")}).SetupWithManager(mgr, wrap); err != nil {
 		return fmt.Errorf("unable to create controller OrchestratedInPlaceUpgrade: %w", err)
 	}
 

@@ -22,19 +22,11 @@ use crate::{Environment, Error, controlplane};
 /// The double's binary: `CK8S_E2E_BOOTSTRAPDOUBLE`, else `target/bin/bootstrapdouble` (built by
 /// `make bootstrapdouble`, part of `make env`).
 pub fn binary() -> Result<PathBuf, Error> {
-    let path = std::env::var_os("CK8S_E2E_BOOTSTRAPDOUBLE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/bin/bootstrapdouble")
-        });
-    if path.is_file() {
-        Ok(path)
-    } else {
-        Err(Error::Setup(format!(
-            "{} is missing: run `make bootstrapdouble` (make env does)",
-            path.display()
-        )))
-    }
+    crate::executable(
+        "CK8S_E2E_BOOTSTRAPDOUBLE",
+        || crate::built("bin/bootstrapdouble"),
+        "`make bootstrapdouble` (make env does)",
+    )
 }
 
 /// One line of the records file: something the double did, or deliberately did not do, to a

@@ -30,7 +30,6 @@ use ck8s_certs_api::capi;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
-use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{Node, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -100,30 +99,15 @@ pub fn machine_set_name(cluster: &str) -> String {
 /// The manager binary of CAPI `version`: `$CK8S_E2E_CAPI_MANAGER`, else
 /// `<cache>/bin/capi-manager-<version>` as hack/lib.sh builds it.
 pub fn binary(version: &str) -> Result<PathBuf, Error> {
-    let path = std::env::var_os("CK8S_E2E_CAPI_MANAGER")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let cache = std::env::var_os("CK8S_CERTS_CACHE")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| {
-                    std::env::var_os("XDG_CACHE_HOME")
-                        .map(PathBuf::from)
-                        .unwrap_or_else(|| {
-                            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                                .join(".cache")
-                        })
-                        .join("ck8s-certs")
-                });
-            cache.join("bin").join(format!("capi-manager-{version}"))
-        });
-    if path.is_file() {
-        Ok(path)
-    } else {
-        Err(Error::Setup(format!(
-            "{} is missing: run `make capi-manager` (make e2e does)",
-            path.display()
-        )))
-    }
+    crate::executable(
+        "CK8S_E2E_CAPI_MANAGER",
+        || {
+            crate::cache_dir()
+                .join("bin")
+                .join(format!("capi-manager-{version}"))
+        },
+        "`make capi-manager` (make e2e does)",
+    )
 }
 
 /// What [`start`] needs from [`crate::Environment::start`].
@@ -512,15 +496,7 @@ async fn identity(
         )
         .await
         .map_err(Error::Kube)?;
-    let request: TokenRequest =
-        value(json!({ "spec": { "expirationSeconds": 86400, "audiences": [] } }))?;
-    let token = accounts
-        .create_token_request(SERVICE_ACCOUNT, &pp, &request)
-        .await
-        .map_err(Error::Kube)?
-        .status
-        .map(|s| s.token)
-        .ok_or_else(|| Error::Setup("the TokenRequest returned no token".into()))?;
+    let token = controlplane::service_account_token(&accounts, SERVICE_ACCOUNT).await?;
     let path = dir.join("capi-manager.kubeconfig");
     let yaml = controlplane::kubeconfig("management", port, ca_pem, &token);
     std::fs::write(&path, yaml).map_err(|e| Error::io(&path, e))?;

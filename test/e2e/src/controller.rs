@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ck8s_certs_api::capi::WATCH_FILTER_LABEL;
-use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
@@ -97,16 +96,7 @@ pub async fn service_account_kubeconfig(
         serde_json::from_value(json!({ "metadata": { "name": SERVICE_ACCOUNT } }))
             .map_err(|e| Error::Setup(e.to_string()))?;
     accounts.create(&pp, &account).await.map_err(Error::Kube)?;
-    let request: TokenRequest =
-        serde_json::from_value(json!({ "spec": { "expirationSeconds": 86400, "audiences": [] } }))
-            .map_err(|e| Error::Setup(e.to_string()))?;
-    let token = accounts
-        .create_token_request(SERVICE_ACCOUNT, &pp, &request)
-        .await
-        .map_err(Error::Kube)?
-        .status
-        .map(|s| s.token)
-        .ok_or_else(|| Error::Setup("the TokenRequest returned no token".into()))?;
+    let token = controlplane::service_account_token(&accounts, SERVICE_ACCOUNT).await?;
     let yaml = controlplane::kubeconfig("management", server_port, ca_pem, &token).replace(
         "  context:\n",
         &format!("  context:\n    namespace: {NAMESPACE}\n"),
@@ -323,12 +313,56 @@ impl Environment {
         .await;
     }
 
+    /// Copies of the nodes of workload cluster `cluster` whose Machines are `machines`, in that
+    /// order.
+    pub fn nodes<const N: usize>(&self, cluster: &str, machines: [&str; N]) -> [NodeInfo; N] {
+        let cluster = self.cluster(cluster);
+        machines.map(|machine| cluster.node(machine).clone())
+    }
+
+    /// [`Self::nodes`], each Machine labelled for the controller with `filter` ([`Self::isolate`]).
+    pub async fn isolated<const N: usize>(
+        &self,
+        cluster: &str,
+        machines: [&str; N],
+        filter: &str,
+    ) -> [NodeInfo; N] {
+        let nodes = self.nodes(cluster, machines);
+        self.isolate_all(&nodes, filter).await;
+        nodes
+    }
+
+    /// Labels the Machines of `nodes` for the controller with `filter` ([`Self::isolate`]).
+    pub async fn isolate_all<'a>(
+        &self,
+        nodes: impl IntoIterator<Item = &'a NodeInfo>,
+        filter: &str,
+    ) {
+        for node in nodes {
+            self.isolate(node, filter).await;
+        }
+    }
+
+    /// [`Self::isolate_all`], and the simulator forgets the calls it recorded on those nodes:
+    /// what a test counts afterwards is its own.
+    pub async fn isolate_fresh<'a>(
+        &self,
+        nodes: impl IntoIterator<Item = &'a NodeInfo>,
+        filter: &str,
+    ) {
+        for node in nodes {
+            self.isolate(node, filter).await;
+            self.sim
+                .clear_calls(&node.cluster, &node.node)
+                .await
+                .unwrap_or_else(|e| panic!("clearing the calls on {}: {e}", node.node));
+        }
+    }
+
     /// Labels a Cluster, its MachineDeployment and its Machines for the controller with `filter`.
     pub async fn isolate_cluster(&self, cluster: &str, filter: &str) -> Vec<NodeInfo> {
         let nodes = self.cluster(cluster).nodes.clone();
-        for node in &nodes {
-            self.isolate(node, filter).await;
-        }
+        self.isolate_all(&nodes, filter).await;
         let namespace = self.cluster(cluster).spec.namespace.clone();
         let client = self.management().await.expect("client");
         let label =
@@ -408,6 +442,27 @@ impl Environment {
             json!({ "metadata": { "annotations": { ck8s_certs_api::annotations::REFRESH_CERTIFICATES: ttl } } }),
         )
         .await;
+    }
+
+    /// [`Self::annotate_refresh`] through `machines`: with another user's client, or on another
+    /// management cluster.
+    pub async fn annotate_refresh_through(
+        &self,
+        machines: &Api<DynamicObject>,
+        node: &NodeInfo,
+        ttl: &str,
+    ) {
+        let annotation = json!({ "metadata": { "annotations": {
+            ck8s_certs_api::annotations::REFRESH_CERTIFICATES: ttl
+        } } });
+        machines
+            .patch(
+                &node.machine,
+                &PatchParams::default(),
+                &Patch::Merge(annotation),
+            )
+            .await
+            .expect("annotate the Machine");
     }
 
     /// The Machine's `metadata.uid`: its place in a policy's `spread`.
@@ -505,6 +560,64 @@ impl Environment {
         }
     }
 
+    /// The calls the simulator recorded on `node`, oldest first.
+    pub async fn calls(&self, node: &NodeInfo) -> Vec<crate::sim::CallRecord> {
+        self.sim
+            .calls(&node.cluster, &node.node)
+            .await
+            .unwrap_or_else(|e| panic!("the calls on {}: {e}", node.node))
+    }
+
+    /// `kubectl annotate` a refresh of `ttl` ([`Self::annotate_refresh`]), then waits until
+    /// `node` holds its call to `path` (recorded, not answered yet: a latency fault holds it).
+    pub async fn annotate_until_held(
+        &self,
+        node: &NodeInfo,
+        ttl: &str,
+        path: &str,
+        timeout: Duration,
+    ) -> crate::sim::CallRecord {
+        self.annotate_refresh(node, ttl).await;
+        self.wait_for_call(node, path, timeout, |c| c.status == 0)
+            .await
+    }
+
+    /// Holds `node`'s next call to `endpoint` back for `delay` (a latency fault, once), annotates
+    /// a refresh of `1y` and waits until the node holds that call
+    /// ([`Self::annotate_until_held`]).
+    pub async fn annotate_held_at(
+        &self,
+        node: &NodeInfo,
+        endpoint: crate::sim::Endpoint,
+        delay: Duration,
+        timeout: Duration,
+    ) -> crate::sim::CallRecord {
+        self.sim
+            .delay_next(node, endpoint, delay)
+            .await
+            .unwrap_or_else(|e| panic!("holding back {endpoint:?} on {}: {e}", node.node));
+        self.annotate_until_held(node, "1y", endpoint.path(), timeout)
+            .await
+    }
+
+    /// Waits for the refresh to end ([`Self::wait_for_refresh`]) and checks that it ended `done`;
+    /// returns the Machine's annotations.
+    pub async fn wait_for_done(
+        &self,
+        node: &NodeInfo,
+        timeout: Duration,
+    ) -> BTreeMap<String, String> {
+        let annotations = self.wait_for_refresh(node, timeout).await;
+        assert_eq!(
+            annotations[ck8s_certs_api::annotations::REFRESH_CERTIFICATES_STATUS],
+            "done",
+            "{}/{}: {annotations:#?}",
+            node.namespace,
+            node.machine
+        );
+        annotations
+    }
+
     /// Waits for the refresh to fail; returns its message, checked to be the same in the
     /// MachineCertificates status and the Warning Event.
     pub async fn refresh_failure(&self, node: &NodeInfo, timeout: Duration) -> String {
@@ -563,6 +676,15 @@ impl Environment {
         events
     }
 
+    /// The reasons of the Machine's Events, oldest first.
+    pub async fn event_reasons(&self, node: &NodeInfo) -> Vec<String> {
+        self.machine_events(node)
+            .await
+            .into_iter()
+            .filter_map(|e| e.reason)
+            .collect()
+    }
+
     /// Who (the controller's POD_NAME) reported the Machine's Events with `reason`, oldest
     /// first.
     pub async fn event_reporters(&self, node: &NodeInfo, reason: &str) -> Vec<String> {
@@ -583,6 +705,46 @@ impl Environment {
         api.get_opt(&node.machine)
             .await
             .expect("get MachineCertificates")
+    }
+
+    /// Waits until `check` holds for `node`'s MachineCertificates; panics with `what` and the
+    /// last one read after `timeout`.
+    pub async fn wait_for_certificates(
+        &self,
+        node: &NodeInfo,
+        timeout: Duration,
+        what: &str,
+        check: impl Fn(&ck8s_certs_api::machine_certificates::MachineCertificates) -> bool,
+    ) -> ck8s_certs_api::machine_certificates::MachineCertificates {
+        let start = Instant::now();
+        loop {
+            let certificates = self.machine_certificates(node).await;
+            if let Some(certificates) = certificates.as_ref().filter(|c| check(c)) {
+                return certificates.clone();
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "{}: timed out waiting for {what}: {certificates:#?}",
+                node.machine
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// [`Self::wait_for_certificates`] on their status: returns it once `check` holds.
+    pub async fn wait_for_status(
+        &self,
+        node: &NodeInfo,
+        timeout: Duration,
+        what: &str,
+        check: impl Fn(&ck8s_certs_api::machine_certificates::MachineCertificatesStatus) -> bool,
+    ) -> ck8s_certs_api::machine_certificates::MachineCertificatesStatus {
+        self.wait_for_certificates(node, timeout, what, |c| {
+            c.status.as_ref().is_some_and(&check)
+        })
+        .await
+        .status
+        .unwrap_or_default()
     }
 
     /// The operation of the `CertificateRefresh` the Machine names as in flight (the journal of

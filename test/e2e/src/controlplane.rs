@@ -376,6 +376,25 @@ impl AuditEvent {
     }
 }
 
+/// A token of the ServiceAccount `name` of `accounts`' namespace, valid for a day.
+pub async fn service_account_token(
+    accounts: &kube::Api<k8s_openapi::api::core::v1::ServiceAccount>,
+    name: &str,
+) -> Result<String, Error> {
+    let request: k8s_openapi::api::authentication::v1::TokenRequest =
+        serde_json::from_value(serde_json::json!({
+            "spec": { "expirationSeconds": 86400, "audiences": [] }
+        }))
+        .map_err(|e| Error::Setup(e.to_string()))?;
+    accounts
+        .create_token_request(name, &kube::api::PostParams::default(), &request)
+        .await
+        .map_err(Error::Kube)?
+        .status
+        .map(|s| s.token)
+        .ok_or_else(|| Error::Setup("the TokenRequest returned no token".into()))
+}
+
 /// A self-contained kubeconfig (CA data inline) for the admin token.
 pub fn kubeconfig(name: &str, port: u16, ca_pem: &str, token: &str) -> String {
     let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
@@ -647,36 +666,21 @@ mod tests {
         restarts.serve(listener).unwrap();
 
         let http = reqwest::Client::new();
+        // The status the hook answers a POST to `path`.
         let hook = |path: &str| {
-            http.post(format!("http://{address}{path}"))
+            let sent = http
+                .post(format!("http://{address}{path}"))
                 .header("content-type", "application/json")
                 .body("{}")
-                .send()
+                .send();
+            async move { sent.await.unwrap().status() }
         };
-        assert_eq!(
-            hook("/clusters/trio/restart-apiserver")
-                .await
-                .unwrap()
-                .status(),
-            404
-        );
-        assert_eq!(hook("/clusters/solo").await.unwrap().status(), 404);
-        assert_eq!(
-            hook("/clusters/solo/restart-apiserver")
-                .await
-                .unwrap()
-                .status(),
-            202
-        );
+        assert_eq!(hook("/clusters/trio/restart-apiserver").await, 404);
+        assert_eq!(hook("/clusters/solo").await, 404);
+        assert_eq!(hook("/clusters/solo/restart-apiserver").await, 202);
         // A second call while the restart is under way joins it.
         tokio::time::sleep(Duration::from_millis(50)).await;
-        assert_eq!(
-            hook("/clusters/solo/restart-apiserver")
-                .await
-                .unwrap()
-                .status(),
-            202
-        );
+        assert_eq!(hook("/clusters/solo/restart-apiserver").await, 202);
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(restarts.count("solo").in_progress());
         assert_eq!(processes.pid("kube-apiserver-solo"), None, "down meanwhile");

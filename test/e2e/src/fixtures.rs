@@ -11,6 +11,9 @@
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
+use ck8s_certs_api::certificate_refresh::{
+    CertificateRefresh, CertificateRefreshSpec, Origin, Target,
+};
 use ck8s_certs_api::{capi, k8sd};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
@@ -111,6 +114,28 @@ pub const CK8S_CONTROL_PLANE_VERSION: &str = "v1beta2";
 /// planes.
 pub fn control_plane_name(cluster: &str) -> String {
     format!("{cluster}-control-plane")
+}
+
+/// A CertificateRefresh of `target` for `1y`, as a user writes one by hand (origin `Manual`,
+/// nothing else set), labelled for the controller with `filter`; callers set what else they
+/// need before they create it.
+pub fn manual_request(name: &str, target: Target, filter: &str) -> CertificateRefresh {
+    let mut request = CertificateRefresh::new(
+        name,
+        CertificateRefreshSpec {
+            target,
+            ttl: "1y".into(),
+            origin: Origin::Manual,
+            requested_by: None,
+            requester: None,
+            max_parallel_workers: None,
+            continue_on_failure: false,
+            suspend: false,
+        },
+    );
+    request.metadata.labels =
+        Some([(capi::WATCH_FILTER_LABEL.to_owned(), filter.to_owned())].into());
+    request
 }
 
 /// Five lowercase alphanumerics like a DaemonSet pod's, unique per node of an environment:

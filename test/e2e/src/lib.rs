@@ -99,29 +99,57 @@ pub fn pinned_version(key: &str) -> Option<String> {
         })
 }
 
+/// Where hack/lib.sh keeps what it builds and downloads: `$CK8S_CERTS_CACHE`, else
+/// `$XDG_CACHE_HOME/ck8s-certs`, else `~/.cache/ck8s-certs`.
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("CK8S_CERTS_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| {
+                    PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache")
+                })
+                .join("ck8s-certs")
+        })
+}
+
+/// An executable: `$var`, else `default`; an error saying how to build it (`run …`) when it is
+/// not there.
+pub fn executable(
+    var: &str,
+    default: impl FnOnce() -> PathBuf,
+    run: &str,
+) -> Result<PathBuf, Error> {
+    let path = std::env::var_os(var)
+        .map(PathBuf::from)
+        .unwrap_or_else(default);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(Error::Setup(format!(
+            "{} is missing: run {run}",
+            path.display()
+        )))
+    }
+}
+
+/// `target/<path>` of this workspace.
+pub fn built(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../target")
+        .join(path)
+}
+
 /// A pinned tool (kubectl, clusterctl, promtool): `$var`, else `<cache>/bin/<name>-<version>`
 /// as hack/lib.sh builds it (`make tools promtool`; `make e2e` does).
 pub fn tool(var: &str, name: &str, version_key: &str) -> PathBuf {
-    let path = std::env::var_os(var).map(PathBuf::from).unwrap_or_else(|| {
-        let cache = std::env::var_os("CK8S_CERTS_CACHE")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| {
-                std::env::var_os("XDG_CACHE_HOME")
-                    .map(PathBuf::from)
-                    .unwrap_or_else(|| {
-                        PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache")
-                    })
-                    .join("ck8s-certs")
-            });
+    let pinned = || {
         let version = pinned_version(version_key).expect("hack/versions.env pins the tool");
-        cache.join("bin").join(format!("{name}-{version}"))
-    });
-    assert!(
-        path.is_file(),
-        "{} is missing: run `make tools promtool` (make e2e does)",
-        path.display()
-    );
-    path
+        cache_dir().join("bin").join(format!("{name}-{version}"))
+    };
+    executable(var, pinned, "`make tools promtool` (make e2e does)")
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Paths of the environment's executables.
@@ -136,47 +164,21 @@ impl Binaries {
     /// From the environment variables, else the cache of `hack/build-control-plane.sh` and
     /// `target/bin/nodesim`.
     pub fn locate() -> Result<Self, Error> {
-        let cache = std::env::var_os("CK8S_CERTS_CACHE")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| {
-                let base = std::env::var_os("XDG_CACHE_HOME")
-                    .map(PathBuf::from)
-                    .unwrap_or_else(|| {
-                        PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache")
-                    });
-                base.join("ck8s-certs")
-            });
-        let version = |key: &str| pinned_version(key).unwrap_or_default();
-        let pick = |var: &str, default: PathBuf| {
-            std::env::var_os(var).map(PathBuf::from).unwrap_or(default)
+        let cached = |name: &str, key: &str| {
+            let version = pinned_version(key).unwrap_or_default();
+            let path = cache_dir().join("bin").join(format!("{name}-{version}"));
+            move || path
         };
-        let bins = Self {
-            kube_apiserver: pick(
+        let run = "`make test` (or `make control-plane nodesim`) to build the test environment";
+        Ok(Self {
+            kube_apiserver: executable(
                 "CK8S_E2E_KUBE_APISERVER",
-                cache
-                    .join("bin")
-                    .join(format!("kube-apiserver-{}", version("KUBE_VERSION"))),
-            ),
-            etcd: pick(
-                "CK8S_E2E_ETCD",
-                cache
-                    .join("bin")
-                    .join(format!("etcd-{}", version("ETCD_VERSION"))),
-            ),
-            nodesim: pick(
-                "CK8S_E2E_NODESIM",
-                Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/bin/nodesim"),
-            ),
-        };
-        for path in [&bins.kube_apiserver, &bins.etcd, &bins.nodesim] {
-            if !path.is_file() {
-                return Err(Error::Setup(format!(
-                    "{} is missing: run `make test` (or `make control-plane nodesim`) to build the test environment",
-                    path.display()
-                )));
-            }
-        }
-        Ok(bins)
+                cached("kube-apiserver", "KUBE_VERSION"),
+                run,
+            )?,
+            etcd: executable("CK8S_E2E_ETCD", cached("etcd", "ETCD_VERSION"), run)?,
+            nodesim: executable("CK8S_E2E_NODESIM", || built("bin/nodesim"), run)?,
+        })
     }
 }
 
@@ -184,19 +186,11 @@ impl Binaries {
     /// The controller binary under test (`CK8S_E2E_CONTROLLER`, else `target/debug/ck8s-certs`,
     /// which `make e2e` builds first).
     pub fn controller() -> Result<PathBuf, Error> {
-        let path = std::env::var_os("CK8S_E2E_CONTROLLER")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| {
-                Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/ck8s-certs")
-            });
-        if path.is_file() {
-            Ok(path)
-        } else {
-            Err(Error::Setup(format!(
-                "{} is missing: run `cargo build --bin ck8s-certs` (make e2e does)",
-                path.display()
-            )))
-        }
+        executable(
+            "CK8S_E2E_CONTROLLER",
+            || built("debug/ck8s-certs"),
+            "`cargo build --bin ck8s-certs` (make e2e does)",
+        )
     }
 }
 

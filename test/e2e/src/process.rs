@@ -48,11 +48,21 @@ impl Process {
             .open(&log)
             .map_err(|e| Error::io(&log, e))?;
         let err = out.try_clone().map_err(|e| Error::io(&log, e))?;
+        command.stdout(out).stderr(err);
+        Self::start(name, command, log)
+    }
+
+    /// Starts `command` with the terminal's stdout and stderr (for `make run`).
+    pub fn spawn_foreground(name: &str, command: Command) -> Result<Self, Error> {
+        Self::start(name, command, PathBuf::from("/dev/stdout"))
+    }
+
+    /// Starts `command` supervised (see the module), without stdin; `log` is where its output
+    /// goes.
+    fn start(name: &str, mut command: Command, log: PathBuf) -> Result<Self, Error> {
         supervise(&mut command);
         let child = command
             .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
             .spawn()
             .map_err(|e| Error::Spawn {
                 name: name.to_owned(),
@@ -61,23 +71,6 @@ impl Process {
         Ok(Self {
             name: name.to_owned(),
             log,
-            child,
-        })
-    }
-
-    /// Starts `command` with the terminal's stdout and stderr (for `make run`).
-    pub fn spawn_foreground(name: &str, mut command: Command) -> Result<Self, Error> {
-        supervise(&mut command);
-        let child = command
-            .stdin(Stdio::null())
-            .spawn()
-            .map_err(|e| Error::Spawn {
-                name: name.to_owned(),
-                source: e,
-            })?;
-        Ok(Self {
-            name: name.to_owned(),
-            log: PathBuf::from("/dev/stdout"),
             child,
         })
     }

@@ -119,6 +119,20 @@ pub enum Endpoint {
     Approve,
 }
 
+impl Endpoint {
+    /// The endpoint's k8sd path, as call records name it.
+    pub fn path(self) -> &'static str {
+        use ck8s_certs::k8sd::wire::path;
+        match self {
+            Self::Root => path::ROOT,
+            Self::Expiry => path::CERTIFICATES_EXPIRY,
+            Self::Plan => path::PLAN,
+            Self::Run => path::RUN,
+            Self::Approve => path::APPROVE,
+        }
+    }
+}
+
 /// A fault to inject; build with the constructors, scope with `cluster`/`node`/`endpoint`.
 #[derive(Clone, Debug, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -422,6 +436,18 @@ impl SimControl {
             });
         }
         Ok(ids.join(","))
+    }
+
+    /// Holds `node`'s next call to `endpoint` back for `delay` (a latency fault, once); returns
+    /// the fault's id.
+    pub async fn delay_next(
+        &self,
+        node: &NodeInfo,
+        endpoint: Endpoint,
+        delay: Duration,
+    ) -> Result<String, Error> {
+        self.inject(&Fault::latency(delay).on(node).at(endpoint).times(1))
+            .await
     }
 
     pub async fn clear_fault(&self, id: &str) -> Result<(), Error> {

@@ -67,12 +67,8 @@ fn text(bytes: &[u8]) -> String {
 async fn kubectl_annotate_with_a_bad_ttl_is_refused_with_the_controllers_message_and_nothing_is_stored()
  {
     let env = shared().await;
-    let alpha = env.cluster("alpha");
-    let control_plane = alpha.node("alpha-cp-1").clone();
-    let worker = alpha.node("alpha-md-0-w1").clone();
-    for node in [&control_plane, &worker] {
-        env.isolate(node, FILTER).await;
-    }
+    let [control_plane, worker] = env.nodes("alpha", ["alpha-cp-1", "alpha-md-0-w1"]);
+    env.isolate_all([&control_plane, &worker], FILTER).await;
     let _controller = env.start_controller_with_webhook(FILTER, &[]).await;
     for node in [&control_plane, &worker] {
         env.wait_for_machine(node, Duration::from_secs(60), |a| {

@@ -4,12 +4,10 @@
 
 use std::time::{Duration, Instant};
 
-use ck8s_certs_api::annotations::{REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS, REQUESTER};
+use ck8s_certs_api::annotations::{REFRESH_CERTIFICATES, REQUESTER};
 use ck8s_certs_api::capi::WATCH_FILTER_LABEL;
-use ck8s_certs_api::certificate_refresh::{
-    CertificateRefresh, CertificateRefreshSpec, Origin, RequestPhase, Requester, Target,
-};
-use ck8s_certs_e2e::fixtures::NodeInfo;
+use ck8s_certs_api::certificate_refresh::{CertificateRefresh, RequestPhase, Requester, Target};
+use ck8s_certs_e2e::fixtures::manual_request;
 use ck8s_certs_e2e::{Environment, shared};
 use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -98,27 +96,25 @@ async fn user(env: &Environment, name: &str, rules: serde_json::Value) -> (Clien
 }
 
 fn request_for(name: &str, machine: &str, requester: Option<&str>) -> CertificateRefresh {
-    let mut request = CertificateRefresh::new(
-        name,
-        CertificateRefreshSpec {
-            target: Target {
-                machine: Some(machine.into()),
-                ..Default::default()
-            },
-            ttl: "1y".into(),
-            origin: Origin::Manual,
-            requested_by: None,
-            requester: requester.map(|username| Requester {
-                username: username.into(),
-                ..Default::default()
-            }),
-            max_parallel_workers: None,
-            continue_on_failure: false,
-            suspend: false,
-        },
-    );
-    request.metadata.labels = Some([(WATCH_FILTER_LABEL.to_owned(), FILTER.to_owned())].into());
+    let target = Target {
+        machine: Some(machine.into()),
+        ..Default::default()
+    };
+    let mut request = manual_request(name, target, FILTER);
+    request.spec.requester = requester.map(|username| Requester {
+        username: username.into(),
+        ..Default::default()
+    });
     request
+}
+
+/// The first request of `records` that `matches`.
+async fn find_record(
+    records: &Api<CertificateRefresh>,
+    matches: impl Fn(&CertificateRefresh) -> bool,
+) -> Option<CertificateRefresh> {
+    let list = records.list(&Default::default()).await.unwrap();
+    list.items.into_iter().find(|r| matches(r))
 }
 
 fn refused(result: Result<impl std::fmt::Debug, kube::Error>) -> String {
@@ -131,23 +127,12 @@ fn refused(result: Result<impl std::fmt::Debug, kube::Error>) -> String {
     }
 }
 
-async fn wait_done(env: &Environment, node: &NodeInfo) {
-    let annotations = env.wait_for_refresh(node, TIMEOUT).await;
-    assert_eq!(
-        annotations[REFRESH_CERTIFICATES_STATUS], "done",
-        "{annotations:#?}"
-    );
-}
-
 #[tokio::test]
 async fn only_users_who_may_change_the_target_get_a_refresh_and_they_are_named() {
     let env = shared().await;
-    let beta = env.cluster("beta");
-    let by_request = beta.node("beta-md-0-w0").clone();
-    let by_trigger = beta.node("beta-md-0-w1").clone();
-    for node in [&by_request, &by_trigger] {
-        env.isolate(node, FILTER).await;
-    }
+    let [by_request, by_trigger] = env
+        .isolated("beta", ["beta-md-0-w0", "beta-md-0-w1"], FILTER)
+        .await;
     env.install_admission_policies().await;
     let _controller = env.start_controller_with_request_webhook(FILTER, &[]).await;
     let requests_only = json!([{ "apiGroups": ["certificates.ck8s.io"],
@@ -214,7 +199,7 @@ async fn only_users_who_may_change_the_target_get_a_refresh_and_they_are_named()
             .any(|g| g == "system:serviceaccounts"),
         "{requester:?}"
     );
-    wait_done(&env, &by_request).await;
+    env.wait_for_done(&by_request, TIMEOUT).await;
     let start = Instant::now();
     let request = loop {
         let request = as_bob.get("by-bob").await.unwrap();
@@ -263,20 +248,14 @@ async fn only_users_who_may_change_the_target_get_a_refresh_and_they_are_named()
 
     // The trigger path: the annotating user is recorded on the request the controller makes.
     let machines = env.machine_api(bob.clone(), NAMESPACE);
-    machines
-        .patch(
-            &by_trigger.machine,
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "metadata": { "annotations": { REFRESH_CERTIFICATES: "1y" } } })),
-        )
-        .await
-        .unwrap();
+    env.annotate_refresh_through(&machines, &by_trigger, "1y")
+        .await;
     assert_eq!(
         env.machine_annotations(&by_trigger).await.get(REQUESTER),
         Some(&bob_name),
         "the webhook writes the trigger's author"
     );
-    wait_done(&env, &by_trigger).await;
+    env.wait_for_done(&by_trigger, TIMEOUT).await;
     let op = env.operation(&by_trigger).await;
     assert_eq!(
         op.requester.clone().map(|r| r.username),
@@ -285,14 +264,11 @@ async fn only_users_who_may_change_the_target_get_a_refresh_and_they_are_named()
     );
     let records: Api<CertificateRefresh> =
         Api::namespaced(env.management().await.unwrap(), NAMESPACE);
-    let record = records
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .find(|r| r.spec.target.machine.as_deref() == Some(by_trigger.machine.as_str()))
-        .expect("the Machine's record");
+    let record = find_record(&records, |r| {
+        r.spec.target.machine.as_deref() == Some(by_trigger.machine.as_str())
+    })
+    .await
+    .expect("the Machine's record");
     assert_eq!(
         record.spec.requester.map(|r| r.username),
         Some(bob_name.clone())
@@ -327,13 +303,10 @@ async fn only_users_who_may_change_the_target_get_a_refresh_and_they_are_named()
         .unwrap();
     let start = Instant::now();
     let fleet = loop {
-        let found = records
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .find(|r| r.spec.target.machine_deployment.as_deref() == Some(deployment));
+        let found = find_record(&records, |r| {
+            r.spec.target.machine_deployment.as_deref() == Some(deployment)
+        })
+        .await;
         if let Some(found) = found {
             break found;
         }
@@ -349,7 +322,7 @@ async fn only_users_who_may_change_the_target_get_a_refresh_and_they_are_named()
         "the fleet request names who annotated the MachineDeployment"
     );
     for node in [&by_request, &by_trigger] {
-        wait_done(&env, node).await;
+        env.wait_for_done(node, TIMEOUT).await;
     }
 
     // Nobody can name someone else as the trigger's author afterwards.

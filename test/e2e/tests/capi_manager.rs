@@ -7,15 +7,17 @@
 //! The tests share one cluster and take turns ([`SERIAL`]).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ck8s_certs_api::annotations::{
     CERTIFICATES_EXPIRY, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS,
 };
-use ck8s_certs_e2e::capi_manager::{self, MACHINE_FINALIZER, MACHINE_SET_MANAGER};
+use ck8s_certs_e2e::capi_manager::{self, CapiManager, MACHINE_FINALIZER, MACHINE_SET_MANAGER};
 use ck8s_certs_e2e::fixtures::{ClusterSpec, NodeInfo, Role};
 use ck8s_certs_e2e::sim::runs;
 use ck8s_certs_e2e::{EnvSpec, Environment, shared_with};
+use kube::Api;
 use kube::api::{DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::json;
 
@@ -26,6 +28,30 @@ const TIMEOUT: Duration = Duration::from_secs(120);
 
 /// One test at a time on the one cluster.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// This test's turn on the environment (one test at a time), and the CAPI manager it runs.
+async fn turn() -> (
+    tokio::sync::MutexGuard<'static, ()>,
+    Arc<Environment>,
+    CapiManager,
+) {
+    let turn = SERIAL.lock().await;
+    let env = shared_with(spec).await;
+    let manager = env
+        .capi_manager
+        .clone()
+        .expect("the environment runs the manager");
+    (turn, env, manager)
+}
+
+/// The names of the objects of `api`.
+async fn names(api: &Api<DynamicObject>) -> Vec<String> {
+    let list = api.list(&ListParams::default()).await.unwrap();
+    list.items
+        .into_iter()
+        .filter_map(|o| o.metadata.name)
+        .collect()
+}
 
 /// One cluster (two control planes, two workers) in the manager's namespace, and the manager.
 fn spec() -> EnvSpec {
@@ -178,12 +204,7 @@ fn annotated_expiry(object: &DynamicObject) -> Option<jiff::Timestamp> {
 #[tokio::test]
 async fn beside_the_capi_manager_machines_are_kept_a_refresh_works_and_nothing_is_written_at_rest()
 {
-    let _turn = SERIAL.lock().await;
-    let env = shared_with(spec).await;
-    let manager = env
-        .capi_manager
-        .clone()
-        .expect("the environment runs the manager");
+    let (_turn, env, manager) = turn().await;
     let cluster = env.cluster(CLUSTER);
     let client = env.management().await.unwrap();
     let ns = capi_manager::NAMESPACE;
@@ -223,31 +244,16 @@ async fn beside_the_capi_manager_machines_are_kept_a_refresh_works_and_nothing_i
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    let set_names: Vec<String> = sets
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter_map(|m| m.metadata.name)
-        .collect();
+    let set_names = names(&sets).await;
     assert_eq!(
         set_names,
         std::slice::from_ref(&set),
         "the MachineDeployment rolled out"
     );
-    let names: Vec<String> = env
-        .machine_api(client.clone(), ns)
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter_map(|m| m.metadata.name)
-        .collect();
+    let machines = names(&env.machine_api(client.clone(), ns)).await;
     let mut expected: Vec<String> = cluster.nodes.iter().map(|n| n.machine.clone()).collect();
     expected.sort();
-    assert_eq!(names, expected, "Machines were created or deleted");
+    assert_eq!(machines, expected, "Machines were created or deleted");
     let capi_writes = writes_by(&audited(&env), capi_manager::USER);
     let creations_or_deletions: Vec<&String> = capi_writes
         .iter()
@@ -416,12 +422,7 @@ async fn beside_the_capi_manager_machines_are_kept_a_refresh_works_and_nothing_i
 /// for, with an Event that names the owner and the template.
 #[tokio::test]
 async fn a_trigger_in_the_machine_template_refreshes_each_worker_once() {
-    let _turn = SERIAL.lock().await;
-    let env = shared_with(spec).await;
-    let manager = env
-        .capi_manager
-        .clone()
-        .expect("the environment runs the manager");
+    let (_turn, env, manager) = turn().await;
     let cluster = env.cluster(CLUSTER);
     let workers: Vec<NodeInfo> = cluster.nodes_with_role(Role::Worker).cloned().collect();
     let client = env.management().await.unwrap();
@@ -569,8 +570,7 @@ async fn a_trigger_in_the_machine_template_refreshes_each_worker_once() {
 /// message names the right way.
 #[tokio::test]
 async fn a_trigger_written_into_a_machine_template_is_refused_at_admission() {
-    let _turn = SERIAL.lock().await;
-    let env = shared_with(spec).await;
+    let (_turn, env, _) = turn().await;
     let client = env.management().await.unwrap();
     let installed = env.install_admission_policies().await;
 

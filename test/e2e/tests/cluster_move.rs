@@ -79,10 +79,8 @@ async fn set_paused(env: &Environment, cluster: &str, paused: bool) {
 }
 
 async fn runs(env: &Environment, node: &NodeInfo) -> usize {
-    env.sim
-        .calls(&node.cluster, &node.node)
+    env.calls(node)
         .await
-        .unwrap()
         .iter()
         .filter(|c| c.path == path::RUN && c.method == "POST")
         .count()
@@ -482,34 +480,12 @@ async fn clusterctl_move_waits_for_the_refresh_and_takes_our_objects_along() {
             .is_some_and(|m| m.contains("before it was moved")),
         "{status:?}"
     );
-    machines
-        .patch(
-            &first.machine,
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "metadata": { "annotations": { REFRESH_CERTIFICATES: "2y" } } })),
-        )
-        .await
-        .unwrap();
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        let annotations = machines
-            .get(&first.machine)
-            .await
-            .unwrap()
-            .metadata
-            .annotations
-            .unwrap_or_default();
-        if annotations
-            .get(REFRESH_CERTIFICATES_STATUS)
-            .map(String::as_str)
-            == Some("done")
-            && !annotations.contains_key(REFRESH_CERTIFICATES)
-        {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{annotations:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    env.annotate_refresh_through(&machines, &first, "2y").await;
+    env.wait_for_annotations(&machines, &first.machine, TIMEOUT, |a| {
+        a.get(REFRESH_CERTIFICATES_STATUS).map(String::as_str) == Some("done")
+            && !a.contains_key(REFRESH_CERTIFICATES)
+    })
+    .await;
     assert_eq!(
         runs(&env, &first).await,
         2,

@@ -49,14 +49,9 @@ async fn answered_runs(env: &Environment, node: &NodeInfo) -> Vec<i64> {
 async fn beside_the_bootstrap_provider_exactly_one_controller_refreshes_and_without_ours_nothing_does()
  {
     let env = shared().await;
-    let alpha = env.cluster("alpha");
-    let nodes = [
-        alpha.node("alpha-cp-0").clone(),
-        alpha.node("alpha-md-0-w0").clone(),
-    ];
-    for node in &nodes {
-        env.isolate(node, FILTER).await;
-    }
+    let nodes = env
+        .isolated("alpha", ["alpha-cp-0", "alpha-md-0-w0"], FILTER)
+        .await;
     let controller = env.start_controller_with_webhook(FILTER, &[]).await;
     // Our expiry first, so the double (which writes a missing one itself) has nothing to write.
     for node in &nodes {

@@ -5,13 +5,12 @@
 use std::time::{Duration, Instant};
 
 use ck8s_certs::k8sd::wire::path;
-use ck8s_certs_api::annotations::REFRESH_CERTIFICATES_STATUS;
 use ck8s_certs_api::machine_certificates::Phase;
 use ck8s_certs_e2e::Environment;
 use ck8s_certs_e2e::controller::Controller;
 use ck8s_certs_e2e::fixtures::NodeInfo;
 use ck8s_certs_e2e::shared;
-use ck8s_certs_e2e::sim::{CallRecord, Endpoint, Fault, runs};
+use ck8s_certs_e2e::sim::{CallRecord, Endpoint, runs};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 
@@ -61,11 +60,7 @@ async fn expect_finished(
     env: &Environment,
     node: &NodeInfo,
 ) -> ck8s_certs_api::machine_certificates::Operation {
-    let annotations = env.wait_for_refresh(node, TIMEOUT).await;
-    assert_eq!(
-        annotations[REFRESH_CERTIFICATES_STATUS], "done",
-        "{annotations:#?}"
-    );
+    env.wait_for_done(node, TIMEOUT).await;
     let status = env
         .machine_certificates(node)
         .await
@@ -85,7 +80,7 @@ async fn expect_finished(
 
 /// Every completed `run` (answered 200) of `node`, and that none was sent after one completed.
 async fn completed_runs(env: &Environment, node: &NodeInfo) -> Vec<CallRecord> {
-    let calls = env.sim.calls(&node.cluster, &node.node).await.unwrap();
+    let calls = env.calls(node).await;
     let runs = runs(&calls);
     if let Some(first) = runs.iter().position(|r| r.status == 200) {
         assert_eq!(
@@ -103,11 +98,11 @@ async fn completed_runs(env: &Environment, node: &NodeInfo) -> Vec<CallRecord> {
 #[tokio::test]
 async fn leader_killed_after_a_worker_run_the_standby_refreshes_it_again_with_a_new_plan() {
     let env = shared().await;
-    let node = env.cluster("alpha").node("alpha-md-0-w0").clone();
-    env.isolate(&node, "failover-worker").await;
+    let filter = "failover-worker";
+    let [node] = env.isolated("alpha", ["alpha-md-0-w0"], filter).await;
     let (mut a, b) = two_replicas(
         &env,
-        "failover-worker",
+        filter,
         &[],
         &[("CK8S_CERTS_FAILPOINTS", "after-run-answered")],
     )
@@ -118,7 +113,7 @@ async fn leader_killed_after_a_worker_run_the_standby_refreshes_it_again_with_a_
     a.wait_for_exit(TIMEOUT).await;
     let died = Instant::now();
     expect_finished_by(&env, &node, &b, died).await;
-    let calls = env.sim.calls(&node.cluster, &node.node).await.unwrap();
+    let calls = env.calls(&node).await;
     let answered: Vec<&CallRecord> = runs(&calls)
         .into_iter()
         .filter(|r| r.status == 200)
@@ -156,26 +151,16 @@ async fn expect_finished_by(
 #[tokio::test]
 async fn leader_killed_during_a_control_plane_run_the_standby_finishes_it_with_a_new_plan() {
     let env = shared().await;
-    let node = env.cluster("beta").node("beta-cp-0").clone();
-    env.isolate(&node, "failover-cp-kill").await;
-    let (a, b) = two_replicas(&env, "failover-cp-kill", &[], &[]).await;
-    env.sim
-        .inject(
-            &Fault::latency(Duration::from_secs(3))
-                .on(&node)
-                .at(Endpoint::Run)
-                .times(1),
-        )
-        .await
-        .unwrap();
-    env.annotate_refresh(&node, "1y").await;
-    env.wait_for_call(&node, path::RUN, TIMEOUT, |c| c.status == 0)
+    let filter = "failover-cp-kill";
+    let [node] = env.isolated("beta", ["beta-cp-0"], filter).await;
+    let (a, b) = two_replicas(&env, filter, &[], &[]).await;
+    env.annotate_held_at(&node, Endpoint::Run, Duration::from_secs(3), TIMEOUT)
         .await;
     // Killed while run is held back: the node never acted on it (the client left first).
     a.crash();
     let died = Instant::now();
     expect_finished_by(&env, &node, &b, died).await;
-    let calls = env.sim.calls(&node.cluster, &node.node).await.unwrap();
+    let calls = env.calls(&node).await;
     let runs = runs(&calls);
     assert_eq!(runs.len(), 2, "{runs:#?}");
     assert_ne!(
@@ -190,24 +175,10 @@ async fn leader_killed_during_a_control_plane_run_the_standby_finishes_it_with_a
 #[tokio::test]
 async fn leader_stopped_during_a_control_plane_run_finishes_it_and_hands_over() {
     let env = shared().await;
-    let alpha = env.cluster("alpha");
-    let cp = alpha.node("alpha-cp-0").clone();
-    let worker = alpha.node("alpha-md-0-w1").clone();
-    for node in [&cp, &worker] {
-        env.isolate(node, "failover-cp-stop").await;
-    }
+    let [cp, worker] = env.nodes("alpha", ["alpha-cp-0", "alpha-md-0-w1"]);
+    env.isolate_all([&cp, &worker], "failover-cp-stop").await;
     let (mut a, b) = two_replicas(&env, "failover-cp-stop", &[], &[]).await;
-    env.sim
-        .inject(
-            &Fault::latency(Duration::from_secs(3))
-                .on(&cp)
-                .at(Endpoint::Run)
-                .times(1),
-        )
-        .await
-        .unwrap();
-    env.annotate_refresh(&cp, "1y").await;
-    env.wait_for_call(&cp, path::RUN, TIMEOUT, |c| c.status == 0)
+    env.annotate_held_at(&cp, Endpoint::Run, Duration::from_secs(3), TIMEOUT)
         .await;
 
     // SIGTERM as the kubelet sends it: no new work, the run in flight finishes and is recorded,
@@ -235,10 +206,7 @@ async fn leader_stopped_during_a_control_plane_run_finishes_it_and_hands_over() 
     let op = expect_finished(&env, &cp).await;
     assert_eq!(op.run_attempts, 1, "{op:#?}");
     assert_eq!(completed_runs(&env, &cp).await.len(), 1);
-    assert_eq!(
-        runs(&env.sim.calls(&cp.cluster, &cp.node).await.unwrap()).len(),
-        1
-    );
+    assert_eq!(runs(&env.calls(&cp).await).len(), 1);
 
     // The standby takes over at once (the Lease was released, not left to expire) and does
     // the worker that arrived during the drain.
@@ -304,22 +272,11 @@ fn signal(controller: &Controller, signal: libc::c_int) {
 #[tokio::test]
 async fn a_leader_paused_past_its_lease_sends_nothing_after_the_standby_took_over() {
     let env = shared().await;
-    let cp = env.cluster("trio").node("trio-cp-2").clone();
-    env.isolate(&cp, "failover-paused").await;
+    let [cp] = env.isolated("trio", ["trio-cp-2"], "failover-paused").await;
     let (mut a, b) = two_replicas(&env, "failover-paused", &[], &[]).await;
     // The leader's `plan` is answered late: it is frozen (SIGSTOP, as a VM pause or a debugger
     // would) while it waits, with a seed about to come back.
-    env.sim
-        .inject(
-            &Fault::latency(Duration::from_secs(3))
-                .on(&cp)
-                .at(Endpoint::Plan)
-                .times(1),
-        )
-        .await
-        .unwrap();
-    env.annotate_refresh(&cp, "1y").await;
-    env.wait_for_call(&cp, path::PLAN, TIMEOUT, |c| c.status == 0)
+    env.annotate_held_at(&cp, Endpoint::Plan, Duration::from_secs(3), TIMEOUT)
         .await;
     signal(&a, libc::SIGSTOP);
     let paused = Instant::now();
@@ -331,7 +288,7 @@ async fn a_leader_paused_past_its_lease_sends_nothing_after_the_standby_took_ove
         paused.elapsed().as_secs_f64()
     );
     expect_finished(&env, &cp).await;
-    let before = runs(&env.sim.calls(&cp.cluster, &cp.node).await.unwrap()).len();
+    let before = runs(&env.calls(&cp).await).len();
     assert_eq!(before, 1);
 
     // The old leader wakes with its `plan` answered: its term is over, so it records nothing,
@@ -340,7 +297,7 @@ async fn a_leader_paused_past_its_lease_sends_nothing_after_the_standby_took_ove
     a.wait_for_exit(TIMEOUT).await;
     let status = a.process.check_running().unwrap_err().to_string();
     assert!(status.contains("exit status: 1"), "{status}");
-    let calls = env.sim.calls(&cp.cluster, &cp.node).await.unwrap();
+    let calls = env.calls(&cp).await;
     assert_eq!(runs(&calls).len(), 1, "{:#?}", runs(&calls));
     assert_eq!(completed_runs(&env, &cp).await.len(), 1);
     assert_eq!(
@@ -368,17 +325,11 @@ async fn leader_stopped_while_a_worker_run_waits_for_approval_the_run_is_waited_
     .await;
     for cp in gamma.nodes.iter().filter(|n| n.machine.contains("-cp-")) {
         env.sim
-            .inject(
-                &Fault::latency(Duration::from_secs(8))
-                    .on(cp)
-                    .at(Endpoint::Approve)
-                    .times(1),
-            )
+            .delay_next(cp, Endpoint::Approve, Duration::from_secs(8))
             .await
             .unwrap();
     }
-    env.annotate_refresh(&worker, "1y").await;
-    env.wait_for_call(&worker, path::RUN, TIMEOUT, |c| c.status == 0)
+    env.annotate_until_held(&worker, "1y", path::RUN, TIMEOUT)
         .await;
     let first = env.operation(&worker).await;
     let seeded_at = first
@@ -417,7 +368,7 @@ async fn leader_stopped_while_a_worker_run_waits_for_approval_the_run_is_waited_
     expect_finished(&env, &worker).await;
 
     // One run answered; the new plan came only after the first run's timeout had passed.
-    let calls = env.sim.calls(&worker.cluster, &worker.node).await.unwrap();
+    let calls = env.calls(&worker).await;
     let all = runs(&calls);
     assert_eq!(all.len(), 2, "{all:#?}");
     assert_eq!(completed_runs(&env, &worker).await.len(), 1);

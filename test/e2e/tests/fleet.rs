@@ -17,9 +17,9 @@ use ck8s_certs_api::annotations::{
 };
 use ck8s_certs_api::capi::WATCH_FILTER_LABEL;
 use ck8s_certs_api::certificate_refresh::{
-    CertificateRefresh, CertificateRefreshSpec, MachinePhase, Origin, RequestPhase, Target, labels,
+    CertificateRefresh, MachinePhase, Origin, RequestPhase, Target, labels,
 };
-use ck8s_certs_e2e::fixtures::{NodeInfo, Role};
+use ck8s_certs_e2e::fixtures::{NodeInfo, Role, manual_request};
 use ck8s_certs_e2e::sim::{CallRecord, Endpoint, Fault};
 use ck8s_certs_e2e::{EnvSpec, Environment, shared_with};
 use k8s_openapi::api::core::v1::Event;
@@ -126,11 +126,16 @@ async fn finished(env: &Environment, namespace: &str, name: &str) -> Certificate
     }
 }
 
+fn cluster_target(cluster: &str) -> Target {
+    Target {
+        cluster: Some(cluster.into()),
+        ..Default::default()
+    }
+}
+
 async fn runs(env: &Environment, node: &NodeInfo) -> Vec<CallRecord> {
-    env.sim
-        .calls(&node.cluster, &node.node)
+    env.calls(node)
         .await
-        .unwrap()
         .into_iter()
         .filter(|c| c.path == path::RUN && c.method == "POST")
         .collect()
@@ -369,24 +374,8 @@ async fn a_failure_stops_the_fleet_and_continue_on_failure_carries_on() {
 
     // The same with continueOnFailure, made by hand: every other Machine is refreshed.
     let api = requests(env.management().await.unwrap(), "fleet");
-    let mut request = CertificateRefresh::new(
-        "beta-continue",
-        CertificateRefreshSpec {
-            target: Target {
-                cluster: Some("beta".into()),
-                ..Default::default()
-            },
-            ttl: "1y".into(),
-            origin: Origin::Manual,
-            requested_by: None,
-            requester: None,
-            max_parallel_workers: None,
-            continue_on_failure: true,
-            suspend: false,
-        },
-    );
-    request.metadata.labels =
-        Some([(WATCH_FILTER_LABEL.to_owned(), "fleet-beta".to_owned())].into());
+    let mut request = manual_request("beta-continue", cluster_target("beta"), "fleet-beta");
+    request.spec.continue_on_failure = true;
     api.create(&PostParams::default(), &request).await.unwrap();
     let carried = finished(&env, "fleet", "beta-continue")
         .await
@@ -456,24 +445,8 @@ async fn bad_input_and_overlapping_requests_get_a_clear_answer() {
 
     let api = requests(env.management().await.unwrap(), "edge");
     let create = |name: &str, cluster: &str| {
-        let mut request = CertificateRefresh::new(
-            name,
-            CertificateRefreshSpec {
-                target: Target {
-                    cluster: Some(cluster.into()),
-                    ..Default::default()
-                },
-                ttl: "1y".into(),
-                origin: Origin::Manual,
-                requested_by: None,
-                requester: None,
-                max_parallel_workers: Some(1),
-                continue_on_failure: false,
-                suspend: false,
-            },
-        );
-        request.metadata.labels =
-            Some([(WATCH_FILTER_LABEL.to_owned(), "fleet-gamma".to_owned())].into());
+        let mut request = manual_request(name, cluster_target(cluster), "fleet-gamma");
+        request.spec.max_parallel_workers = Some(1);
         request
     };
     // A cluster that does not exist.

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use ck8s_certs::k8sd::client::MAX_ANSWER_BYTES;
 use ck8s_certs::k8sd::wire::path;
 use ck8s_certs_api::annotations::REFRESH_CERTIFICATES_STATUS;
-use ck8s_certs_e2e::Environment;
-use ck8s_certs_e2e::shared;
+use ck8s_certs_e2e::fixtures::NodeInfo;
 use ck8s_certs_e2e::sim::{Endpoint, Fault};
+use ck8s_certs_e2e::{Environment, shared};
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 /// What the hostile node answers: 100 times the cap.
@@ -57,6 +57,17 @@ fn huge_answers_sent(env: &Environment) -> Vec<u64> {
         .collect()
 }
 
+/// Injects `fault` on `node`, annotates a refresh and waits for it to fail; says how long that
+/// took. Returns the failure.
+async fn failure_with(env: &Environment, node: &NodeInfo, fault: Fault, what: &str) -> String {
+    let started = Instant::now();
+    env.sim.inject(&fault.on(node)).await.unwrap();
+    env.annotate_refresh(node, "1y").await;
+    let error = env.refresh_failure(node, TIMEOUT).await;
+    println!("{what}: failed after {:?}: {error}", started.elapsed());
+    error
+}
+
 async fn wait_for_huge_answers(env: &Environment, count: usize) -> Vec<u64> {
     let start = Instant::now();
     loop {
@@ -71,34 +82,17 @@ async fn wait_for_huge_answers(env: &Environment, count: usize) -> Vec<u64> {
 #[tokio::test]
 async fn a_node_answering_100_mib_fails_its_refresh_without_exhausting_the_controller() {
     let env = shared().await;
-    let alpha = env.cluster("alpha");
-    let hostile_worker = alpha.node("alpha-md-0-w0").clone();
-    let hostile_control_plane = alpha.node("alpha-cp-1").clone();
-    let healthy = alpha.node("alpha-md-0-w1").clone();
-    for node in [&hostile_worker, &hostile_control_plane, &healthy] {
-        env.isolate(node, "hostile").await;
-    }
+    let machines = ["alpha-md-0-w0", "alpha-cp-1", "alpha-md-0-w1"];
+    let [hostile_worker, hostile_control_plane, healthy] =
+        env.isolated("alpha", machines, "hostile").await;
     let mut controller = env.start_controller("hostile", &[]);
     controller.wait_until_ready(TIMEOUT).await;
     let started_kib = peak_kib(controller.process.pid());
 
     // A worker whose plan answers 100 MiB (200, a k8sd envelope padded inside a string).
-    let started = Instant::now();
-    env.sim
-        .inject(&Fault::huge(HUGE).on(&hostile_worker).at(Endpoint::Plan))
-        .await
-        .unwrap();
-    env.annotate_refresh(&hostile_worker, "1y").await;
-    let plan_error = env.refresh_failure(&hostile_worker, TIMEOUT).await;
-    println!(
-        "huge plan answer: failed after {:?}: {plan_error}",
-        started.elapsed()
-    );
-    let calls = env
-        .sim
-        .calls(&hostile_worker.cluster, &hostile_worker.node)
-        .await
-        .unwrap();
+    let huge_plan = Fault::huge(HUGE).at(Endpoint::Plan);
+    let plan_error = failure_with(&env, &hostile_worker, huge_plan, "huge plan answer").await;
+    let calls = env.calls(&hostile_worker).await;
     let plans: Vec<_> = calls.iter().filter(|c| c.path == path::PLAN).collect();
     assert!(
         !plans.is_empty() && plans.iter().all(|c| c.fault == "huge"),
@@ -111,27 +105,17 @@ async fn a_node_answering_100_mib_fails_its_refresh_without_exhausting_the_contr
     println!("plan calls to the hostile worker: {}", plans.len());
 
     // A control plane whose run answers a 100 MiB error (500): error bodies are capped too.
-    let started = Instant::now();
-    env.sim
-        .inject(
-            &Fault::huge(HUGE)
-                .with_status(500)
-                .on(&hostile_control_plane)
-                .at(Endpoint::Run),
-        )
-        .await
-        .unwrap();
-    env.annotate_refresh(&hostile_control_plane, "1y").await;
-    let run_error = env.refresh_failure(&hostile_control_plane, TIMEOUT).await;
-    println!(
-        "huge run error answer: failed after {:?}: {run_error}",
-        started.elapsed()
-    );
+    let huge_error = Fault::huge(HUGE).with_status(500).at(Endpoint::Run);
+    let run_error = failure_with(
+        &env,
+        &hostile_control_plane,
+        huge_error,
+        "huge run error answer",
+    )
+    .await;
     let runs: Vec<_> = env
-        .sim
-        .calls(&hostile_control_plane.cluster, &hostile_control_plane.node)
+        .calls(&hostile_control_plane)
         .await
-        .unwrap()
         .into_iter()
         .filter(|c| c.path == path::RUN)
         .collect();
@@ -174,11 +158,7 @@ async fn a_node_answering_100_mib_fails_its_refresh_without_exhausting_the_contr
         annotations[REFRESH_CERTIFICATES_STATUS], "done",
         "{annotations:#?}"
     );
-    let calls = env
-        .sim
-        .calls(&healthy.cluster, &healthy.node)
-        .await
-        .unwrap();
+    let calls = env.calls(&healthy).await;
     assert!(calls.iter().all(|c| c.fault.is_empty()), "{calls:#?}");
     println!(
         "controller VmHWM at the end: {} KiB",

@@ -134,18 +134,7 @@ async fn an_unknown_json_field_is_a_400_from_strict_decoding() {
         .unwrap();
     assert_eq!(response.status, 400);
     // The exact documented request succeeds.
-    let plan: PlanResponse = k8sd
-        .call(
-            path::PLAN,
-            Auth {
-                header: NODE,
-                token: &token,
-            },
-            &PlanRequest::default(),
-            TIMEOUT,
-        )
-        .await
-        .unwrap();
+    let plan = node_plan(&mut k8sd, &token, TIMEOUT).await.unwrap();
     assert_eq!(
         plan.certificate_signing_requests, None,
         "a control plane names no CSRs"
@@ -155,9 +144,7 @@ async fn an_unknown_json_field_is_a_400_from_strict_decoding() {
 #[tokio::test]
 async fn tokens_are_checked_against_this_nodes_machine() {
     let env = shared().await;
-    let alpha = env.cluster("alpha");
-    let node = alpha.node("alpha-md-0-w0").clone();
-    let other_machine = alpha.node("alpha-md-0-w1").clone();
+    let [node, other_machine] = env.nodes("alpha", ["alpha-md-0-w0", "alpha-md-0-w1"]);
     let mut k8sd = env.k8sd(&node).await;
     let expect_401 = |err: K8sdError, text: &str| match err {
         K8sdError::Api {
@@ -206,16 +193,7 @@ async fn a_worker_refresh_runs_plan_then_run_alongside_approve_and_signs_three_c
     let capi_token = env.capi_auth_token("beta");
 
     let mut on_worker = env.k8sd(&worker).await;
-    let plan: PlanResponse = on_worker
-        .call(
-            path::PLAN,
-            Auth {
-                header: NODE,
-                token: &node_token,
-            },
-            &PlanRequest::default(),
-            TIMEOUT,
-        )
+    let plan = node_plan(&mut on_worker, &node_token, TIMEOUT)
         .await
         .unwrap();
     let seed = plan.seed;
@@ -239,10 +217,7 @@ async fn a_worker_refresh_runs_plan_then_run_alongside_approve_and_signs_three_c
     };
     let run = on_worker.call::<_, RunResponse>(
         path::RUN,
-        Auth {
-            header: NODE,
-            token: &node_token,
-        },
+        node_auth(&node_token),
         &run_request,
         Duration::from_secs(60),
     );
@@ -339,16 +314,7 @@ async fn an_injected_hang_times_out_on_the_client_side() {
     let token = env.node_token(&node);
     let mut k8sd = env.k8sd(&node).await;
     let started = std::time::Instant::now();
-    let err = k8sd
-        .call::<_, PlanResponse>(
-            path::PLAN,
-            Auth {
-                header: NODE,
-                token: &token,
-            },
-            &PlanRequest::default(),
-            Duration::from_millis(800),
-        )
+    let err = node_plan(&mut k8sd, &token, Duration::from_millis(800))
         .await
         .unwrap_err();
     env.sim.clear_fault(&id).await.unwrap();
@@ -358,17 +324,7 @@ async fn an_injected_hang_times_out_on_the_client_side() {
 
     // Cleared: a new connection works again.
     let mut k8sd = env.k8sd(&node).await;
-    k8sd.call::<_, PlanResponse>(
-        path::PLAN,
-        Auth {
-            header: NODE,
-            token: &token,
-        },
-        &PlanRequest::default(),
-        TIMEOUT,
-    )
-    .await
-    .unwrap();
+    node_plan(&mut k8sd, &token, TIMEOUT).await.unwrap();
 }
 
 #[tokio::test]
@@ -376,10 +332,7 @@ async fn injected_faults_surface_as_typed_errors() {
     let env = shared().await;
     let node = env.cluster("alpha").node("alpha-md-0-w1").clone();
     let token = env.node_token(&node);
-    let auth = Auth {
-        header: NODE,
-        token: &token,
-    };
+    let auth = node_auth(&token);
     type Check = Box<dyn Fn(&K8sdError) -> bool>;
     let cases: Vec<(Fault, Check)> = vec![
         (
@@ -428,10 +381,7 @@ async fn a_control_plane_run_issues_a_certificate_with_the_requested_lifetime_an
     let beta = env.cluster("beta");
     let node = beta.node("beta-cp-1").clone();
     let token = env.node_token(&node);
-    let auth = Auth {
-        header: NODE,
-        token: &token,
-    };
+    let auth = node_auth(&token);
     let mut k8sd = env.k8sd(&node).await;
     let plan: PlanResponse = k8sd
         .call(path::PLAN, auth, &PlanRequest::default(), TIMEOUT)
@@ -495,6 +445,29 @@ async fn plan(
     .unwrap()
     .decode::<PlanResponse>("plan")
     .unwrap_err()
+}
+
+/// A node's own credentials: its `node-token`.
+fn node_auth(token: &Token) -> Auth<'_> {
+    Auth {
+        header: NODE,
+        token,
+    }
+}
+
+/// The documented `plan` request (an empty one) as the node itself.
+async fn node_plan(
+    k8sd: &mut ck8s_certs::k8sd::Connection,
+    token: &Token,
+    timeout: Duration,
+) -> Result<PlanResponse, K8sdError> {
+    k8sd.call(
+        path::PLAN,
+        node_auth(token),
+        &PlanRequest::default(),
+        timeout,
+    )
+    .await
 }
 
 fn token_value(token: &Token) -> &str {

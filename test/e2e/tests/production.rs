@@ -140,11 +140,7 @@ async fn three_control_planes_are_refreshed_strictly_one_at_a_time_then_the_work
 #[tokio::test]
 async fn a_lost_run_answer_is_refreshed_again_with_a_new_plan_until_the_node_serves_it() {
     let env = shared().await;
-    let beta = env.cluster("beta");
-    let nodes = [
-        beta.node("beta-cp-0").clone(),
-        beta.node("beta-md-0-w0").clone(),
-    ];
+    let nodes = env.nodes("beta", ["beta-cp-0", "beta-md-0-w0"]);
     for node in &nodes {
         env.isolate(node, "lost-answer").await;
         // The node writes its certificates, then the answer is lost: no restart, so it keeps

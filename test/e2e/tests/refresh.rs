@@ -2,6 +2,7 @@
 //! against real API servers and simulated nodes, with the controller running under the
 //! least-privilege rights of `config/rbac`.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use ck8s_certs::k8sd::wire::path;
@@ -10,8 +11,9 @@ use ck8s_certs_api::annotations::{
 };
 use ck8s_certs_api::certificate_refresh::{CertificateRefresh, RequestPhase, labels};
 use ck8s_certs_api::machine_certificates::Phase;
-use ck8s_certs_e2e::shared;
-use ck8s_certs_e2e::sim::{Endpoint, Fault, runs};
+use ck8s_certs_e2e::fixtures::{NodeInfo, Role};
+use ck8s_certs_e2e::sim::{Endpoint, runs};
+use ck8s_certs_e2e::{Environment, shared};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::Api;
 
@@ -25,27 +27,32 @@ fn posts(calls: &[ck8s_certs_e2e::sim::CallRecord]) -> Vec<&str> {
         .collect()
 }
 
+/// Annotates a refresh of `ttl` and waits until it is done; says how long it took.
+async fn timed_refresh(env: &Environment, node: &NodeInfo, ttl: &str) -> BTreeMap<String, String> {
+    let started = std::time::Instant::now();
+    env.annotate_refresh(node, ttl).await;
+    let annotations = env.wait_for_done(node, REFRESH_TIMEOUT).await;
+    let what = match node.role {
+        Role::ControlPlane => "control-plane",
+        Role::Worker => "worker",
+    };
+    println!(
+        "{what} refresh took {:.2}s",
+        started.elapsed().as_secs_f64()
+    );
+    annotations
+}
+
 #[tokio::test]
 async fn a_control_plane_refresh_touches_only_that_node_and_records_the_new_expiry() {
     let env = shared().await;
-    let node = env.cluster("alpha").node("alpha-cp-0").clone();
     let filter = "cp-refresh";
-    env.isolate(&node, filter).await;
-    env.sim.clear_calls("alpha", &node.node).await.unwrap();
+    let [node] = env.nodes("alpha", ["alpha-cp-0"]);
+    env.isolate_fresh([&node], filter).await;
     let before_calls = env.sim.calls("", "").await.unwrap().len();
     let _controller = env.start_controller(filter, &[]);
 
-    let started = std::time::Instant::now();
-    env.annotate_refresh(&node, "1y").await;
-    let annotations = env.wait_for_refresh(&node, REFRESH_TIMEOUT).await;
-    println!(
-        "control-plane refresh took {:.2}s",
-        started.elapsed().as_secs_f64()
-    );
-    assert_eq!(
-        annotations[REFRESH_CERTIFICATES_STATUS], "done",
-        "{annotations:#?}"
-    );
+    let annotations = timed_refresh(&env, &node, "1y").await;
     assert!(!annotations.contains_key(REFRESH_CERTIFICATES));
 
     // The expiry is the node's new certificate's NotAfter, RFC 3339 in UTC.
@@ -114,12 +121,7 @@ async fn a_control_plane_refresh_touches_only_that_node_and_records_the_new_expi
         status.k8sd_fingerprint.as_deref(),
         Some(state.k8sd_fingerprint_sha256.as_str())
     );
-    let reasons: Vec<String> = env
-        .machine_events(&node)
-        .await
-        .into_iter()
-        .filter_map(|e| e.reason)
-        .collect();
+    let reasons = env.event_reasons(&node).await;
     assert!(
         reasons.contains(&"CertificatesRefreshInProgress".into())
             && reasons.contains(&"CertificatesRefreshDone".into()),
@@ -130,29 +132,17 @@ async fn a_control_plane_refresh_touches_only_that_node_and_records_the_new_expi
 #[tokio::test]
 async fn a_worker_refresh_gets_three_approved_signed_csrs_and_reports_the_lifetime_it_got() {
     let env = shared().await;
-    let beta = env.cluster("beta");
-    let node = beta.node("beta-md-0-w0").clone();
     let filter = "worker-refresh";
-    env.isolate(&node, filter).await;
+    let [node] = env.isolated("beta", ["beta-md-0-w0"], filter).await;
     let _controller = env.start_controller(filter, &[]);
     env.sim.clear_calls("beta", &node.node).await.unwrap();
-
-    let started = std::time::Instant::now();
-    env.annotate_refresh(&node, "90d").await;
-    let annotations = env.wait_for_refresh(&node, REFRESH_TIMEOUT).await;
-    println!(
-        "worker refresh took {:.2}s",
-        started.elapsed().as_secs_f64()
-    );
-    assert_eq!(
-        annotations[REFRESH_CERTIFICATES_STATUS], "done",
-        "{annotations:#?}"
-    );
+    timed_refresh(&env, &node, "90d").await;
 
     let mc = env.machine_certificates(&node).await.unwrap();
     let op = mc.status.unwrap().operation.unwrap();
     let seed = op.seed.unwrap();
-    let csrs: Api<CertificateSigningRequest> = Api::all(beta.client().await.unwrap());
+    let workload = env.cluster("beta").client().await.unwrap();
+    let csrs: Api<CertificateSigningRequest> = Api::all(workload);
     for suffix in [
         "worker-kubelet-serving",
         "worker-kubelet-client",
@@ -172,12 +162,7 @@ async fn a_worker_refresh_gets_three_approved_signed_csrs_and_reports_the_lifeti
     // Published k8sd signs for ten years whatever was asked: said in the record and an Event.
     let note = op.note.unwrap_or_default();
     assert!(note.contains("90 days"), "{note}");
-    let reasons: Vec<String> = env
-        .machine_events(&node)
-        .await
-        .into_iter()
-        .filter_map(|e| e.reason)
-        .collect();
+    let reasons = env.event_reasons(&node).await;
     assert!(
         reasons.contains(&"CertificatesLifetimeMismatch".into()),
         "{reasons:?}"
@@ -189,10 +174,8 @@ async fn a_worker_refresh_gets_three_approved_signed_csrs_and_reports_the_lifeti
 #[tokio::test]
 async fn a_bad_ttl_fails_at_once_without_calling_k8sd_and_names_the_accepted_forms() {
     let env = shared().await;
-    let node = env.cluster("alpha").node("alpha-md-0-w0").clone();
-    let filter = "bad-ttl";
-    env.isolate(&node, filter).await;
-    let _controller = env.start_controller(filter, &[]);
+    let [node] = env.isolated("alpha", ["alpha-md-0-w0"], "bad-ttl").await;
+    let _controller = env.start_controller("bad-ttl", &[]);
     // Let the controller read the expiry first, so the only k8sd traffic left is what a bad TTL causes.
     env.wait_for_machine(&node, Duration::from_secs(30), |a| {
         a.contains_key(CERTIFICATES_EXPIRY)
@@ -237,21 +220,15 @@ async fn a_refresh_is_journaled_in_its_request_and_without_history_none_is_kept(
     // Not a control plane of beta or alpha: the worker tests of this file, run at the same
     // time, pick those as approvers, and one restarting under an approve costs a worker a
     // second `run` (which `refresh_costs` counts).
-    let node = env.cluster("trio").node("trio-cp-0").clone();
-    env.isolate(&node, "journal").await;
-    env.sim
-        .inject(
-            &Fault::latency(Duration::from_secs(3))
-                .on(&node)
-                .at(Endpoint::Run)
-                .times(1),
-        )
-        .await
-        .unwrap();
+    let [node] = env.isolated("trio", ["trio-cp-0"], "journal").await;
     let _controller = env.start_controller("journal", &["--refresh-history", "0"]);
-    env.annotate_refresh(&node, "1y").await;
-    env.wait_for_call(&node, path::RUN, REFRESH_TIMEOUT, |c| c.status == 0)
-        .await;
+    env.annotate_held_at(
+        &node,
+        Endpoint::Run,
+        Duration::from_secs(3),
+        REFRESH_TIMEOUT,
+    )
+    .await;
 
     let annotations = env.machine_annotations(&node).await;
     assert_eq!(annotations[REFRESH_CERTIFICATES_STATUS], "in-progress");
@@ -266,7 +243,7 @@ async fn a_refresh_is_journaled_in_its_request_and_without_history_none_is_kept(
     let status = request.status.expect("the seed is recorded before run");
     assert_eq!(status.phase, Some(RequestPhase::Running), "{status:#?}");
     let op = status.operation.expect("the operation");
-    let calls = env.sim.calls(&node.cluster, &node.node).await.unwrap();
+    let calls = env.calls(&node).await;
     let sent = runs(&calls);
     assert_eq!(sent.len(), 1, "{sent:#?}");
     assert_eq!((op.phase, op.run_attempts), (Phase::Running, 1));
@@ -301,8 +278,7 @@ async fn a_refresh_is_journaled_in_its_request_and_without_history_none_is_kept(
         "{refreshing:#?}"
     );
 
-    let annotations = env.wait_for_refresh(&node, REFRESH_TIMEOUT).await;
-    assert_eq!(annotations[REFRESH_CERTIFICATES_STATUS], "done");
+    let annotations = env.wait_for_done(&node, REFRESH_TIMEOUT).await;
     assert!(
         !annotations.contains_key(IN_FLIGHT_REFRESH),
         "{annotations:#?}"
@@ -333,14 +309,9 @@ async fn a_refresh_is_journaled_in_its_request_and_without_history_none_is_kept(
 #[tokio::test]
 async fn refresh_costs() {
     let env = shared().await;
-    let beta = env.cluster("beta");
-    let cp = beta.node("beta-cp-1").clone();
-    let worker = beta.node("beta-md-0-w1").clone();
     let filter = "costs";
-    for node in [&cp, &worker] {
-        env.isolate(node, filter).await;
-        env.sim.clear_calls("beta", &node.node).await.unwrap();
-    }
+    let [cp, worker] = env.nodes("beta", ["beta-cp-1", "beta-md-0-w1"]);
+    env.isolate_fresh([&cp, &worker], filter).await;
     let controller = env.start_controller(filter, &[]);
     // Let the controller settle (MachineCertificates created, expiry read) before measuring.
     for node in [&cp, &worker] {
@@ -359,9 +330,8 @@ async fn refresh_costs() {
             ck8s_certs_e2e::controlplane::audited_writes(&env.dir, "management").len();
         let started = std::time::Instant::now();
         env.annotate_refresh(node, ttl).await;
-        let annotations = env.wait_for_refresh(node, REFRESH_TIMEOUT).await;
+        env.wait_for_done(node, REFRESH_TIMEOUT).await;
         let elapsed = started.elapsed();
-        assert_eq!(annotations[REFRESH_CERTIFICATES_STATUS], "done");
         tokio::time::sleep(Duration::from_millis(1500)).await;
         let calls = env.sim.calls("beta", "").await.unwrap();
         let posts: Vec<_> = calls[calls_before..]
@@ -461,8 +431,8 @@ async fn refresh_costs() {
 #[tokio::test]
 async fn machines_with_the_same_name_in_two_namespaces_never_mix() {
     let env = shared().await;
-    let fleet = env.cluster("alpha").node("alpha-cp-1").clone();
-    let edge = env.cluster("gamma").node("alpha-cp-1").clone();
+    let [fleet] = env.nodes("alpha", ["alpha-cp-1"]);
+    let [edge] = env.nodes("gamma", ["alpha-cp-1"]);
     assert_eq!(fleet.machine, edge.machine);
     assert_ne!(
         (&fleet.namespace, &fleet.node),
@@ -475,13 +445,8 @@ async fn machines_with_the_same_name_in_two_namespaces_never_mix() {
     env.annotate_refresh(&fleet, "1y").await;
     env.annotate_refresh(&edge, "2y").await;
     for (node, ttl_seconds) in [(&fleet, 365 * 86_400), (&edge, 2 * 365 * 86_400)] {
-        let annotations = env.wait_for_refresh(node, REFRESH_TIMEOUT).await;
-        assert_eq!(
-            annotations[REFRESH_CERTIFICATES_STATUS], "done",
-            "{}/{}",
-            node.namespace, node.machine
-        );
-        let calls = env.sim.calls(&node.cluster, &node.node).await.unwrap();
+        let annotations = env.wait_for_done(node, REFRESH_TIMEOUT).await;
+        let calls = env.calls(node).await;
         let runs: Vec<_> = calls.iter().filter(|c| c.path == path::RUN).collect();
         assert_eq!(runs.len(), 1, "{}: {runs:#?}", node.cluster);
         let body: serde_json::Value = serde_json::from_str(&runs[0].body).unwrap();

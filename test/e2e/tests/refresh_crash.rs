@@ -3,75 +3,88 @@
 //! leaves `run`'s outcome unknown, the refresh is done again with a new `plan` and a new seed
 //! (released k8sd refuses a worker seed twice), and the recorded expiry is what the node serves.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use ck8s_certs::k8sd::wire::path;
 use ck8s_certs_api::annotations::{IN_FLIGHT_REFRESH, REFRESH_CERTIFICATES_STATUS};
 use ck8s_certs_api::machine_certificates::Phase;
+use ck8s_certs_e2e::controller::Controller;
 use ck8s_certs_e2e::fixtures::NodeInfo;
-use ck8s_certs_e2e::shared;
-use ck8s_certs_e2e::sim::{Endpoint, Fault, runs};
+use ck8s_certs_e2e::sim::{CallRecord, Endpoint, Fault, runs};
+use ck8s_certs_e2e::{Environment, shared};
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 
-async fn expect_done(env: &ck8s_certs_e2e::Environment, node: &NodeInfo) {
-    let annotations = env.wait_for_refresh(node, TIMEOUT).await;
-    assert_eq!(
-        annotations[REFRESH_CERTIFICATES_STATUS], "done",
-        "{annotations:#?}"
-    );
+/// Kills the controller of `filter` while `node`'s call to `endpoint` is held back (3 s), then
+/// starts another ([`restart_until_done`]).
+async fn crash_while_held(
+    env: &Environment,
+    node: &NodeInfo,
+    filter: &str,
+    endpoint: Endpoint,
+) -> Controller {
+    let first = env.start_controller(filter, &[]);
+    env.annotate_held_at(node, endpoint, Duration::from_secs(3), TIMEOUT)
+        .await;
+    first.crash();
+    restart_until_done(env, node, filter).await
+}
+
+/// Starts a controller of `filter` that aborts at `failpoint`, annotates `node` and waits until
+/// the controller exited: the Machine is left in-progress. Returns its annotations.
+async fn crash_at(
+    env: &Environment,
+    node: &NodeInfo,
+    filter: &str,
+    failpoint: &str,
+) -> BTreeMap<String, String> {
+    let mut first =
+        env.start_controller_with_env(filter, &[], &[("CK8S_CERTS_FAILPOINTS", failpoint)]);
+    env.annotate_refresh(node, "1y").await;
+    first.wait_for_exit(TIMEOUT).await;
+    let annotations = env.machine_annotations(node).await;
+    assert_eq!(annotations[REFRESH_CERTIFICATES_STATUS], "in-progress");
+    annotations
+}
+
+/// Starts the controller of `filter` again and waits until `node`'s refresh is done.
+async fn restart_until_done(env: &Environment, node: &NodeInfo, filter: &str) -> Controller {
+    let controller = env.start_controller(filter, &[]);
+    env.wait_for_done(node, TIMEOUT).await;
+    controller
+}
+
+/// The `run`s of `node` after a crash left the first one's outcome unknown: a second one, with
+/// a new seed, wrote what the node serves and the Machine records.
+async fn ran_again_with_a_new_seed(env: &Environment, node: &NodeInfo) -> Vec<CallRecord> {
+    let calls = env.calls(node).await;
+    let runs: Vec<CallRecord> = runs(&calls).into_iter().cloned().collect();
+    assert_eq!(runs.len(), 2, "outcome unknown: one more run: {runs:#?}");
+    assert_ne!(runs[0].seed(), runs[1].seed(), "a seed is never sent twice");
+    assert_eq!(serves_the_recorded_expiry(env, node).await, runs[1].seed());
+    runs
 }
 
 #[tokio::test]
 async fn killed_during_plan_the_refresh_starts_over_and_runs_once() {
     let env = shared().await;
-    let node = env.cluster("alpha").node("alpha-cp-0").clone();
-    env.isolate(&node, "crash-plan").await;
-    env.sim
-        .inject(
-            &Fault::latency(Duration::from_secs(3))
-                .on(&node)
-                .at(Endpoint::Plan)
-                .times(1),
-        )
-        .await
-        .unwrap();
-    let first = env.start_controller("crash-plan", &[]);
-    env.annotate_refresh(&node, "1y").await;
-    env.wait_for_call(&node, path::PLAN, TIMEOUT, |c| c.status == 0)
-        .await;
-    first.crash();
-    let _second = env.start_controller("crash-plan", &[]);
-    expect_done(&env, &node).await;
-    assert_eq!(
-        runs(&env.sim.calls("alpha", &node.node).await.unwrap()).len(),
-        1
-    );
+    let [node] = env.isolated("alpha", ["alpha-cp-0"], "crash-plan").await;
+    crash_while_held(&env, &node, "crash-plan", Endpoint::Plan).await;
+    assert_eq!(runs(&env.calls(&node).await).len(), 1);
 }
 
 #[tokio::test]
 async fn killed_after_the_seed_is_recorded_it_continues_with_a_new_plan_and_runs_once() {
     let env = shared().await;
-    let node = env.cluster("alpha").node("alpha-cp-1").clone();
-    env.isolate(&node, "crash-seed").await;
-    let mut first = env.start_controller_with_env(
-        "crash-seed",
-        &[],
-        &[("CK8S_CERTS_FAILPOINTS", "after-seed-recorded")],
-    );
-    env.annotate_refresh(&node, "1y").await;
-    first.wait_for_exit(TIMEOUT).await;
+    let [node] = env.isolated("alpha", ["alpha-cp-1"], "crash-seed").await;
+    crash_at(&env, &node, "crash-seed", "after-seed-recorded").await;
     let op = env.operation(&node).await;
     // The seed record covers the first send: from here on run may have been sent.
     assert_eq!((op.phase, op.run_attempts), (Phase::Running, 1));
-    assert_eq!(
-        env.machine_annotations(&node).await[REFRESH_CERTIFICATES_STATUS],
-        "in-progress"
-    );
 
-    let _second = env.start_controller("crash-seed", &[]);
-    expect_done(&env, &node).await;
-    let calls = env.sim.calls("alpha", &node.node).await.unwrap();
+    restart_until_done(&env, &node, "crash-seed").await;
+    let calls = env.calls(&node).await;
     let runs = runs(&calls);
     assert_eq!(runs.len(), 1, "{runs:#?}");
     // The recorded seed may have been sent: it is never sent again.
@@ -86,17 +99,8 @@ async fn killed_after_the_seed_is_recorded_it_continues_with_a_new_plan_and_runs
 #[tokio::test]
 async fn killed_after_run_before_the_machine_patch_nothing_is_run_again() {
     let env = shared().await;
-    let node = env.cluster("beta").node("beta-cp-0").clone();
-    env.isolate(&node, "crash-outcome").await;
-    let mut first = env.start_controller_with_env(
-        "crash-outcome",
-        &[],
-        &[("CK8S_CERTS_FAILPOINTS", "after-outcome-recorded")],
-    );
-    env.annotate_refresh(&node, "1y").await;
-    first.wait_for_exit(TIMEOUT).await;
-    let annotations = env.machine_annotations(&node).await;
-    assert_eq!(annotations[REFRESH_CERTIFICATES_STATUS], "in-progress");
+    let [node] = env.isolated("beta", ["beta-cp-0"], "crash-outcome").await;
+    let annotations = crash_at(&env, &node, "crash-outcome", "after-outcome-recorded").await;
     // The outcome is in the request (the journal) and nowhere else yet.
     let request = annotations[IN_FLIGHT_REFRESH].clone();
     let recorded = env.operation(&node).await;
@@ -108,12 +112,8 @@ async fn killed_after_run_before_the_machine_patch_nothing_is_run_again() {
         .and_then(|s| s.operation);
     assert_ne!(copy.as_ref(), Some(&recorded), "{copy:#?}");
 
-    let _second = env.start_controller("crash-outcome", &[]);
-    expect_done(&env, &node).await;
-    assert_eq!(
-        runs(&env.sim.calls("beta", &node.node).await.unwrap()).len(),
-        1
-    );
+    restart_until_done(&env, &node, "crash-outcome").await;
+    assert_eq!(runs(&env.calls(&node).await).len(), 1);
     // Recorded from the request: the status and the Machine show that outcome.
     let annotations = env.machine_annotations(&node).await;
     assert!(
@@ -135,7 +135,7 @@ async fn killed_after_run_before_the_machine_patch_nothing_is_run_again() {
 }
 
 /// The node serves what the Machine records, and exactly one `run` wrote certificates.
-async fn serves_the_recorded_expiry(env: &ck8s_certs_e2e::Environment, node: &NodeInfo) -> i64 {
+async fn serves_the_recorded_expiry(env: &Environment, node: &NodeInfo) -> i64 {
     let state = env.sim.node(node).await.unwrap();
     let annotations = env.machine_annotations(node).await;
     assert_eq!(
@@ -151,48 +151,25 @@ async fn serves_the_recorded_expiry(env: &ck8s_certs_e2e::Environment, node: &No
 #[tokio::test]
 async fn killed_during_a_control_plane_run_it_is_refreshed_again_with_a_new_plan() {
     let env = shared().await;
-    let node = env.cluster("beta").node("beta-cp-1").clone();
-    env.isolate(&node, "crash-run-cp").await;
-    env.sim
-        .inject(
-            &Fault::latency(Duration::from_secs(3))
-                .on(&node)
-                .at(Endpoint::Run)
-                .times(1),
-        )
-        .await
-        .unwrap();
-    let first = env.start_controller("crash-run-cp", &[]);
-    env.annotate_refresh(&node, "1y").await;
-    env.wait_for_call(&node, path::RUN, TIMEOUT, |c| c.status == 0)
-        .await;
-    first.crash();
-    let _second = env.start_controller("crash-run-cp", &[]);
-    expect_done(&env, &node).await;
-    let calls = env.sim.calls("beta", &node.node).await.unwrap();
-    let runs = runs(&calls);
-    assert_eq!(runs.len(), 2, "outcome unknown: one more run: {runs:#?}");
-    assert_ne!(runs[0].seed(), runs[1].seed(), "a new plan, a new seed");
+    let [node] = env.isolated("beta", ["beta-cp-1"], "crash-run-cp").await;
+    crash_while_held(&env, &node, "crash-run-cp", Endpoint::Run).await;
+    let runs = ran_again_with_a_new_seed(&env, &node).await;
+    let plans = env.calls(&node).await;
     assert_eq!(
-        calls.iter().filter(|c| c.path == path::PLAN).count(),
+        plans.iter().filter(|c| c.path == path::PLAN).count(),
         2,
         "a second plan"
     );
     let op = env.operation(&node).await;
     assert_eq!(op.run_attempts, 2);
     assert_eq!(op.seed, Some(runs[1].seed()));
-    assert_eq!(
-        serves_the_recorded_expiry(&env, &node).await,
-        runs[1].seed()
-    );
 }
 
 #[tokio::test]
 async fn killed_while_a_worker_run_waits_for_approval_it_finishes_with_a_new_seed() {
     let env = shared().await;
-    let alpha = env.cluster("alpha");
-    let node = alpha.node("alpha-md-0-w0").clone();
-    env.isolate(&node, "crash-run-worker").await;
+    let filter = "crash-run-worker";
+    let [node] = env.isolated("alpha", ["alpha-md-0-w0"], filter).await;
     // The approve is held back, so the worker's run is waiting for approval when the
     // controller is SIGKILLed.
     let held = env
@@ -205,21 +182,12 @@ async fn killed_while_a_worker_run_waits_for_approval_it_finishes_with_a_new_see
         )
         .await
         .unwrap();
-    let first = env.start_controller("crash-run-worker", &[]);
-    env.annotate_refresh(&node, "1y").await;
-    env.wait_for_call(&node, path::RUN, TIMEOUT, |c| c.status == 0)
+    let first = env.start_controller(filter, &[]);
+    env.annotate_until_held(&node, "1y", path::RUN, TIMEOUT)
         .await;
     first.crash();
     env.sim.clear_fault(&held).await.ok();
-    let _second = env.start_controller("crash-run-worker", &[]);
-    expect_done(&env, &node).await;
-    let calls = env.sim.calls("alpha", &node.node).await.unwrap();
-    let runs = runs(&calls);
-    assert_eq!(runs.len(), 2, "{runs:#?}");
-    assert_ne!(runs[0].seed(), runs[1].seed(), "a seed is never sent twice");
+    restart_until_done(&env, &node, filter).await;
+    let runs = ran_again_with_a_new_seed(&env, &node).await;
     assert_eq!(runs[1].status, 200);
-    assert_eq!(
-        serves_the_recorded_expiry(&env, &node).await,
-        runs[1].seed()
-    );
 }

@@ -36,6 +36,36 @@ async fn failure_of(env: &Environment, node: &NodeInfo) -> String {
     error
 }
 
+/// Injects `fault`, annotates a refresh of `node` and waits for it to fail ([`failure_of`]);
+/// returns the fault's id and the failure.
+async fn failure_with(env: &Environment, node: &NodeInfo, fault: Fault) -> (String, String) {
+    let id = env.sim.inject(&fault).await.unwrap();
+    env.annotate_refresh(node, "1y").await;
+    (id, failure_of(env, node).await)
+}
+
+/// Hangs `hung`'s `plan` and annotates it; once that call is in, annotates `other`, which is
+/// refreshed meanwhile. Returns the failure of the hung refresh.
+async fn hung_beside(env: &Environment, hung: &NodeInfo, other: &NodeInfo) -> String {
+    env.sim
+        .inject(&Fault::hang().on(hung).at(Endpoint::Plan))
+        .await
+        .unwrap();
+    env.annotate_refresh(hung, "1y").await;
+    env.wait_for_call(hung, path::PLAN, TIMEOUT, |_| true).await;
+    env.annotate_refresh(other, "1y").await;
+    env.wait_for_done(other, TIMEOUT).await;
+    failure_of(env, hung).await
+}
+
+/// The k8sd certificate pinned for `node`, if any.
+async fn pinned(env: &Environment, node: &NodeInfo) -> Option<String> {
+    env.machine_certificates(node)
+        .await
+        .and_then(|r| r.status)
+        .and_then(|s| s.k8sd_fingerprint)
+}
+
 fn assert_no_secrets(env: &Environment, node: &NodeInfo, text: &str) {
     let tokens = &env.cluster(&node.cluster).tokens;
     assert!(!text.contains(&tokens.capi_auth_token));
@@ -50,20 +80,10 @@ fn assert_no_secrets(env: &Environment, node: &NodeInfo, text: &str) {
 #[tokio::test]
 async fn a_k8sd_error_fails_the_refresh_with_its_text_and_annotating_again_retries() {
     let env = shared().await;
-    let node = env.cluster("alpha").node("alpha-cp-0").clone();
-    env.isolate(&node, "k8sd-500").await;
+    let [node] = env.isolated("alpha", ["alpha-cp-0"], "k8sd-500").await;
     let controller = env.start_controller("k8sd-500", &[]);
-    let fault = env
-        .sim
-        .inject(
-            &Fault::error(500, "failed to generate certificates: disk full")
-                .on(&node)
-                .at(Endpoint::Run),
-        )
-        .await
-        .unwrap();
-    env.annotate_refresh(&node, "1y").await;
-    let error = failure_of(&env, &node).await;
+    let disk_full = Fault::error(500, "failed to generate certificates: disk full").on(&node);
+    let (fault, error) = failure_with(&env, &node, disk_full.at(Endpoint::Run)).await;
     assert!(
         error.contains("run")
             && error.contains("disk full")
@@ -79,31 +99,23 @@ async fn a_k8sd_error_fails_the_refresh_with_its_text_and_annotating_again_retri
 
     env.sim.clear_fault(&fault).await.unwrap();
     env.annotate_refresh(&node, "1y").await;
-    let annotations = env.wait_for_refresh(&node, TIMEOUT).await;
-    assert_eq!(annotations[REFRESH_CERTIFICATES_STATUS], "done");
+    env.wait_for_done(&node, TIMEOUT).await;
 }
 
 #[tokio::test]
 async fn a_rejected_token_names_the_secret_to_check() {
     let env = shared().await;
-    let node = env.cluster("alpha").node("alpha-cp-1").clone();
-    env.isolate(&node, "k8sd-401").await;
+    let [node] = env.isolated("alpha", ["alpha-cp-1"], "k8sd-401").await;
     let _controller = env.start_controller("k8sd-401", &[]);
-    env.sim
-        .inject(
-            &Fault::error(401, "invalid token")
-                .on(&node)
-                .at(Endpoint::Plan),
-        )
-        .await
-        .unwrap();
-    env.annotate_refresh(&node, "1y").await;
-    let error = failure_of(&env, &node).await;
+    let rejected = Fault::error(401, "invalid token")
+        .on(&node)
+        .at(Endpoint::Plan);
+    let (_, error) = failure_with(&env, &node, rejected).await;
     assert!(
         error.contains("fleet/alpha-token") && error.contains("node-token-alpha-cp-1"),
         "{error}"
     );
-    let calls = env.sim.calls("alpha", &node.node).await.unwrap();
+    let calls = env.calls(&node).await;
     assert_eq!(
         calls.iter().filter(|c| c.path == path::PLAN).count(),
         1,
@@ -115,12 +127,8 @@ async fn a_rejected_token_names_the_secret_to_check() {
 #[tokio::test]
 async fn a_hung_node_times_out_and_does_not_block_another_machine() {
     let env = shared().await;
-    let alpha = env.cluster("alpha");
-    let hung = alpha.node("alpha-md-0-w0").clone();
-    let healthy = alpha.node("alpha-md-0-w1").clone();
-    for node in [&hung, &healthy] {
-        env.isolate(node, "hang").await;
-    }
+    let [hung, healthy] = env.nodes("alpha", ["alpha-md-0-w0", "alpha-md-0-w1"]);
+    env.isolate_all([&hung, &healthy], "hang").await;
     let _controller = env.start_controller(
         "hang",
         &[
@@ -129,17 +137,7 @@ async fn a_hung_node_times_out_and_does_not_block_another_machine() {
             "--max-worker-refreshes-per-cluster=2",
         ],
     );
-    env.sim
-        .inject(&Fault::hang().on(&hung).at(Endpoint::Plan))
-        .await
-        .unwrap();
-    env.annotate_refresh(&hung, "1y").await;
-    env.wait_for_call(&hung, path::PLAN, TIMEOUT, |_| true)
-        .await;
-    env.annotate_refresh(&healthy, "1y").await;
-    let annotations = env.wait_for_refresh(&healthy, TIMEOUT).await;
-    assert_eq!(annotations[REFRESH_CERTIFICATES_STATUS], "done");
-    let error = failure_of(&env, &hung).await;
+    let error = hung_beside(&env, &hung, &healthy).await;
     assert!(
         error.contains("no answer within 1s") && error.contains("k8sd-proxy"),
         "{error}"
@@ -149,17 +147,15 @@ async fn a_hung_node_times_out_and_does_not_block_another_machine() {
 #[tokio::test]
 async fn a_starting_node_is_retried_until_it_answers() {
     let env = shared().await;
-    let node = env.cluster("beta").node("beta-cp-0").clone();
-    env.isolate(&node, "503").await;
+    let [node] = env.isolated("beta", ["beta-cp-0"], "503").await;
     let _controller = env.start_controller("503", &[]);
     env.sim
         .inject(&Fault::unavailable().on(&node).at(Endpoint::Plan).times(2))
         .await
         .unwrap();
     env.annotate_refresh(&node, "1y").await;
-    let annotations = env.wait_for_refresh(&node, TIMEOUT).await;
-    assert_eq!(annotations[REFRESH_CERTIFICATES_STATUS], "done");
-    let calls = env.sim.calls("beta", &node.node).await.unwrap();
+    env.wait_for_done(&node, TIMEOUT).await;
+    let calls = env.calls(&node).await;
     // Other tests may use this control plane to approve their workers: look at plan and run.
     let statuses: Vec<(String, u16)> = calls
         .iter()
@@ -181,16 +177,9 @@ async fn a_starting_node_is_retried_until_it_answers() {
 async fn a_denied_csr_fails_the_worker_refresh() {
     let env = shared().await;
     // The deny applies to a whole cluster: gamma, which no other test here uses.
-    let node = env.cluster("gamma").node("alpha-md-0-w1").clone();
-    env.isolate(&node, "csr-deny").await;
+    let [node] = env.isolated("gamma", ["alpha-md-0-w1"], "csr-deny").await;
     let _controller = env.start_controller("csr-deny", &[]);
-    let fault = env
-        .sim
-        .inject(&Fault::csr_deny().on_cluster("gamma"))
-        .await
-        .unwrap();
-    env.annotate_refresh(&node, "1y").await;
-    let error = failure_of(&env, &node).await;
+    let (fault, error) = failure_with(&env, &node, Fault::csr_deny().on_cluster("gamma")).await;
     env.sim.clear_fault(&fault).await.unwrap();
     assert!(error.contains("denied"), "{error}");
 }
@@ -198,36 +187,23 @@ async fn a_denied_csr_fails_the_worker_refresh() {
 #[tokio::test]
 async fn a_reinstalled_node_fails_the_pin_until_the_operator_re_pins_it() {
     let env = shared().await;
-    let node = env.cluster("beta").node("beta-md-0-w0").clone();
-    env.isolate(&node, "repin").await;
+    let [node] = env.isolated("beta", ["beta-md-0-w0"], "repin").await;
     let _controller = env.start_controller("repin", &[]);
     env.wait_for_machine(&node, TIMEOUT, |a| {
         a.contains_key(ck8s_certs_api::annotations::CERTIFICATES_EXPIRY)
     })
     .await;
-    let pinned = env
-        .machine_certificates(&node)
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .k8sd_fingerprint
-        .unwrap();
+    let pin = pinned(&env, &node).await.unwrap();
     env.sim.reinstall(&node, None).await.unwrap();
 
     env.annotate_refresh(&node, "1y").await;
     let error = failure_of(&env, &node).await;
     assert!(
-        error.contains(&pinned) && error.contains("kubectl patch machinecertificates"),
+        error.contains(&pin) && error.contains("kubectl patch machinecertificates"),
         "{error}"
     );
     assert!(
-        env.sim
-            .calls("beta", &node.node)
-            .await
-            .unwrap()
-            .iter()
-            .all(|c| c.path != path::PLAN),
+        env.calls(&node).await.iter().all(|c| c.path != path::PLAN),
         "nothing sent to an unverified peer"
     );
 
@@ -246,21 +222,13 @@ async fn a_reinstalled_node_fails_the_pin_until_the_operator_re_pins_it() {
     .await
     .unwrap();
     env.annotate_refresh(&node, "1y").await;
-    let annotations = env.wait_for_refresh(&node, TIMEOUT).await;
-    assert_eq!(annotations[REFRESH_CERTIFICATES_STATUS], "done");
-    let repinned = env
-        .machine_certificates(&node)
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .k8sd_fingerprint
-        .unwrap();
+    env.wait_for_done(&node, TIMEOUT).await;
+    let repinned = pinned(&env, &node).await.unwrap();
     assert_eq!(
         repinned,
         env.sim.node(&node).await.unwrap().k8sd_fingerprint_sha256
     );
-    assert_ne!(repinned, pinned);
+    assert_ne!(repinned, pin);
 }
 
 /// A control plane first used to approve a worker's CSRs (outside the controller's scope, so
@@ -269,35 +237,24 @@ async fn a_reinstalled_node_fails_the_pin_until_the_operator_re_pins_it() {
 #[tokio::test]
 async fn an_approver_s_first_use_certificate_is_kept() {
     let env = shared().await;
-    let solo = env.cluster("solo");
-    let worker = solo.node("solo-md-0-w0").clone();
-    let control_plane = solo.node("solo-cp-0").clone();
-    env.isolate(&worker, "approver-pin").await;
+    let [control_plane] = env.nodes("solo", ["solo-cp-0"]);
+    let [worker] = env.isolated("solo", ["solo-md-0-w0"], "approver-pin").await;
     let _controller = env.start_controller("approver-pin", &["--k8sd-attempts=2"]);
     assert!(
-        env.machine_certificates(&control_plane)
-            .await
-            .and_then(|r| r.status)
-            .and_then(|s| s.k8sd_fingerprint)
-            .is_none(),
+        pinned(&env, &control_plane).await.is_none(),
         "the control plane is outside every instance's scope: nothing pinned it"
     );
 
     env.annotate_refresh(&worker, "1y").await;
-    let annotations = env.wait_for_refresh(&worker, TIMEOUT).await;
-    assert_eq!(annotations[REFRESH_CERTIFICATES_STATUS], "done");
-    let pinned = env
-        .machine_certificates(&control_plane)
-        .await
-        .and_then(|r| r.status)
-        .and_then(|s| s.k8sd_fingerprint);
+    env.wait_for_done(&worker, TIMEOUT).await;
+    let pin = pinned(&env, &control_plane).await;
     let presented = env
         .sim
         .node(&control_plane)
         .await
         .unwrap()
         .k8sd_fingerprint_sha256;
-    assert_eq!(pinned.as_deref(), Some(presented.as_str()));
+    assert_eq!(pin.as_deref(), Some(presented.as_str()));
 
     env.sim.reinstall(&control_plane, None).await.unwrap();
     env.sim
@@ -312,10 +269,8 @@ async fn an_approver_s_first_use_certificate_is_kept() {
     );
     assert_no_secrets(&env, &worker, &error);
     assert!(
-        env.sim
-            .calls("solo", &control_plane.node)
+        env.calls(&control_plane)
             .await
-            .unwrap()
             .iter()
             .all(|c| c.path != path::APPROVE),
         "the approval token never went to the unverified control plane"
@@ -328,42 +283,26 @@ async fn an_approver_s_first_use_certificate_is_kept() {
 #[tokio::test]
 async fn a_hung_worker_does_not_hold_back_its_cluster_s_control_plane() {
     let env = shared().await;
-    let trio = env.cluster("trio");
-    let hung = trio.node("trio-md-0-w2").clone();
-    let control_plane = trio.node("trio-cp-2").clone();
-    for node in [&hung, &control_plane] {
-        env.isolate(node, "hung-worker").await;
-        env.sim.clear_calls("trio", &node.node).await.unwrap();
-    }
+    let [hung, control_plane] = env.nodes("trio", ["trio-md-0-w2", "trio-cp-2"]);
+    env.isolate_fresh([&hung, &control_plane], "hung-worker")
+        .await;
     let _controller =
         env.start_controller("hung-worker", &["--k8sd-timeout=2s", "--k8sd-attempts=3"]);
-    env.sim
-        .inject(&Fault::hang().on(&hung).at(Endpoint::Plan))
-        .await
-        .unwrap();
-    env.annotate_refresh(&hung, "1y").await;
-    env.wait_for_call(&hung, path::PLAN, TIMEOUT, |_| true)
-        .await;
-    env.annotate_refresh(&control_plane, "1y").await;
-    let annotations = env.wait_for_refresh(&control_plane, TIMEOUT).await;
-    assert_eq!(annotations[REFRESH_CERTIFICATES_STATUS], "done");
-    let error = failure_of(&env, &hung).await;
+    let error = hung_beside(&env, &hung, &control_plane).await;
     assert!(error.contains("(3 tries)"), "{error}");
 
     let started = |call: &ck8s_certs_e2e::sim::CallRecord| -> jiff::Timestamp {
         call.started_at.parse().unwrap()
     };
-    let cp_calls = env.sim.calls("trio", &control_plane.node).await.unwrap();
+    let cp_calls = env.calls(&control_plane).await;
     let cp_run = cp_calls
         .iter()
         .find(|c| c.path == path::RUN)
         .map(started)
         .expect("the control plane's run");
     let plans: Vec<jiff::Timestamp> = env
-        .sim
-        .calls("trio", &hung.node)
+        .calls(&hung)
         .await
-        .unwrap()
         .iter()
         .filter(|c| c.path == path::PLAN)
         .map(started)
@@ -382,9 +321,8 @@ async fn a_hung_worker_does_not_hold_back_its_cluster_s_control_plane() {
 async fn a_refused_outcome_write_never_sends_run_twice() {
     use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
     let env = shared().await;
-    let node = env.cluster("trio").node("trio-md-0-w1").clone();
-    env.isolate(&node, "outcome-write").await;
-    env.sim.clear_calls("trio", &node.node).await.unwrap();
+    let [node] = env.nodes("trio", ["trio-md-0-w1"]);
+    env.isolate_fresh([&node], "outcome-write").await;
     let management = env.management().await.unwrap();
     // The API server refuses this Machine's request a Succeeded status until it is allowed.
     let allow = "e2e.ck8s.io/allow-outcome";
@@ -471,7 +409,7 @@ async fn a_refused_outcome_write_never_sends_run_twice() {
         assert!(std::time::Instant::now() < deadline, "{annotations:#?}");
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
-    let calls = env.sim.calls("trio", &node.node).await.unwrap();
+    let calls = env.calls(&node).await;
     assert_eq!(ck8s_certs_e2e::sim::answered_runs(&calls).len(), 1);
     assert_eq!(
         env.machine_annotations(&node).await[REFRESH_CERTIFICATES_STATUS],
@@ -489,9 +427,8 @@ async fn a_refused_outcome_write_never_sends_run_twice() {
         )
         .await
         .unwrap();
-    let annotations = env.wait_for_refresh(&node, TIMEOUT).await;
-    assert_eq!(annotations[REFRESH_CERTIFICATES_STATUS], "done");
-    let calls = env.sim.calls("trio", &node.node).await.unwrap();
+    env.wait_for_done(&node, TIMEOUT).await;
+    let calls = env.calls(&node).await;
     assert_eq!(
         ck8s_certs_e2e::sim::runs(&calls).len(),
         1,

@@ -9,6 +9,7 @@ use ck8s_certs_api::annotations::{
     CERTIFICATES_EXPIRY, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS,
 };
 use ck8s_certs_api::capi::{self, WATCH_FILTER_LABEL};
+use ck8s_certs_api::machine_certificates::MachineCertificatesStatus;
 use ck8s_certs_e2e::fixtures::{NodeInfo, Role};
 use ck8s_certs_e2e::shared;
 use ck8s_certs_e2e::sim::{CallRecord, Endpoint, Fault};
@@ -27,11 +28,15 @@ fn finished(call: &CallRecord) -> jiff::Timestamp {
     started(call) + jiff::SignedDuration::from_secs_f64(call.duration_ms / 1000.0)
 }
 
+/// A condition says the refresh waits because something is paused.
+fn paused(status: &MachineCertificatesStatus) -> bool {
+    status.conditions.iter().any(|c| c.reason == "Paused")
+}
+
 #[tokio::test]
 async fn a_paused_cluster_is_left_alone_until_it_is_resumed() {
     let env = shared().await;
-    let node = env.cluster("beta").node("beta-cp-0").clone();
-    env.isolate(&node, "paused").await;
+    let [node] = env.isolated("beta", ["beta-cp-0"], "paused").await;
     let mgmt = env.management().await.unwrap();
     let version = env.spec.capi_version.storage_version();
     let clusters: Api<DynamicObject> = Api::namespaced_with(
@@ -55,11 +60,9 @@ async fn a_paused_cluster_is_left_alone_until_it_is_resumed() {
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(4) {
         tokio::time::sleep(Duration::from_millis(500)).await;
+        let calls = env.calls(&node).await;
         assert!(
-            env.sim
-                .calls("beta", &node.node)
-                .await
-                .unwrap()
+            calls
                 .iter()
                 .all(|c| c.method != "POST" || c.path == path::APPROVE)
         );
@@ -70,27 +73,13 @@ async fn a_paused_cluster_is_left_alone_until_it_is_resumed() {
         Some("1y")
     );
     assert!(!annotations.contains_key(REFRESH_CERTIFICATES_STATUS));
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        let status = env
-            .machine_certificates(&node)
-            .await
-            .unwrap()
-            .status
-            .unwrap();
-        if status.conditions.iter().any(|c| c.reason == "Paused") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{:?}", status.conditions);
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    env.wait_for_status(&node, TIMEOUT, "Paused", paused).await;
 
     clusters
         .patch("beta", &PatchParams::default(), &Patch::Merge(pause(false)))
         .await
         .unwrap();
-    let annotations = env.wait_for_refresh(&node, TIMEOUT).await;
-    assert_eq!(annotations[REFRESH_CERTIFICATES_STATUS], "done");
+    env.wait_for_done(&node, TIMEOUT).await;
 }
 
 /// Cluster API users pause single Machines (`cluster.x-k8s.io/paused` on the Machine): nothing
@@ -98,7 +87,7 @@ async fn a_paused_cluster_is_left_alone_until_it_is_resumed() {
 #[tokio::test]
 async fn a_paused_machine_is_left_alone_until_it_is_resumed() {
     let env = shared().await;
-    let node = env.cluster("trio").node("trio-md-0-w0").clone();
+    let [node] = env.nodes("trio", ["trio-md-0-w0"]);
     env.isolate(&node, "paused-machine").await;
     let _controller = env.start_controller("paused-machine", &[]);
     env.wait_for_machine(&node, TIMEOUT, |a| a.contains_key(CERTIFICATES_EXPIRY))
@@ -112,25 +101,14 @@ async fn a_paused_machine_is_left_alone_until_it_is_resumed() {
     env.annotate_refresh(&node, "1y").await;
 
     // Shown paused, and nothing sent to the node meanwhile.
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        let status = env
-            .machine_certificates(&node)
-            .await
-            .and_then(|m| m.status)
-            .unwrap_or_default();
-        if let Some(paused) = status.conditions.iter().find(|c| c.reason == "Paused") {
-            assert!(
-                paused.message.contains("The Machine is paused"),
-                "{paused:?}"
-            );
-            break;
-        }
-        assert!(Instant::now() < deadline, "{:?}", status.conditions);
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let status = env.wait_for_status(&node, TIMEOUT, "Paused", paused).await;
+    let paused = status.conditions.iter().find(|c| c.reason == "Paused");
+    assert!(
+        paused.is_some_and(|c| c.message.contains("The Machine is paused")),
+        "{paused:?}"
+    );
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let calls = env.sim.calls("trio", &node.node).await.unwrap();
+    let calls = env.calls(&node).await;
     assert!(calls.iter().all(|c| c.method != "POST"), "{calls:#?}");
     let annotations = env.machine_annotations(&node).await;
     assert_eq!(
@@ -143,8 +121,7 @@ async fn a_paused_machine_is_left_alone_until_it_is_resumed() {
         json!({ "metadata": { "annotations": { capi::PAUSED_ANNOTATION: null } } }),
     )
     .await;
-    let annotations = env.wait_for_refresh(&node, TIMEOUT).await;
-    assert_eq!(annotations[REFRESH_CERTIFICATES_STATUS], "done");
+    env.wait_for_done(&node, TIMEOUT).await;
 }
 
 #[tokio::test]
@@ -203,16 +180,13 @@ async fn control_planes_of_one_cluster_are_refreshed_one_at_a_time() {
         env.annotate_refresh(node, "1y").await;
     }
     for node in &nodes {
-        let annotations = env.wait_for_refresh(node, TIMEOUT).await;
-        assert_eq!(annotations[REFRESH_CERTIFICATES_STATUS], "done");
+        env.wait_for_done(node, TIMEOUT).await;
     }
     let mut runs: Vec<CallRecord> = Vec::new();
     for node in &nodes {
         runs.extend(
-            env.sim
-                .calls("alpha", &node.node)
+            env.calls(node)
                 .await
-                .unwrap()
                 .into_iter()
                 .filter(|c| c.path == path::RUN),
         );
@@ -229,20 +203,9 @@ async fn control_planes_of_one_cluster_are_refreshed_one_at_a_time() {
 #[tokio::test]
 async fn a_new_ttl_written_during_a_refresh_is_carried_out_afterwards() {
     let env = shared().await;
-    let node = env.cluster("alpha").node("alpha-md-0-w0").clone();
-    env.isolate(&node, "reannotate").await;
-    env.sim
-        .inject(
-            &Fault::latency(Duration::from_secs(2))
-                .on(&node)
-                .at(Endpoint::Run)
-                .times(1),
-        )
-        .await
-        .unwrap();
+    let [node] = env.isolated("alpha", ["alpha-md-0-w0"], "reannotate").await;
     let _controller = env.start_controller("reannotate", &[]);
-    env.annotate_refresh(&node, "1y").await;
-    env.wait_for_call(&node, path::RUN, TIMEOUT, |c| c.status == 0)
+    env.annotate_held_at(&node, Endpoint::Run, Duration::from_secs(2), TIMEOUT)
         .await;
     env.annotate_refresh(&node, "2y").await;
     env.wait_for_machine(&node, TIMEOUT, |a| {
@@ -253,10 +216,8 @@ async fn a_new_ttl_written_during_a_refresh_is_carried_out_afterwards() {
     let start = Instant::now();
     let runs = loop {
         let runs: Vec<CallRecord> = env
-            .sim
-            .calls("alpha", &node.node)
+            .calls(&node)
             .await
-            .unwrap()
             .into_iter()
             .filter(|c| c.path == path::RUN && c.status == 200)
             .collect();
@@ -279,8 +240,7 @@ async fn a_new_ttl_written_during_a_refresh_is_carried_out_afterwards() {
 #[tokio::test]
 async fn a_machine_deleted_mid_refresh_leaves_no_error_loop() {
     let env = shared().await;
-    let node = env.cluster("alpha").node("alpha-md-0-w1").clone();
-    env.isolate(&node, "deleted").await;
+    let [node] = env.isolated("alpha", ["alpha-md-0-w1"], "deleted").await;
     env.sim
         .inject(&Fault::hang().on(&node).at(Endpoint::Run))
         .await
@@ -302,8 +262,7 @@ async fn a_machine_deleted_mid_refresh_leaves_no_error_loop() {
 #[tokio::test]
 async fn the_expiry_of_a_new_node_is_read_quietly_while_it_starts() {
     let env = shared().await;
-    let node = env.cluster("beta").node("beta-md-0-w1").clone();
-    env.isolate(&node, "expiry").await;
+    let [node] = env.isolated("beta", ["beta-md-0-w1"], "expiry").await;
     env.sim
         .inject(&Fault::unavailable().on(&node).at(Endpoint::Expiry).times(2))
         .await
@@ -329,16 +288,12 @@ async fn the_expiry_of_a_new_node_is_read_quietly_while_it_starts() {
 #[tokio::test]
 async fn a_controller_limited_to_a_namespace_leaves_the_others_alone() {
     let env = shared().await;
-    let inside = env.cluster("gamma").node("alpha-md-0-w1").clone();
-    let outside = env.cluster("beta").node("beta-md-0-w0").clone();
-    for node in [&inside, &outside] {
-        env.isolate(node, "namespaced").await;
-    }
+    let [inside] = env.isolated("gamma", ["alpha-md-0-w1"], "namespaced").await;
+    let [outside] = env.isolated("beta", ["beta-md-0-w0"], "namespaced").await;
     let _controller = env.start_controller("namespaced", &["--namespace=edge"]);
     env.annotate_refresh(&inside, "1y").await;
     env.annotate_refresh(&outside, "1y").await;
-    let annotations = env.wait_for_refresh(&inside, TIMEOUT).await;
-    assert_eq!(annotations[REFRESH_CERTIFICATES_STATUS], "done");
+    env.wait_for_done(&inside, TIMEOUT).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let untouched = env.machine_annotations(&outside).await;
     assert_eq!(
@@ -352,8 +307,7 @@ async fn a_controller_limited_to_a_namespace_leaves_the_others_alone() {
 #[tokio::test]
 async fn the_direct_transport_refreshes_through_the_node_address() {
     let env = shared().await;
-    let node = env.cluster("gamma").node("alpha-cp-0").clone();
-    env.isolate(&node, "direct").await;
+    let [node] = env.isolated("gamma", ["alpha-cp-0"], "direct").await;
     // Without k8sd-proxy pods the port-forward route cannot work: only the node address can.
     let workload = env.cluster("gamma").client().await.unwrap();
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(workload, "kube-system");
@@ -362,11 +316,7 @@ async fn the_direct_transport_refreshes_through_the_node_address() {
         .unwrap();
     let _controller = env.start_controller("direct", &["--k8sd-transport=direct"]);
     env.annotate_refresh(&node, "1y").await;
-    let annotations = env.wait_for_refresh(&node, TIMEOUT).await;
-    assert_eq!(
-        annotations[REFRESH_CERTIFICATES_STATUS], "done",
-        "{annotations:#?}"
-    );
-    let calls = env.sim.calls("gamma", &node.node).await.unwrap();
+    env.wait_for_done(&node, TIMEOUT).await;
+    let calls = env.calls(&node).await;
     assert!(calls.iter().any(|c| c.path == path::RUN && c.status == 200));
 }

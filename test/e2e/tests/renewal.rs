@@ -65,28 +65,6 @@ async fn select(env: &Environment, node: &NodeInfo, selector: &str) {
     .await;
 }
 
-async fn wait_status(
-    env: &Environment,
-    node: &NodeInfo,
-    what: &str,
-    done: impl Fn(&MachineCertificatesStatus) -> bool,
-) -> MachineCertificatesStatus {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = env.machine_certificates(node).await.and_then(|m| m.status)
-            && done(&status)
-        {
-            return status;
-        }
-        assert!(
-            start.elapsed() < TIMEOUT,
-            "timed out waiting for {what} on {}",
-            node.machine
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
 /// The command every deferral, Disabled and failure message ends with.
 fn hint(node: &NodeInfo, ttl: &str) -> String {
     format!(
@@ -129,10 +107,11 @@ async fn an_automatic_policy_renews_before_expiry_without_an_annotation() {
         })
         .await;
     assert!(annotations.contains_key(ck8s_certs_api::annotations::CERTIFICATES_EXPIRY));
-    let status = wait_status(&env, &node, "the next renewal", |s| {
-        s.renewal.as_ref().is_some_and(|r| r.reason == "NotDue")
-    })
-    .await;
+    let status = env
+        .wait_for_status(&node, TIMEOUT, "the next renewal", |s| {
+            s.renewal.as_ref().is_some_and(|r| r.reason == "NotDue")
+        })
+        .await;
     let op = status.operation.clone().unwrap();
     assert_eq!(
         (op.origin, op.phase, op.ttl.as_str()),
@@ -206,10 +185,8 @@ async fn an_automatic_policy_renews_before_expiry_without_an_annotation() {
             .contains(&("CertificatesRenewalScheduled".into(), "Normal".into()))
     );
     let runs = env
-        .sim
-        .calls("alpha", &node.node)
+        .calls(&node)
         .await
-        .unwrap()
         .into_iter()
         .filter(|c| c.path == path::RUN)
         .count();
@@ -299,10 +276,11 @@ async fn a_disabled_policy_warns_inside_the_fail_safe_margin_and_a_manual_reques
     .await;
     select(&env, &node, "off").await;
     let _controller = env.start_controller("off", &[]);
-    let status = wait_status(&env, &node, "RenewalDisabled", |s| {
-        condition(s, "RenewalDisabled").is_some()
-    })
-    .await;
+    let status = env
+        .wait_for_status(&node, TIMEOUT, "RenewalDisabled", |s| {
+            condition(s, "RenewalDisabled").is_some()
+        })
+        .await;
     let message = &condition(&status, "RenewalDisabled").unwrap().message;
     assert!(message.contains("renew them manually"), "{message}");
     assert!(message.ends_with(&hint(&node, "1y")), "{message}");
@@ -316,14 +294,7 @@ async fn a_disabled_policy_warns_inside_the_fail_safe_margin_and_a_manual_reques
             .await
             .contains(&("CertificatesRenewalDisabled".into(), "Warning".into()))
     );
-    assert!(
-        env.sim
-            .calls("alpha", &node.node)
-            .await
-            .unwrap()
-            .iter()
-            .all(|c| c.path != path::PLAN)
-    );
+    assert!(env.calls(&node).await.iter().all(|c| c.path != path::PLAN));
 
     env.annotate_refresh(&node, "1y").await;
     let annotations = env.wait_for_refresh(&node, TIMEOUT).await;
@@ -335,10 +306,8 @@ async fn a_disabled_policy_warns_inside_the_fail_safe_margin_and_a_manual_reques
 async fn a_scheduled_policy_defers_to_the_next_window_and_bypasses_it_only_inside_the_fail_safe_margin()
  {
     let env = shared().await;
-    let alpha = env.cluster("alpha");
-    let deferred = alpha.node("alpha-md-0-w0").clone();
-    let bypassed = alpha.node("alpha-md-0-w1").clone();
-    let strict = env.cluster("beta").node("beta-cp-0").clone();
+    let [deferred, bypassed] = env.nodes("alpha", ["alpha-md-0-w0", "alpha-md-0-w1"]);
+    let [strict] = env.nodes("beta", ["beta-cp-0"]);
     env.create_policy("fleet", "night", "night", json!({ "policy": "Scheduled", "renewBefore": "100d", "failSafeMargin": "1d", "windows": closed_window() })).await;
     env.create_policy("fleet", "night-close", "night-close", json!({ "policy": "Scheduled", "renewBefore": "100d", "failSafeMargin": "100d", "windows": closed_window() })).await;
     env.create_policy("fleet", "night-strict", "night-strict", json!({ "policy": "Scheduled", "renewBefore": "100d", "failSafeMargin": "100d", "windows": closed_window() })).await;
@@ -349,12 +318,13 @@ async fn a_scheduled_policy_defers_to_the_next_window_and_bypasses_it_only_insid
     let bypassing = env.start_controller("night-close", &[]);
     let _c = env.start_controller("night-strict", &["--renewal-window-strict"]);
 
-    let status = wait_status(&env, &deferred, "OutsideWindow", |s| {
-        s.renewal
-            .as_ref()
-            .is_some_and(|r| r.reason == "OutsideWindow")
-    })
-    .await;
+    let status = env
+        .wait_for_status(&deferred, TIMEOUT, "OutsideWindow", |s| {
+            s.renewal
+                .as_ref()
+                .is_some_and(|r| r.reason == "OutsideWindow")
+        })
+        .await;
     let renewal = status.renewal.clone().unwrap();
     assert!(
         renewal.message.contains("Europe/London") && renewal.message.contains("maintenance window"),
@@ -418,13 +388,14 @@ async fn a_scheduled_policy_defers_to_the_next_window_and_bypasses_it_only_insid
         Some(1.0)
     );
     // The bypass stays on record after the renewal is done and the next one is not due...
-    let status = wait_status(&env, &bypassed, "the bypass on record", |s| {
-        s.operation
-            .as_ref()
-            .is_some_and(|o| o.phase == Phase::Succeeded)
-            && s.renewal.as_ref().is_some_and(|r| r.reason != "RenewNow")
-    })
-    .await;
+    let status = env
+        .wait_for_status(&bypassed, TIMEOUT, "the bypass on record", |s| {
+            s.operation
+                .as_ref()
+                .is_some_and(|o| o.phase == Phase::Succeeded)
+                && s.renewal.as_ref().is_some_and(|r| r.reason != "RenewNow")
+        })
+        .await;
     let record = status.last_window_bypass.clone().expect("lastWindowBypass");
     assert!(record.message.contains("fail-safe"), "{}", record.message);
     let condition_ = condition(&status, "RenewalWindowBypassed").expect("RenewalWindowBypassed");
@@ -436,22 +407,24 @@ async fn a_scheduled_policy_defers_to_the_next_window_and_bypasses_it_only_insid
     // ...until a later refresh succeeds.
     env.annotate_refresh(&bypassed, "1y").await;
     env.wait_for_refresh(&bypassed, TIMEOUT).await;
-    let status = wait_status(&env, &bypassed, "the bypass forgotten", |s| {
-        s.last_window_bypass.is_none()
-    })
-    .await;
+    let status = env
+        .wait_for_status(&bypassed, TIMEOUT, "the bypass forgotten", |s| {
+            s.last_window_bypass.is_none()
+        })
+        .await;
     assert!(
         condition(&status, "RenewalWindowBypassed").is_none(),
         "{:?}",
         status.conditions
     );
 
-    let status = wait_status(&env, &strict, "strict deferral", |s| {
-        s.renewal
-            .as_ref()
-            .is_some_and(|r| r.reason == "OutsideWindow")
-    })
-    .await;
+    let status = env
+        .wait_for_status(&strict, TIMEOUT, "strict deferral", |s| {
+            s.renewal
+                .as_ref()
+                .is_some_and(|r| r.reason == "OutsideWindow")
+        })
+        .await;
     assert!(
         status.operation.is_none(),
         "strict: no renewal outside the window"
@@ -507,10 +480,11 @@ async fn invalid_and_conflicting_policies_are_shown_on_the_machine_and_nothing_r
     let _a = env.start_controller("mars", &[]);
     let _b = env.start_controller("twins", &[]);
     let _c = env.start_controller("unreadable", &[]);
-    let status = wait_status(&env, &unreadable, "an unreadable policy", |s| {
-        condition(s, "RenewalConfigInvalid").is_some()
-    })
-    .await;
+    let status = env
+        .wait_for_status(&unreadable, TIMEOUT, "an unreadable policy", |s| {
+            condition(s, "RenewalConfigInvalid").is_some()
+        })
+        .await;
     let message = &condition(&status, "RenewalConfigInvalid").unwrap().message;
     assert!(message.contains("cannot be read"), "{message}");
     assert!(message.ends_with(&hint(&unreadable, "1y")), "{message}");
@@ -534,10 +508,11 @@ async fn invalid_and_conflicting_policies_are_shown_on_the_machine_and_nothing_r
         valid.message
     );
     assert_eq!(policy.matched_machines, Some(1));
-    let status = wait_status(&env, &invalid, "RenewalConfigInvalid", |s| {
-        condition(s, "RenewalConfigInvalid").is_some()
-    })
-    .await;
+    let status = env
+        .wait_for_status(&invalid, TIMEOUT, "RenewalConfigInvalid", |s| {
+            condition(s, "RenewalConfigInvalid").is_some()
+        })
+        .await;
     let message = &condition(&status, "RenewalConfigInvalid").unwrap().message;
     assert!(
         message.contains("windows[0].timezone") && message.contains("Mars/Olympus_Mons"),
@@ -551,10 +526,11 @@ async fn invalid_and_conflicting_policies_are_shown_on_the_machine_and_nothing_r
             .map(|w| w.valid),
         Some(false)
     );
-    let status = wait_status(&env, &conflicted, "conflict", |s| {
-        condition(s, "RenewalConfigInvalid").is_some()
-    })
-    .await;
+    let status = env
+        .wait_for_status(&conflicted, TIMEOUT, "conflict", |s| {
+            condition(s, "RenewalConfigInvalid").is_some()
+        })
+        .await;
     let message = &condition(&status, "RenewalConfigInvalid").unwrap().message;
     assert!(
         message.contains("twin-a") && message.contains("twin-b"),
@@ -596,14 +572,7 @@ async fn invalid_and_conflicting_policies_are_shown_on_the_machine_and_nothing_r
         assert_eq!(status.matched_machines, Some(1));
     }
     for node in [&invalid, &conflicted] {
-        assert!(
-            env.sim
-                .calls(&node.cluster, &node.node)
-                .await
-                .unwrap()
-                .iter()
-                .all(|c| c.path != path::PLAN)
-        );
+        assert!(env.calls(node).await.iter().all(|c| c.path != path::PLAN));
     }
     // One twin deleted: the Machine it selected and the twin it conflicted with are re-checked
     // at once, not at the next resync (an hour).
@@ -614,13 +583,14 @@ async fn invalid_and_conflicting_policies_are_shown_on_the_machine_and_nothing_r
         .delete("twin-b", &Default::default())
         .await
         .unwrap();
-    let status = wait_status(&env, &conflicted, "twin-a alone", |s| {
-        s.renewal.as_ref().is_some_and(|r| {
-            r.conflicting_policies.is_empty()
-                && r.policy_ref.as_ref().is_some_and(|p| p.name == "twin-a")
+    let status = env
+        .wait_for_status(&conflicted, TIMEOUT, "twin-a alone", |s| {
+            s.renewal.as_ref().is_some_and(|r| {
+                r.conflicting_policies.is_empty()
+                    && r.policy_ref.as_ref().is_some_and(|p| p.name == "twin-a")
+            })
         })
-    })
-    .await;
+        .await;
     assert!(
         condition(&status, "RenewalConfigInvalid").is_none(),
         "{status:#?}"
@@ -656,10 +626,17 @@ async fn a_failing_node_backs_off_exponentially_across_restarts_and_recovers() {
     ];
     let first = env.start_controller("flaky", &flags);
     // The verdict after a failure is written by the reconcile that follows it.
-    let status = wait_status(&env, &node, "two failures and the backoff verdict", |s| {
-        s.failed_attempts >= Some(2) && s.renewal.as_ref().is_some_and(|r| r.reason == "Backoff")
-    })
-    .await;
+    let status = env
+        .wait_for_status(
+            &node,
+            TIMEOUT,
+            "two failures and the backoff verdict",
+            |s| {
+                s.failed_attempts >= Some(2)
+                    && s.renewal.as_ref().is_some_and(|r| r.reason == "Backoff")
+            },
+        )
+        .await;
     assert!(
         first
             .metric("ck8s_certs_renewals_failed_total{origin=\"policy\"}")
@@ -692,10 +669,11 @@ async fn a_failing_node_backs_off_exponentially_across_restarts_and_recovers() {
 
     // Restarted, it remembers: the count keeps growing from where it was.
     let _second = env.start_controller("flaky", &flags);
-    let status = wait_status(&env, &node, "one more failure", |s| {
-        s.failed_attempts > Some(n)
-    })
-    .await;
+    let status = env
+        .wait_for_status(&node, TIMEOUT, "one more failure", |s| {
+            s.failed_attempts > Some(n)
+        })
+        .await;
     assert_eq!(status.failed_attempts, Some(n + 1));
     // A manual request does not wait for the backoff (the next automatic attempt is 8 s or more
     // away); its success resets the failure history.
@@ -709,12 +687,13 @@ async fn a_failing_node_backs_off_exponentially_across_restarts_and_recovers() {
         "waited {:?}",
         asked.elapsed()
     );
-    let status = wait_status(&env, &node, "recovery", |s| {
-        s.operation
-            .as_ref()
-            .is_some_and(|o| o.phase == Phase::Succeeded)
-    })
-    .await;
+    let status = env
+        .wait_for_status(&node, TIMEOUT, "recovery", |s| {
+            s.operation
+                .as_ref()
+                .is_some_and(|o| o.phase == Phase::Succeeded)
+        })
+        .await;
     assert_eq!(status.operation.unwrap().origin, Origin::Manual);
     assert_eq!(
         (status.failed_attempts, status.last_failure_time),
@@ -754,12 +733,13 @@ async fn defers_then_renews_at(
 ) {
     select(env, node, policy).await;
     let _controller = env.start_controller(policy, &[]);
-    let status = wait_status(env, node, "OutsideWindow", |s| {
-        s.renewal
-            .as_ref()
-            .is_some_and(|r| r.reason == "OutsideWindow")
-    })
-    .await;
+    let status = env
+        .wait_for_status(node, TIMEOUT, "OutsideWindow", |s| {
+            s.renewal
+                .as_ref()
+                .is_some_and(|r| r.reason == "OutsideWindow")
+        })
+        .await;
     assert_eq!(
         status.renewal.unwrap().next_renewal_time.unwrap().0,
         start.timestamp()
@@ -771,10 +751,8 @@ async fn defers_then_renews_at(
         .await;
     assert!(annotations.contains_key(ck8s_certs_api::annotations::CERTIFICATES_EXPIRY));
     let plan = env
-        .sim
-        .calls(&node.cluster, &node.node)
+        .calls(node)
         .await
-        .unwrap()
         .into_iter()
         .find(|c| c.path == path::PLAN)
         .unwrap();
@@ -788,12 +766,13 @@ async fn defers_then_renews_at(
         "renewed at {planned}, not when the window opened at {start}"
     );
     // The window that matched stays on the operation's record.
-    let status = wait_status(env, node, "the matched window", |s| {
-        s.operation
-            .as_ref()
-            .is_some_and(|o| o.phase == Phase::Succeeded)
-    })
-    .await;
+    let status = env
+        .wait_for_status(node, TIMEOUT, "the matched window", |s| {
+            s.operation
+                .as_ref()
+                .is_some_and(|o| o.phase == Phase::Succeeded)
+        })
+        .await;
     assert_eq!(status.operation.unwrap().matched_window, Some(window));
 }
 

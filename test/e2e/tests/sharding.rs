@@ -7,12 +7,11 @@
 use std::time::{Duration, Instant};
 
 use ck8s_certs::k8sd::wire::path;
-use ck8s_certs_api::annotations::{CERTIFICATES_EXPIRY, REFRESH_CERTIFICATES_STATUS};
+use ck8s_certs_api::annotations::CERTIFICATES_EXPIRY;
 use ck8s_certs_api::capi::{CLUSTER_NAME_LABEL, GROUP, WATCH_FILTER_LABEL};
 use ck8s_certs_api::machine_certificates::{MachineCertificates, Phase};
 use ck8s_certs_e2e::controller::{Controller, NAMESPACE};
-use ck8s_certs_e2e::fixtures::NodeInfo;
-use ck8s_certs_e2e::sim::{CallRecord, Endpoint, Fault, runs};
+use ck8s_certs_e2e::sim::{CallRecord, Endpoint, runs};
 use ck8s_certs_e2e::{Environment, shared};
 use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::GroupVersionKind;
@@ -72,33 +71,6 @@ async fn move_cluster(env: &Environment, namespace: &str, cluster: &str, to: &st
     }
 }
 
-async fn certificates(env: &Environment, node: &NodeInfo) -> Option<MachineCertificates> {
-    env.machine_certificates(node).await
-}
-
-/// Waits until `check` holds for the node's MachineCertificates; panics with it after `timeout`.
-async fn wait_for_certificates(
-    env: &Environment,
-    node: &NodeInfo,
-    timeout: Duration,
-    what: &str,
-    check: impl Fn(&MachineCertificates) -> bool,
-) -> MachineCertificates {
-    let start = Instant::now();
-    loop {
-        let mc = certificates(env, node).await;
-        if let Some(mc) = mc.as_ref().filter(|mc| check(mc)) {
-            return mc.clone();
-        }
-        assert!(
-            start.elapsed() < timeout,
-            "{}: timed out waiting for {what}: {mc:#?}",
-            node.machine
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 fn answered(calls: &[CallRecord]) -> usize {
     runs(calls).iter().filter(|r| r.status == 200).count()
 }
@@ -130,16 +102,12 @@ async fn a_cluster_moved_between_shards_mid_refresh_is_refreshed_once_then_by_th
             && mc.labels().get(WATCH_FILTER_LABEL).map(String::as_str) == Some(SHARD_A)
     };
     for n in &alpha.nodes {
-        wait_for_certificates(&env, n, TIMEOUT, "shard a's record", expiry_known).await;
+        env.wait_for_certificates(n, TIMEOUT, "shard a's record", expiry_known)
+            .await;
     }
 
     // A refresh starts on shard a and is held on the node.
-    env.sim
-        .inject(&Fault::latency(HELD).on(&node).at(Endpoint::Run).times(1))
-        .await
-        .unwrap();
-    env.annotate_refresh(&node, "1y").await;
-    env.wait_for_call(&node, path::RUN, TIMEOUT, |c| c.status == 0)
+    env.annotate_held_at(&node, Endpoint::Run, HELD, TIMEOUT)
         .await;
     let in_flight = env.operation(&node).await;
     assert_eq!(in_flight.phase, Phase::Running, "{in_flight:#?}");
@@ -155,23 +123,23 @@ async fn a_cluster_moved_between_shards_mid_refresh_is_refreshed_once_then_by_th
 
     // Shard b sees an unfinished operation of shard a, which still holds its Lease: it leaves it
     // to shard a and says so, and takes the record into its own shard.
-    let waiting = wait_for_certificates(
-        &env,
-        &node,
-        HELD,
-        "shard b saying who carries the refresh out",
-        |mc| {
-            mc.status.as_ref().is_some_and(|s| {
-                s.conditions.iter().any(|c| {
-                    c.type_ == "Refreshing"
-                        && c.status == "True"
-                        && c.message
-                            .contains(&format!("Carried out by {}", lease(SHARD_A)))
+    let waiting = env
+        .wait_for_certificates(
+            &node,
+            HELD,
+            "shard b saying who carries the refresh out",
+            |mc| {
+                mc.status.as_ref().is_some_and(|s| {
+                    s.conditions.iter().any(|c| {
+                        c.type_ == "Refreshing"
+                            && c.status == "True"
+                            && c.message
+                                .contains(&format!("Carried out by {}", lease(SHARD_A)))
+                    })
                 })
-            })
-        },
-    )
-    .await;
+            },
+        )
+        .await;
     println!(
         "shard b left the refresh to shard a {:.1}s after the move",
         moved.elapsed().as_secs_f64()
@@ -183,18 +151,14 @@ async fn a_cluster_moved_between_shards_mid_refresh_is_refreshed_once_then_by_th
     );
 
     // Shard a finishes the refresh it started and records it; the node is refreshed once.
-    let annotations = env.wait_for_refresh(&node, TIMEOUT).await;
+    env.wait_for_done(&node, TIMEOUT).await;
     println!(
         "the refresh ended {:.1}s after the move",
         moved.elapsed().as_secs_f64()
     );
-    assert_eq!(
-        annotations[REFRESH_CERTIFICATES_STATUS], "done",
-        "{annotations:#?}"
-    );
     // Anything shard b might still (wrongly) send would come within its recheck period.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let calls = env.sim.calls(&node.cluster, &node.node).await.unwrap();
+    let calls = env.calls(&node).await;
     assert_eq!(runs(&calls).len(), 1, "one run: {:#?}", runs(&calls));
     assert_eq!(answered(&calls), 1);
     assert_eq!(calls.iter().filter(|c| c.path == path::PLAN).count(), 1);
@@ -219,24 +183,21 @@ async fn a_cluster_moved_between_shards_mid_refresh_is_refreshed_once_then_by_th
         "shard a recorded its own refresh, once"
     );
     for n in alpha.nodes.iter().filter(|n| n.machine != node.machine) {
-        let calls = env.sim.calls(&n.cluster, &n.node).await.unwrap();
+        let calls = env.calls(n).await;
         assert!(runs(&calls).is_empty(), "{}: {:#?}", n.node, runs(&calls));
-        let mc = wait_for_certificates(&env, n, TIMEOUT, "its record in shard b", |mc| {
-            mc.labels().get(WATCH_FILTER_LABEL).map(String::as_str) == Some(SHARD_B)
-        })
-        .await;
+        let mc = env
+            .wait_for_certificates(n, TIMEOUT, "its record in shard b", |mc| {
+                mc.labels().get(WATCH_FILTER_LABEL).map(String::as_str) == Some(SHARD_B)
+            })
+            .await;
         assert!(mc.status.is_some());
     }
 
     // The next refresh of the moved cluster is shard b's; shard a does not act on it.
     let a_log_from = a.log().len();
     env.annotate_refresh(&node, "90d").await;
-    let annotations = env.wait_for_refresh(&node, TIMEOUT).await;
-    assert_eq!(
-        annotations[REFRESH_CERTIFICATES_STATUS], "done",
-        "{annotations:#?}"
-    );
-    let calls = env.sim.calls(&node.cluster, &node.node).await.unwrap();
+    env.wait_for_done(&node, TIMEOUT).await;
+    let calls = env.calls(&node).await;
     assert_eq!(runs(&calls).len(), 2, "{:#?}", runs(&calls));
     assert_eq!(answered(&calls), 2);
     let op = env.operation(&node).await;

@@ -87,44 +87,24 @@ fn writes_since(env: &Environment, from: usize) -> (usize, BTreeMap<String, Vec<
 #[tokio::test]
 async fn a_machine_whose_situation_does_not_change_costs_zero_writes_for_every_verdict() {
     let env = shared().await;
-    let (alpha, beta, gamma) = (
-        env.cluster("alpha"),
-        env.cluster("beta"),
-        env.cluster("gamma"),
-    );
-    let case = |verdict, node: &NodeInfo, reason| Case {
-        verdict,
-        node: node.clone(),
-        reason,
-    };
     // Simulated nodes start with 90-day certificates: renewBefore 100d is due, 30d is not.
+    #[rustfmt::skip]
     let cases = [
-        case("no policy", gamma.node("alpha-cp-0"), None),
-        case("Automatic", alpha.node("alpha-cp-0"), Some("NotDue")),
-        case(
-            "Automatic with windows",
-            alpha.node("alpha-cp-1"),
-            Some("NotDue"),
-        ),
-        case("Disabled", alpha.node("alpha-md-0-w0"), Some("Disabled")),
-        case(
-            "Scheduled, deferred to a window",
-            alpha.node("alpha-md-0-w1"),
-            Some("OutsideWindow"),
-        ),
-        case(
-            "Scheduled, inside a window",
-            beta.node("beta-cp-0"),
-            Some("NotDue"),
-        ),
-        case("invalid", beta.node("beta-cp-1"), Some("ConfigInvalid")),
-        case(
-            "conflicting policies",
-            beta.node("beta-md-0-w0"),
-            Some("ConfigInvalid"),
-        ),
-        case("backoff", beta.node("beta-md-0-w1"), Some("Backoff")),
-    ];
+        ("no policy", "gamma", "alpha-cp-0", None),
+        ("Automatic", "alpha", "alpha-cp-0", Some("NotDue")),
+        ("Automatic with windows", "alpha", "alpha-cp-1", Some("NotDue")),
+        ("Disabled", "alpha", "alpha-md-0-w0", Some("Disabled")),
+        ("Scheduled, deferred to a window", "alpha", "alpha-md-0-w1", Some("OutsideWindow")),
+        ("Scheduled, inside a window", "beta", "beta-cp-0", Some("NotDue")),
+        ("invalid", "beta", "beta-cp-1", Some("ConfigInvalid")),
+        ("conflicting policies", "beta", "beta-md-0-w0", Some("ConfigInvalid")),
+        ("backoff", "beta", "beta-md-0-w1", Some("Backoff")),
+    ]
+    .map(|(verdict, cluster, machine, reason)| Case {
+        verdict,
+        node: env.cluster(cluster).node(machine).clone(),
+        reason,
+    });
     let specs = [
         (
             "auto",
@@ -312,11 +292,7 @@ async fn a_machine_whose_situation_does_not_change_costs_zero_writes_for_every_v
         annotations[ck8s_certs_api::annotations::REFRESH_CERTIFICATES_STATUS],
         "done"
     );
-    let calls = env
-        .sim
-        .calls(&refreshed.cluster, &refreshed.node)
-        .await
-        .unwrap();
+    let calls = env.calls(refreshed).await;
     assert_eq!(runs(&calls).len(), 1, "one run after the restart");
     // Let a late relist and its reconciles land.
     tokio::time::sleep(Duration::from_secs(10)).await;

@@ -78,10 +78,8 @@ async fn a_cluster_annotated_at_once_does_not_hold_up_a_machine_of_another_clust
     let cpu = probe.cpu_seconds().unwrap_or_default() - cpu_before;
 
     let other_run = env
-        .sim
-        .calls("alpha", &other.node)
+        .calls(&other)
         .await
-        .unwrap()
         .iter()
         .find(|c| c.path == path::RUN)
         .map(started)

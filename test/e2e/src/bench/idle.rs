@@ -5,7 +5,6 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
-use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use kube::api::PostParams;
@@ -255,16 +254,7 @@ async fn cluster_admin_kubeconfig(env: &Environment, account: &str) -> Result<Pa
         Err(kube::Error::Api(status)) if status.code == 409 => {}
         Err(e) => return Err(Error::Kube(e)),
     }
-    let request: TokenRequest =
-        serde_json::from_value(json!({ "spec": { "expirationSeconds": 86400, "audiences": [] } }))
-            .map_err(|e| Error::Setup(e.to_string()))?;
-    let token = accounts
-        .create_token_request(account, &pp, &request)
-        .await
-        .map_err(Error::Kube)?
-        .status
-        .map(|s| s.token)
-        .ok_or_else(|| Error::Setup("the TokenRequest returned no token".into()))?;
+    let token = controlplane::service_account_token(&accounts, account).await?;
     let yaml: String = env
         .management_kubeconfig_yaml
         .lines()
