@@ -13,9 +13,10 @@
 //! day-of-month 1–31, month 1–12 or `JAN`–`DEC`, day-of-week 0–7 or `SUN`–`SAT` (0 and 7 are
 //! Sunday), each `*`, a value, a range `a-b`, a step `*/n` or `a-b/n`, or a comma list of those;
 //! names are case-insensitive. `@yearly`, `@annually`, `@monthly`, `@weekly`, `@daily` and
-//! `@hourly` stand for their usual five fields. When both day fields are restricted (neither is
-//! exactly `*`; a step such as `*/2` is a restriction), a day matches if either matches, the
-//! classic cron rule: `0 0 13 * 5` fires on every 13th and every Friday.
+//! `@hourly` stand for their usual five fields. When both day fields are restricted, a day
+//! matches if either matches, the classic cron rule: `0 0 13 * 5` fires on every 13th and every
+//! Friday. A day field is unrestricted when it is `*`, `*/1` or a list with one of them, as
+//! Kubernetes CronJob (robfig/cron v3) reads it; a step such as `*/2` is a restriction.
 //!
 //! Rejected: seconds or year fields, the Quartz/croner extensions (`L`, `W`, `#`, `?`, a `+`
 //! day-of-week), `@reboot`, and expressions that never fire (`0 0 31 2 *`, February 31st).
@@ -168,6 +169,26 @@ fn check_standard(schedule: &str) -> Result<(), CronProblem> {
     Ok(())
 }
 
+/// `schedule` with a day field that holds every value written `*`: a field with `*` or `*/1`
+/// among its list entries is unrestricted for Kubernetes CronJob (robfig/cron v3 marks it with
+/// its star bit), so the other day field alone decides; croner reads only a bare `*` so.
+fn unrestricted_days(schedule: &str) -> String {
+    let fields: Vec<&str> = schedule.split_ascii_whitespace().collect();
+    if fields.len() != 5 {
+        return schedule.to_owned();
+    }
+    let every = |field: &str| field.split(',').any(|entry| entry == "*" || entry == "*/1");
+    fields
+        .iter()
+        .enumerate()
+        .map(|(index, field)| match index {
+            2 | 4 if every(field) => "*",
+            _ => field,
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// The latest wall time (whole seconds) whose instant in `zone` is at or before `t`, and
 /// whether it is itself included: firings up to it start at or before `t`, later ones after.
 ///
@@ -203,7 +224,7 @@ impl CronWindow {
             .seconds(Seconds::Disallowed)
             .year(Year::Disallowed)
             .build()
-            .parse(schedule)
+            .parse(&unrestricted_days(schedule))
             .map_err(|error| CronProblem::Syntax {
                 schedule: quoted(schedule),
                 reason: error.to_string(),

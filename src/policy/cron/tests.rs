@@ -234,6 +234,24 @@ fn cron_semantics_are_pinned() {
             "2026-12-19T00:00:00Z",
         ]
     );
+    // `*/1` (or a list with `*` in it) leaves a day field unrestricted, as CronJob (robfig/cron
+    // v3) reads it: Mondays only, not every day.
+    for schedule in ["0 0 */1 * 1", "0 0 *,3 * 1", "0 0 * * 1"] {
+        assert_eq!(
+            starts(&valid(schedule, "1h", None), "2026-12-01T00:00:00Z", 2),
+            ["2026-12-07T00:00:00Z", "2026-12-14T00:00:00Z"],
+            "{schedule}"
+        );
+    }
+    // And the other way round: the day of the month alone decides.
+    assert_eq!(
+        starts(
+            &valid("0 0 13 * */1", "1h", None),
+            "2026-12-01T00:00:00Z",
+            2
+        ),
+        ["2026-12-13T00:00:00Z", "2027-01-13T00:00:00Z"]
+    );
     // One day field `*`: the other alone decides.
     assert_eq!(
         starts(&valid("0 0 * * 5", "1h", None), "2026-12-01T00:00:00Z", 2),
