@@ -1,7 +1,7 @@
 # ck8s-certs developer entry points. See README.md.
 #
-#   make run    the controller: against $KUBECONFIG's cluster if set, else against the embedded
-#               test environment (built on first use)
+#   make run    the controller against the embedded test environment (built on first use);
+#               make run CLUSTER=1: against $KUBECONFIG's cluster instead (it says which first)
 #   make test   unit tests, the alerting rules' promtool tests, then the e2e suite against the
 #               real environment, on every pinned Cluster API release
 #   make lint   rustfmt, clippy, gofmt, go vet
@@ -99,14 +99,20 @@ release: tools
 docker-build:
 	docker build -t $(IMG) .
 
+## A KUBECONFIG exported in the shell may point at a production cluster: it is used only when
+## asked for with CLUSTER=1, and the context and server it names are printed first.
 run:
-ifdef KUBECONFIG
+ifdef CLUSTER
+	@test -n "$(KUBECONFIG)" || { echo "make run CLUSTER=1 needs KUBECONFIG set" >&2; exit 1; }
+	@k=$$(command -v kubectl || echo $(KUBECTL)); \
+	  echo "make run: the controller acts on KUBECONFIG=$(KUBECONFIG): context $$($$k config current-context 2>/dev/null || echo '?'), server $$($$k config view --minify -o jsonpath='{.clusters[0].cluster.server}' 2>/dev/null || echo '?')"
 	$(CARGO) run --bin ck8s-certs -- --kubeconfig "$(KUBECONFIG)"
 else
+	@if [ -n "$(KUBECONFIG)" ]; then echo "make run: KUBECONFIG is ignored; the embedded environment is used (make run CLUSTER=1 for the cluster it names)"; fi
 	$(MAKE) env
 	$(CARGO) build --bin ck8s-certs
 	$(CARGO) build -p ck8s-certs-e2e --bin testenv
-	target/debug/testenv --controller target/debug/ck8s-certs
+	env -u KUBECONFIG target/debug/testenv --controller target/debug/ck8s-certs
 endif
 
 unit:
