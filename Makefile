@@ -115,8 +115,11 @@ else
 	env -u KUBECONFIG target/debug/testenv --controller target/debug/ck8s-certs
 endif
 
+## The docs checks (test/e2e/tests/docs.rs: they read the bench's flags too, so they live in the
+## e2e crate) need no environment: they run here, early, and again with the e2e suite.
 unit:
 	$(CARGO) test --workspace --exclude ck8s-certs-e2e
+	$(CARGO) test -p ck8s-certs-e2e --test docs
 	cd test/nodesim && $(GO) test ./...
 	cd test/bootstrapdouble && $(GO) test ./...
 	cd test/refmanager && $(GO) test ./...
