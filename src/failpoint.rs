@@ -5,11 +5,13 @@
 
 use std::sync::OnceLock;
 
-/// After the operation record (seed) is written, before `run` is sent.
+/// After the attempt's seed is journaled in the status of the Machine's CertificateRefresh,
+/// before `run` is sent.
 pub const AFTER_SEED_RECORDED: &str = "after-seed-recorded";
 /// After `run` answered, before its outcome is written: the outcome is known only to the node.
 pub const AFTER_RUN_ANSWERED: &str = "after-run-answered";
-/// After the outcome is written to MachineCertificates, before the Machine is patched.
+/// After the outcome is journaled in the Machine's CertificateRefresh, before MachineCertificates
+/// (its copy of the operation) and the Machine are written.
 pub const AFTER_OUTCOME_RECORDED: &str = "after-outcome-recorded";
 
 fn enabled() -> &'static [String] {

@@ -41,7 +41,7 @@ pub struct RefreshLabels {
 pub struct KubeconfigLabels {
     pub namespace: String,
     pub cluster: String,
-    /// client or ca.
+    /// client, ca or client_ca (`<cluster>-cca`'s, with `--renew-management-kubeconfig` only).
     pub certificate: String,
 }
 
@@ -267,7 +267,7 @@ impl Default for Metrics {
         let kubeconfig_expiry = Family::<KubeconfigLabels, Gauge<f64, AtomicU64>>::default();
         registry.register(
             "kubeconfig_expiry_timestamp_seconds",
-            "NotAfter of the management kubeconfig's certificates of a workload cluster (<cluster>-kubeconfig: certificate client or ca), as a Unix timestamp",
+            "NotAfter of the management kubeconfig's certificates of a workload cluster (<cluster>-kubeconfig: certificate client or ca), and of the client CA that signs its client certificate (<cluster>-cca: certificate client_ca, with --renew-management-kubeconfig only), as a Unix timestamp",
             kubeconfig_expiry.clone(),
         );
         let kubeconfig_renewals = Family::<ResultLabels, Counter>::default();
@@ -347,13 +347,14 @@ impl Default for Metrics {
         );
         let reconcile_duration =
             Family::<ControllerLabels, Histogram>::new_with_constructor(|| {
-                // 1 ms … ~45 min: a reconcile at rest reads caches only; one carrying a
-                // refresh lasts as long as the refresh (a worker's waits for its turn and CSRs).
+                // 1 ms … ~80 min (0.001 × 3^14 s): a reconcile at rest reads caches only; one
+                // carrying a refresh lasts as long as the refresh (a worker's waits for its turn
+                // and CSRs).
                 Histogram::new(exponential_buckets(0.001, 3.0, 15))
             });
         registry.register(
             "reconcile_duration_seconds",
-            "Wall time of reconciles, by controller (machine, policy)",
+            "Wall time of reconciles, by controller (machine, policy, kubeconfig)",
             reconcile_duration.clone(),
         );
         let reconcile_errors = Family::<ReconcileErrorLabels, Counter>::default();

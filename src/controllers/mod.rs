@@ -1,5 +1,7 @@
 //! Controllers. `machine` reconciles CK8s Machines: it keeps their certificate expiry known and
-//! carries out refresh requests, recording everything in the Machine's `MachineCertificates`;
+//! carries out refresh requests, journaling each in the `CertificateRefresh` the Machine names
+//! (the seed before `run`, then the outcome) and keeping the Machine's `MachineCertificates`
+//! (expiry, conditions, a copy of the last finished operation);
 //! `policy_status` reports on renewal policies, `cluster_credentials` on each Cluster's
 //! management kubeconfig, `fleet` carries out refreshes of whole clusters. Each has a `start`
 //! beside it that subscribes it to the shared [`watches`]; [`run`] starts them all.
