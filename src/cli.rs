@@ -183,10 +183,11 @@ pub struct Args {
     #[arg(long, env = "CK8S_CERTS_RENEWAL_BACKOFF_MAX", default_value = "32h")]
     pub renewal_backoff_max: crate::policy::PolicyDuration,
 
-    /// Serve the refresh-trigger admission webhook (every replica serves it): it marks a new
+    /// Serve the admission webhooks (every replica serves them): the trigger webhook marks a new
     /// `v1beta2.k8sd.io/refresh-certificates` request in-progress in the same write, so the CK8s
-    /// bootstrap provider's reconciler stands aside. Turn off only where that provider is not
-    /// installed and no MutatingWebhookConfiguration points at the controller.
+    /// bootstrap provider's reconciler stands aside; the fleet-trigger and request webhooks write
+    /// who asked. Turn off only where that provider is not installed and no
+    /// MutatingWebhookConfiguration points at the controller.
     #[arg(long, env = "CK8S_CERTS_WEBHOOK", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub webhook: bool,
 

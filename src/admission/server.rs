@@ -1,4 +1,6 @@
-//! Serves the webhook over HTTPS (`POST /mutate-machine`). Every replica serves it, leader or
+//! Serves the admission webhooks over HTTPS: the trigger webhooks on `POST /mutate-machine`
+//! (Machines; Clusters, MachineDeployments and CK8sControlPlanes) and the request webhook on
+//! `POST /mutate-certificaterefresh`, one handler for both. Every replica serves them, leader or
 //! not: the answer is a pure function of the request. The serving certificate can be swapped
 //! while serving (a renewal needs no restart).
 //!
@@ -8,7 +10,7 @@
 //! request are timed; a connection on which nothing moves is closed; connections and requests
 //! in flight are capped (a connection beyond the cap waits, unaccepted, until one ends); a body
 //! over 1 MiB is refused (by its Content-Length before a byte of it is read); anything but an
-//! `admission.k8s.io/v1` AdmissionReview on `POST /mutate-machine` gets a 4xx.
+//! `admission.k8s.io/v1` AdmissionReview on one of those two paths gets a 4xx.
 
 use std::future::Future;
 use std::io;
