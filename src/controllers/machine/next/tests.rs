@@ -178,6 +178,8 @@ fn every_case_of_the_next_step() {
         requested_by: Some("capi-machineset".into()),
         ..op(Phase::Succeeded, "1y")
     };
+    // What the caches' pass plans for the Machine with no node yet, its status known.
+    let nodeless_plan = planned(Step::WaitForNode, &nodeless, Some(&cluster), &known());
     let rows = vec![
         Row {
             parked: Some(Parked {
@@ -321,40 +323,20 @@ fn every_case_of_the_next_step() {
             Source::Cache,
             nodeless.clone(),
             read(known()),
-            Next::Confirm(Box::new(planned(
-                Step::WaitForNode,
-                &nodeless,
-                Some(&cluster),
-                &known(),
-            ))),
+            Next::Confirm(Box::new(nodeless_plan.clone())),
         ),
         Row {
-            planned: Some(planned(
-                Step::WaitForNode,
-                &nodeless,
-                Some(&cluster),
-                &known(),
-            )),
+            planned: Some(nodeless_plan.clone()),
             ..row(
                 "live shows what the plan was made from: the plan is written",
                 Source::Live,
                 nodeless.clone(),
                 read(known()),
-                Next::Show(
-                    Step::WaitForNode,
-                    Box::new(
-                        planned(Step::WaitForNode, &nodeless, Some(&cluster), &known()).settled,
-                    ),
-                ),
+                Next::Show(Step::WaitForNode, Box::new(nodeless_plan.settled.clone())),
             )
         },
         Row {
-            planned: Some(planned(
-                Step::WaitForNode,
-                &nodeless,
-                Some(&cluster),
-                &known(),
-            )),
+            planned: Some(nodeless_plan.clone()),
             ..row(
                 "live shows another status than the plan's: settled again",
                 Source::Live,
@@ -364,12 +346,7 @@ fn every_case_of_the_next_step() {
             )
         },
         Row {
-            planned: Some(planned(
-                Step::WaitForNode,
-                &nodeless,
-                Some(&cluster),
-                &known(),
-            )),
+            planned: Some(nodeless_plan.clone()),
             cluster: Some(paused_cluster.clone()),
             ..row(
                 "live shows another Cluster than the plan's: settled again",
