@@ -52,28 +52,10 @@ for name in "${order[@]}"; do
   done
 done
 
-# The Cluster API manager that some tests run beside the controller now and then fails every
-# MachineDeployment reconcile with "failed to cast MachineSet informer to SharedIndexInformer"
-# and never carries a template's trigger on (docs/performance.md, "What the test suite costs").
-# A binary that failed with that line in its log runs once more, and says so; a failure of ours
-# fails twice.
-capi_flake='failed to cast MachineSet informer to SharedIndexInformer'
-
-attempt() {
-  local v=$1 name=$2
-  (cd test/e2e && CK8S_E2E_CAPI_VERSION=$v "${binary[$name]}" --nocapture --test-threads="$threads") \
-    >"$logs/$v-$name.log" 2>&1
-}
-
 run() {
   local v=$1 name=$2 started=$SECONDS status=0
-  attempt "$v" "$name" || status=$?
-  if ((status != 0)) && grep -q "$capi_flake" "$logs/$v-$name.log"; then
-    mv "$logs/$v-$name.log" "$logs/$v-$name.first.log"
-    echo "RETRY  $v $name: failed with the Cluster API manager's \"$capi_flake\" (log: $v-$name.first.log)"
-    status=0
-    attempt "$v" "$name" || status=$?
-  fi
+  (cd test/e2e && CK8S_E2E_CAPI_VERSION=$v "${binary[$name]}" --nocapture --test-threads="$threads") \
+    >"$logs/$v-$name.log" 2>&1 || status=$?
   local summary
   summary=$(grep -h '^test result:' "$logs/$v-$name.log" | tail -1)
   if ((status == 0)); then

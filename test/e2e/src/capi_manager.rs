@@ -4,8 +4,12 @@
 //! environment's CAPI release by `hack/build-capi-manager.sh` (`make capi-manager`).
 //!
 //! What it is given, and why:
-//! - `--namespace=`[`NAMESPACE`]: it reconciles only that namespace, so the fixtures of other
-//!   namespaces never see it (they are not made for CAPI: no infrastructure, no MachineSets).
+//! - No `--namespace`: the environment that runs it holds Cluster API objects in [`NAMESPACE`]
+//!   only. With `--namespace`, v1.14's controllers read a multi-namespace cache that their
+//!   read-after-write check cannot use: after its first write of a MachineSet, every
+//!   MachineDeployment reconcile failed with "failed to cast MachineSet informer to
+//!   SharedIndexInformer" (`util/controller/consistency.go`), and a template's annotations
+//!   were never carried on.
 //! - An identity of its own, ServiceAccount [`USER`], bound to the release's own ClusterRole
 //!   (`config/rbac/role.yaml`, `manager-role`), not the admin: its rights are the ones it has in a
 //!   real management cluster, and the audit log tells its writes from ours. The release binds an
@@ -122,14 +126,21 @@ pub(crate) struct Start<'a> {
     pub clusters: &'a [WorkloadCluster],
 }
 
-/// Makes the clusters of [`NAMESPACE`] coherent, starts the manager and registers its webhooks;
+/// Makes the clusters (all in [`NAMESPACE`]) coherent, starts the manager and registers its webhooks;
 /// returns once it is ready.
 pub(crate) async fn start(s: Start<'_>) -> Result<(Process, CapiManager), Error> {
     let version = s.capi_version.0.clone();
     let binary = binary(&version)?;
     let config = s.crd_dir.join("../..");
+    // It watches every namespace (see the module doc): a cluster elsewhere is not made for it.
+    if let Some(stray) = s.clusters.iter().find(|c| c.spec.namespace != NAMESPACE) {
+        return Err(Error::Setup(format!(
+            "cluster {} is in namespace {}: beside the Cluster API manager every cluster is in {NAMESPACE}",
+            stray.spec.name, stray.spec.namespace
+        )));
+    }
     install_stubs(s.mgmt).await?;
-    for cluster in s.clusters.iter().filter(|c| c.spec.namespace == NAMESPACE) {
+    for cluster in s.clusters {
         make_coherent(s.mgmt, s.capi_version, cluster).await?;
     }
     let kubeconfig = identity(s.mgmt, s.port, &s.ca.pem, s.dir, &config).await?;
@@ -156,7 +167,6 @@ pub(crate) async fn start(s: Start<'_>) -> Result<(Process, CapiManager), Error>
     let mut command = std::process::Command::new(&binary);
     command
         .env("KUBECONFIG", &kubeconfig)
-        .arg(format!("--namespace={NAMESPACE}"))
         .arg(format!("--webhook-port={webhook_port}"))
         .arg(format!("--webhook-cert-dir={}", s.dir.display()))
         .arg(format!(

@@ -218,8 +218,9 @@ pub struct EnvSpec {
     /// The CK8sControlPlane CRD and a CK8sControlPlane per cluster (as the CK8s control plane
     /// provider installs them); `false`: a management cluster without that provider (yet).
     pub control_plane_crd: bool,
-    /// The real Cluster API core manager of `capi_version`, for the clusters in namespace
-    /// [`capi_manager::NAMESPACE`] (made coherent for it); see [`capi_manager`].
+    /// The real Cluster API core manager of `capi_version`, which watches every namespace: all
+    /// clusters must be in [`capi_manager::NAMESPACE`] (made coherent for it); see
+    /// [`capi_manager`].
     pub capi_manager: bool,
 }
 
