@@ -336,4 +336,41 @@ async fn only_users_who_may_change_the_target_get_a_refresh_and_they_are_named()
         .await;
     let message = refused(forged);
     assert!(message.contains("may name only yourself"), "{message}");
+
+    // A renewal policy renews Machines by itself: writing one needs the right a trigger needs.
+    let policy = |name: &str| -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "certificates.ck8s.io/v1alpha1", "kind": "CertificateRenewalPolicy",
+            "metadata": { "name": name, "namespace": NAMESPACE },
+            "spec": { "policy": "Disabled", "machineSelector": { "matchLabels": { "e2e-policy": "none" } } }
+        }))
+        .unwrap()
+    };
+    let policies = json!({ "apiGroups": ["certificates.ck8s.io"],
+        "resources": ["certificaterenewalpolicies"], "verbs": ["create", "get"] });
+    let (carol, carol_name) = user(&env, "carol", json!([policies.clone()])).await;
+    let resource = kube::api::ApiResource::erase::<
+        ck8s_certs_api::renewal_policy::CertificateRenewalPolicy,
+    >(&());
+    let message = refused(
+        Api::<DynamicObject>::namespaced_with(carol, NAMESPACE, &resource)
+            .create(&post, &policy("by-carol"))
+            .await,
+    );
+    assert!(
+        message.contains(&format!(
+            "{carol_name} may not write a CertificateRenewalPolicy in namespace {NAMESPACE}"
+        )),
+        "{message}"
+    );
+    let (dave, _) = user(
+        &env,
+        "dave",
+        json!([policies, { "apiGroups": ["cluster.x-k8s.io"], "resources": ["machines"], "verbs": ["patch"] }]),
+    )
+    .await;
+    Api::<DynamicObject>::namespaced_with(dave, NAMESPACE, &resource)
+        .create(&post, &policy("by-dave"))
+        .await
+        .expect("a user who may patch Machines writes a renewal policy");
 }
