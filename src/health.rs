@@ -48,11 +48,14 @@ pub async fn serve(address: SocketAddr, health: Health) -> std::io::Result<JoinH
         .with_state(health);
     let listener = tokio::net::TcpListener::bind(address).await?;
     tracing::info!(address = %listener.local_addr()?, "Serving health endpoints");
-    Ok(tokio::spawn(async move {
-        if let Err(err) = axum::serve(listener, app).await {
-            tracing::error!(error = %err, "Health endpoint server stopped");
-        }
-    }))
+    // With the webhook's limits: a client that holds connections must not fail the kubelet's
+    // probes (and so restart the pod).
+    Ok(crate::serving::serve(
+        listener,
+        None,
+        app,
+        crate::serving::Limits::default(),
+    ))
 }
 
 async fn readyz(State(health): State<Health>) -> (StatusCode, &'static str) {

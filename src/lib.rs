@@ -21,6 +21,7 @@ pub mod plugin;
 pub mod policy;
 pub mod preview;
 pub mod refresh;
+pub mod serving;
 pub mod shutdown;
 pub mod telemetry;
 pub mod text;

@@ -501,11 +501,13 @@ pub async fn serve(
     );
     let listener = tokio::net::TcpListener::bind(address).await?;
     tracing::info!(address = %listener.local_addr()?, "Serving metrics");
-    Ok(tokio::spawn(async move {
-        if let Err(err) = axum::serve(listener, app).await {
-            tracing::error!(error = %err, "Metrics server stopped");
-        }
-    }))
+    // With the webhook's limits: a scraper that holds connections keeps no one else out.
+    Ok(crate::serving::serve(
+        listener,
+        None,
+        app,
+        crate::serving::Limits::default(),
+    ))
 }
 
 #[cfg(test)]

@@ -430,78 +430,96 @@ async fn a_connection_on_which_nothing_moves_is_closed() {
 }
 
 #[tokio::test]
-async fn requests_beyond_the_cap_wait_for_a_place() {
+async fn a_slow_body_holds_no_place_where_requests_are_decided() {
     let server = start(Limits {
         max_requests: 1,
         ..relaxed()
     })
     .await;
-    // Holds the only place: its body is on its way.
+    // A body on its way, for a minute if it likes: it is read before a place is taken.
     let body = review_json("1y");
     let (first, rest) = body.split_at(10);
-    let mut holder = connect(&server).await;
+    let mut slow = connect(&server).await;
     let head = format!(
         "POST {PATH} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
         body.len()
     );
-    holder.write_all(head.as_bytes()).await.unwrap();
-    holder.write_all(first).await.unwrap();
+    slow.write_all(head.as_bytes()).await.unwrap();
+    slow.write_all(first).await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let mut waiting = connect(&server).await;
-    waiting.write_all(&review_request("1y")).await.unwrap();
-    // Every timeout is a minute away: an answer now would mean no cap.
-    let mut buf = [0u8; 16];
-    let early = tokio::time::timeout(Duration::from_millis(500), waiting.read(&mut buf)).await;
-    assert!(
-        early.is_err(),
-        "answered while the place was taken: {early:?}"
-    );
-    holder.write_all(rest).await.unwrap();
-    response_of(&read_all(&mut holder).await);
-    response_of(&read_all(&mut waiting).await);
+    // The only place is free for a whole request meanwhile.
+    let answer = tokio::time::timeout(
+        Duration::from_secs(5),
+        exchange(&server, &review_request("1y")),
+    )
+    .await
+    .expect("answered while another body was on its way");
+    response_of(&answer);
+    slow.write_all(rest).await.unwrap();
+    response_of(&read_all(&mut slow).await);
 }
 
 #[tokio::test]
-async fn connections_beyond_the_cap_wait_and_slow_ones_do_not_starve_the_rest() {
+async fn a_new_connection_takes_the_place_of_the_oldest_idle_one() {
     let server = start(Limits {
         max_connections: 2,
         ..relaxed()
     })
     .await;
-    // Two idle connections take both places; a third is not even accepted.
-    let first = connect(&server).await;
+    // Two idle connections take both places; a third is served, and the oldest is closed.
+    let mut first = connect(&server).await;
     let _second = connect(&server).await;
-    let third = tokio::time::timeout(Duration::from_millis(500), connect(&server)).await;
-    assert!(third.is_err(), "a third connection was served");
-    // One ends: the next is served.
-    drop(first);
     let answer = tokio::time::timeout(SOON, exchange(&server, &review_request("1y")))
         .await
-        .expect("served once a place was free");
+        .expect("served in an idle connection's place");
     response_of(&answer);
+    assert_closed(&mut first).await;
 
-    // With short timeouts, more silent clients than places are timed out in turn and a
-    // well-behaved request gets through.
+    // One peer holds at most its share: its own oldest idle connection makes room, though
+    // there are places overall.
     let server = start(Limits {
-        max_connections: 2,
-        handshake_timeout: Duration::from_millis(300),
-        header_read_timeout: Duration::from_millis(300),
+        max_connections_per_peer: 2,
         ..relaxed()
     })
     .await;
-    let mut silent_tcp = Vec::new();
-    for _ in 0..3 {
-        silent_tcp.push(TcpStream::connect(server.address).await.unwrap());
-    }
-    let mut silent_tls = Vec::new();
-    for _ in 0..3 {
-        let handshake = connect_with(&server, TLS_VERSIONS);
-        if let Ok(Ok(stream)) = tokio::time::timeout(Duration::from_secs(5), handshake).await {
-            silent_tls.push(stream);
-        }
+    let mut first = connect(&server).await;
+    let _second = connect(&server).await;
+    response_of(&exchange(&server, &review_request("1y")).await);
+    assert_closed(&mut first).await;
+
+    // Silent clients (no handshake, or nothing after it) are idle too: a well-behaved request
+    // gets through at once however many there are.
+    let server = start(Limits {
+        max_connections: 2,
+        ..relaxed()
+    })
+    .await;
+    let mut silent = Vec::new();
+    for _ in 0..4 {
+        silent.push(TcpStream::connect(server.address).await.unwrap());
     }
     let answer = tokio::time::timeout(SOON, exchange(&server, &review_request("1y")))
         .await
-        .expect("served once the silent ones were timed out");
+        .expect("served in a silent client's place");
     response_of(&answer);
+}
+
+#[tokio::test]
+async fn a_connection_is_closed_at_its_age_once_its_request_is_answered() {
+    let server = start(Limits {
+        max_connection_age: Duration::from_millis(300),
+        ..relaxed()
+    })
+    .await;
+    let mut kept = connect(&server).await;
+    // Kept alive (no Connection: close), and used before its age.
+    let mut request = review_request("1y");
+    let text = String::from_utf8_lossy(&request).replace("Connection: close\r\n", "");
+    request = text.into_bytes();
+    kept.write_all(&request).await.unwrap();
+    // Answered, then closed by the server, though every timeout is a minute away.
+    let mut answer = Vec::new();
+    let ended = tokio::time::timeout(SOON, kept.read_to_end(&mut answer)).await;
+    assert!(ended.is_ok(), "not closed at its age");
+    assert_eq!(status(&String::from_utf8_lossy(&answer)), 200);
 }
