@@ -904,22 +904,31 @@ async fn the_controller_runs_with_the_installed_service_account_and_the_deployme
 /// The fenced `sh` blocks of the repository's markdown file `doc` in the section under the
 /// heading line `heading` (up to the next heading of its level or above), in order.
 fn doc_blocks(doc: &str, heading: &str) -> Vec<String> {
+    fenced_blocks(doc, heading, "sh")
+}
+
+/// The fenced blocks of language `lang` in a section, as [`doc_blocks`].
+fn fenced_blocks(doc: &str, heading: &str, lang: &str) -> Vec<String> {
     let text = read(&repo_root().join(doc));
     let level = heading.split(' ').next().unwrap_or_default();
+    // A `#` line inside a fenced block (a comment) is no heading.
+    let mut fenced = false;
     let section: Vec<&str> = text
         .lines()
         .skip_while(|l| *l != heading)
         .skip(1)
         .take_while(|l| {
+            fenced ^= l.starts_with("```");
             let hashes = l.split(' ').next().unwrap_or_default();
-            !(hashes.starts_with('#') && hashes.chars().all(|c| c == '#') && hashes <= level)
+            fenced
+                || !(hashes.starts_with('#') && hashes.chars().all(|c| c == '#') && hashes <= level)
         })
         .collect();
     assert!(!section.is_empty(), "{doc} has no section {heading:?}");
     let mut blocks = Vec::new();
     let mut lines = section.into_iter();
     while let Some(line) = lines.next() {
-        if line == "```sh" {
+        if line == format!("```{lang}") {
             let block: Vec<&str> = lines.by_ref().take_while(|l| *l != "```").collect();
             blocks.push(block.join("\n") + "\n");
         }
@@ -934,8 +943,9 @@ fn doc_blocks(doc: &str, heading: &str) -> Vec<String> {
 ///
 /// One difference: `clusterctl init` cannot run against this cluster. It installs cert-manager
 /// and waits until cert-manager issues a test certificate, and no pod runs here (API servers
-/// only, no kubelet or container runtime); on a cluster without the clusterctl inventory it also
-/// fetches the core provider from GitHub. So `clusterctl init <args>` here applies with kubectl
+/// only, no kubelet or container runtime); on a cluster without the clusterctl inventory (this
+/// one: its Cluster API CRDs are installed by the harness) it also installs the default providers
+/// (core, kubeadm) from GitHub. So `clusterctl init <args>` here applies with kubectl
 /// what `clusterctl generate provider <args>` prints: the same repository read, version chosen
 /// and variables substituted, without the cert-manager step and the inventory.
 struct DocShell {
@@ -1208,4 +1218,83 @@ async fn kubeconfig_renewal_installed_as_its_doc_says_renews_a_kubeconfig() {
         Some(1.0),
         "{metrics}"
     );
+}
+
+/// docs/install.md's kustomize route as written, from the release file on (its download names a
+/// GitHub release nothing publishes yet: the release file here is `hack/release.sh`'s, which is
+/// what a release publishes): `clusterctl generate yaml` with a variable set, the kustomization
+/// the doc shows (its first line names the file), `kubectl apply --server-side -k .` against the
+/// management cluster. The Deployment and admission policies other tests installed are deleted
+/// first, as on a cluster without ck8s-certs: theirs hold other values, or atomic fields the API
+/// server defaulted, owned by another field manager, which a server-side apply without
+/// `--force-conflicts` refuses to take over.
+#[tokio::test]
+async fn install_md_kustomize_route_installs_the_patched_release() {
+    let heading = "## With kustomize";
+    let blocks = doc_blocks("docs/install.md", heading);
+    assert_eq!(blocks.len(), 2, "{blocks:?}");
+    let kustomizations = fenced_blocks("docs/install.md", heading, "yaml");
+    assert_eq!(kustomizations.len(), 1, "{kustomizations:?}");
+    assert!(kustomizations[0].starts_with("# kustomization.yaml\n"));
+    // The download, a command continued over lines ending in `\`, is the release file put here.
+    let mut script = String::new();
+    let mut in_download = false;
+    for line in blocks[0].lines() {
+        in_download = in_download || line.starts_with("curl ");
+        if !in_download {
+            script.push_str(line);
+            script.push('\n');
+        }
+        in_download = in_download && line.ends_with('\\');
+    }
+    assert!(
+        script.contains("clusterctl generate yaml") && !script.contains("curl"),
+        "{script}"
+    );
+
+    let env = shared().await;
+    let dir = scratch("install-md-kustomize");
+    let work = dir.join("work");
+    write(
+        &work.join(COMPONENTS),
+        read(&release(&dir).join(COMPONENTS)),
+    );
+    write(&work.join("kustomization.yaml"), &kustomizations[0]);
+    let shell = DocShell::new(&env, &dir, &dir.join("home"));
+    let deployment = {
+        let _installing = INSTALLING.lock().await;
+        // What other tests' installs left with values or defaulted atomic fields (the
+        // policies' matchConstraints) that another field manager owns.
+        let mut applier = Applier::new(env.management().await.unwrap(), "e2e-clusterctl");
+        let release = manifests::parse(&read(&work.join(COMPONENTS))).unwrap();
+        for object in release
+            .iter()
+            .filter(|o| matches!(kind(o), "Deployment" | "ValidatingAdmissionPolicy"))
+        {
+            let api = applier.api_for(object).await.unwrap();
+            match api.delete(&object.name_any(), &Default::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(status)) if status.code == 404 => {}
+                Err(e) => panic!("deleting {}: {e}", describe(object)),
+            }
+            let start = Instant::now();
+            while api.get_opt(&object.name_any()).await.unwrap().is_some() {
+                assert!(
+                    start.elapsed() < Duration::from_secs(30),
+                    "{} not deleted",
+                    describe(object)
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        shell.run(&work, &script);
+        shell.run(&work, &blocks[1]);
+        installed_deployment(&env).await
+    };
+    assert_eq!(deployment.spec.as_ref().unwrap().replicas, Some(3));
+    assert_eq!(
+        manager_env(&deployment),
+        expected_env(&[("CK8S_CERTS_LOG_LEVEL", "debug")])
+    );
+    assert_eq!(manager_image(&deployment), format!("{IMAGE}:{}", version()));
 }
