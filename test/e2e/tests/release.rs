@@ -1143,8 +1143,6 @@ async fn kubeconfig_renewal_installed_as_its_doc_says_renews_a_kubeconfig() {
 
     let (_, cert) = env.make_kubeconfig_due("solo").await;
     env.isolate_cluster("solo", "kubeconfig-renewal").await;
-    // The API server's policy informer sees the new admission policy within a moment; the
-    // controller's first check comes later than that anyway (it waits for its Lease).
     let running = run_as_installed(&env, &deployment.unwrap(), "kubeconfig-renewal").await;
 
     let records: Api<ck8s_certs_api::cluster_certificates::ClusterCertificates> =
