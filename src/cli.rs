@@ -122,8 +122,8 @@ pub struct Args {
     /// (`<cluster>-kubeconfig`) in place when half its lifetime is left (or
     /// `--kubeconfig-renew-before`), signed by the cluster's client CA (`<cluster>-cca`): `off`
     /// (default: that Secret is never read), `dry-run` (everything but the write, shown in
-    /// `ClusterCertificates`), `on`. Needs `patch` on Secrets: install the
-    /// `config/kubeconfig-renewal` overlay. The bare flag means `on`.
+    /// `ClusterCertificates`), `on`. Needs `patch` on Secrets: `kubectl apply -k
+    /// config/kubeconfig-renewal` (a role and its admission policy). The bare flag means `on`.
     #[arg(
         long,
         env = "CK8S_CERTS_RENEW_MANAGEMENT_KUBECONFIG",

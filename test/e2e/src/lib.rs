@@ -27,6 +27,7 @@ pub mod controlplane;
 pub mod crds;
 pub mod fixtures;
 pub mod k8sd;
+pub mod kubeconfigs;
 pub mod manifests;
 pub mod pki;
 pub mod policies;

@@ -181,47 +181,6 @@ async fn an_expiring_management_kubeconfig_is_announced_and_an_expired_one_named
     }
 }
 
-/// A client certificate of the environment's CA (the workload API servers' `--client-ca-file`),
-/// as the CK8s control-plane provider issues it, valid from `not_before` to `not_after`.
-fn provider_certificate(
-    env: &Environment,
-    not_before: jiff::Timestamp,
-    not_after: jiff::Timestamp,
-) -> (String, String) {
-    let ca_pem = std::fs::read_to_string(env.dir.join("ca.crt")).unwrap();
-    let ca_key =
-        rcgen::KeyPair::from_pem(&std::fs::read_to_string(env.dir.join("ca.key")).unwrap())
-            .unwrap();
-    let issuer = rcgen::Issuer::from_ca_cert_pem(&ca_pem, ca_key).unwrap();
-    let mut params = rcgen::CertificateParams::default();
-    params
-        .distinguished_name
-        .push(rcgen::DnType::OrganizationName, "system:masters");
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "kubernetes-admin");
-    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
-    let offset =
-        |at: jiff::Timestamp| time::OffsetDateTime::from_unix_timestamp(at.as_second()).unwrap();
-    params.not_before = offset(not_before);
-    params.not_after = offset(not_after);
-    let key = rcgen::KeyPair::generate().unwrap();
-    let certificate = params.signed_by(&key, &issuer).unwrap();
-    (certificate.pem(), key.serialize_pem())
-}
-
-/// `yaml` whose only user authenticates with `cert` and `key` alone.
-fn with_client_certificate(yaml: &str, cert: &str, key: &str) -> String {
-    let mut kubeconfig: serde_yaml::Value = serde_yaml::from_str(yaml).unwrap();
-    let b64 = |text: &str| base64::engine::general_purpose::STANDARD.encode(text);
-    kubeconfig["users"][0]["user"] = serde_yaml::to_value(json!({
-        "client-certificate-data": b64(cert),
-        "client-key-data": b64(key),
-    }))
-    .unwrap();
-    serde_yaml::to_string(&kubeconfig).unwrap()
-}
-
 async fn record(env: &Environment, namespace: &str, cluster: &str) -> Option<ClusterCertificates> {
     let api: Api<ClusterCertificates> = Api::namespaced(env.management().await.unwrap(), namespace);
     api.get_opt(cluster).await.unwrap()
@@ -273,50 +232,11 @@ fn secret_requests(env: &Environment, name: &str) -> Vec<String> {
     .collect()
 }
 
-/// Gives `cluster` (namespace fleet) a kubeconfig whose client certificate, of the client CA it
-/// gets as `<cluster>-cca`, has 100 of its 300 days left (due); returns the kubeconfig and the
-/// certificate.
-async fn make_due(env: &Environment, cluster: &str) -> (String, String) {
-    let secrets: Api<Secret> = Api::namespaced(env.management().await.unwrap(), "fleet");
-    let now = jiff::Timestamp::now();
-    let day = jiff::SignedDuration::from_hours(24);
-    let (not_before, not_after) = (
-        jiff::Timestamp::from_second((now - day * 200).as_second()).unwrap(),
-        jiff::Timestamp::from_second((now + day * 100).as_second()).unwrap(),
-    );
-    let (cert, key) = provider_certificate(env, not_before, not_after);
-    let yaml = with_client_certificate(&env.cluster(cluster).kubeconfig_yaml, &cert, &key);
-    secrets
-        .patch(
-            &format!("{cluster}-kubeconfig"),
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "stringData": { "value": yaml } })),
-        )
-        .await
-        .unwrap();
-    let ca = |file: &str| std::fs::read_to_string(env.dir.join(file)).unwrap();
-    secrets
-        .create(
-            &Default::default(),
-            &serde_json::from_value(json!({
-                "metadata": {
-                    "name": format!("{cluster}-cca"),
-                    "labels": { "cluster.x-k8s.io/cluster-name": cluster }
-                },
-                "stringData": { "tls.crt": ca("ca.crt"), "tls.key": ca("ca.key") }
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    (yaml, cert)
-}
-
 /// A dry run does everything but the write, and says what it would have done.
 #[tokio::test]
 async fn a_dry_run_writes_nothing_and_says_what_it_would_do() {
     let env = shared().await;
-    make_due(&env, "trio").await;
+    env.make_kubeconfig_due("trio").await;
     let secrets: Api<Secret> = Api::namespaced(env.management().await.unwrap(), "fleet");
     let before = secrets.get("trio-kubeconfig").await.unwrap();
     env.isolate_cluster("trio", "dry-run").await;
@@ -383,7 +303,7 @@ async fn a_due_client_certificate_is_renewed_in_place_and_other_shapes_are_left_
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "fleet");
     let now = jiff::Timestamp::now();
     let day = jiff::SignedDuration::from_hours(24);
-    let (yaml, cert) = make_due(&env, "beta").await;
+    let (yaml, cert) = env.make_kubeconfig_due("beta").await;
     let ca = |file: &str| std::fs::read_to_string(env.dir.join(file)).unwrap();
     let before = secrets.get("beta-kubeconfig").await.unwrap();
     let gamma_before = Api::<Secret>::namespaced(client.clone(), "edge")

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use ck8s_certs_e2e::manifests::{self, Applier, describe};
 use ck8s_certs_e2e::process::Process;
-use ck8s_certs_e2e::{Binaries, controlplane, shared, tool};
+use ck8s_certs_e2e::{Binaries, Environment, controlplane, shared, tool};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
@@ -60,6 +60,10 @@ const FIXED_ENV: &[(&str, &str)] = &[
     ("CK8S_CERTS_METRICS_BIND_ADDRESS", "0.0.0.0:8080"),
     ("CK8S_CERTS_WEBHOOK_BIND_ADDRESS", "0.0.0.0:9443"),
 ];
+
+/// Held by the tests that install the components into the management cluster while they
+/// install and read back what they installed: each applies the same objects with other values.
+static INSTALLING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn version() -> String {
     format!("v{}", env!("CARGO_PKG_VERSION"))
@@ -579,6 +583,7 @@ async fn clusterctl_generates_components_that_the_management_cluster_accepts() {
 
     let env = shared().await;
     let mgmt = env.management().await.unwrap();
+    let _installing = INSTALLING.lock().await;
     let mut applier = Applier::new(mgmt.clone(), "e2e-clusterctl");
     for object in &objects {
         applier
@@ -737,24 +742,20 @@ async fn service_account_kubeconfig(
     serde_yaml::to_string(&config).unwrap()
 }
 
-#[tokio::test]
-async fn the_controller_runs_with_the_installed_service_account_and_the_deployments_environment() {
-    let (objects, _) = generate_for_the_management_cluster("run");
-    let env = shared().await;
+/// The controller as the installed Deployment runs it, as far as the e2e environment can: the
+/// environment has API servers but no kubelet or container runtime, so no pod can start. Runs the
+/// controller binary of this build (what the image holds) with the manager container's
+/// environment as the kubelet would set it (the downward API filled in) and the installed
+/// ServiceAccount's token; only the bind addresses change, to free loopback ports, and
+/// `filter` is set as the watch filter, which keeps it off other tests' Machines. Returns once
+/// it is ready and holds its Lease, with its log folder.
+async fn run_as_installed(env: &Environment, deployment: &Deployment, filter: &str) -> Running {
     let mgmt = env.management().await.unwrap();
-    let mut applier = Applier::new(mgmt.clone(), "e2e-clusterctl");
-    for object in &objects {
-        applier.apply(object).await.unwrap();
-    }
-    let deployment: Deployment = typed(find(&objects, "Deployment", DEPLOYMENT));
-
-    // The pod's environment as the kubelet would set it; only the bind addresses change, to
-    // free loopback ports, and a watch filter keeps the controller off other tests' Machines.
-    let pod_name = "ck8s-certs-controller-manager-7f9c-release";
+    let pod_name = format!("ck8s-certs-controller-manager-7f9c-{filter}");
     let health_port = controlplane::free_port().expect("a free port");
     let metrics_port = controlplane::free_port().expect("a free port");
     let webhook_port = controlplane::free_port().expect("a free port");
-    let dir = env.dir.join("release-controller");
+    let dir = env.dir.join(format!("{filter}-controller"));
     let kubeconfig = dir.join("kubeconfig");
     write(
         &kubeconfig,
@@ -768,9 +769,9 @@ async fn the_controller_runs_with_the_installed_service_account_and_the_deployme
     );
     let mut command = Command::new(Binaries::controller().expect("the controller binary"));
     command.env_clear();
-    for (name, value) in manager_env(&deployment) {
+    for (name, value) in manager_env(deployment) {
         let value = match value.as_str() {
-            "fieldRef:metadata.name" => pod_name.to_owned(),
+            "fieldRef:metadata.name" => pod_name.clone(),
             "fieldRef:metadata.namespace" => NAMESPACE.to_owned(),
             _ => value,
         };
@@ -790,9 +791,9 @@ async fn the_controller_runs_with_the_installed_service_account_and_the_deployme
             format!("127.0.0.1:{webhook_port}"),
         )
         .env("CK8S_CERTS_KUBECONFIG", &kubeconfig)
-        .env("CK8S_CERTS_WATCH_FILTER", "release");
-    let process =
-        Process::spawn("controller-release", command, &dir).expect("the controller starts");
+        .env("CK8S_CERTS_WATCH_FILTER", filter);
+    let log = format!("controller-{filter}");
+    let process = Process::spawn(&log, command, &dir).expect("the controller starts");
 
     let leases: Api<Lease> = Api::namespaced(mgmt.clone(), NAMESPACE);
     let http = reqwest::Client::new();
@@ -814,7 +815,7 @@ async fn the_controller_runs_with_the_installed_service_account_and_the_deployme
                     .spec
                     .as_ref()
                     .and_then(|s| s.holder_identity.as_deref())
-                    .is_some_and(|holder| holder.starts_with(pod_name))
+                    .is_some_and(|holder| holder.starts_with(&pod_name))
             });
         if ready && held {
             break;
@@ -826,6 +827,36 @@ async fn the_controller_runs_with_the_installed_service_account_and_the_deployme
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    Running {
+        log: dir.join(format!("{log}.log")),
+        metrics_port,
+        process,
+    }
+}
+
+/// A controller started by [`run_as_installed`], killed on drop.
+struct Running {
+    process: Process,
+    log: PathBuf,
+    metrics_port: u16,
+}
+
+#[tokio::test]
+async fn the_controller_runs_with_the_installed_service_account_and_the_deployments_environment() {
+    let (objects, _) = generate_for_the_management_cluster("run");
+    let env = shared().await;
+    let mgmt = env.management().await.unwrap();
+    {
+        let _installing = INSTALLING.lock().await;
+        let mut applier = Applier::new(mgmt.clone(), "e2e-clusterctl");
+        for object in &objects {
+            applier.apply(object).await.unwrap();
+        }
+    }
+    let deployment: Deployment = typed(find(&objects, "Deployment", DEPLOYMENT));
+    let running = run_as_installed(&env, &deployment, "release").await;
+    let process = &running.process;
+
     // With the installed rights, the webhook's certificate Secret was created in the provider's
     // namespace and its CA put into the installed MutatingWebhookConfiguration.
     let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(mgmt.clone(), NAMESPACE);
@@ -857,7 +888,7 @@ async fn the_controller_runs_with_the_installed_service_account_and_the_deployme
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     // JSON logs at the level clusterctl set.
-    let log = read(&dir.join("controller-release.log"));
+    let log = read(&running.log);
     let first = log.lines().next().unwrap_or_default();
     assert!(
         serde_json::from_str::<serde_json::Value>(first).is_ok(),
@@ -868,4 +899,400 @@ async fn the_controller_runs_with_the_installed_service_account_and_the_deployme
         "no debug lines:\n{}",
         process.log_tail(20)
     );
+}
+
+/// The fenced `sh` blocks of the repository's markdown file `doc` in the section under the
+/// heading line `heading` (up to the next heading of its level or above), in order.
+fn doc_blocks(doc: &str, heading: &str) -> Vec<String> {
+    fenced_blocks(doc, heading, "sh")
+}
+
+/// The fenced blocks of language `lang` in a section, as [`doc_blocks`].
+fn fenced_blocks(doc: &str, heading: &str, lang: &str) -> Vec<String> {
+    let text = read(&repo_root().join(doc));
+    let level = heading.split(' ').next().unwrap_or_default();
+    // A `#` line inside a fenced block (a comment) is no heading.
+    let mut fenced = false;
+    let section: Vec<&str> = text
+        .lines()
+        .skip_while(|l| *l != heading)
+        .skip(1)
+        .take_while(|l| {
+            fenced ^= l.starts_with("```");
+            let hashes = l.split(' ').next().unwrap_or_default();
+            fenced
+                || !(hashes.starts_with('#') && hashes.chars().all(|c| c == '#') && hashes <= level)
+        })
+        .collect();
+    assert!(!section.is_empty(), "{doc} has no section {heading:?}");
+    let mut blocks = Vec::new();
+    let mut lines = section.into_iter();
+    while let Some(line) = lines.next() {
+        if line == format!("```{lang}") {
+            let block: Vec<&str> = lines.by_ref().take_while(|l| *l != "```").collect();
+            blocks.push(block.join("\n") + "\n");
+        }
+    }
+    blocks
+}
+
+/// A shell as the docs' reader has it, against the management cluster of the environment:
+/// `kubectl` and `clusterctl` on PATH are the pinned ones, `KUBECONFIG` is the cluster's admin,
+/// `HOME` is `home` (with clusterctl's configuration under it), and nothing else of the
+/// developer's environment but PATH (no CK8S_CERTS_* variables for clusterctl to substitute).
+///
+/// One difference: `clusterctl init` cannot run against this cluster. It installs cert-manager
+/// and waits until cert-manager issues a test certificate, and no pod runs here (API servers
+/// only, no kubelet or container runtime); on a cluster without the clusterctl inventory (this
+/// one: its Cluster API CRDs are installed by the harness) it also installs the default providers
+/// (core, kubeadm) from GitHub. So `clusterctl init <args>` here applies with kubectl
+/// what `clusterctl generate provider <args>` prints: the same repository read, version chosen
+/// and variables substituted, without the cert-manager step and the inventory.
+struct DocShell {
+    bin: PathBuf,
+    home: PathBuf,
+    kubeconfig: PathBuf,
+}
+
+impl DocShell {
+    fn new(env: &Environment, dir: &Path, home: &Path) -> Self {
+        let bin = dir.join("bin");
+        std::fs::create_dir_all(&bin).expect("create the shell's bin");
+        let kubectl = tool("CK8S_E2E_KUBECTL", "kubectl", "KUBE_VERSION");
+        let clusterctl = tool("CK8S_E2E_CLUSTERCTL", "clusterctl", "CLUSTERCTL_VERSION");
+        std::os::unix::fs::symlink(&kubectl, bin.join("kubectl")).expect("link kubectl");
+        let shim = bin.join("clusterctl");
+        write(
+            &shim,
+            format!(
+                "#!/usr/bin/env bash\nset -euo pipefail\nif [[ \"${{1:-}}\" == init ]]; then\n  shift\n  '{clusterctl}' generate provider \"$@\" | '{kubectl}' apply -f -\nelse\n  exec '{clusterctl}' \"$@\"\nfi\n",
+                clusterctl = clusterctl.display(),
+                kubectl = kubectl.display(),
+            ),
+        );
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755))
+            .expect("make the shim executable");
+        let kubeconfig = dir.join("management.kubeconfig");
+        write(&kubeconfig, &env.management_kubeconfig_yaml);
+        std::fs::create_dir_all(home).expect("create HOME");
+        Self {
+            bin,
+            home: home.to_owned(),
+            kubeconfig,
+        }
+    }
+
+    /// Runs `script` with `bash -euo pipefail` in `cwd`; panics with its output if it fails.
+    fn run(&self, cwd: &Path, script: &str) -> String {
+        let path = std::env::join_paths(std::iter::once(self.bin.clone()).chain(
+            std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+        ))
+        .unwrap();
+        let output = Command::new("bash")
+            .args(["-euo", "pipefail", "-c", script])
+            .current_dir(cwd)
+            .env_clear()
+            .env("PATH", path)
+            .env("HOME", &self.home)
+            .env("XDG_CONFIG_HOME", self.home.join(".config"))
+            .env("KUBECONFIG", &self.kubeconfig)
+            // It would ask the Go module proxy for a newer clusterctl after every command.
+            .env("CLUSTERCTL_DISABLE_VERSIONCHECK", "true")
+            // Where `make` finds the pinned tools already built (not under this HOME).
+            .env("CK8S_CERTS_CACHE", ck8s_certs_e2e::cache_dir())
+            .output()
+            .expect("run bash");
+        assert!(
+            output.status.success(),
+            "failed:\n{script}\n{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+}
+
+/// The Deployment as the management cluster stores it.
+async fn installed_deployment(env: &Environment) -> Deployment {
+    Api::namespaced(env.management().await.unwrap(), NAMESPACE)
+        .get(DEPLOYMENT)
+        .await
+        .unwrap()
+}
+
+/// README's "install today", line by line against the management cluster but for the image
+/// build and push (`make docker-build … && docker push …`: no Docker engine here) and
+/// `clusterctl init` (see [`DocShell`]): `make release` into a local clusterctl repository, a
+/// clusterctl configuration naming it with a `file://` URL, the provider installed from it with
+/// the image README builds; then the controller runs as installed (see [`run_as_installed`]: the
+/// binary of this build in place of the image, which is not built here).
+#[tokio::test]
+async fn readme_install_today_installs_a_release_that_runs() {
+    let blocks = doc_blocks("README.md", "### Today: from a checkout");
+    assert_eq!(blocks.len(), 2, "{blocks:?}");
+    let image_build = |l: &&str| l.starts_with("make docker-build ");
+    assert_eq!(
+        blocks[0].lines().filter(image_build).count(),
+        1,
+        "{}",
+        blocks[0]
+    );
+    let script: String = blocks
+        .concat()
+        .lines()
+        .filter(|l| !image_build(l))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let image = script
+        .lines()
+        .find_map(|l| l.strip_prefix("export IMG="))
+        .expect("README sets IMG")
+        .to_owned();
+    assert!(
+        script.contains(&format!("addon-ck8s-certs/{}", version())),
+        "README's release version is not the workspace's {}:\n{script}",
+        version()
+    );
+
+    let env = shared().await;
+    let dir = scratch("readme");
+    let shell = DocShell::new(&env, &dir, &dir.join("home"));
+    let deployment = {
+        let _installing = INSTALLING.lock().await;
+        // From the checkout, as README's reader runs it; `make release` writes under HOME only.
+        shell.run(&repo_root(), &script);
+        installed_deployment(&env).await
+    };
+    assert_eq!(manager_image(&deployment), image);
+    assert_eq!(manager_env(&deployment), expected_env(&[]));
+    assert!(
+        deployment
+            .labels()
+            .contains_key("clusterctl.cluster.x-k8s.io"),
+        "not installed by clusterctl's components: {:?}",
+        deployment.labels()
+    );
+    run_as_installed(&env, &deployment, "readme").await;
+}
+
+/// docs/kubeconfig-renewal.md's two install routes, as written (see [`DocShell`]), into the
+/// management cluster: the clusterctl one (the provider declared in
+/// `~/.config/cluster-api/clusterctl.yaml`, as docs/install.md says), then the one that
+/// substitutes the release file and applies it with kubectl (in a folder laid out as a checkout
+/// after `make release`: `_out/release/` and `config/`). Each leaves the Deployment with
+/// `CK8S_CERTS_RENEW_MANAGEMENT_KUBECONFIG=on` and the role and policy of config/kubeconfig-renewal
+/// in place; the controller run as installed (see [`run_as_installed`]) renews `solo`'s due
+/// kubeconfig with them, and the workload API server accepts the new one.
+#[tokio::test]
+async fn kubeconfig_renewal_installed_as_its_doc_says_renews_a_kubeconfig() {
+    let blocks = doc_blocks("docs/kubeconfig-renewal.md", "## Turning it on");
+    assert_eq!(blocks.len(), 2, "{blocks:?}");
+    assert!(blocks[0].contains("clusterctl init"), "{}", blocks[0]);
+    assert!(
+        blocks[1].contains("clusterctl generate yaml"),
+        "{}",
+        blocks[1]
+    );
+
+    let env = shared().await;
+    let mgmt = env.management().await.unwrap();
+    let dir = scratch("kubeconfig-renewal");
+    let clusterctl = Clusterctl::new(&dir, json!({}));
+    write(
+        &clusterctl.home.join(".config/cluster-api/clusterctl.yaml"),
+        read(&clusterctl.config),
+    );
+    write(
+        &dir.join("_out/release").join(COMPONENTS),
+        read(&dir.join("release").join(COMPONENTS)),
+    );
+    std::os::unix::fs::symlink(repo_root().join("config"), dir.join("config"))
+        .expect("link config/");
+    let shell = DocShell::new(&env, &dir, &clusterctl.home);
+    let renewing = expected_env(&[("CK8S_CERTS_RENEW_MANAGEMENT_KUBECONFIG", "on")]);
+    let mut deployment = None;
+    for block in &blocks {
+        let _installing = INSTALLING.lock().await;
+        shell.run(&dir, block);
+        let installed = installed_deployment(&env).await;
+        assert_eq!(manager_env(&installed), renewing, "after:\n{block}");
+        deployment = Some(installed);
+    }
+    for (kind, name) in [
+        ("ClusterRole", "ck8s-certs-kubeconfig-renewal"),
+        ("ClusterRoleBinding", "ck8s-certs-kubeconfig-renewal"),
+        ("ValidatingAdmissionPolicy", "ck8s-certs-kubeconfig-renewal"),
+        (
+            "ValidatingAdmissionPolicyBinding",
+            "ck8s-certs-kubeconfig-renewal",
+        ),
+    ] {
+        let output = Command::new(tool("CK8S_E2E_KUBECTL", "kubectl", "KUBE_VERSION"))
+            .arg("--kubeconfig")
+            .arg(&env.management_kubeconfig)
+            .args(["get", kind, name, "-o", "name"])
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{kind} {name}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    let (_, cert) = env.make_kubeconfig_due("solo").await;
+    env.isolate_cluster("solo", "kubeconfig-renewal").await;
+    let running = run_as_installed(&env, &deployment.unwrap(), "kubeconfig-renewal").await;
+
+    let records: Api<ck8s_certs_api::cluster_certificates::ClusterCertificates> =
+        Api::namespaced(mgmt.clone(), "fleet");
+    let start = Instant::now();
+    loop {
+        let renewed = records.get_opt("solo").await.unwrap().and_then(|r| {
+            let status = r.status?;
+            let renewed = status.kubeconfig?.last_renewal_time.is_some();
+            Some(renewed)
+        });
+        if renewed == Some(true) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(90),
+            "solo's kubeconfig was not renewed: {:#?}\n{}",
+            records
+                .get_opt("solo")
+                .await
+                .unwrap()
+                .and_then(|r| r.status),
+            running.process.log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // A new certificate, which the workload API server takes for the same user.
+    let secret = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(mgmt.clone(), "fleet")
+        .get("solo-kubeconfig")
+        .await
+        .unwrap();
+    let yaml = String::from_utf8(secret.data.unwrap()["value"].0.clone()).unwrap();
+    let kubeconfig: serde_yaml::Value = serde_yaml::from_str(&yaml).unwrap();
+    let data = kubeconfig["users"][0]["user"]["client-certificate-data"]
+        .as_str()
+        .unwrap();
+    let new_cert =
+        base64::Engine::decode(&base64::engine::general_purpose::STANDARD, data).unwrap();
+    assert_ne!(new_cert, cert.as_bytes());
+    let file = dir.join("solo-renewed.kubeconfig");
+    write(&file, &yaml);
+    let output = Command::new(tool("CK8S_E2E_KUBECTL", "kubectl", "KUBE_VERSION"))
+        .arg("--kubeconfig")
+        .arg(&file)
+        .args([
+            "auth",
+            "whoami",
+            "-o",
+            "jsonpath={.status.userInfo.username}",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "kubernetes-admin");
+    let metrics = reqwest::get(format!("http://127.0.0.1:{}/metrics", running.metrics_port))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let series = "ck8s_certs_kubeconfig_renewals_total{result=\"renewed\"} ";
+    assert_eq!(
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(series))
+            .and_then(|v| v.parse::<f64>().ok()),
+        Some(1.0),
+        "{metrics}"
+    );
+}
+
+/// docs/install.md's kustomize route as written, from the release file on (its download names a
+/// GitHub release nothing publishes yet: the release file here is `hack/release.sh`'s, which is
+/// what a release publishes): `clusterctl generate yaml` with a variable set, the kustomization
+/// the doc shows (its first line names the file), `kubectl apply --server-side -k .` against the
+/// management cluster. The Deployment and admission policies other tests installed are deleted
+/// first, as on a cluster without ck8s-certs: theirs hold other values, or atomic fields the API
+/// server defaulted, owned by another field manager, which a server-side apply without
+/// `--force-conflicts` refuses to take over.
+#[tokio::test]
+async fn install_md_kustomize_route_installs_the_patched_release() {
+    let heading = "## With kustomize";
+    let blocks = doc_blocks("docs/install.md", heading);
+    assert_eq!(blocks.len(), 2, "{blocks:?}");
+    let kustomizations = fenced_blocks("docs/install.md", heading, "yaml");
+    assert_eq!(kustomizations.len(), 1, "{kustomizations:?}");
+    assert!(kustomizations[0].starts_with("# kustomization.yaml\n"));
+    // The download, a command continued over lines ending in `\`, is the release file put here.
+    let mut script = String::new();
+    let mut in_download = false;
+    for line in blocks[0].lines() {
+        in_download = in_download || line.starts_with("curl ");
+        if !in_download {
+            script.push_str(line);
+            script.push('\n');
+        }
+        in_download = in_download && line.ends_with('\\');
+    }
+    assert!(
+        script.contains("clusterctl generate yaml") && !script.contains("curl"),
+        "{script}"
+    );
+
+    let env = shared().await;
+    let dir = scratch("install-md-kustomize");
+    let work = dir.join("work");
+    write(
+        &work.join(COMPONENTS),
+        read(&release(&dir).join(COMPONENTS)),
+    );
+    write(&work.join("kustomization.yaml"), &kustomizations[0]);
+    let shell = DocShell::new(&env, &dir, &dir.join("home"));
+    let deployment = {
+        let _installing = INSTALLING.lock().await;
+        // What other tests' installs left with values or defaulted atomic fields (the
+        // policies' matchConstraints) that another field manager owns.
+        let mut applier = Applier::new(env.management().await.unwrap(), "e2e-clusterctl");
+        let release = manifests::parse(&read(&work.join(COMPONENTS))).unwrap();
+        for object in release
+            .iter()
+            .filter(|o| matches!(kind(o), "Deployment" | "ValidatingAdmissionPolicy"))
+        {
+            let api = applier.api_for(object).await.unwrap();
+            match api.delete(&object.name_any(), &Default::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(status)) if status.code == 404 => {}
+                Err(e) => panic!("deleting {}: {e}", describe(object)),
+            }
+            let start = Instant::now();
+            while api.get_opt(&object.name_any()).await.unwrap().is_some() {
+                assert!(
+                    start.elapsed() < Duration::from_secs(30),
+                    "{} not deleted",
+                    describe(object)
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        shell.run(&work, &script);
+        shell.run(&work, &blocks[1]);
+        installed_deployment(&env).await
+    };
+    assert_eq!(deployment.spec.as_ref().unwrap().replicas, Some(3));
+    assert_eq!(
+        manager_env(&deployment),
+        expected_env(&[("CK8S_CERTS_LOG_LEVEL", "debug")])
+    );
+    assert_eq!(manager_image(&deployment), format!("{IMAGE}:{}", version()));
 }
