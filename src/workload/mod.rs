@@ -18,6 +18,7 @@ use kube::{Api, Client};
 
 use crate::k8sd::Token;
 
+mod bounded;
 pub mod client_certificate;
 pub mod credentials;
 pub mod endpoint;
@@ -271,6 +272,7 @@ async fn build(
     config.read_timeout = Some(std::time::Duration::from_secs(60));
     Ok(kube::client::ClientBuilder::try_from(config)
         .map_err(|e| client_error_reason(&e))?
+        .with_layer(&bounded::BoundedLayer(bounded::Bounds::default()))
         .with_layer(forget)
         .build())
 }
