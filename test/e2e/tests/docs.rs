@@ -362,3 +362,675 @@ fn every_column_of_kubectl_get_is_described() {
     }
     assert!(missing.is_empty(), "columns no doc describes: {missing:?}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Generated regions, and what cannot be generated: paths, tests, make targets, anchors, label
+// values, the command each flag is given to, and the rendered overlays.
+
+use ck8s_certs_e2e::docsgen;
+
+/// README.md and every page under docs/ (the design notes too: their links and paths are
+/// followed as much as the user pages').
+fn markdown() -> Vec<(PathBuf, String)> {
+    let root = root();
+    let mut paths = vec![root.join("README.md")];
+    paths.extend(files(&root.join("docs"), &[".md"]));
+    paths
+        .into_iter()
+        .map(|p| {
+            let text = std::fs::read_to_string(&p).unwrap();
+            (p, text)
+        })
+        .collect()
+}
+
+/// The path relative to the repository, for messages.
+fn shown(path: &Path) -> String {
+    let root = root().canonicalize().unwrap();
+    let path = path.canonicalize().unwrap_or_else(|_| path.to_owned());
+    path.strip_prefix(&root)
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| path.display().to_string())
+}
+
+/// Lines outside fenced code blocks (`None`) and inside them (`Some(info)`), with line numbers.
+fn lines_with_fences(text: &str) -> Vec<(usize, Option<&str>, &str)> {
+    let mut fence: Option<&str> = None;
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let trimmed = line.trim_start();
+        if let Some(info) = trimmed.strip_prefix("```") {
+            fence = match fence {
+                Some(_) => None,
+                None => Some(info.trim()),
+            };
+            continue;
+        }
+        out.push((n + 1, fence, line));
+    }
+    out
+}
+
+/// Inline code spans of a line outside code blocks.
+fn code_spans(line: &str) -> Vec<&str> {
+    line.split('`').skip(1).step_by(2).collect()
+}
+
+#[test]
+fn generated_regions_are_up_to_date() {
+    let mut stale = Vec::new();
+    for (path, committed, generated) in docsgen::generated_docs(&root()).unwrap() {
+        if committed != generated {
+            let first = committed
+                .lines()
+                .zip(generated.lines())
+                .enumerate()
+                .find(|(_, (c, g))| c != g)
+                .map(|(n, (c, g))| format!("line {}:\n  committed: {c}\n  generated: {g}", n + 1))
+                .unwrap_or_else(|| "the line counts differ".into());
+            stale.push(format!(
+                "{} differs from what `make docs` writes, first at {first}",
+                shown(&path)
+            ));
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "{}\nrun `make docs` (and edit the source, not the generated region)",
+        stale.join("\n")
+    );
+}
+
+/// Runs of path characters in `text` that start at a word boundary with one of `roots`.
+fn cited_paths(text: &str) -> Vec<String> {
+    const ROOTS: &[&str] = &[
+        "src/", "api/", "config/", "docs/", "hack/", "test/", "tests/", "fuzz/", ".ci/",
+    ];
+    let path_char = |c: char| c.is_ascii_alphanumeric() || "_-./".contains(c);
+    let mut found = Vec::new();
+    for (at, _) in text.char_indices() {
+        let before = text[..at].chars().next_back();
+        if before.is_some_and(|c| path_char(c) || c == '~' || c == '$' || c == '{') {
+            continue;
+        }
+        let rest = &text[at..];
+        if !ROOTS.iter().any(|r| rest.starts_with(r)) {
+            continue;
+        }
+        let end = rest.find(|c: char| !path_char(c)).unwrap_or(rest.len());
+        let path = rest[..end].trim_end_matches('.');
+        found.push(path.to_owned());
+    }
+    found
+}
+
+#[test]
+fn every_repository_path_in_the_docs_exists() {
+    let root = root();
+    let mut missing = BTreeSet::new();
+    let mut checked = 0;
+    for (path, text) in markdown() {
+        for (n, _, line) in lines_with_fences(&text) {
+            for cited in cited_paths(line) {
+                checked += 1;
+                // Paths of the e2e crate are written as cargo names them (`tests/fleet.rs`).
+                if !root.join(&cited).exists() && !root.join("test/e2e").join(&cited).exists() {
+                    missing.insert(format!("{}:{n}: {cited}", shown(&path)));
+                }
+            }
+        }
+    }
+    assert!(checked > 100, "only {checked} paths found in the docs");
+    assert!(
+        missing.is_empty(),
+        "repository paths in the docs that do not exist: {missing:#?}"
+    );
+}
+
+/// GitHub's anchor of a heading: lower case, punctuation but `-` and `_` dropped, spaces to
+/// `-`; repeated headings get `-1`, `-2`, ….
+fn slug(heading: &str) -> String {
+    // Links in headings count by their text.
+    let mut text = String::new();
+    let mut rest = heading;
+    while let Some(open) = rest.find('[') {
+        text.push_str(&rest[..open]);
+        let tail = &rest[open + 1..];
+        match (tail.find("]("), tail.find(')')) {
+            (Some(close), Some(end)) if close < end => {
+                text.push_str(&tail[..close]);
+                rest = &tail[end + 1..];
+            }
+            _ => {
+                text.push('[');
+                rest = tail;
+            }
+        }
+    }
+    text.push_str(rest);
+    text.trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut seen: std::collections::BTreeMap<String, usize> = Default::default();
+    let mut anchors = BTreeSet::new();
+    for (_, fence, line) in lines_with_fences(text) {
+        if fence.is_some() {
+            continue;
+        }
+        let Some(heading) = line
+            .strip_prefix('#')
+            .map(|h| h.trim_start_matches('#'))
+            .filter(|h| h.starts_with(' '))
+        else {
+            continue;
+        };
+        let base = slug(heading.trim_end_matches('#'));
+        let count = seen.entry(base.clone()).or_default();
+        anchors.insert(if *count == 0 {
+            base.clone()
+        } else {
+            format!("{base}-{count}")
+        });
+        *count += 1;
+    }
+    anchors
+}
+
+/// `(target, line)` of the markdown links `[text](target)` outside code blocks.
+fn links(text: &str) -> Vec<(String, usize)> {
+    let mut found = Vec::new();
+    for (n, fence, line) in lines_with_fences(text) {
+        if fence.is_some() {
+            continue;
+        }
+        let mut rest = line;
+        while let Some(at) = rest.find("](") {
+            let tail = &rest[at + 2..];
+            let end = tail.find(')').unwrap_or(tail.len());
+            found.push((tail[..end].trim().to_owned(), n));
+            rest = &tail[end..];
+        }
+    }
+    found
+}
+
+#[test]
+fn every_link_and_anchor_in_the_docs_exists() {
+    let docs = markdown();
+    let mut broken = BTreeSet::new();
+    let mut anchored = 0;
+    for (path, text) in &docs {
+        for (target, n) in links(text) {
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            anchored += usize::from(target.contains('#'));
+            let (file, anchor) = target.split_once('#').unwrap_or((&target, ""));
+            let file = if file.is_empty() {
+                path.clone()
+            } else {
+                path.parent().unwrap().join(file)
+            };
+            let here = format!("{}:{n}: {target}", shown(path));
+            if !file.exists() {
+                broken.insert(format!("{here} (no such file)"));
+                continue;
+            }
+            if anchor.is_empty() {
+                continue;
+            }
+            let Ok(target_text) = std::fs::read_to_string(&file) else {
+                broken.insert(format!("{here} (an anchor into a directory)"));
+                continue;
+            };
+            if !anchors(&target_text).contains(anchor) {
+                broken.insert(format!("{here} (no heading with anchor #{anchor})"));
+            }
+        }
+    }
+    assert!(
+        anchored > 30,
+        "only {anchored} links with anchors found in the docs"
+    );
+    assert!(
+        broken.is_empty(),
+        "links in the docs to files or headings that do not exist: {broken:#?}"
+    );
+}
+
+/// Every `fn name` of the Rust sources (tests included).
+fn function_names() -> BTreeSet<String> {
+    let root = root();
+    let mut names = BTreeSet::new();
+    for dir in ["src", "api", "test", "tests", "fuzz"] {
+        for file in files(&root.join(dir), &[".rs"]) {
+            let text = std::fs::read_to_string(file).unwrap();
+            for after in text.split("fn ").skip(1) {
+                let name: String = after
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                names.insert(name);
+            }
+        }
+    }
+    names
+}
+
+#[test]
+fn every_test_named_in_the_docs_exists() {
+    let functions = function_names();
+    let mut missing = BTreeSet::new();
+    for (path, text) in markdown() {
+        for (n, _, line) in lines_with_fences(&text) {
+            for span in code_spans(line) {
+                // A test name: snake_case of four words or more; metric names are checked above.
+                let snake = span
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+                if snake
+                    && span.matches('_').count() >= 3
+                    && !span.starts_with("ck8s_certs_")
+                    && !span.starts_with("apiserver_")
+                    && !functions.contains(span)
+                {
+                    missing.insert(format!("{}:{n}: {span}", shown(&path)));
+                }
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "test names in the docs that no function has: {missing:#?}"
+    );
+}
+
+fn make_targets() -> BTreeSet<String> {
+    let makefile = std::fs::read_to_string(root().join("Makefile")).unwrap();
+    makefile
+        .lines()
+        .filter(|l| !l.starts_with(['\t', '#', ' ', '.']))
+        .filter_map(|l| l.split_once(':'))
+        .filter(|(_, after)| !after.starts_with('='))
+        .flat_map(|(targets, _)| targets.split_whitespace().map(str::to_owned))
+        .collect()
+}
+
+/// The targets of a `make …` command line (variables and options skipped).
+fn make_command_targets(command: &str) -> Vec<String> {
+    // Quoted values (`BENCH_FLAGS="--clusters 10"`) are one word.
+    let unquoted: String = command
+        .split('"')
+        .enumerate()
+        .map(|(i, part)| {
+            if i % 2 == 1 {
+                part.replace(' ', "_")
+            } else {
+                part.to_owned()
+            }
+        })
+        .collect();
+    let mut words = unquoted.split_whitespace().skip_while(|w| *w != "make");
+    if words.next().is_none() {
+        return Vec::new();
+    }
+    words
+        .take_while(|w| !matches!(*w, "&&" | "|" | ";" | "#" | "||"))
+        .filter(|w| !w.contains('=') && !w.starts_with('-'))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn every_make_target_in_the_docs_exists() {
+    let targets = make_targets();
+    assert!(
+        targets.contains("unit") && targets.contains("docs"),
+        "{targets:?}"
+    );
+    let mut missing = BTreeSet::new();
+    for (path, text) in markdown() {
+        for (n, fence, line) in lines_with_fences(&text) {
+            let commands: Vec<&str> = match fence {
+                Some(_) => vec![line.trim_start().trim_start_matches("$ ")],
+                None => code_spans(line),
+            };
+            for command in commands {
+                if !command.starts_with("make ") {
+                    continue;
+                }
+                for target in make_command_targets(command) {
+                    if !targets.contains(&target) {
+                        missing.insert(format!("{}:{n}: make {target}", shown(&path)));
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "make targets in the docs that the Makefile lacks: {missing:#?}"
+    );
+}
+
+/// Labels Prometheus adds to every scraped series (the PodMonitor's target labels).
+const TARGET_LABELS: &[&str] = &[
+    "job",
+    "instance",
+    "pod",
+    "namespace",
+    "container",
+    "endpoint",
+];
+
+/// `(family, label, values)` of every `ck8s_certs_…{label="value", …}` in `text`; values of
+/// `=~` alternatives and of the docs' `label="a"|"b"` shorthand one by one.
+fn selectors(text: &str) -> Vec<(String, String, Vec<String>)> {
+    let text = text.replace("\\\"", "\"");
+    let mut found = Vec::new();
+    let metric_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_';
+    for (at, _) in text.match_indices("ck8s_certs_") {
+        let rest = &text[at..];
+        let end = rest.find(|c| !metric_char(c)).unwrap_or(rest.len());
+        let name = &rest[..end];
+        let Some(inside) = rest[end..].strip_prefix('{') else {
+            continue;
+        };
+        let inside = &inside[..inside.find('}').unwrap_or(inside.len())];
+        let mut rest = inside;
+        while let Some(quote) = rest.find('"') {
+            let matcher = rest[..quote].trim_start_matches([',', ' ']);
+            let label: String = matcher
+                .rsplit([',', ' '])
+                .next()
+                .unwrap_or_default()
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            let op = matcher[label.len().min(matcher.len())..].trim();
+            let tail = &rest[quote + 1..];
+            let close = tail.find('"').unwrap_or(tail.len());
+            let mut values: Vec<String> = match op {
+                "=" | "!=" => vec![tail[..close].to_owned()],
+                "=~" | "!~" => tail[..close].split('|').map(str::to_owned).collect(),
+                _ => Vec::new(),
+            };
+            rest = tail.get(close + 1..).unwrap_or("");
+            // `certificate="client"|"ca"`: the docs' shorthand for alternatives.
+            while let Some(alternative) = rest.strip_prefix("|\"") {
+                let close = alternative.find('"').unwrap_or(alternative.len());
+                values.push(alternative[..close].to_owned());
+                rest = alternative.get(close + 1..).unwrap_or("");
+            }
+            if !label.is_empty() {
+                found.push((name.to_owned(), label, values));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn every_label_value_in_the_docs_is_one_the_metric_takes() {
+    let families = docsgen::families().unwrap();
+    let family_of = |name: &str| {
+        families.iter().find(|f| {
+            name == f.name
+                || ["_total", "_bucket", "_sum", "_count", "_created"]
+                    .iter()
+                    .any(|s| name.strip_suffix(s) == Some(f.name.as_str()))
+        })
+    };
+    let mut wrong = BTreeSet::new();
+    let mut checked = 0;
+    let mut texts = markdown();
+    // The alerts and the dashboard; not the promtool tests, whose input series include values
+    // the controller never exports (`reason="not_due"`) to show that the alerts ignore them.
+    texts.extend(user_docs().into_iter().filter(|(p, _)| {
+        p.starts_with(root().join("config")) && !p.components().any(|c| c.as_os_str() == "tests")
+    }));
+    for (path, text) in texts {
+        for (name, label, values) in selectors(&text) {
+            let Some(family) = family_of(&name) else {
+                continue; // an unknown metric: reported by the metric names test
+            };
+            let here = format!("{}: {name}{{{label}=…}}", shown(&path));
+            if label == "le" && family.kind == "histogram" {
+                continue;
+            }
+            let Some((_, known)) = family.labels.iter().find(|(l, _)| *l == label) else {
+                if !TARGET_LABELS.contains(&label.as_str()) {
+                    wrong.insert(format!("{here}: {name} has no label {label}"));
+                }
+                continue;
+            };
+            // Labels that name objects take any value.
+            if known.iter().any(|v| v.starts_with('<')) {
+                continue;
+            }
+            for value in values {
+                // A Grafana variable or a regular expression, not a value.
+                if value.is_empty() || value.contains(['$', '.', '*', '(', '[']) {
+                    continue;
+                }
+                checked += 1;
+                if !known.contains(&value) {
+                    wrong.insert(format!(
+                        "{here}: {label}=\"{value}\" is not a value of {label} (it takes {known:?})"
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        checked > 10,
+        "only {checked} label values found in the docs"
+    );
+    assert!(
+        wrong.is_empty(),
+        "label values in the docs that the metric never takes: {wrong:#?}"
+    );
+}
+
+/// Long and short flags of `command` (clap's `--help`/`-h`, `--version`/`-V` included) and the
+/// global flags of `ancestors`.
+fn flags_of(command: &clap::Command, ancestors: &[clap::Command]) -> BTreeSet<String> {
+    let mut flags: BTreeSet<String> = ["--help", "-h", "--version", "-V"].map(String::from).into();
+    let own = command.get_arguments().map(|a| (a, true));
+    let inherited = ancestors
+        .iter()
+        .flat_map(|c| c.get_arguments())
+        .map(|a| (a, a.is_global_set()));
+    for (arg, applies) in own.chain(inherited) {
+        if !applies {
+            continue;
+        }
+        if let Some(long) = arg.get_long() {
+            flags.insert(format!("--{long}"));
+        }
+        if let Some(short) = arg.get_short() {
+            flags.insert(format!("-{short}"));
+        }
+    }
+    flags
+}
+
+/// Flags in `words` (a command line after the program) that `command` does not take.
+fn foreign_flags(root: clap::Command, words: &[&str]) -> Vec<String> {
+    let mut command = root;
+    let mut ancestors: Vec<clap::Command> = Vec::new();
+    let mut path = vec![command.get_name().to_owned()];
+    let mut wrong = Vec::new();
+    for word in words {
+        if matches!(*word, "|" | "&&" | "||" | ";" | "#" | ">" | "2>&1") || word.starts_with("$(") {
+            break;
+        }
+        if word.starts_with('-') && word.len() > 1 && !word.starts_with("--=") {
+            let flag = word.split('=').next().unwrap_or(word);
+            if !flags_of(&command, &ancestors).contains(flag) {
+                wrong.push(format!("{flag} is not a flag of `{}`", path.join(" ")));
+            }
+            continue;
+        }
+        if let Some(sub) = command.find_subcommand(word).cloned() {
+            path.push(word.to_string());
+            ancestors.push(std::mem::replace(&mut command, sub));
+        }
+    }
+    wrong
+}
+
+/// The command lines of a doc: shell lines of code blocks (continuations joined) and inline
+/// code spans.
+fn command_lines(text: &str) -> Vec<(usize, String)> {
+    let mut lines = Vec::new();
+    let mut pending: Option<(usize, String)> = None;
+    for (n, fence, line) in lines_with_fences(text) {
+        if fence.is_none() {
+            lines.extend(code_spans(line).into_iter().map(|s| (n, s.to_owned())));
+            continue;
+        }
+        let (start, mut joined) = pending.take().unwrap_or((n, String::new()));
+        joined.push(' ');
+        joined.push_str(line.trim());
+        match joined.strip_suffix('\\') {
+            Some(open) => pending = Some((start, open.to_owned())),
+            None => lines.push((start, joined)),
+        }
+    }
+    lines
+}
+
+/// Whether `words[j]` is where a command starts: first, or after a prompt, `&&`, `|` or `;`,
+/// past any `NAME=value` assignments.
+fn at_command_start(words: &[&str], j: usize) -> bool {
+    let assignments = words[..j]
+        .iter()
+        .rev()
+        .take_while(|w| w.contains('=') && !w.starts_with('-'))
+        .count();
+    let k = j - assignments;
+    k == 0 || matches!(words[k - 1], "$" | "&&" | "|" | ";" | "||")
+}
+
+#[test]
+fn every_flag_in_a_command_line_belongs_to_its_command() {
+    use clap::CommandFactory;
+    let controller = ck8s_certs::cli::Args::command();
+    let plugin = ck8s_certs::plugin::PluginArgs::command();
+    let mut wrong = BTreeSet::new();
+    let mut checked = 0;
+    for (path, text) in markdown() {
+        for (n, line) in command_lines(&text) {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            for (i, word) in words.iter().enumerate() {
+                let program = word.rsplit('/').next().unwrap_or(word);
+                let (command, rest) = if program == "ck8s-certs"
+                    && i > 0
+                    && words[i - 1] == "kubectl"
+                    && at_command_start(&words, i - 1)
+                {
+                    (plugin.clone(), &words[i + 1..])
+                } else if program == "ck8s-certs" && at_command_start(&words, i) {
+                    (controller.clone(), &words[i + 1..])
+                } else if program == "ck8s-certs" && i > 0 && words[i - 1] == "--bin" {
+                    // cargo run --bin ck8s-certs -- <flags>
+                    let after = words[i..]
+                        .iter()
+                        .position(|w| *w == "--")
+                        .map_or(words.len(), |p| i + p + 1);
+                    (controller.clone(), &words[after.min(words.len())..])
+                } else {
+                    continue;
+                };
+                checked += 1;
+                for problem in foreign_flags(command, rest) {
+                    wrong.insert(format!("{}:{n}: {problem} ({})", shown(&path), line.trim()));
+                }
+            }
+        }
+    }
+    assert!(
+        checked > 10,
+        "only {checked} command lines found in the docs"
+    );
+    assert!(
+        wrong.is_empty(),
+        "flags given to a command that does not take them: {wrong:#?}"
+    );
+}
+
+/// The overlays that are clusterctl templates: their `${NAME:=default}` values are substituted
+/// by clusterctl (or `clusterctl generate yaml`), so `kubectl apply -k` of them cannot work
+/// (docs/install.md says so). Every other overlay must render to objects that apply as they are.
+const CLUSTERCTL_TEMPLATES: &[&str] = &["config/default", "config/provider", "config/manager"];
+
+/// `${…}` allowed in a rendered overlay: Grafana's datasource variable of the dashboard, which
+/// Grafana fills in when it loads the dashboard.
+const OTHER_TEMPLATE_VARIABLES: &[&str] = &["${datasource}"];
+
+#[test]
+fn overlays_render_without_unsubstituted_variables() {
+    // `make unit` runs this without the pinned kubectl only when `make tools` has not built it,
+    // and says so; `make e2e` always runs it (CK8S_E2E_KUBECTL).
+    if std::env::var_os("CK8S_DOCS_WITHOUT_KUBECTL").is_some() {
+        eprintln!(
+            "overlays_render_without_unsubstituted_variables: not run (no kubectl: `make tools` builds it, `make e2e` runs this)"
+        );
+        return;
+    }
+    let kubectl = ck8s_certs_e2e::tool("CK8S_E2E_KUBECTL", "kubectl", "KUBE_VERSION");
+    let root = root();
+    let mut wrong = Vec::new();
+    let mut overlays: Vec<PathBuf> = std::fs::read_dir(root.join("config"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("kustomization.yaml").exists())
+        .collect();
+    overlays.sort();
+    assert!(overlays.len() > 5, "{overlays:?}");
+    for overlay in overlays {
+        let name = shown(&overlay);
+        let output = std::process::Command::new(&kubectl)
+            .arg("kustomize")
+            .arg(&overlay)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "kubectl kustomize {name}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let rendered = String::from_utf8(output.stdout).unwrap();
+        let template = CLUSTERCTL_TEMPLATES.contains(&name.as_str());
+        for (at, _) in rendered.match_indices("${") {
+            let end = rendered[at..]
+                .find('}')
+                .map_or(rendered.len(), |e| at + e + 1);
+            let variable = &rendered[at..end];
+            if OTHER_TEMPLATE_VARIABLES.contains(&variable) {
+                continue;
+            }
+            if !template {
+                wrong.push(format!(
+                    "{name}: {variable} (not a clusterctl template: it must apply as rendered)"
+                ));
+            } else if !variable.contains(":=") {
+                wrong.push(format!(
+                    "{name}: {variable} has no default (`${{NAME:=default}}`)"
+                ));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "unsubstituted variables in rendered overlays: {wrong:#?}"
+    );
+}
