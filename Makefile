@@ -5,6 +5,7 @@
 #   make test   unit tests, the alerting rules' promtool tests, then the e2e suite against the
 #               real environment, on every pinned Cluster API release
 #   make lint   rustfmt, clippy, gofmt, go vet
+#   make docs   the generated tables of docs/ (flags, metrics, reasons, clusterctl variables)
 #   make fuzz   every parser of user or node input, 1,000,000 inputs each (docs/security.md)
 #   make release   clusterctl artifacts (addon-components.yaml, metadata.yaml) into _out/release
 #   make docker-build IMG=...   the controller image

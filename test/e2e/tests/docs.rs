@@ -2,7 +2,15 @@
 //! metric, annotation and CamelCase term (condition reasons, Event reasons, kinds) named in
 //! `docs/`, the README and the alerts of `config/monitoring` exists in the code, every flag and
 //! metric of the code is in the docs, and every column of `kubectl get` is described. A rename
-//! without its docs, or docs written ahead of the code, fails here. No environment needed.
+//! without its docs, or docs written ahead of the code, fails here.
+//!
+//! What can be generated is (`make docs`, `ck8s_certs_e2e::docsgen`), and a doc whose
+//! generated region differs fails here. What cannot is checked: every repository path, test
+//! name, `make` target, link and anchor cited in README.md and docs/**.md exists; every
+//! `label="value"` of a metric selector is a value the code gives that label; every flag in a
+//! command line belongs to the command it is given to (`ck8s-certs`, `ck8s-certs policy
+//! preview`, `kubectl ck8s-certs …`); and `kubectl kustomize` of every overlay but the
+//! clusterctl templates leaves no `${…}`. Only that last one needs a tool (the pinned kubectl).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
