@@ -1042,3 +1042,108 @@ fn overlays_render_without_unsubstituted_variables() {
         "unsubstituted variables in rendered overlays: {wrong:#?}"
     );
 }
+
+/// Fields of other projects' objects and settings that the docs name: Kubernetes (webhook,
+/// RBAC, Pod, NetworkPolicy, admission), Cluster API and CK8s (Machine, CK8sConfig, k8sd), kubeconfig, and
+/// kube-prometheus-stack's Helm values.
+const OTHER_FIELDS: &[&str] = &[
+    "caBundle",
+    "clientConfig",
+    "failurePolicy",
+    "matchConditions",
+    "objectSelector",
+    "resourceNames",
+    "resourceVersion",
+    "serviceAccount",
+    "terminationGracePeriodSeconds",
+    "userInfo",
+    "ipBlock",
+    "nodeRef",
+    "controlPlaneEndpoint",
+    "extraSANs",
+    "certificatesExpiryDate",
+    "tokenFile",
+    "prometheusSpec",
+    "podMonitorSelectorNilUsesHelmValues",
+    "ruleSelectorNilUsesHelmValues",
+    "searchNamespace",
+];
+
+/// Property names of the CRDs this project installs.
+fn crd_properties() -> BTreeSet<String> {
+    fn walk(value: &serde_yaml::Value, into: &mut BTreeSet<String>) {
+        match value {
+            serde_yaml::Value::Mapping(map) => {
+                for (key, value) in map {
+                    if key.as_str() == Some("properties")
+                        && let Some(properties) = value.as_mapping()
+                    {
+                        into.extend(
+                            properties
+                                .keys()
+                                .filter_map(|k| k.as_str().map(str::to_owned)),
+                        );
+                    }
+                    walk(value, into);
+                }
+            }
+            serde_yaml::Value::Sequence(items) => items.iter().for_each(|v| walk(v, into)),
+            _ => {}
+        }
+    }
+    let mut properties = BTreeSet::new();
+    for crd in files(&root().join("config/crd/bases"), &[".yaml"]) {
+        let text = std::fs::read_to_string(crd).unwrap();
+        walk(&serde_yaml::from_str(&text).unwrap(), &mut properties);
+    }
+    properties
+}
+
+/// `lastRefresh` → `last_refresh`.
+fn snake(camel: &str) -> String {
+    let mut out = String::new();
+    for c in camel.chars() {
+        if c.is_ascii_uppercase() {
+            out.push('_');
+        }
+        out.push(c.to_ascii_lowercase());
+    }
+    out
+}
+
+#[test]
+fn every_field_in_the_docs_exists() {
+    let properties = crd_properties();
+    assert!(properties.contains("maxParallelWorkers"), "{properties:?}");
+    let code = code();
+    let mut unknown = BTreeSet::new();
+    for (path, text) in markdown()
+        .into_iter()
+        .filter(|(p, _)| !p.components().any(|c| c.as_os_str() == "design"))
+    {
+        for (n, fence, line) in lines_with_fences(&text) {
+            if fence.is_some() {
+                continue;
+            }
+            for span in code_spans(line) {
+                for word in span.split(|c: char| !c.is_ascii_alphanumeric()) {
+                    // A field: lowerCamelCase (`renewBefore`, `status.kubeconfig.lastRenewalTime`).
+                    let field = word.starts_with(|c: char| c.is_ascii_lowercase())
+                        && word.chars().any(|c| c.is_ascii_uppercase());
+                    if field
+                        && !properties.contains(word)
+                        && !OTHER_FIELDS.contains(&word)
+                        // A serde field of ours (the plugin's `-o json` rows).
+                        && !code.contains(&format!("pub {}:", snake(word)))
+                    {
+                        unknown.insert(format!("{}:{n}: {word}", shown(&path)));
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        unknown.is_empty(),
+        "fields in the docs that no CRD of ours (config/crd/bases) and no list of other projects' fields has: {unknown:#?}"
+    );
+}
