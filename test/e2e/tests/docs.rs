@@ -9,8 +9,10 @@
 //! name, `make` target, link and anchor cited in README.md and docs/**.md exists; every
 //! `label="value"` of a metric selector is a value the code gives that label; every flag in a
 //! command line belongs to the command it is given to (`ck8s-certs`, `ck8s-certs policy
-//! preview`, `kubectl ck8s-certs …`); and `kubectl kustomize` of every overlay but the
-//! clusterctl templates leaves no `${…}`. Only that last one needs a tool (the pinned kubectl).
+//! preview`, `kubectl ck8s-certs …`); every lowerCamelCase field is one of our CRDs' (or a
+//! listed one of another project) and every "`field` (default X)" is the CRD's default; and
+//! `kubectl kustomize` of every overlay but the clusterctl templates leaves no `${…}`. Only that
+//! last one needs a tool (the pinned kubectl). Metric HELP texts are in the generated table.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -1145,5 +1147,134 @@ fn every_field_in_the_docs_exists() {
     assert!(
         unknown.is_empty(),
         "fields in the docs that no CRD of ours (config/crd/bases) and no list of other projects' fields has: {unknown:#?}"
+    );
+}
+
+/// What the CRDs say of each property: its `default:` and its description, per CRD that has
+/// it.
+fn crd_property_facts() -> Vec<(String, Option<String>, String)> {
+    fn walk(value: &serde_yaml::Value, into: &mut Vec<(String, Option<String>, String)>) {
+        match value {
+            serde_yaml::Value::Mapping(map) => {
+                for (key, value) in map {
+                    if key.as_str() == Some("properties")
+                        && let Some(properties) = value.as_mapping()
+                    {
+                        for (name, schema) in properties {
+                            let default = match &schema["default"] {
+                                serde_yaml::Value::Null => None,
+                                serde_yaml::Value::String(s) => Some(s.clone()),
+                                other => serde_yaml::to_string(other)
+                                    .ok()
+                                    .map(|s| s.trim().to_owned()),
+                            };
+                            let description = schema["description"]
+                                .as_str()
+                                .unwrap_or_default()
+                                .to_owned();
+                            if let Some(name) = name.as_str() {
+                                into.push((name.to_owned(), default, description));
+                            }
+                        }
+                    }
+                    walk(value, into);
+                }
+            }
+            serde_yaml::Value::Sequence(items) => items.iter().for_each(|v| walk(v, into)),
+            _ => {}
+        }
+    }
+    let mut facts = Vec::new();
+    for crd in files(&root().join("config/crd/bases"), &[".yaml"]) {
+        let text = std::fs::read_to_string(crd).unwrap();
+        walk(&serde_yaml::from_str(&text).unwrap(), &mut facts);
+    }
+    facts
+}
+
+/// `(field, default)` of the docs' "`field` (…, default X)" and of sample YAML lines
+/// "field: value  # … (default X)".
+fn documented_defaults(line: &str) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    let value_of = |text: &str| -> Option<String> {
+        let after = text.split("default ").nth(1)?;
+        let value: String = after
+            .trim_start_matches('`')
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '.')
+            .collect();
+        (!value.is_empty()).then_some(value)
+    };
+    // YAML: `  name: value   # … (default X)`.
+    if let Some((before, comment)) = line.split_once('#')
+        && let Some((name, _)) = before.trim().split_once(':')
+        && name.chars().all(|c| c.is_ascii_alphanumeric())
+        && let Some(value) = value_of(comment)
+    {
+        found.push((name.to_owned(), value));
+    }
+    // Prose: "`name` (…default X…)".
+    let mut rest = line;
+    while let Some(at) = rest.find("` (") {
+        let name = rest[..at].rsplit('`').next().unwrap_or_default();
+        let inside = &rest[at + 3..];
+        let close = inside.find(')').unwrap_or(inside.len());
+        if name.chars().all(|c| c.is_ascii_alphanumeric())
+            && let Some(value) = value_of(&inside[..close])
+        {
+            found.push((name.to_owned(), value));
+        }
+        rest = &inside[close..];
+    }
+    found
+}
+
+#[test]
+fn every_default_of_a_crd_field_in_the_docs_is_the_crds() {
+    let facts = crd_property_facts();
+    let mut wrong = BTreeSet::new();
+    let mut checked = 0;
+    for (path, text) in markdown()
+        .into_iter()
+        .filter(|(p, _)| !p.components().any(|c| c.as_os_str() == "design"))
+    {
+        for (n, _, line) in lines_with_fences(&text) {
+            for (field, value) in documented_defaults(line) {
+                let ours: Vec<_> = facts.iter().filter(|(name, _, _)| *name == field).collect();
+                if ours.is_empty() {
+                    continue; // not a field of our CRDs
+                }
+                checked += 1;
+                // The schema's default, or the one its description states ("Default 2.",
+                // "Omitted: UTC.", "When neither is set: 30d.").
+                let agrees = ours.iter().any(|(_, default, description)| {
+                    let description = description.split_whitespace().collect::<Vec<_>>().join(" ");
+                    let description = description.to_lowercase();
+                    let value = value.to_lowercase();
+                    default.as_deref().map(str::to_lowercase) == Some(value.clone())
+                        || ["default ", "default: ", "omitted: ", "set: "]
+                            .iter()
+                            .any(|lead| description.contains(&format!("{lead}{value}")))
+                });
+                if !agrees {
+                    let said: Vec<String> = ours
+                        .iter()
+                        .map(|(_, d, desc)| format!("default {d:?}, description {desc:?}"))
+                        .collect();
+                    wrong.insert(format!(
+                        "{}:{n}: {field} default {value}, but the CRD says {said:?}",
+                        shown(&path)
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        checked >= 3,
+        "only {checked} CRD defaults found in the docs"
+    );
+    assert!(
+        wrong.is_empty(),
+        "defaults in the docs that the CRDs do not have: {wrong:#?}"
     );
 }
