@@ -755,15 +755,16 @@ fn selectors(text: &str) -> Vec<(String, String, Vec<String>)> {
         let inside = &inside[..inside.find('}').unwrap_or(inside.len())];
         let mut rest = inside;
         while let Some(quote) = rest.find('"') {
-            let matcher = rest[..quote].trim_start_matches([',', ' ']);
-            let label: String = matcher
-                .rsplit([',', ' '])
+            // The last matcher before the quote: `label=`, `label!=`, `label=~`, `label!~`.
+            let matcher = rest[..quote]
+                .rsplit([',', ' ', '{'])
                 .next()
-                .unwrap_or_default()
+                .unwrap_or_default();
+            let label: String = matcher
                 .chars()
                 .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
                 .collect();
-            let op = matcher[label.len().min(matcher.len())..].trim();
+            let op = &matcher[label.len()..];
             let tail = &rest[quote + 1..];
             let close = tail.find('"').unwrap_or(tail.len());
             let mut values: Vec<String> = match op {
@@ -1276,5 +1277,90 @@ fn every_default_of_a_crd_field_in_the_docs_is_the_crds() {
     assert!(
         wrong.is_empty(),
         "defaults in the docs that the CRDs do not have: {wrong:#?}"
+    );
+}
+
+/// The checks' own parsers, on cases the docs hold.
+#[test]
+fn the_parsers_read_what_the_docs_write() {
+    assert_eq!(
+        slug(" CertificateRefresh (`certificates.ck8s.io/v1alpha1`, short name `crefresh`)"),
+        "certificaterefresh-certificatesck8siov1alpha1-short-name-crefresh"
+    );
+    assert_eq!(slug(" A — b: [c](d.md) e_f"), "a--b-c-e_f");
+    let anchors = anchors("# T\n## Two shards\n```\n# not a heading\n```\n## Two shards\n");
+    assert_eq!(
+        anchors,
+        ["t", "two-shards", "two-shards-1"].map(String::from).into()
+    );
+    assert_eq!(
+        selectors(
+            r#"x ck8s_certs_k8sd_requests_total{endpoint="run",outcome!="success"} and ck8s_certs_kubeconfig_expiry_timestamp_seconds{namespace, certificate="client"|"ca"} ck8s_certs_renewal_deferred_total{reason=~"backoff|outside_window"}"#
+        ),
+        [
+            ("ck8s_certs_k8sd_requests_total", "endpoint", vec!["run"]),
+            ("ck8s_certs_k8sd_requests_total", "outcome", vec!["success"]),
+            (
+                "ck8s_certs_kubeconfig_expiry_timestamp_seconds",
+                "certificate",
+                vec!["client", "ca"]
+            ),
+            (
+                "ck8s_certs_renewal_deferred_total",
+                "reason",
+                vec!["backoff", "outside_window"]
+            ),
+        ]
+        .map(|(f, l, v)| (
+            f.to_owned(),
+            l.to_owned(),
+            v.into_iter().map(String::from).collect::<Vec<_>>()
+        ))
+    );
+    assert_eq!(
+        cited_paths(
+            "see `config/rbac/role.yaml`, https://x.io//config/monitoring and ~/.config/a, tests/fleet.rs."
+        ),
+        ["config/rbac/role.yaml", "tests/fleet.rs"]
+    );
+    assert_eq!(
+        make_command_targets(r#"make bench BENCH_FLAGS="--clusters 10" tools && make x"#),
+        ["bench", "tools"]
+    );
+    assert_eq!(
+        documented_defaults(
+            "`maxParallelWorkers` (1-100, default 2), `continueOnFailure` (default false)"
+        ),
+        [("maxParallelWorkers", "2"), ("continueOnFailure", "false")]
+            .map(|(a, b)| (a.to_owned(), b.to_owned()))
+    );
+    let controller = <ck8s_certs::cli::Args as clap::CommandFactory>::command();
+    assert!(
+        foreign_flags(
+            controller.clone(),
+            &["policy", "preview", "-f", "p.yaml", "--expiry", "x"]
+        )
+        .is_empty()
+    );
+    assert_eq!(
+        foreign_flags(
+            controller,
+            &["--strict", "policy", "preview", "--leader-elect"]
+        ),
+        [
+            "--strict is not a flag of `ck8s-certs`",
+            "--leader-elect is not a flag of `ck8s-certs policy preview`"
+        ]
+    );
+    let variables = docsgen::clusterctl_variables(
+        "  # A note.\n  - name: A\n    value: \"${A:=1}\"\n  - name: B\n    value: \"${B:=x}\"\n",
+    );
+    assert_eq!(
+        variables,
+        [("A", "1", "A note."), ("B", "x", "")].map(|(a, b, c)| (
+            a.to_owned(),
+            b.to_owned(),
+            c.to_owned()
+        ))
     );
 }
