@@ -7,7 +7,8 @@ pub mod events {
     pub const REFRESH_IN_PROGRESS: &str = "CertificatesRefreshInProgress";
     /// A refresh succeeded, with the new expiry (Normal).
     pub const REFRESH_DONE: &str = "CertificatesRefreshDone";
-    /// A refresh failed, with the command that retries it (Warning).
+    /// A refresh failed (the message is its error), or its request was withdrawn before it
+    /// started (Warning).
     pub const REFRESH_FAILED: &str = "CertificatesRefreshFailed";
     /// The node signed a lifetime materially different from the requested one (Warning).
     pub const LIFETIME_MISMATCH: &str = "CertificatesLifetimeMismatch";
