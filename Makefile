@@ -5,6 +5,7 @@
 #   make test   unit tests, the alerting rules' promtool tests, then the e2e suite against the
 #               real environment, on every pinned Cluster API release
 #   make lint   rustfmt, clippy, gofmt, go vet
+#   make docs   the generated tables of docs/ (flags, metrics, reasons, clusterctl variables)
 #   make fuzz   every parser of user or node input, 1,000,000 inputs each (docs/security.md)
 #   make release   clusterctl artifacts (addon-components.yaml, metadata.yaml) into _out/release
 #   make docker-build IMG=...   the controller image
@@ -36,7 +37,12 @@ REFMANAGER := target/bin/refmanager
 manifests:
 	$(CARGO) run -q -p ck8s-certs-api --bin crdgen config/crd/bases
 
-.PHONY: manifests all build control-plane capi-manager nodesim bootstrapdouble refmanager env tools promtool monitoring-manifests monitoring-test release docker-build run unit e2e test bench fuzz lint fmt clean-env
+## The generated regions of the docs (flag, metric, reason and clusterctl variable tables, from
+## the code: test/e2e/src/docsgen.rs); `make unit` fails when a committed doc differs.
+docs:
+	$(CARGO) run -q -p ck8s-certs-e2e --bin docsgen
+
+.PHONY: manifests docs all build control-plane capi-manager nodesim bootstrapdouble refmanager env tools promtool monitoring-manifests monitoring-test release docker-build run unit e2e test bench fuzz lint fmt clean-env
 
 all: build
 
@@ -117,10 +123,13 @@ else
 endif
 
 ## The docs checks (test/e2e/tests/docs.rs: they read the bench's flags too, so they live in the
-## e2e crate) need no environment: they run here, early, and again with the e2e suite.
+## e2e crate) need no environment: they run here, early, and again with the e2e suite. Their
+## overlay check needs the pinned kubectl: without it (no `make tools` yet) it says it did not
+## run here; `make e2e` always runs it.
 unit:
 	$(CARGO) test --workspace --exclude ck8s-certs-e2e
-	$(CARGO) test -p ck8s-certs-e2e --test docs
+	$(if $(wildcard $(KUBECTL)),CK8S_E2E_KUBECTL=$(KUBECTL),CK8S_DOCS_WITHOUT_KUBECTL=1) \
+	  $(CARGO) test -p ck8s-certs-e2e --test docs
 	cd test/nodesim && $(GO) test ./...
 	cd test/bootstrapdouble && $(GO) test ./...
 	cd test/refmanager && $(GO) test ./...

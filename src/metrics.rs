@@ -224,6 +224,8 @@ pub enum Controller {
 }
 
 impl Controller {
+    pub const ALL: [Self; 3] = [Self::Machine, Self::Policy, Self::Kubeconfig];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Machine => "machine",
@@ -231,6 +233,66 @@ impl Controller {
             Self::Kubeconfig => "kubeconfig",
         }
     }
+}
+
+/// Every value of each bounded label: `(family, label, values)`, the family without the
+/// `ck8s_certs_` prefix. The metrics table of docs/reference.md is generated from these and the
+/// registry (`make docs`), and the docs' `label="value"` selectors are checked against them;
+/// the tests check the code's producers against them. Labels not listed (`namespace`,
+/// `cluster`, `machine`) name objects.
+pub fn label_values() -> Vec<(&'static str, &'static str, Vec<&'static str>)> {
+    const ROLES: [&str; 2] = ["control-plane", "worker"];
+    const ORIGINS: [&str; 3] = ["manual", "policy", "fleet"];
+    let endpoints: Vec<&str> = K8sdEndpoint::ALL.iter().map(|e| e.as_str()).collect();
+    let controllers: Vec<&str> = Controller::ALL.iter().map(|c| c.as_str()).collect();
+    let k8sd = crate::k8sd::K8sdError::CATEGORIES;
+    let outcomes = [&["success"][..], &k8sd[..], &[K8SD_CANCELLED][..]].concat();
+    // Reconcile errors: the management API, the workload cluster, or reading the expiry (k8sd).
+    let categories = [&["kube", "workload"][..], &k8sd[..]].concat();
+    vec![
+        (
+            "certificate_expiry_timestamp_seconds",
+            "role",
+            ROLES.to_vec(),
+        ),
+        (
+            "kubeconfig_expiry_timestamp_seconds",
+            "certificate",
+            vec!["client", "ca", "client_ca"],
+        ),
+        (
+            "kubeconfig_renewals",
+            "result",
+            vec!["renewed", "dry_run", "refused", "failed", "not_due"],
+        ),
+        ("renewals_started", "origin", ORIGINS.to_vec()),
+        ("renewals_succeeded", "origin", ORIGINS.to_vec()),
+        ("renewals_failed", "origin", ORIGINS.to_vec()),
+        (
+            "renewal_deferred",
+            "reason",
+            vec!["backoff", "outside_window", "staggered"],
+        ),
+        ("renewal_bypassed", "reason", vec!["expiry_imminent"]),
+        ("renewal_config_invalid", "reason", vec!["config_invalid"]),
+        ("refresh_duration_seconds", "origin", ORIGINS.to_vec()),
+        ("refresh_duration_seconds", "role", ROLES.to_vec()),
+        (
+            "refresh_duration_seconds",
+            "result",
+            vec!["succeeded", "failed"],
+        ),
+        ("k8sd_requests", "endpoint", endpoints.clone()),
+        ("k8sd_requests", "outcome", outcomes),
+        ("k8sd_request_duration_seconds", "endpoint", endpoints),
+        (
+            "reconcile_duration_seconds",
+            "controller",
+            controllers.clone(),
+        ),
+        ("reconcile_errors", "controller", controllers),
+        ("reconcile_errors", "category", categories),
+    ]
 }
 
 /// Every metric the controller exports.

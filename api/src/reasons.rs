@@ -3,32 +3,46 @@
 
 /// Event reasons on the Machine.
 pub mod events {
+    /// A refresh started (Normal).
     pub const REFRESH_IN_PROGRESS: &str = "CertificatesRefreshInProgress";
+    /// A refresh succeeded, with the new expiry (Normal).
     pub const REFRESH_DONE: &str = "CertificatesRefreshDone";
+    /// A refresh failed (the message is its error), or its request was withdrawn before it
+    /// started (Warning).
     pub const REFRESH_FAILED: &str = "CertificatesRefreshFailed";
-    /// The node signed a lifetime materially different from the requested one.
+    /// The node signed a lifetime materially different from the requested one (Warning).
     pub const LIFETIME_MISMATCH: &str = "CertificatesLifetimeMismatch";
-    /// A renewal policy decided something new (deferred, disabled, invalid).
+    /// A renewal policy holds a due renewal back: backoff, outside the windows, its staggered slot
+    /// (Normal; Warning inside the fail-safe margin).
     pub const RENEWAL_DEFERRED: &str = "CertificatesRenewalDeferred";
     /// A renewal policy governs the Machine and its next renewal is not due yet (Normal).
     pub const RENEWAL_SCHEDULED: &str = "CertificatesRenewalScheduled";
+    /// The governing policy disables automatic renewal (Normal; Warning inside the fail-safe
+    /// margin).
     pub const RENEWAL_DISABLED: &str = "CertificatesRenewalDisabled";
+    /// The governing policy, or several conflicting ones, cannot be applied (Warning).
     pub const RENEWAL_CONFIG_INVALID: &str = "CertificatesRenewalConfigInvalid";
+    /// A renewal runs outside the windows because expiry is within the fail-safe margin
+    /// (Warning).
     pub const RENEWAL_WINDOW_BYPASSED: &str = "CertificatesRenewalWindowBypassed";
     /// On the Cluster: a certificate of the management kubeconfig (`<cluster>-kubeconfig`)
-    /// expires within the warning horizon, or has expired.
+    /// expires within `--kubeconfig-expiry-warning` (Warning).
     pub const KUBECONFIG_EXPIRING: &str = "KubeconfigCertificateExpiring";
+    /// On the Cluster: a certificate of the management kubeconfig has expired (Warning).
     pub const KUBECONFIG_EXPIRED: &str = "KubeconfigCertificateExpired";
     /// On the Cluster (`--renew-management-kubeconfig`): the client certificate was renewed in
-    /// place (Normal); a dry run would have renewed it (Normal); it cannot be renewed, and why
-    /// (Warning, once per new reason).
+    /// place (Normal).
     pub const KUBECONFIG_RENEWED: &str = "KubeconfigCertificateRenewed";
+    /// On the Cluster: a dry run would have renewed the client certificate (Normal).
     pub const KUBECONFIG_WOULD_RENEW: &str = "KubeconfigCertificateWouldRenew";
+    /// On the Cluster: the client certificate cannot be renewed, and why (Warning, once per new
+    /// reason).
     pub const KUBECONFIG_NOT_RENEWED: &str = "KubeconfigCertificateNotRenewed";
-    /// Reading the node's certificate expiry failed (other than the node still starting).
+    /// Reading the node's certificate expiry failed (other than the node still starting)
+    /// (Warning).
     pub const EXPIRY_UNKNOWN: &str = "CertificatesExpiryUnknown";
     /// A trigger was not acted on: its owner applies it again after the refresh it asked for
-    /// (a machine template, a GitOps tool).
+    /// (a machine template, a GitOps tool) (Warning).
     pub const REFRESH_REFUSED: &str = "CertificatesRefreshRefused";
 }
 
@@ -56,14 +70,23 @@ pub mod conditions {
 
 /// Condition reasons.
 pub mod condition_reasons {
+    /// `Ready` True: the node's certificate expiry was read.
     pub const EXPIRY_KNOWN: &str = "ExpiryKnown";
+    /// `Ready` False: the node's certificate expiry cannot be read.
     pub const EXPIRY_UNKNOWN: &str = "ExpiryUnknown";
+    /// `Ready` False: the Machine has no node yet.
     pub const NO_NODE: &str = "WaitingForNode";
+    /// `Ready`: the Machine or its Cluster is paused; nothing is done until it is unpaused.
     pub const PAUSED: &str = "Paused";
+    /// `Ready` True after a refresh succeeded.
     pub const REFRESHED: &str = "Refreshed";
+    /// `Ready` False: the last refresh failed.
     pub const REFRESH_FAILED: &str = "RefreshFailed";
+    /// `Refreshing` True: a refresh runs or waits.
     pub const REFRESH_IN_PROGRESS: &str = "RefreshInProgress";
+    /// `Refreshing` False: no refresh in flight.
     pub const IDLE: &str = "Idle";
-    /// The trigger is applied again by the owner of the refresh it asked for.
+    /// `TriggerRefused` True: the trigger is applied again by the owner of the refresh it
+    /// asked for.
     pub const REAPPLIED: &str = "ReappliedByOwner";
 }

@@ -75,7 +75,18 @@ impl K8sdError {
         }
     }
 
-    /// A static name for metrics labels.
+    /// Every value of [`Self::category`] (the metrics reference lists them).
+    pub const CATEGORIES: [&'static str; 7] = [
+        "connect",
+        "tls",
+        "pin_mismatch",
+        "timeout",
+        "http",
+        "api",
+        "invalid_response",
+    ];
+
+    /// A static name for metrics labels, one of [`Self::CATEGORIES`].
     pub fn category(&self) -> &'static str {
         match self {
             Self::Connect { .. } => "connect",
@@ -98,6 +109,35 @@ mod tests {
             endpoint: "plan".into(),
             status,
             message: String::new(),
+        }
+    }
+
+    #[test]
+    fn categories_are_listed() {
+        let node = || "n".to_owned();
+        let endpoint = || "run".to_owned();
+        for error in [
+            K8sdError::Connect {
+                node: node(),
+                route: "r".into(),
+                reason: String::new(),
+            },
+            K8sdError::Tls {
+                node: node(),
+                source: std::io::Error::other("x"),
+            },
+            K8sdError::Timeout {
+                node: node(),
+                endpoint: endpoint(),
+                timeout: Duration::from_secs(1),
+            },
+            api(500),
+            K8sdError::InvalidResponse {
+                endpoint: endpoint(),
+                reason: String::new(),
+            },
+        ] {
+            assert!(K8sdError::CATEGORIES.contains(&error.category()), "{error}");
         }
     }
 

@@ -250,3 +250,63 @@ fn expiry_series_encode_like_the_family_of_gauges() {
     metrics.expiry.read_from(Vec::new());
     assert!(!metrics.encode().unwrap().contains("certificate_expiry"));
 }
+
+/// The values the code produces are the ones [`label_values`] lists (and so the docs).
+#[test]
+fn producers_give_only_listed_label_values() {
+    use crate::workload::credentials::Certificate;
+    use ck8s_certs_api::machine_certificates::{Origin, Role};
+    let values = label_values();
+    let listed = |family: &str, label: &str, value: &str| {
+        assert!(
+            values
+                .iter()
+                .any(|(f, l, v)| *f == family && *l == label && v.contains(&value)),
+            "{family}{{{label}=\"{value}\"}} is not in label_values()"
+        );
+    };
+    for role in [Role::ControlPlane, Role::Worker] {
+        listed(
+            "certificate_expiry_timestamp_seconds",
+            "role",
+            role_label(role),
+        );
+        listed("refresh_duration_seconds", "role", role_label(role));
+    }
+    for certificate in [Certificate::Client, Certificate::Ca, Certificate::ClientCa] {
+        listed(
+            "kubeconfig_expiry_timestamp_seconds",
+            "certificate",
+            certificate.label(),
+        );
+    }
+    for o in [Origin::Manual, Origin::Policy, Origin::Fleet] {
+        for family in ["renewals_started", "refresh_duration_seconds"] {
+            listed(family, "origin", &origin(o).origin);
+        }
+    }
+    for reason in [
+        DeferReason::Backoff,
+        DeferReason::OutsideWindow,
+        DeferReason::Staggered,
+    ] {
+        listed(
+            "renewal_deferred",
+            "reason",
+            &reason_label(reason.as_str()).reason,
+        );
+    }
+    listed("renewal_bypassed", "reason", &expiry_imminent().reason);
+    listed(
+        "renewal_config_invalid",
+        "reason",
+        &reason_label(crate::controllers::governing_policy::CONFIG_INVALID).reason,
+    );
+    for endpoint in K8sdEndpoint::ALL {
+        listed("k8sd_requests", "endpoint", endpoint.as_str());
+    }
+    listed("k8sd_requests", "outcome", K8SD_CANCELLED);
+    for controller in Controller::ALL {
+        listed("reconcile_errors", "controller", controller.as_str());
+    }
+}

@@ -20,6 +20,7 @@ use super::{Format, PluginError, Session};
 pub struct ExplainArgs {
     /// The Machine.
     pub machine: String,
+    /// Output format: a table for people, JSON or YAML for tools.
     #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
     pub output: Format,
 }

@@ -24,6 +24,7 @@ pub struct HistoryArgs {
     /// Every namespace.
     #[arg(short = 'A', long)]
     pub all_namespaces: bool,
+    /// Output format: a table for people, JSON or YAML for tools.
     #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
     pub output: Format,
 }

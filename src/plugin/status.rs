@@ -25,6 +25,7 @@ pub struct StatusArgs {
     /// Only the Machines of this Cluster.
     #[arg(long)]
     pub cluster: Option<String>,
+    /// Output format: a table for people, JSON or YAML for tools.
     #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
     pub output: Format,
 }

@@ -25,6 +25,7 @@ pub mod capi_manager;
 pub mod controller;
 pub mod controlplane;
 pub mod crds;
+pub mod docsgen;
 pub mod fixtures;
 pub mod k8sd;
 pub mod kubeconfigs;

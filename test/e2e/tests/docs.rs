@@ -2,7 +2,17 @@
 //! metric, annotation and CamelCase term (condition reasons, Event reasons, kinds) named in
 //! `docs/`, the README and the alerts of `config/monitoring` exists in the code, every flag and
 //! metric of the code is in the docs, and every column of `kubectl get` is described. A rename
-//! without its docs, or docs written ahead of the code, fails here. No environment needed.
+//! without its docs, or docs written ahead of the code, fails here.
+//!
+//! What can be generated is (`make docs`, `ck8s_certs_e2e::docsgen`), and a doc whose
+//! generated region differs fails here. What cannot is checked: every repository path, test
+//! name, `make` target, link and anchor cited in README.md and docs/**.md exists; every
+//! `label="value"` of a metric selector is a value the code gives that label; every flag in a
+//! command line belongs to the command it is given to (`ck8s-certs`, `ck8s-certs policy
+//! preview`, `kubectl ck8s-certs …`); every lowerCamelCase field is one of our CRDs' (or a
+//! listed one of another project) and every "`field` (default X)" is the CRD's default; and
+//! `kubectl kustomize` of every overlay but the clusterctl templates leaves no `${…}`. Only that
+//! last one needs a tool (the pinned kubectl). Metric HELP texts are in the generated table.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -361,4 +371,996 @@ fn every_column_of_kubectl_get_is_described() {
         }
     }
     assert!(missing.is_empty(), "columns no doc describes: {missing:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Generated regions, and what cannot be generated: paths, tests, make targets, anchors, label
+// values, the command each flag is given to, and the rendered overlays.
+
+use ck8s_certs_e2e::docsgen;
+
+/// README.md and every page under docs/ (the design notes too: their links and paths are
+/// followed as much as the user pages').
+fn markdown() -> Vec<(PathBuf, String)> {
+    let root = root();
+    let mut paths = vec![root.join("README.md")];
+    paths.extend(files(&root.join("docs"), &[".md"]));
+    paths
+        .into_iter()
+        .map(|p| {
+            let text = std::fs::read_to_string(&p).unwrap();
+            (p, text)
+        })
+        .collect()
+}
+
+/// The path relative to the repository, for messages.
+fn shown(path: &Path) -> String {
+    let root = root().canonicalize().unwrap();
+    let path = path.canonicalize().unwrap_or_else(|_| path.to_owned());
+    path.strip_prefix(&root)
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| path.display().to_string())
+}
+
+/// Lines outside fenced code blocks (`None`) and inside them (`Some(info)`), with line numbers.
+fn lines_with_fences(text: &str) -> Vec<(usize, Option<&str>, &str)> {
+    let mut fence: Option<&str> = None;
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let trimmed = line.trim_start();
+        if let Some(info) = trimmed.strip_prefix("```") {
+            fence = match fence {
+                Some(_) => None,
+                None => Some(info.trim()),
+            };
+            continue;
+        }
+        out.push((n + 1, fence, line));
+    }
+    out
+}
+
+/// Inline code spans of a line outside code blocks.
+fn code_spans(line: &str) -> Vec<&str> {
+    line.split('`').skip(1).step_by(2).collect()
+}
+
+#[test]
+fn generated_regions_are_up_to_date() {
+    let mut stale = Vec::new();
+    for (path, committed, generated) in docsgen::generated_docs(&root()).unwrap() {
+        if committed != generated {
+            let first = committed
+                .lines()
+                .zip(generated.lines())
+                .enumerate()
+                .find(|(_, (c, g))| c != g)
+                .map(|(n, (c, g))| format!("line {}:\n  committed: {c}\n  generated: {g}", n + 1))
+                .unwrap_or_else(|| "the line counts differ".into());
+            stale.push(format!(
+                "{} differs from what `make docs` writes, first at {first}",
+                shown(&path)
+            ));
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "{}\nrun `make docs` (and edit the source, not the generated region)",
+        stale.join("\n")
+    );
+}
+
+/// Runs of path characters in `text` that start at a word boundary with one of `roots`.
+fn cited_paths(text: &str) -> Vec<String> {
+    const ROOTS: &[&str] = &[
+        "src/", "api/", "config/", "docs/", "hack/", "test/", "tests/", "fuzz/", ".ci/",
+    ];
+    let path_char = |c: char| c.is_ascii_alphanumeric() || "_-./".contains(c);
+    let mut found = Vec::new();
+    for (at, _) in text.char_indices() {
+        let before = text[..at].chars().next_back();
+        if before.is_some_and(|c| path_char(c) || c == '~' || c == '$' || c == '{') {
+            continue;
+        }
+        let rest = &text[at..];
+        if !ROOTS.iter().any(|r| rest.starts_with(r)) {
+            continue;
+        }
+        let end = rest.find(|c: char| !path_char(c)).unwrap_or(rest.len());
+        let path = rest[..end].trim_end_matches('.');
+        found.push(path.to_owned());
+    }
+    found
+}
+
+#[test]
+fn every_repository_path_in_the_docs_exists() {
+    let root = root();
+    let mut missing = BTreeSet::new();
+    let mut checked = 0;
+    for (path, text) in markdown() {
+        for (n, _, line) in lines_with_fences(&text) {
+            for cited in cited_paths(line) {
+                checked += 1;
+                // Paths of the e2e crate are written as cargo names them (`tests/fleet.rs`).
+                if !root.join(&cited).exists() && !root.join("test/e2e").join(&cited).exists() {
+                    missing.insert(format!("{}:{n}: {cited}", shown(&path)));
+                }
+            }
+        }
+    }
+    assert!(checked > 100, "only {checked} paths found in the docs");
+    assert!(
+        missing.is_empty(),
+        "repository paths in the docs that do not exist: {missing:#?}"
+    );
+}
+
+/// GitHub's anchor of a heading: lower case, punctuation but `-` and `_` dropped, spaces to
+/// `-`; repeated headings get `-1`, `-2`, ….
+fn slug(heading: &str) -> String {
+    // Links in headings count by their text.
+    let mut text = String::new();
+    let mut rest = heading;
+    while let Some(open) = rest.find('[') {
+        text.push_str(&rest[..open]);
+        let tail = &rest[open + 1..];
+        match (tail.find("]("), tail.find(')')) {
+            (Some(close), Some(end)) if close < end => {
+                text.push_str(&tail[..close]);
+                rest = &tail[end + 1..];
+            }
+            _ => {
+                text.push('[');
+                rest = tail;
+            }
+        }
+    }
+    text.push_str(rest);
+    text.trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut seen: std::collections::BTreeMap<String, usize> = Default::default();
+    let mut anchors = BTreeSet::new();
+    for (_, fence, line) in lines_with_fences(text) {
+        if fence.is_some() {
+            continue;
+        }
+        let Some(heading) = line
+            .strip_prefix('#')
+            .map(|h| h.trim_start_matches('#'))
+            .filter(|h| h.starts_with(' '))
+        else {
+            continue;
+        };
+        let base = slug(heading.trim_end_matches('#'));
+        let count = seen.entry(base.clone()).or_default();
+        anchors.insert(if *count == 0 {
+            base.clone()
+        } else {
+            format!("{base}-{count}")
+        });
+        *count += 1;
+    }
+    anchors
+}
+
+/// `(target, line)` of the markdown links `[text](target)` outside code blocks.
+fn links(text: &str) -> Vec<(String, usize)> {
+    let mut found = Vec::new();
+    for (n, fence, line) in lines_with_fences(text) {
+        if fence.is_some() {
+            continue;
+        }
+        let mut rest = line;
+        while let Some(at) = rest.find("](") {
+            let tail = &rest[at + 2..];
+            let end = tail.find(')').unwrap_or(tail.len());
+            found.push((tail[..end].trim().to_owned(), n));
+            rest = &tail[end..];
+        }
+    }
+    found
+}
+
+#[test]
+fn every_link_and_anchor_in_the_docs_exists() {
+    let docs = markdown();
+    let mut broken = BTreeSet::new();
+    let mut anchored = 0;
+    for (path, text) in &docs {
+        for (target, n) in links(text) {
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            anchored += usize::from(target.contains('#'));
+            let (file, anchor) = target.split_once('#').unwrap_or((&target, ""));
+            let file = if file.is_empty() {
+                path.clone()
+            } else {
+                path.parent().unwrap().join(file)
+            };
+            let here = format!("{}:{n}: {target}", shown(path));
+            if !file.exists() {
+                broken.insert(format!("{here} (no such file)"));
+                continue;
+            }
+            if anchor.is_empty() {
+                continue;
+            }
+            let Ok(target_text) = std::fs::read_to_string(&file) else {
+                broken.insert(format!("{here} (an anchor into a directory)"));
+                continue;
+            };
+            if !anchors(&target_text).contains(anchor) {
+                broken.insert(format!("{here} (no heading with anchor #{anchor})"));
+            }
+        }
+    }
+    assert!(
+        anchored > 30,
+        "only {anchored} links with anchors found in the docs"
+    );
+    assert!(
+        broken.is_empty(),
+        "links in the docs to files or headings that do not exist: {broken:#?}"
+    );
+}
+
+/// Every `fn name` of the Rust sources (tests included).
+fn function_names() -> BTreeSet<String> {
+    let root = root();
+    let mut names = BTreeSet::new();
+    for dir in ["src", "api", "test", "tests", "fuzz"] {
+        for file in files(&root.join(dir), &[".rs"]) {
+            let text = std::fs::read_to_string(file).unwrap();
+            for after in text.split("fn ").skip(1) {
+                let name: String = after
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                names.insert(name);
+            }
+        }
+    }
+    names
+}
+
+#[test]
+fn every_test_named_in_the_docs_exists() {
+    let functions = function_names();
+    let mut missing = BTreeSet::new();
+    for (path, text) in markdown() {
+        for (n, _, line) in lines_with_fences(&text) {
+            for span in code_spans(line) {
+                // A test name: snake_case of four words or more; metric names are checked above.
+                let snake = span
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+                if snake
+                    && span.matches('_').count() >= 3
+                    && !span.starts_with("ck8s_certs_")
+                    && !span.starts_with("apiserver_")
+                    && !functions.contains(span)
+                {
+                    missing.insert(format!("{}:{n}: {span}", shown(&path)));
+                }
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "test names in the docs that no function has: {missing:#?}"
+    );
+}
+
+fn make_targets() -> BTreeSet<String> {
+    let makefile = std::fs::read_to_string(root().join("Makefile")).unwrap();
+    makefile
+        .lines()
+        .filter(|l| !l.starts_with(['\t', '#', ' ', '.']))
+        .filter_map(|l| l.split_once(':'))
+        .filter(|(_, after)| !after.starts_with('='))
+        .flat_map(|(targets, _)| targets.split_whitespace().map(str::to_owned))
+        .collect()
+}
+
+/// The targets of a `make …` command line (variables and options skipped).
+fn make_command_targets(command: &str) -> Vec<String> {
+    // Quoted values (`BENCH_FLAGS="--clusters 10"`) are one word.
+    let unquoted: String = command
+        .split('"')
+        .enumerate()
+        .map(|(i, part)| {
+            if i % 2 == 1 {
+                part.replace(' ', "_")
+            } else {
+                part.to_owned()
+            }
+        })
+        .collect();
+    let mut words = unquoted.split_whitespace().skip_while(|w| *w != "make");
+    if words.next().is_none() {
+        return Vec::new();
+    }
+    words
+        .take_while(|w| !matches!(*w, "&&" | "|" | ";" | "#" | "||"))
+        .filter(|w| !w.contains('=') && !w.starts_with('-'))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn every_make_target_in_the_docs_exists() {
+    let targets = make_targets();
+    assert!(
+        targets.contains("unit") && targets.contains("docs"),
+        "{targets:?}"
+    );
+    let mut missing = BTreeSet::new();
+    for (path, text) in markdown() {
+        for (n, fence, line) in lines_with_fences(&text) {
+            let commands: Vec<&str> = match fence {
+                Some(_) => vec![line.trim_start().trim_start_matches("$ ")],
+                None => code_spans(line),
+            };
+            for command in commands {
+                if !command.starts_with("make ") {
+                    continue;
+                }
+                for target in make_command_targets(command) {
+                    if !targets.contains(&target) {
+                        missing.insert(format!("{}:{n}: make {target}", shown(&path)));
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "make targets in the docs that the Makefile lacks: {missing:#?}"
+    );
+}
+
+/// Labels Prometheus adds to every scraped series (the PodMonitor's target labels).
+const TARGET_LABELS: &[&str] = &[
+    "job",
+    "instance",
+    "pod",
+    "namespace",
+    "container",
+    "endpoint",
+];
+
+/// `(family, label, values)` of every `ck8s_certs_…{label="value", …}` in `text`; values of
+/// `=~` alternatives and of the docs' `label="a"|"b"` shorthand one by one.
+fn selectors(text: &str) -> Vec<(String, String, Vec<String>)> {
+    let text = text.replace("\\\"", "\"");
+    let mut found = Vec::new();
+    let metric_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_';
+    for (at, _) in text.match_indices("ck8s_certs_") {
+        let rest = &text[at..];
+        let end = rest.find(|c| !metric_char(c)).unwrap_or(rest.len());
+        let name = &rest[..end];
+        let Some(inside) = rest[end..].strip_prefix('{') else {
+            continue;
+        };
+        let inside = &inside[..inside.find('}').unwrap_or(inside.len())];
+        let mut rest = inside;
+        while let Some(quote) = rest.find('"') {
+            // The last matcher before the quote: `label=`, `label!=`, `label=~`, `label!~`.
+            let matcher = rest[..quote]
+                .rsplit([',', ' ', '{'])
+                .next()
+                .unwrap_or_default();
+            let label: String = matcher
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            let op = &matcher[label.len()..];
+            let tail = &rest[quote + 1..];
+            let close = tail.find('"').unwrap_or(tail.len());
+            let mut values: Vec<String> = match op {
+                "=" | "!=" => vec![tail[..close].to_owned()],
+                "=~" | "!~" => tail[..close].split('|').map(str::to_owned).collect(),
+                _ => Vec::new(),
+            };
+            rest = tail.get(close + 1..).unwrap_or("");
+            // `certificate="client"|"ca"`: the docs' shorthand for alternatives.
+            while let Some(alternative) = rest.strip_prefix("|\"") {
+                let close = alternative.find('"').unwrap_or(alternative.len());
+                values.push(alternative[..close].to_owned());
+                rest = alternative.get(close + 1..).unwrap_or("");
+            }
+            if !label.is_empty() {
+                found.push((name.to_owned(), label, values));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn every_label_value_in_the_docs_is_one_the_metric_takes() {
+    let families = docsgen::families().unwrap();
+    let family_of = |name: &str| {
+        families.iter().find(|f| {
+            name == f.name
+                || ["_total", "_bucket", "_sum", "_count", "_created"]
+                    .iter()
+                    .any(|s| name.strip_suffix(s) == Some(f.name.as_str()))
+        })
+    };
+    let mut wrong = BTreeSet::new();
+    let mut checked = 0;
+    let mut texts = markdown();
+    // The alerts and the dashboard; not the promtool tests, whose input series include values
+    // the controller never exports (`reason="not_due"`) to show that the alerts ignore them.
+    texts.extend(user_docs().into_iter().filter(|(p, _)| {
+        p.starts_with(root().join("config")) && !p.components().any(|c| c.as_os_str() == "tests")
+    }));
+    for (path, text) in texts {
+        for (name, label, values) in selectors(&text) {
+            let Some(family) = family_of(&name) else {
+                continue; // an unknown metric: reported by the metric names test
+            };
+            let here = format!("{}: {name}{{{label}=…}}", shown(&path));
+            if label == "le" && family.kind == "histogram" {
+                continue;
+            }
+            let Some((_, known)) = family.labels.iter().find(|(l, _)| *l == label) else {
+                if !TARGET_LABELS.contains(&label.as_str()) {
+                    wrong.insert(format!("{here}: {name} has no label {label}"));
+                }
+                continue;
+            };
+            // Labels that name objects take any value.
+            if known.iter().any(|v| v.starts_with('<')) {
+                continue;
+            }
+            for value in values {
+                // A Grafana variable or a regular expression, not a value.
+                if value.is_empty() || value.contains(['$', '.', '*', '(', '[']) {
+                    continue;
+                }
+                checked += 1;
+                if !known.contains(&value) {
+                    wrong.insert(format!(
+                        "{here}: {label}=\"{value}\" is not a value of {label} (it takes {known:?})"
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        checked > 10,
+        "only {checked} label values found in the docs"
+    );
+    assert!(
+        wrong.is_empty(),
+        "label values in the docs that the metric never takes: {wrong:#?}"
+    );
+}
+
+/// Long and short flags of `command` (clap's `--help`/`-h`, `--version`/`-V` included) and the
+/// global flags of `ancestors`.
+fn flags_of(command: &clap::Command, ancestors: &[clap::Command]) -> BTreeSet<String> {
+    let mut flags: BTreeSet<String> = ["--help", "-h", "--version", "-V"].map(String::from).into();
+    let own = command.get_arguments().map(|a| (a, true));
+    let inherited = ancestors
+        .iter()
+        .flat_map(|c| c.get_arguments())
+        .map(|a| (a, a.is_global_set()));
+    for (arg, applies) in own.chain(inherited) {
+        if !applies {
+            continue;
+        }
+        if let Some(long) = arg.get_long() {
+            flags.insert(format!("--{long}"));
+        }
+        if let Some(short) = arg.get_short() {
+            flags.insert(format!("-{short}"));
+        }
+    }
+    flags
+}
+
+/// Flags in `words` (a command line after the program) that `command` does not take.
+fn foreign_flags(root: clap::Command, words: &[&str]) -> Vec<String> {
+    let mut command = root;
+    let mut ancestors: Vec<clap::Command> = Vec::new();
+    let mut path = vec![command.get_name().to_owned()];
+    let mut wrong = Vec::new();
+    for word in words {
+        if matches!(*word, "|" | "&&" | "||" | ";" | "#" | ">" | "2>&1") || word.starts_with("$(") {
+            break;
+        }
+        if word.starts_with('-') && word.len() > 1 && !word.starts_with("--=") {
+            let flag = word.split('=').next().unwrap_or(word);
+            if !flags_of(&command, &ancestors).contains(flag) {
+                wrong.push(format!("{flag} is not a flag of `{}`", path.join(" ")));
+            }
+            continue;
+        }
+        if let Some(sub) = command.find_subcommand(word).cloned() {
+            path.push(word.to_string());
+            ancestors.push(std::mem::replace(&mut command, sub));
+        }
+    }
+    wrong
+}
+
+/// The command lines of a doc: shell lines of code blocks (continuations joined) and inline
+/// code spans.
+fn command_lines(text: &str) -> Vec<(usize, String)> {
+    let mut lines = Vec::new();
+    let mut pending: Option<(usize, String)> = None;
+    for (n, fence, line) in lines_with_fences(text) {
+        if fence.is_none() {
+            lines.extend(code_spans(line).into_iter().map(|s| (n, s.to_owned())));
+            continue;
+        }
+        let (start, mut joined) = pending.take().unwrap_or((n, String::new()));
+        joined.push(' ');
+        joined.push_str(line.trim());
+        match joined.strip_suffix('\\') {
+            Some(open) => pending = Some((start, open.to_owned())),
+            None => lines.push((start, joined)),
+        }
+    }
+    lines
+}
+
+/// Whether `words[j]` is where a command starts: first, or after a prompt, `&&`, `|` or `;`,
+/// past any `NAME=value` assignments.
+fn at_command_start(words: &[&str], j: usize) -> bool {
+    let assignments = words[..j]
+        .iter()
+        .rev()
+        .take_while(|w| w.contains('=') && !w.starts_with('-'))
+        .count();
+    let k = j - assignments;
+    k == 0 || matches!(words[k - 1], "$" | "&&" | "|" | ";" | "||")
+}
+
+#[test]
+fn every_flag_in_a_command_line_belongs_to_its_command() {
+    use clap::CommandFactory;
+    let controller = ck8s_certs::cli::Args::command();
+    let plugin = ck8s_certs::plugin::PluginArgs::command();
+    let mut wrong = BTreeSet::new();
+    let mut checked = 0;
+    for (path, text) in markdown() {
+        for (n, line) in command_lines(&text) {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            for (i, word) in words.iter().enumerate() {
+                let program = word.rsplit('/').next().unwrap_or(word);
+                let (command, rest) = if program == "ck8s-certs"
+                    && i > 0
+                    && words[i - 1] == "kubectl"
+                    && at_command_start(&words, i - 1)
+                {
+                    (plugin.clone(), &words[i + 1..])
+                } else if program == "ck8s-certs" && at_command_start(&words, i) {
+                    (controller.clone(), &words[i + 1..])
+                } else if program == "ck8s-certs" && i > 0 && words[i - 1] == "--bin" {
+                    // cargo run --bin ck8s-certs -- <flags>
+                    let after = words[i..]
+                        .iter()
+                        .position(|w| *w == "--")
+                        .map_or(words.len(), |p| i + p + 1);
+                    (controller.clone(), &words[after.min(words.len())..])
+                } else {
+                    continue;
+                };
+                checked += 1;
+                for problem in foreign_flags(command, rest) {
+                    wrong.insert(format!("{}:{n}: {problem} ({})", shown(&path), line.trim()));
+                }
+            }
+        }
+    }
+    assert!(
+        checked > 10,
+        "only {checked} command lines found in the docs"
+    );
+    assert!(
+        wrong.is_empty(),
+        "flags given to a command that does not take them: {wrong:#?}"
+    );
+}
+
+/// The overlays that are clusterctl templates: their `${NAME:=default}` values are substituted
+/// by clusterctl (or `clusterctl generate yaml`), so `kubectl apply -k` of them cannot work
+/// (docs/install.md says so). Every other overlay must render to objects that apply as they are.
+const CLUSTERCTL_TEMPLATES: &[&str] = &["config/default", "config/provider", "config/manager"];
+
+/// `${…}` allowed in a rendered overlay: Grafana's datasource variable of the dashboard, which
+/// Grafana fills in when it loads the dashboard.
+const OTHER_TEMPLATE_VARIABLES: &[&str] = &["${datasource}"];
+
+#[test]
+fn overlays_render_without_unsubstituted_variables() {
+    // `make unit` runs this without the pinned kubectl only when `make tools` has not built it,
+    // and says so; `make e2e` always runs it (CK8S_E2E_KUBECTL).
+    if std::env::var_os("CK8S_DOCS_WITHOUT_KUBECTL").is_some() {
+        eprintln!(
+            "overlays_render_without_unsubstituted_variables: not run (no kubectl: `make tools` builds it, `make e2e` runs this)"
+        );
+        return;
+    }
+    let kubectl = ck8s_certs_e2e::tool("CK8S_E2E_KUBECTL", "kubectl", "KUBE_VERSION");
+    let root = root();
+    let mut wrong = Vec::new();
+    let mut overlays: Vec<PathBuf> = std::fs::read_dir(root.join("config"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("kustomization.yaml").exists())
+        .collect();
+    overlays.sort();
+    assert!(overlays.len() > 5, "{overlays:?}");
+    for overlay in overlays {
+        let name = shown(&overlay);
+        let output = std::process::Command::new(&kubectl)
+            .arg("kustomize")
+            .arg(&overlay)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "kubectl kustomize {name}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let rendered = String::from_utf8(output.stdout).unwrap();
+        let template = CLUSTERCTL_TEMPLATES.contains(&name.as_str());
+        for (at, _) in rendered.match_indices("${") {
+            let end = rendered[at..]
+                .find('}')
+                .map_or(rendered.len(), |e| at + e + 1);
+            let variable = &rendered[at..end];
+            if OTHER_TEMPLATE_VARIABLES.contains(&variable) {
+                continue;
+            }
+            if !template {
+                wrong.push(format!(
+                    "{name}: {variable} (not a clusterctl template: it must apply as rendered)"
+                ));
+            } else if !variable.contains(":=") {
+                wrong.push(format!(
+                    "{name}: {variable} has no default (`${{NAME:=default}}`)"
+                ));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "unsubstituted variables in rendered overlays: {wrong:#?}"
+    );
+}
+
+/// Fields of other projects' objects and settings that the docs name: Kubernetes (webhook,
+/// RBAC, Pod, NetworkPolicy, admission), Cluster API and CK8s (Machine, CK8sConfig, k8sd), kubeconfig, and
+/// kube-prometheus-stack's Helm values.
+const OTHER_FIELDS: &[&str] = &[
+    "caBundle",
+    "clientConfig",
+    "failurePolicy",
+    "matchConditions",
+    "objectSelector",
+    "resourceNames",
+    "resourceVersion",
+    "serviceAccount",
+    "terminationGracePeriodSeconds",
+    "userInfo",
+    "ipBlock",
+    "nodeRef",
+    "controlPlaneEndpoint",
+    "extraSANs",
+    "certificatesExpiryDate",
+    "tokenFile",
+    "prometheusSpec",
+    "podMonitorSelectorNilUsesHelmValues",
+    "ruleSelectorNilUsesHelmValues",
+    "searchNamespace",
+];
+
+/// Property names of the CRDs this project installs.
+fn crd_properties() -> BTreeSet<String> {
+    fn walk(value: &serde_yaml::Value, into: &mut BTreeSet<String>) {
+        match value {
+            serde_yaml::Value::Mapping(map) => {
+                for (key, value) in map {
+                    if key.as_str() == Some("properties")
+                        && let Some(properties) = value.as_mapping()
+                    {
+                        into.extend(
+                            properties
+                                .keys()
+                                .filter_map(|k| k.as_str().map(str::to_owned)),
+                        );
+                    }
+                    walk(value, into);
+                }
+            }
+            serde_yaml::Value::Sequence(items) => items.iter().for_each(|v| walk(v, into)),
+            _ => {}
+        }
+    }
+    let mut properties = BTreeSet::new();
+    for crd in files(&root().join("config/crd/bases"), &[".yaml"]) {
+        let text = std::fs::read_to_string(crd).unwrap();
+        walk(&serde_yaml::from_str(&text).unwrap(), &mut properties);
+    }
+    properties
+}
+
+/// `lastRefresh` → `last_refresh`.
+fn snake(camel: &str) -> String {
+    let mut out = String::new();
+    for c in camel.chars() {
+        if c.is_ascii_uppercase() {
+            out.push('_');
+        }
+        out.push(c.to_ascii_lowercase());
+    }
+    out
+}
+
+#[test]
+fn every_field_in_the_docs_exists() {
+    let properties = crd_properties();
+    assert!(properties.contains("maxParallelWorkers"), "{properties:?}");
+    let code = code();
+    let mut unknown = BTreeSet::new();
+    for (path, text) in markdown()
+        .into_iter()
+        .filter(|(p, _)| !p.components().any(|c| c.as_os_str() == "design"))
+    {
+        for (n, fence, line) in lines_with_fences(&text) {
+            if fence.is_some() {
+                continue;
+            }
+            for span in code_spans(line) {
+                for word in span.split(|c: char| !c.is_ascii_alphanumeric()) {
+                    // A field: lowerCamelCase (`renewBefore`, `status.kubeconfig.lastRenewalTime`).
+                    let field = word.starts_with(|c: char| c.is_ascii_lowercase())
+                        && word.chars().any(|c| c.is_ascii_uppercase());
+                    if field
+                        && !properties.contains(word)
+                        && !OTHER_FIELDS.contains(&word)
+                        // A serde field of ours (the plugin's `-o json` rows).
+                        && !code.contains(&format!("pub {}:", snake(word)))
+                    {
+                        unknown.insert(format!("{}:{n}: {word}", shown(&path)));
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        unknown.is_empty(),
+        "fields in the docs that no CRD of ours (config/crd/bases) and no list of other projects' fields has: {unknown:#?}"
+    );
+}
+
+/// What the CRDs say of each property: its `default:` and its description, per CRD that has
+/// it.
+fn crd_property_facts() -> Vec<(String, Option<String>, String)> {
+    fn walk(value: &serde_yaml::Value, into: &mut Vec<(String, Option<String>, String)>) {
+        match value {
+            serde_yaml::Value::Mapping(map) => {
+                for (key, value) in map {
+                    if key.as_str() == Some("properties")
+                        && let Some(properties) = value.as_mapping()
+                    {
+                        for (name, schema) in properties {
+                            let default = match &schema["default"] {
+                                serde_yaml::Value::Null => None,
+                                serde_yaml::Value::String(s) => Some(s.clone()),
+                                other => serde_yaml::to_string(other)
+                                    .ok()
+                                    .map(|s| s.trim().to_owned()),
+                            };
+                            let description = schema["description"]
+                                .as_str()
+                                .unwrap_or_default()
+                                .to_owned();
+                            if let Some(name) = name.as_str() {
+                                into.push((name.to_owned(), default, description));
+                            }
+                        }
+                    }
+                    walk(value, into);
+                }
+            }
+            serde_yaml::Value::Sequence(items) => items.iter().for_each(|v| walk(v, into)),
+            _ => {}
+        }
+    }
+    let mut facts = Vec::new();
+    for crd in files(&root().join("config/crd/bases"), &[".yaml"]) {
+        let text = std::fs::read_to_string(crd).unwrap();
+        walk(&serde_yaml::from_str(&text).unwrap(), &mut facts);
+    }
+    facts
+}
+
+/// `(field, default)` of the docs' "`field` (…, default X)" and of sample YAML lines
+/// "field: value  # … (default X)".
+fn documented_defaults(line: &str) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    let value_of = |text: &str| -> Option<String> {
+        let after = text.split("default ").nth(1)?;
+        let value: String = after
+            .trim_start_matches('`')
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '.')
+            .collect();
+        (!value.is_empty()).then_some(value)
+    };
+    // YAML: `  name: value   # … (default X)`.
+    if let Some((before, comment)) = line.split_once('#')
+        && let Some((name, _)) = before.trim().split_once(':')
+        && name.chars().all(|c| c.is_ascii_alphanumeric())
+        && let Some(value) = value_of(comment)
+    {
+        found.push((name.to_owned(), value));
+    }
+    // Prose: "`name` (…default X…)".
+    let mut rest = line;
+    while let Some(at) = rest.find("` (") {
+        let name = rest[..at].rsplit('`').next().unwrap_or_default();
+        let inside = &rest[at + 3..];
+        let close = inside.find(')').unwrap_or(inside.len());
+        if name.chars().all(|c| c.is_ascii_alphanumeric())
+            && let Some(value) = value_of(&inside[..close])
+        {
+            found.push((name.to_owned(), value));
+        }
+        rest = &inside[close..];
+    }
+    found
+}
+
+#[test]
+fn every_default_of_a_crd_field_in_the_docs_is_the_crds() {
+    let facts = crd_property_facts();
+    let mut wrong = BTreeSet::new();
+    let mut checked = 0;
+    for (path, text) in markdown()
+        .into_iter()
+        .filter(|(p, _)| !p.components().any(|c| c.as_os_str() == "design"))
+    {
+        for (n, _, line) in lines_with_fences(&text) {
+            for (field, value) in documented_defaults(line) {
+                let ours: Vec<_> = facts.iter().filter(|(name, _, _)| *name == field).collect();
+                if ours.is_empty() {
+                    continue; // not a field of our CRDs
+                }
+                checked += 1;
+                // The schema's default, or the one its description states ("Default 2.",
+                // "Omitted: UTC.", "When neither is set: 30d.").
+                let agrees = ours.iter().any(|(_, default, description)| {
+                    let description = description.split_whitespace().collect::<Vec<_>>().join(" ");
+                    let description = description.to_lowercase();
+                    let value = value.to_lowercase();
+                    default.as_deref().map(str::to_lowercase) == Some(value.clone())
+                        || ["default ", "default: ", "omitted: ", "set: "]
+                            .iter()
+                            .any(|lead| description.contains(&format!("{lead}{value}")))
+                });
+                if !agrees {
+                    let said: Vec<String> = ours
+                        .iter()
+                        .map(|(_, d, desc)| format!("default {d:?}, description {desc:?}"))
+                        .collect();
+                    wrong.insert(format!(
+                        "{}:{n}: {field} default {value}, but the CRD says {said:?}",
+                        shown(&path)
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        checked >= 3,
+        "only {checked} CRD defaults found in the docs"
+    );
+    assert!(
+        wrong.is_empty(),
+        "defaults in the docs that the CRDs do not have: {wrong:#?}"
+    );
+}
+
+/// The checks' own parsers, on cases the docs hold.
+#[test]
+fn the_parsers_read_what_the_docs_write() {
+    assert_eq!(
+        slug(" CertificateRefresh (`certificates.ck8s.io/v1alpha1`, short name `crefresh`)"),
+        "certificaterefresh-certificatesck8siov1alpha1-short-name-crefresh"
+    );
+    assert_eq!(slug(" A — b: [c](d.md) e_f"), "a--b-c-e_f");
+    let anchors = anchors("# T\n## Two shards\n```\n# not a heading\n```\n## Two shards\n");
+    assert_eq!(
+        anchors,
+        ["t", "two-shards", "two-shards-1"].map(String::from).into()
+    );
+    assert_eq!(
+        selectors(
+            r#"x ck8s_certs_k8sd_requests_total{endpoint="run",outcome!="success"} and ck8s_certs_kubeconfig_expiry_timestamp_seconds{namespace, certificate="client"|"ca"} ck8s_certs_renewal_deferred_total{reason=~"backoff|outside_window"}"#
+        ),
+        [
+            ("ck8s_certs_k8sd_requests_total", "endpoint", vec!["run"]),
+            ("ck8s_certs_k8sd_requests_total", "outcome", vec!["success"]),
+            (
+                "ck8s_certs_kubeconfig_expiry_timestamp_seconds",
+                "certificate",
+                vec!["client", "ca"]
+            ),
+            (
+                "ck8s_certs_renewal_deferred_total",
+                "reason",
+                vec!["backoff", "outside_window"]
+            ),
+        ]
+        .map(|(f, l, v)| (
+            f.to_owned(),
+            l.to_owned(),
+            v.into_iter().map(String::from).collect::<Vec<_>>()
+        ))
+    );
+    assert_eq!(
+        cited_paths(
+            "see `config/rbac/role.yaml`, https://x.io//config/monitoring and ~/.config/a, tests/fleet.rs."
+        ),
+        ["config/rbac/role.yaml", "tests/fleet.rs"]
+    );
+    assert_eq!(
+        make_command_targets(r#"make bench BENCH_FLAGS="--clusters 10" tools && make x"#),
+        ["bench", "tools"]
+    );
+    assert_eq!(
+        documented_defaults(
+            "`maxParallelWorkers` (1-100, default 2), `continueOnFailure` (default false)"
+        ),
+        [("maxParallelWorkers", "2"), ("continueOnFailure", "false")]
+            .map(|(a, b)| (a.to_owned(), b.to_owned()))
+    );
+    let controller = <ck8s_certs::cli::Args as clap::CommandFactory>::command();
+    assert!(
+        foreign_flags(
+            controller.clone(),
+            &["policy", "preview", "-f", "p.yaml", "--expiry", "x"]
+        )
+        .is_empty()
+    );
+    assert_eq!(
+        foreign_flags(
+            controller,
+            &["--strict", "policy", "preview", "--leader-elect"]
+        ),
+        [
+            "--strict is not a flag of `ck8s-certs`",
+            "--leader-elect is not a flag of `ck8s-certs policy preview`"
+        ]
+    );
+    let variables = docsgen::clusterctl_variables(
+        "  # A note.\n  - name: A\n    value: \"${A:=1}\"\n  - name: B\n    value: \"${B:=x}\"\n",
+    );
+    assert_eq!(
+        variables,
+        [("A", "1", "A note."), ("B", "x", "")].map(|(a, b, c)| (
+            a.to_owned(),
+            b.to_owned(),
+            c.to_owned()
+        ))
+    );
 }
