@@ -91,7 +91,7 @@ impl Act<'_> {
         trigger: String,
     ) -> Result<Action, Error> {
         let now = self.ctx.clock.now();
-        let ttl = match check_trigger(self.view, &trigger) {
+        let ttl = match check_trigger(self.view, &trigger, self.ctx.config().band) {
             Ok(ttl) => ttl,
             Err(refusal) => {
                 let message = refusal.message(self.view);
