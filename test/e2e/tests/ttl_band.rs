@@ -7,14 +7,16 @@
 use std::time::{Duration, Instant};
 
 use ck8s_certs::k8sd::wire::path;
-use ck8s_certs_api::annotations::{CERTIFICATES_EXPIRY, REFRESH_CERTIFICATES_STATUS};
+use ck8s_certs_api::annotations::{
+    CERTIFICATES_EXPIRY, FLEET_REQUEST_PENDING, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS,
+};
 use ck8s_certs_api::certificate_refresh::{CertificateRefresh, RequestPhase, Requester, Target};
 use ck8s_certs_e2e::fixtures::{NodeInfo, manual_request};
 use ck8s_certs_e2e::webhook::CONFIGURATION;
 use ck8s_certs_e2e::{Environment, shared};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::rbac::v1::ClusterRole;
-use kube::api::{DeleteParams, DynamicObject, PostParams};
+use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
@@ -153,8 +155,9 @@ async fn a_requester_s_lifetime_outside_the_band_is_refused_at_admission_and_by_
     let namespace = cp.namespace.clone();
     env.install_admission_policies().await;
     // The shipped band (1d to 1y): the environment widens --max-ttl for tests that ask 2y.
-    let _controller = env
-        .start_controller_with_request_webhook(FILTER, &["--min-ttl=1d", "--max-ttl=1y"])
+    let band = ["--min-ttl=1d", "--max-ttl=1y"];
+    let controller = env
+        .start_controller_with_request_webhook(FILTER, &band)
         .await;
     env.wait_for_machine(&cp, TIMEOUT, |a| a.contains_key(CERTIFICATES_EXPIRY))
         .await;
@@ -216,6 +219,34 @@ async fn a_requester_s_lifetime_outside_the_band_is_refused_at_admission_and_by_
     assert_eq!(asked.len(), 1, "{asked:#?}");
     assert_eq!(asked[0]["expiration-seconds"], 30 * 86_400);
 
+    // A trigger on the Machine (here by the admin: the requester role may not patch Machines)
+    // is denied the same way, and nothing is stored.
+    let machines = env.machine_api(env.management().await.unwrap(), &namespace);
+    let trigger = |ttl: &str| {
+        Patch::Merge(json!({ "metadata": { "annotations": { REFRESH_CERTIFICATES: ttl } } }))
+    };
+    match machines
+        .patch(&cp.machine, &PatchParams::default(), &trigger("10000y"))
+        .await
+    {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 422, "{status:?}");
+            assert!(
+                status
+                    .message
+                    .contains("TTL 10000y is above the maximum 1y (--max-ttl); annotate again with a TTL from 1d to 1y"),
+                "{}",
+                status.message
+            );
+        }
+        other => panic!("10000y on the Machine was not refused: {other:?}"),
+    }
+    assert!(
+        !env.machine_annotations(&cp)
+            .await
+            .contains_key(REFRESH_CERTIFICATES)
+    );
+
     // The webhook bypassed (a cluster without it, or a caller the request webhook does not
     // see): the controller refuses the same requests itself, before any call to k8sd.
     let configurations: Api<MutatingWebhookConfiguration> =
@@ -265,4 +296,72 @@ async fn a_requester_s_lifetime_outside_the_band_is_refused_at_admission_and_by_
     );
     let calls = runs(&env, &cp).await;
     assert!(calls.is_empty(), "k8sd was asked to run: {calls:#?}");
+
+    // A fleet trigger written while the webhook was away names no author. Once the webhook is
+    // back, the request the controller makes for it carries no requester, is stamped with the
+    // controller's own name and denied (422): the trigger is failed once, with the reason, and
+    // not tried again every few seconds.
+    drop(controller);
+    env.isolate_cluster(&cp.cluster, FILTER).await;
+    let admin = env.management().await.unwrap();
+    let clusters = env.cluster_api(admin.clone(), &namespace);
+    clusters
+        .patch(
+            &cp.cluster,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "annotations": { REFRESH_CERTIFICATES: "1m" } } })),
+        )
+        .await
+        .unwrap();
+    let controller = env
+        .start_controller_with_request_webhook(FILTER, &band)
+        .await;
+    let start = Instant::now();
+    let annotations = loop {
+        let cluster = clusters.get(&cp.cluster).await.unwrap();
+        let annotations = cluster.metadata.annotations.unwrap_or_default();
+        if annotations
+            .get(REFRESH_CERTIFICATES_STATUS)
+            .map(String::as_str)
+            == Some("failed")
+        {
+            break annotations;
+        }
+        assert!(start.elapsed() < TIMEOUT, "{annotations:#?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        !annotations.contains_key(REFRESH_CERTIFICATES)
+            && !annotations.contains_key(FLEET_REQUEST_PENDING),
+        "{annotations:#?}"
+    );
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(admin, &namespace);
+    let notes: Vec<String> = events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some("CertificatesRefreshFailed")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(&cp.cluster)
+        })
+        .filter_map(|e| e.note)
+        .collect();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("TTL 1m is below the minimum 1d (--min-ttl)")),
+        "{notes:#?}"
+    );
+    println!("fleet trigger refused: {notes:?}");
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let log = controller.log();
+    assert_eq!(
+        log.matches("Handling a fleet refresh trigger failed")
+            .count(),
+        0,
+        "retried"
+    );
+    assert_eq!(log.matches("Fleet refresh trigger refused").count(), 1);
 }
