@@ -5,6 +5,9 @@
 //! k8sd caps neither. The admission webhook and the controller both decide with
 //! [`TtlBand::check`], so both refuse with the same message, which names the band and its flag.
 //!
+//! An automatic renewal is not refused: its policy's `ttl` is brought into the band
+//! ([`TtlBand::clamp`]), since a refused renewal lets certificates expire.
+//!
 //! The band is the same for control planes and workers; a worker's TTL must also fit a
 //! CertificateSigningRequest (10m to 68y, [`Ttl::check_worker`]), checked first.
 
@@ -75,6 +78,16 @@ impl TtlBand {
             Err(OutsideBand::AboveMax { ttl, max: self.max })
         } else {
             Ok(())
+        }
+    }
+
+    /// The lifetime an automatic renewal asks for: its policy's `ttl`, brought into the band
+    /// (with why, when it was). A renewal is not refused: certificates left to expire are worse
+    /// than ones of another lifetime; the record's note says what happened.
+    pub fn clamp(self, ttl: Ttl) -> (Ttl, Option<OutsideBand>) {
+        match self.check(ttl) {
+            Ok(()) => (ttl, None),
+            Err(outside) => (ttl.clamp(self.min, self.max), Some(outside)),
         }
     }
 
@@ -176,6 +189,20 @@ mod tests {
         assert_eq!(band.refuse_request(" 1y "), None);
         assert_eq!(band.refuse_request("1yr"), None);
         assert_eq!(band.refuse_request(""), None);
+    }
+
+    #[test]
+    fn an_automatic_renewal_is_brought_into_the_band_not_refused() {
+        let band = TtlBand::default();
+        assert_eq!(band.clamp(ttl("90d")), (ttl("90d"), None));
+        assert_eq!(band.clamp(ttl("1d")), (ttl("1d"), None));
+        assert_eq!(band.clamp(ttl("1y")), (ttl("1y"), None));
+        let (short, why) = band.clamp(ttl("1h"));
+        assert_eq!(short, ttl("1d"));
+        assert!(matches!(why, Some(OutsideBand::BelowMin { .. })));
+        let (long, why) = band.clamp(ttl("10000y"));
+        assert_eq!(long, ttl("1y"));
+        assert!(matches!(why, Some(OutsideBand::AboveMax { .. })));
     }
 
     #[test]

@@ -10,7 +10,9 @@ use ck8s_certs::k8sd::wire::path;
 use ck8s_certs_api::annotations::{
     CERTIFICATES_EXPIRY, FLEET_REQUEST_PENDING, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS,
 };
+use ck8s_certs_api::capi::PAUSED_ANNOTATION;
 use ck8s_certs_api::certificate_refresh::{CertificateRefresh, RequestPhase, Requester, Target};
+use ck8s_certs_api::machine_certificates::{Origin, Phase};
 use ck8s_certs_e2e::fixtures::{NodeInfo, manual_request};
 use ck8s_certs_e2e::webhook::CONFIGURATION;
 use ck8s_certs_e2e::{Environment, shared};
@@ -297,25 +299,57 @@ async fn a_requester_s_lifetime_outside_the_band_is_refused_at_admission_and_by_
     let calls = runs(&env, &cp).await;
     assert!(calls.is_empty(), "k8sd was asked to run: {calls:#?}");
 
-    // A fleet trigger written while the webhook was away names no author. Once the webhook is
-    // back, the request the controller makes for it carries no requester, is stamped with the
-    // controller's own name and denied (422): the trigger is failed once, with the reason, and
-    // not tried again every few seconds.
+    // A fleet trigger written while the webhook was away names no author. In an install whose
+    // controller is not the service account the request webhook's matchCondition exempts (another
+    // namespace or name), the request the controller makes for it reaches the webhook, is stamped
+    // with the controller's name and denied (422): the trigger is failed once, with the
+    // reason, and not tried again every few seconds.
     drop(controller);
     env.isolate_cluster(&cp.cluster, FILTER).await;
     let admin = env.management().await.unwrap();
     let clusters = env.cluster_api(admin.clone(), &namespace);
+    // Paused, so that the trigger waits until the webhook is set up as such an install's.
     clusters
         .patch(
             &cp.cluster,
             &PatchParams::default(),
-            &Patch::Merge(json!({ "metadata": { "annotations": { REFRESH_CERTIFICATES: "1m" } } })),
+            &Patch::Merge(json!({ "metadata": { "annotations": {
+                REFRESH_CERTIFICATES: "1m", PAUSED_ANNOTATION: "true" } } })),
         )
         .await
         .unwrap();
     let controller = env
         .start_controller_with_request_webhook(FILTER, &band)
         .await;
+    let installed = configurations.get(CONFIGURATION).await.unwrap();
+    let index = installed
+        .webhooks
+        .unwrap_or_default()
+        .iter()
+        .position(|w| w.name == "refresh-request.certificates.ck8s.io")
+        .expect("the request webhook");
+    let unexempt: json_patch::Patch = serde_json::from_value(json!([
+        { "op": "test", "path": format!("/webhooks/{index}/name"), "value": "refresh-request.certificates.ck8s.io" },
+        { "op": "remove", "path": format!("/webhooks/{index}/matchConditions") }
+    ]))
+    .unwrap();
+    configurations
+        .patch(
+            CONFIGURATION,
+            &PatchParams::default(),
+            &Patch::<()>::Json(unexempt),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    clusters
+        .patch(
+            &cp.cluster,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "annotations": { PAUSED_ANNOTATION: null } } })),
+        )
+        .await
+        .unwrap();
     let start = Instant::now();
     let annotations = loop {
         let cluster = clusters.get(&cp.cluster).await.unwrap();
@@ -364,4 +398,41 @@ async fn a_requester_s_lifetime_outside_the_band_is_refused_at_admission_and_by_
         "retried"
     );
     assert_eq!(log.matches("Fleet refresh trigger refused").count(), 1);
+
+    // A renewal policy's ttl outside the band (writing one takes more than `refresh`): the
+    // automatic renewal is not refused, which would leave the certificates to expire; it asks
+    // for the nearest bound, and its record says why.
+    env.sim.clear_calls(&cp.cluster, &cp.node).await.unwrap();
+    env.create_policy_in(
+        FILTER,
+        &namespace,
+        "ttl-band-2y",
+        "ttl-band-2y",
+        json!({ "policy": "Automatic", "renewBefore": "100d", "ttl": "2y", "spread": "0s" }),
+    )
+    .await;
+    env.patch_machine(
+        &cp,
+        json!({ "metadata": { "labels": { "e2e-policy": "ttl-band-2y" } } }),
+    )
+    .await;
+    let status = env
+        .wait_for_status(&cp, TIMEOUT, "the policy's renewal", |s| {
+            s.operation
+                .as_ref()
+                .is_some_and(|op| op.origin == Origin::Policy && op.phase == Phase::Succeeded)
+        })
+        .await;
+    let op = status.operation.unwrap();
+    assert_eq!(op.ttl, "1y");
+    assert_eq!(
+        op.note.as_deref(),
+        Some(
+            "CertificateRenewalPolicy ttl-band-2y asks for 2y, but TTL 2y is above the maximum 1y (--max-ttl): 1y was asked for"
+        ),
+        "{op:#?}"
+    );
+    let asked = runs(&env, &cp).await;
+    assert_eq!(asked.len(), 1, "{asked:#?}");
+    assert_eq!(asked[0]["expiration-seconds"], 365 * 86_400);
 }
