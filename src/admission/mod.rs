@@ -17,13 +17,14 @@
 //! the other reconciler. Everything else about a Machine never waits for us.
 //!
 //! The same call refuses a trigger the controller would refuse (a TTL outside the grammar or its
-//! bounds, a worker TTL a CertificateSigningRequest cannot carry: `refresh::trigger::check_trigger`, decided
+//! bounds, a worker TTL a CertificateSigningRequest cannot carry, a TTL outside `--min-ttl` to
+//! `--max-ttl`, also on a fleet trigger or a new CertificateRefresh: `refresh::trigger::check_trigger`, decided
 //! from the Machine alone), with the message the controller would report, so a typo fails at the
 //! keyboard and nothing is stored. A trigger on a Machine being created, or set through
 //! server-side apply, is accepted with that message as a warning instead: its owner (a MachineSet
 //! or control-plane provider copying a machine template, a GitOps tool) would otherwise be
 //! stalled, and the controller refuses it as before. Accepted values that probably do not do what
-//! was meant (a TTL under a day, a paused Machine, one without a node) come back as admission
+//! was meant (a TTL under a day where the band allows one, a paused Machine, one without a node) come back as admission
 //! warnings, which kubectl prints. The controller keeps its own checks for clusters without the
 //! webhook.
 //!
