@@ -189,6 +189,17 @@ pub struct Args {
     #[arg(long, env = "CK8S_CERTS_RENEWAL_BACKOFF_MAX", default_value = "32h")]
     pub renewal_backoff_max: crate::policy::PolicyDuration,
 
+    /// Shortest certificate lifetime a refresh may ask for (a trigger's TTL, a request's
+    /// `spec.ttl`), in the policy grammar: shorter ones are refused at admission and by the
+    /// controller, with this bound in the message.
+    #[arg(long, env = "CK8S_CERTS_MIN_TTL", default_value = "1d")]
+    pub min_ttl: crate::policy::Ttl,
+
+    /// Longest certificate lifetime a refresh may ask for, in the policy grammar: longer ones are
+    /// refused at admission and by the controller.
+    #[arg(long, env = "CK8S_CERTS_MAX_TTL", default_value = "1y")]
+    pub max_ttl: crate::policy::Ttl,
+
     /// Serve the admission webhooks (every replica serves them): the trigger webhook marks a new
     /// `v1beta2.k8sd.io/refresh-certificates` request in-progress in the same write, so the CK8s
     /// bootstrap provider's reconciler stands aside; the fleet-trigger and request webhooks write

@@ -48,6 +48,8 @@ pub enum Error {
     },
     #[error("invalid renewal backoff flags: {0}")]
     Backoff(#[from] policy::BackoffError),
+    #[error("invalid TTL flags: {0}")]
+    TtlBand(#[from] refresh::band::InvertedBand),
     #[error("invalid leader election flags: {0}")]
     LeaderElection(#[from] leader::SettingsError),
     #[error("installing the signal handler failed: {0}")]
@@ -77,6 +79,7 @@ pub async fn run(args: cli::Args) -> Result<(), Error> {
         strict: args.renewal_window_strict,
         backoff,
     };
+    let band = refresh::band::TtlBand::new(args.min_ttl, args.max_ttl)?;
     let client = client(&args).await?;
     let mut elector = match args.leader_elect {
         true => Some(leader::Elector::new(
@@ -107,7 +110,7 @@ pub async fn run(args: cli::Args) -> Result<(), Error> {
 
     // Every replica serves the webhook: refresh requests must be marked whoever leads.
     let webhook = match args.webhook {
-        true => Some(admission::start(&client, webhook_settings(&args, &client)).await?),
+        true => Some(admission::start(&client, webhook_settings(&args, &client, band)).await?),
         false => None,
     };
 
@@ -143,7 +146,7 @@ pub async fn run(args: cli::Args) -> Result<(), Error> {
         controllers::run(
             client,
             machines,
-            controllers::Settings::new(&args, renewal, pod_name()),
+            controllers::Settings::new(&args, renewal, band, pod_name()),
             metrics.clone(),
             health.clone(),
             shutdown.stop.clone(),
@@ -262,7 +265,11 @@ fn own_namespace(args: &cli::Args, client: &Client) -> String {
         .unwrap_or_else(|| client.default_namespace().to_owned())
 }
 
-fn webhook_settings(args: &cli::Args, client: &Client) -> admission::Settings {
+fn webhook_settings(
+    args: &cli::Args,
+    client: &Client,
+    band: refresh::band::TtlBand,
+) -> admission::Settings {
     let namespace = own_namespace(args, client);
     let service = &args.webhook_service;
     let mut names = vec![
@@ -281,6 +288,7 @@ fn webhook_settings(args: &cli::Args, client: &Client) -> admission::Settings {
         scope: admission::Scope {
             namespace: args.namespace.clone(),
             watch_filter: args.watch_filter.clone(),
+            band,
         },
     }
 }

@@ -86,6 +86,14 @@ impl MachineView {
         }
     }
 
+    /// Whether an object's refresh trigger (any kind that carries one) was last set through
+    /// server-side apply: by an owner that asserts it, which a denial would stall.
+    pub fn trigger_set_by_apply(
+        meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    ) -> bool {
+        cached::trigger_applied(meta)
+    }
+
     /// The view of a cached Machine (its annotations are the [`READ_ANNOTATIONS`] only).
     pub fn of(machine: &Machine) -> Self {
         let meta = &machine.metadata;

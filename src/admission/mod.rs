@@ -17,13 +17,14 @@
 //! the other reconciler. Everything else about a Machine never waits for us.
 //!
 //! The same call refuses a trigger the controller would refuse (a TTL outside the grammar or its
-//! bounds, a worker TTL a CertificateSigningRequest cannot carry: `refresh::trigger::check_trigger`, decided
+//! bounds, a worker TTL a CertificateSigningRequest cannot carry, a TTL outside `--min-ttl` to
+//! `--max-ttl`, also on a fleet trigger or a new CertificateRefresh: `refresh::trigger::check_trigger`, decided
 //! from the Machine alone), with the message the controller would report, so a typo fails at the
 //! keyboard and nothing is stored. A trigger on a Machine being created, or set through
 //! server-side apply, is accepted with that message as a warning instead: its owner (a MachineSet
 //! or control-plane provider copying a machine template, a GitOps tool) would otherwise be
 //! stalled, and the controller refuses it as before. Accepted values that probably do not do what
-//! was meant (a TTL under a day, a paused Machine, one without a node) come back as admission
+//! was meant (a TTL under a day where the band allows one, a paused Machine, one without a node) come back as admission
 //! warnings, which kubectl prints. The controller keeps its own checks for clusters without the
 //! webhook.
 //!
@@ -46,6 +47,7 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use serde_json::json;
 
 use crate::policy::Ttl;
+use crate::refresh::band::TtlBand;
 use crate::refresh::trigger::check_trigger;
 
 /// Everything the webhook needs, from the flags.
@@ -235,6 +237,8 @@ async fn inject(client: &kube::Client, settings: &Settings, bundle: &str) -> boo
 pub struct Scope {
     pub namespace: Option<String>,
     pub watch_filter: Option<String>,
+    /// The lifetimes a refresh may ask for (`--min-ttl`, `--max-ttl`), as the controller checks.
+    pub band: TtlBand,
 }
 
 impl Scope {
@@ -280,10 +284,16 @@ pub fn decide(request: &AdmissionRequest<DynamicObject>, scope: &Scope) -> Decis
     };
     match request.kind.kind.as_str() {
         "Machine" => {}
-        "CertificateRefresh" => return mark(requests::stamp_request(request), Vec::new()),
+        "CertificateRefresh" => {
+            if let Some(refusal) = requests::refuse_request(request, object, scope.band) {
+                return Decision::Deny(refusal);
+            }
+            return mark(requests::stamp_request(request), Vec::new());
+        }
         // A fleet trigger (on a Cluster, MachineDeployment or CK8sControlPlane): its author is
-        // written; the fleet request it becomes checks its TTL and reports.
-        _ => return fleet_trigger(request, object),
+        // written, and a TTL outside the band refused; the fleet request it becomes checks the
+        // rest and reports.
+        _ => return fleet_trigger(request, object, scope.band),
     }
     let machine = MachineView::from_dynamic(object);
     if !machine.is_ck8s() || !scope.covers(&machine) {
@@ -315,7 +325,7 @@ pub fn decide(request: &AdmissionRequest<DynamicObject>, scope: &Scope) -> Decis
         // stall that owner (Cluster API's MachineSet creates no Machines while one cannot be
         // synced), so the controller refuses the trigger instead, and the writer is told why.
         let owned = request.operation == Operation::Create || machine.trigger_applied;
-        match check_trigger(&machine, trigger) {
+        match check_trigger(&machine, trigger, scope.band) {
             Ok(ttl) => surprises(&machine, trigger, ttl),
             Err(refusal) if owned => vec![refusal.message(&machine)],
             Err(refusal) => return Decision::Deny(refusal.message(&machine)),
@@ -339,7 +349,11 @@ pub fn decide(request: &AdmissionRequest<DynamicObject>, scope: &Scope) -> Decis
 
 /// A new or changed trigger on a Cluster, MachineDeployment or CK8sControlPlane: marked with
 /// its author.
-fn fleet_trigger(request: &AdmissionRequest<DynamicObject>, object: &DynamicObject) -> Decision {
+fn fleet_trigger(
+    request: &AdmissionRequest<DynamicObject>,
+    object: &DynamicObject,
+    band: TtlBand,
+) -> Decision {
     let trigger = |o: &DynamicObject| {
         o.metadata
             .annotations
@@ -350,13 +364,24 @@ fn fleet_trigger(request: &AdmissionRequest<DynamicObject>, object: &DynamicObje
     let Some(now) = trigger(object) else {
         return Decision::Pass;
     };
-    if request.old_object.as_ref().and_then(trigger) == Some(now) {
+    if request.old_object.as_ref().and_then(trigger).as_ref() == Some(&now) {
         return Decision::Pass;
+    }
+    // As for a Machine: an owner's write (a create, server-side apply) is warned, not stalled;
+    // the fleet request it becomes is then refused with the same message.
+    let mut warnings = Vec::new();
+    if let Some(refusal) = band.refuse_request(&now) {
+        let owned = request.operation == Operation::Create
+            || MachineView::trigger_set_by_apply(&object.metadata);
+        if !owned {
+            return Decision::Deny(refusal);
+        }
+        warnings.push(refusal);
     }
     let author = requests::trigger_author(request).map(|op| json!([op]));
     mark(
         author.and_then(|ops| serde_json::from_value(ops).ok()),
-        Vec::new(),
+        warnings,
     )
 }
 
@@ -455,6 +480,15 @@ pub fn review(request: &AdmissionRequest<DynamicObject>, scope: &Scope) -> Admis
 mod tests {
     use super::*;
 
+    /// Every lifetime the grammar allows, so that the other checks are tested alone; the band's
+    /// own test uses the flags' defaults.
+    fn wide() -> Scope {
+        Scope {
+            band: TtlBand::new("1s".parse().unwrap(), "10000y".parse().unwrap()).unwrap(),
+            ..Scope::default()
+        }
+    }
+
     fn machine(annotations: serde_json::Value, labels: serde_json::Value) -> serde_json::Value {
         json!({
             "apiVersion": "cluster.x-k8s.io/v1beta1",
@@ -513,7 +547,7 @@ mod tests {
     fn annotate(object: impl Fn(serde_json::Value) -> serde_json::Value, ttl: &str) -> Decision {
         let new = object(json!({ REFRESH_CERTIFICATES: ttl }));
         let old = object(json!({}));
-        decide(&request("UPDATE", new, Some(old)), &Scope::default())
+        decide(&request("UPDATE", new, Some(old)), &wide())
     }
 
     fn applied(patch: &json_patch::Patch, mut object: serde_json::Value) -> serde_json::Value {
@@ -524,7 +558,9 @@ mod tests {
     /// What the controller would report for `ttl` on `object`.
     fn controller_message(object: &serde_json::Value, ttl: &str) -> String {
         let view = MachineView::from_dynamic(&serde_json::from_value(object.clone()).unwrap());
-        check_trigger(&view, ttl).unwrap_err().message(&view)
+        check_trigger(&view, ttl, wide().band)
+            .unwrap_err()
+            .message(&view)
     }
 
     fn marked(decision: Decision) -> (json_patch::Patch, Vec<String>) {
@@ -538,10 +574,7 @@ mod tests {
     fn a_new_trigger_is_marked_in_progress_and_named_in_the_same_write() {
         let new = control_plane(json!({ REFRESH_CERTIFICATES: "1y" }));
         let old = control_plane(json!({}));
-        let (patch, warnings) = marked(decide(
-            &request("UPDATE", new.clone(), Some(old)),
-            &Scope::default(),
-        ));
+        let (patch, warnings) = marked(decide(&request("UPDATE", new.clone(), Some(old)), &wide()));
         assert_eq!(
             applied(&patch, new),
             json!({ REFRESH_CERTIFICATES: "1y", REFRESH_CERTIFICATES_STATUS: "in-progress", REFRESH_REQUEST: "req-1",
@@ -563,7 +596,7 @@ mod tests {
         let new = cluster(json!({ REFRESH_CERTIFICATES: "1y" }));
         let (patch, _) = marked(decide(
             &as_cluster(request("UPDATE", new.clone(), Some(cluster(json!({}))))),
-            &Scope::default(),
+            &wide(),
         ));
         assert_eq!(
             applied(&patch, new.clone()),
@@ -572,10 +605,136 @@ mod tests {
         assert_eq!(
             decide(
                 &as_cluster(request("UPDATE", new.clone(), Some(new))),
-                &Scope::default()
+                &wide()
             ),
             Decision::Pass
         );
+    }
+
+    /// The flags' defaults: 1d to 1y.
+    fn band() -> Scope {
+        Scope::default()
+    }
+
+    #[test]
+    fn a_trigger_outside_the_band_is_denied_with_the_controllers_message() {
+        let controller = |object: &serde_json::Value, ttl: &str| {
+            let view = MachineView::from_dynamic(&serde_json::from_value(object.clone()).unwrap());
+            check_trigger(&view, ttl, band().band)
+                .unwrap_err()
+                .message(&view)
+        };
+        for object in [control_plane, worker] {
+            let update = |ttl: &str| {
+                let new = object(json!({ REFRESH_CERTIFICATES: ttl }));
+                decide(&request("UPDATE", new, Some(object(json!({})))), &band())
+            };
+            let mut refused = vec![
+                ("23h59m59s", "below the minimum 1d (--min-ttl)"),
+                ("1y1s", "TTL 1y1s is above the maximum 1y (--max-ttl)"),
+            ];
+            // A worker's 1m and 10000y are outside what its CSRs can carry, which is said first.
+            if object(json!({}))["metadata"]["labels"]
+                .get("cluster.x-k8s.io/control-plane")
+                .is_some()
+            {
+                refused.push(("1m", "TTL 1m is below the minimum 1d (--min-ttl)"));
+                refused.push(("10000y", "TTL 10000y is above the maximum 1y (--max-ttl)"));
+            }
+            for (ttl, why) in refused {
+                let Decision::Deny(message) = update(ttl) else {
+                    panic!("{ttl} was not denied");
+                };
+                let stored = object(json!({ REFRESH_CERTIFICATES: ttl }));
+                assert_eq!(message, controller(&stored, ttl));
+                assert!(
+                    message.contains(why) && message.contains("a TTL from 1d to 1y"),
+                    "{message}"
+                );
+            }
+            for ttl in ["1d", "24h", "90d", "1y", "365d"] {
+                let (_, warnings) = marked(update(ttl));
+                assert!(warnings.is_empty(), "{ttl}: {warnings:?}");
+            }
+            // An owner's write (a Machine created with it) is warned: the controller refuses it.
+            let created = object(json!({ REFRESH_CERTIFICATES: "1m" }));
+            let (_, warnings) = marked(decide(&request("CREATE", created.clone(), None), &band()));
+            assert_eq!(warnings, [controller(&created, "1m")]);
+        }
+    }
+
+    #[test]
+    fn a_request_or_fleet_trigger_outside_the_band_is_denied_but_the_controllers_are_not() {
+        let refresh = |ttl: &str, labels: serde_json::Value, requester: serde_json::Value| {
+            let review = crate::admission::testing::review(
+                ["certificates.ck8s.io", "v1alpha1", "CertificateRefresh"],
+                "certificaterefreshes",
+                "CREATE",
+                json!({ "username": "alice", "uid": "a-1" }),
+                json!({ "apiVersion": "certificates.ck8s.io/v1alpha1", "kind": "CertificateRefresh",
+                    "metadata": { "name": "r", "namespace": "fleet", "labels": labels },
+                    "spec": { "target": { "machine": "m" }, "ttl": ttl, "origin": "Manual",
+                        "requester": requester } }),
+                serde_json::Value::Null,
+            );
+            let review: kube::core::admission::AdmissionReview<DynamicObject> =
+                serde_json::from_value(review).unwrap();
+            let request: AdmissionRequest<DynamicObject> = review.try_into().unwrap();
+            decide(&request, &band())
+        };
+        let no_one = serde_json::Value::Null;
+        let alice = json!({ "username": "alice" });
+        for ttl in ["1m", "10000y"] {
+            // Made by hand, the requester left out or naming its maker.
+            for requester in [&no_one, &alice] {
+                let Decision::Deny(message) = refresh(ttl, json!({}), requester.clone()) else {
+                    panic!("{ttl} was not denied");
+                };
+                assert_eq!(Some(message), band().band.refuse_request(ttl));
+            }
+            // The controller's: a Machine's record (never acted on), a fleet request naming the
+            // trigger's author. Checked where they are acted on.
+            let record = json!({ ck8s_certs_api::certificate_refresh::labels::MACHINE: "m" });
+            assert!(!matches!(
+                refresh(ttl, record, no_one.clone()),
+                Decision::Deny(_)
+            ));
+            assert!(!matches!(
+                refresh(ttl, json!({}), json!({ "username": "bob" })),
+                Decision::Deny(_)
+            ));
+        }
+        assert!(matches!(
+            refresh("1y", json!({}), no_one.clone()),
+            Decision::Mark { .. }
+        ));
+        // An unparsable TTL is left to the controller, which names the grammar.
+        assert!(!matches!(
+            refresh("1yr", json!({}), no_one),
+            Decision::Deny(_)
+        ));
+
+        let cluster = |ttl: &str| {
+            json!({ "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+                "metadata": { "name": "c", "namespace": "fleet",
+                    "annotations": { REFRESH_CERTIFICATES: ttl } } })
+        };
+        let as_cluster = |operation: &str, object: serde_json::Value| {
+            let mut request = request(operation, object, None);
+            request.kind.kind = "Cluster".into();
+            decide(&request, &band())
+        };
+        let Decision::Deny(message) = as_cluster("UPDATE", cluster("1m")) else {
+            panic!("a fleet trigger of 1m was not denied");
+        };
+        assert!(
+            message.contains("below the minimum 1d (--min-ttl)"),
+            "{message}"
+        );
+        let (_, warnings) = marked(as_cluster("CREATE", cluster("10000y")));
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        let (_, warnings) = marked(as_cluster("UPDATE", cluster("1y")));
+        assert!(warnings.is_empty(), "{warnings:?}");
     }
 
     #[test]
@@ -585,16 +744,13 @@ mod tests {
         let old = worker(
             json!({ REFRESH_CERTIFICATES: "1y", REFRESH_CERTIFICATES_STATUS: "in-progress" }),
         );
-        let (patch, _) = marked(decide(
-            &request("UPDATE", new.clone(), Some(old)),
-            &Scope::default(),
-        ));
+        let (patch, _) = marked(decide(&request("UPDATE", new.clone(), Some(old)), &wide()));
         assert_eq!(
             applied(&patch, new)[REFRESH_CERTIFICATES_STATUS],
             "in-progress"
         );
         let created = worker(json!({ REFRESH_CERTIFICATES: "1y" }));
-        marked(decide(&request("CREATE", created, None), &Scope::default()));
+        marked(decide(&request("CREATE", created, None), &wide()));
     }
 
     #[test]
@@ -730,10 +886,7 @@ mod tests {
                 "Update",
             ),
         ] {
-            let (_, warnings) = marked(decide(
-                &request("CREATE", object.clone(), None),
-                &Scope::default(),
-            ));
+            let (_, warnings) = marked(decide(&request("CREATE", object.clone(), None), &wide()));
             assert_eq!(warnings, [controller_message(&object, "1yr")]);
         }
         let applied_trigger = |a: serde_json::Value| set_by(worker(a), "capi-machineset", "Apply");
@@ -798,6 +951,7 @@ mod tests {
         let mine = Scope {
             namespace: Some("fleet".into()),
             watch_filter: Some("a".into()),
+            band: wide().band,
         };
         let update = |ttl: &str| {
             let old = machine(json!({}), json!({ WATCH_FILTER_LABEL: "a" }));
@@ -807,11 +961,11 @@ mod tests {
         assert!(matches!(decide(&update("1yr"), &mine), Decision::Deny(_)));
         let other_filter = Scope {
             watch_filter: Some("b".into()),
-            ..Scope::default()
+            ..wide()
         };
         let other_namespace = Scope {
             namespace: Some("edge".into()),
-            ..Scope::default()
+            ..wide()
         };
         for scope in [other_filter, other_namespace] {
             for ttl in ["1y", "1yr"] {
@@ -824,22 +978,19 @@ mod tests {
     #[test]
     fn a_review_allows_marks_with_warnings_or_denies_as_invalid() {
         let new = control_plane(json!({ REFRESH_CERTIFICATES: "1y" }));
-        let response = review(&request("CREATE", new, None), &Scope::default());
+        let response = review(&request("CREATE", new, None), &wide());
         assert!(response.allowed);
         assert!(response.patch.is_some());
         assert_eq!(response.warnings, None);
 
         let short = control_plane(json!({ REFRESH_CERTIFICATES: "1h" }));
-        let response = review(&request("CREATE", short, None), &Scope::default());
+        let response = review(&request("CREATE", short, None), &wide());
         assert!(response.allowed && response.patch.is_some());
         assert_eq!(response.warnings.map(|w| w.len()), Some(1));
 
         let bad = control_plane(json!({ REFRESH_CERTIFICATES: "1yr" }));
         let before = control_plane(json!({}));
-        let response = review(
-            &request("UPDATE", bad.clone(), Some(before)),
-            &Scope::default(),
-        );
+        let response = review(&request("UPDATE", bad.clone(), Some(before)), &wide());
         assert!(!response.allowed);
         assert!(response.patch.is_none());
         assert_eq!(response.result.code, 422);
@@ -848,7 +999,7 @@ mod tests {
         assert_eq!(response.uid, "req-1");
 
         let untouched = worker(json!({}));
-        let response = review(&request("CREATE", untouched, None), &Scope::default());
+        let response = review(&request("CREATE", untouched, None), &wide());
         assert!(response.allowed && response.patch.is_none());
     }
 }

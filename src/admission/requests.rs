@@ -12,10 +12,13 @@
 //!   it that names someone else than the writer.
 
 use ck8s_certs_api::annotations::REQUESTER;
+use ck8s_certs_api::certificate_refresh::labels as refresh_labels;
 use ck8s_certs_api::machine_certificates::Requester;
 use kube::api::DynamicObject;
 use kube::core::admission::{AdmissionRequest, Operation};
 use serde_json::json;
+
+use crate::refresh::band::TtlBand;
 
 /// The user an admission request comes from, `None` when the API server names nobody.
 pub fn requester(request: &AdmissionRequest<DynamicObject>) -> Option<Requester> {
@@ -46,6 +49,34 @@ pub fn stamp_request(request: &AdmissionRequest<DynamicObject>) -> Option<json_p
         return None;
     };
     serde_json::from_value(ops).ok()
+}
+
+/// Why a new CertificateRefresh is refused at admission, if it is: a `spec.ttl` outside the
+/// band, with the message the controller would fail it with. Not for the controller's own
+/// writes, which never wait on this and are checked where they are acted on: its records of
+/// Machine refreshes (labelled with their Machine, never acted on; a refused trigger's record
+/// keeps the refused TTL) and its fleet requests, which name the trigger's author as requester
+/// (only the controller may name someone else: the `ck8s-certs-requests` policy).
+pub fn refuse_request(
+    request: &AdmissionRequest<DynamicObject>,
+    object: &DynamicObject,
+    band: TtlBand,
+) -> Option<String> {
+    if request.operation != Operation::Create {
+        return None;
+    }
+    let record = object
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(refresh_labels::MACHINE));
+    let named = object.data["spec"]["requester"]["username"].as_str();
+    let for_someone_else =
+        named.is_some_and(|named| Some(named) != request.user_info.username.as_deref());
+    if record || for_someone_else {
+        return None;
+    }
+    band.refuse_request(object.data["spec"]["ttl"].as_str()?)
 }
 
 /// The patch operation that names the author of a trigger in the annotations of the object

@@ -25,10 +25,12 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// `renewal`: the checked renewal flags; `instance`: the pod's name.
+    /// `renewal`: the checked renewal flags; `band`: the checked TTL flags; `instance`: the
+    /// pod's name.
     pub fn new(
         args: &Args,
         renewal: crate::policy::spec::Settings,
+        band: crate::refresh::band::TtlBand,
         instance: Option<String>,
     ) -> Self {
         let vetting = args.kubeconfig_vetting();
@@ -47,6 +49,7 @@ impl Settings {
                     resync: args.resync_period,
                     renewal,
                     history: args.refresh_history,
+                    band,
                 },
                 executor: executor::Settings {
                     wait_timeout: args.refresh_wait_timeout,
@@ -94,6 +97,7 @@ impl Settings {
             workload: crate::workload::Clients::new(shared.client.clone(), self.machine.vetting),
             recorder: shared.recorder.clone(),
             wait_timeout: self.fleet_wait_timeout,
+            band: self.machine.config.band,
             history: self.history,
             watch_filter: self.scope.watch_filter.clone(),
             synced,

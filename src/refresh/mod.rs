@@ -11,6 +11,7 @@
 //! over a real k8sd connection. Persisting progress (the seed before `run`, the attempt count) is
 //! the controller's job: the flow calls back before every `run`.
 
+pub mod band;
 pub mod flow;
 pub mod session;
 pub mod trigger;

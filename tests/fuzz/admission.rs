@@ -195,6 +195,7 @@ pub fn check(input: &[u8]) -> &'static str {
         Scope {
             namespace: Some("fleet".into()),
             watch_filter: h.is_multiple_of(2).then(|| "shard-a".into()),
+            ..Scope::default()
         },
     ];
     let mut label = "pass";

@@ -4,6 +4,7 @@
 //! itself (the docs promise it).
 
 use ck8s_certs::policy::{FailSafeMargin, PolicyDuration, Spread, Ttl};
+use ck8s_certs::refresh::band::TtlBand;
 use ck8s_certs::refresh::trigger::check_trigger;
 use ck8s_certs_api::machine::MachineView;
 
@@ -125,8 +126,16 @@ pub fn check(input: &[u8]) -> &'static str {
             control_plane,
             ..Default::default()
         };
-        if let Err(refusal) = check_trigger(&machine, &text) {
-            let _ = refusal.message(&machine);
+        // The default band, and one as wide as the grammar (the other checks alone).
+        let wide = TtlBand::new(
+            Ttl::from_secs_const(1),
+            Ttl::from_secs_const(ck8s_certs_api::duration::MAX_SECONDS),
+        );
+        for band in [Ok(TtlBand::default()), wide].into_iter().flatten() {
+            if let Err(refusal) = check_trigger(&machine, &text, band) {
+                let _ = refusal.message(&machine);
+            }
+            let _ = band.refuse_request(&text);
         }
     }
     match (text.parse::<Ttl>(), text.parse::<Spread>()) {

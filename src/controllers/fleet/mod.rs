@@ -64,6 +64,8 @@ pub struct Context {
     pub recorder: Recorder,
     /// How long to wait for a cluster API that does not answer after a control plane's refresh.
     pub wait_timeout: Duration,
+    /// The lifetimes a request may ask for (`--min-ttl`, `--max-ttl`).
+    pub band: crate::refresh::band::TtlBand,
     /// Finished fleet requests kept per Cluster.
     pub history: usize,
     /// `--watch-filter`: only Clusters with this label are ours.
@@ -152,6 +154,7 @@ pub async fn reconcile(
         }),
         api_answers: None,
         wait_timeout: ctx.wait_timeout,
+        band: ctx.band,
         now,
     };
     let mut next = plan::plan(&request.spec, &old, &world);

@@ -56,6 +56,8 @@ pub struct World {
     pub api_answers: Option<bool>,
     /// How long to wait for the cluster API after a control plane's refresh.
     pub wait_timeout: Duration,
+    /// The lifetimes a request may ask for (`--min-ttl`, `--max-ttl`).
+    pub band: crate::refresh::band::TtlBand,
     pub now: Timestamp,
 }
 
@@ -218,6 +220,11 @@ fn accept(spec: &CertificateRefreshSpec, world: &World) -> Result<(), String> {
         return Err(format!(
             "Refused before anything started: {err}; create a new request with a TTL from 10m to 68y"
         ));
+    }
+    // The admission webhook refuses these with the same text; this holds where it was
+    // bypassed (not installed, down, an owner's write).
+    if let Some(refusal) = world.band.refuse_request(&spec.ttl) {
+        return Err(refusal);
     }
     Ok(())
 }

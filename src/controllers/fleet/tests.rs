@@ -60,6 +60,7 @@ fn world(machines: Vec<MachineState>, api: Option<bool>, now: i64) -> World {
         paused: false,
         api_answers: api,
         wait_timeout: Duration::from_secs(600),
+        band: Default::default(),
         now: at(now),
     }
 }

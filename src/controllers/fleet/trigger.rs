@@ -275,6 +275,12 @@ async fn handle(ctx: &Context, object: Triggered<'_>) -> Result<Action, Error> {
                 return Ok(Action::requeue(std::time::Duration::from_secs(1)));
             }
         }
+        // Invalid (a TTL outside the band, denied by the admission webhook): the trigger is
+        // refused with the API server's message, not tried again every few seconds.
+        Err(kube::Error::Api(status)) if status.code == 400 || status.code == 422 => {
+            refuse(ctx, &object, &ttl, &status.message).await?;
+            return Ok(Action::await_change());
+        }
         Err(err) => return Err(err.into()),
     }
     let ops = vec![
@@ -305,6 +311,45 @@ async fn handle(ctx: &Context, object: Triggered<'_>) -> Result<Action, Error> {
         }
     }
     Ok(Action::await_change())
+}
+
+/// Takes the trigger `ttl` off `object` as failed, with a Warning Event saying why: its request
+/// could not be created (`message`, the API server's).
+async fn refuse(
+    ctx: &Context,
+    object: &Triggered<'_>,
+    ttl: &str,
+    message: &str,
+) -> Result<(), Error> {
+    let ops = vec![
+        test("/metadata/uid", &object.uid),
+        test(&pointer(REFRESH_CERTIFICATES), ttl),
+        json!({ "op": "remove", "path": pointer(REFRESH_CERTIFICATES) }),
+        json!({ "op": "remove", "path": pointer(FLEET_REQUEST_PENDING) }),
+        json!({ "op": "add", "path": pointer(REFRESH_CERTIFICATES_STATUS), "value": RefreshStatus::Failed.as_str() }),
+    ];
+    if !patch(&object.api, &object.name, ops).await? {
+        return Ok(());
+    }
+    warn!(kind = object.kind, name = %object.name, ttl, reason = message, "Fleet refresh trigger refused");
+    let event = Event {
+        type_: EventType::Warning,
+        reason: ck8s_certs_api::reasons::events::REFRESH_FAILED.into(),
+        // Events take 1 KiB notes; the API server's message is bounded by no one.
+        note: Some(crate::text::truncate(
+            format!(
+                "The {} refresh trigger {ttl} was refused: {message}",
+                object.kind
+            ),
+            1024,
+        )),
+        action: "RefreshCertificates".into(),
+        secondary: None,
+    };
+    if let Err(err) = ctx.recorder.publish(&event, &object.reference).await {
+        warn!(error = %err, "Publishing an Event failed");
+    }
+    Ok(())
 }
 
 /// The fleet request `name` that `object`'s trigger asks for (`ttl`), owned by it.

@@ -76,6 +76,8 @@ pub struct Config {
     pub renewal: crate::policy::spec::Settings,
     /// Finished refresh records kept per Machine (`--refresh-history`; 0: none).
     pub history: usize,
+    /// The lifetimes a manual refresh may ask for (`--min-ttl`, `--max-ttl`).
+    pub band: crate::refresh::band::TtlBand,
 }
 
 /// Everything the reconciler touches.

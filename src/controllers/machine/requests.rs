@@ -91,7 +91,7 @@ impl Act<'_> {
         trigger: String,
     ) -> Result<Action, Error> {
         let now = self.ctx.clock.now();
-        let ttl = match check_trigger(self.view, &trigger) {
+        let ttl = match check_trigger(self.view, &trigger, self.ctx.config().band) {
             Ok(ttl) => ttl,
             Err(refusal) => {
                 let message = refusal.message(self.view);
@@ -155,16 +155,28 @@ impl Act<'_> {
         let node = self.view.node_name.clone().unwrap_or_default();
         let Renewal {
             policy,
-            ttl,
+            ttl: wanted,
             matched_window,
             bypassed_windows,
         } = renewal;
-        let announcement = format!(
-            "Renewing the certificates of node {node} for {ttl}, as CertificateRenewalPolicy {policy} requires"
-        );
+        // A policy's ttl outside the band is brought into it, and said so: refusing would leave
+        // the certificates to expire.
+        let (ttl, outside) = self.ctx.config().band.clamp(wanted);
+        let note = outside.map(|why| {
+            format!("CertificateRenewalPolicy {policy} asks for {wanted}, but {why}: {ttl} was asked for")
+        });
+        let announcement = match &note {
+            Some(note) => format!(
+                "Renewing the certificates of node {node} for {ttl}, as CertificateRenewalPolicy {policy} requires ({note})"
+            ),
+            None => format!(
+                "Renewing the certificates of node {node} for {ttl}, as CertificateRenewalPolicy {policy} requires"
+            ),
+        };
         let op = Operation {
             matched_window,
             bypassed_windows,
+            note,
             ..Operation::pending(
                 Origin::Policy,
                 Some(format!("CertificateRenewalPolicy/{policy}")),

@@ -282,6 +282,9 @@ impl Environment {
             // Served only where a test installs the webhook configuration: see
             // `start_controller_with_webhook`.
             "--webhook=false",
+            // Tests ask for 2y to tell a refresh's lifetime from the 1y default; the shipped
+            // band (1d to 1y) is tested by tests/ttl_band.rs, which sets it.
+            "--max-ttl=10y",
         ] {
             let name = default.split('=').next().unwrap_or(default);
             if !extra.iter().any(|arg| arg.split('=').next() == Some(name)) {

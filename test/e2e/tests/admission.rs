@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use ck8s_certs::refresh::band::TtlBand;
 use ck8s_certs::refresh::trigger::check_trigger;
 use ck8s_certs_api::annotations::{
     CERTIFICATES_EXPIRY, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS, REFRESH_REQUEST,
@@ -51,10 +52,16 @@ async fn machine(env: &Environment, node: &NodeInfo) -> DynamicObject {
         .unwrap()
 }
 
+/// The controller's band here: `--min-ttl=10m` (a 30m control-plane TTL is warned about, not
+/// refused) and the environment's `--max-ttl=10y`.
+fn band() -> TtlBand {
+    TtlBand::new("10m".parse().unwrap(), "10y".parse().unwrap()).unwrap()
+}
+
 /// What the controller would report for `ttl` on the Machine as it is.
 async fn controller_message(env: &Environment, node: &NodeInfo, ttl: &str) -> String {
     let view = MachineView::from_dynamic(&machine(env, node).await);
-    check_trigger(&view, ttl)
+    check_trigger(&view, ttl, band())
         .expect_err("a trigger the controller refuses")
         .message(&view)
 }
@@ -69,7 +76,9 @@ async fn kubectl_annotate_with_a_bad_ttl_is_refused_with_the_controllers_message
     let env = shared().await;
     let [control_plane, worker] = env.nodes("alpha", ["alpha-cp-1", "alpha-md-0-w1"]);
     env.isolate_all([&control_plane, &worker], FILTER).await;
-    let _controller = env.start_controller_with_webhook(FILTER, &[]).await;
+    let _controller = env
+        .start_controller_with_webhook(FILTER, &["--min-ttl=10m"])
+        .await;
     for node in [&control_plane, &worker] {
         env.wait_for_machine(node, Duration::from_secs(60), |a| {
             a.contains_key(CERTIFICATES_EXPIRY)
