@@ -54,6 +54,29 @@ pub fn with_client_certificate(yaml: &str, cert: &str, key: &str) -> String {
     serde_yaml::to_string(&kubeconfig).expect("YAML")
 }
 
+/// Who the workload API server takes the kubeconfig `file` for (`kubectl auth whoami`); panics
+/// with kubectl's error when it is refused.
+pub fn whoami(file: &std::path::Path) -> String {
+    let output =
+        std::process::Command::new(crate::tool("CK8S_E2E_KUBECTL", "kubectl", "KUBE_VERSION"))
+            .arg("--kubeconfig")
+            .arg(file)
+            .args([
+                "auth",
+                "whoami",
+                "-o",
+                "jsonpath={.status.userInfo.username}",
+            ])
+            .output()
+            .expect("kubectl");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
 impl Environment {
     /// Gives `cluster` (namespace fleet) a kubeconfig whose client certificate, of the client CA
     /// it gets as `<cluster>-cca`, has 100 of its 300 days left (due); returns the kubeconfig

@@ -34,6 +34,7 @@ pub mod pki;
 pub mod policies;
 pub mod process;
 pub mod sim;
+pub mod users;
 pub mod webhook;
 
 use std::collections::BTreeMap;

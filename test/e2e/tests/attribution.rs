@@ -8,6 +8,7 @@ use ck8s_certs_api::annotations::{REFRESH_CERTIFICATES, REQUESTER};
 use ck8s_certs_api::capi::WATCH_FILTER_LABEL;
 use ck8s_certs_api::certificate_refresh::{CertificateRefresh, RequestPhase, Requester, Target};
 use ck8s_certs_e2e::fixtures::manual_request;
+use ck8s_certs_e2e::users::Grant;
 use ck8s_certs_e2e::{Environment, shared};
 use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -20,79 +21,7 @@ const TIMEOUT: Duration = Duration::from_secs(90);
 /// A ServiceAccount of namespace `fleet` with a Role of `rules` there, and a client that
 /// authenticates as it. Returns the client and its username.
 async fn user(env: &Environment, name: &str, rules: serde_json::Value) -> (Client, String) {
-    let admin = env.management().await.unwrap();
-    let post = PostParams::default();
-    let create = |kind: &str, body: serde_json::Value| {
-        let admin = admin.clone();
-        let kind = kind.to_owned();
-        async move {
-            let (group, version, plural) = match kind.as_str() {
-                "ServiceAccount" => ("", "v1", "serviceaccounts"),
-                "Role" => ("rbac.authorization.k8s.io", "v1", "roles"),
-                _ => ("rbac.authorization.k8s.io", "v1", "rolebindings"),
-            };
-            let resource = kube::api::ApiResource {
-                group: group.into(),
-                version: version.into(),
-                api_version: if group.is_empty() {
-                    version.into()
-                } else {
-                    format!("{group}/{version}")
-                },
-                kind: kind.clone(),
-                plural: plural.into(),
-            };
-            let api: Api<DynamicObject> = Api::namespaced_with(admin, NAMESPACE, &resource);
-            let object: DynamicObject = serde_json::from_value(body).unwrap();
-            api.create(&PostParams::default(), &object).await.unwrap();
-        }
-    };
-    create(
-        "ServiceAccount",
-        json!({ "apiVersion": "v1", "kind": "ServiceAccount", "metadata": { "name": name } }),
-    )
-    .await;
-    create(
-        "Role",
-        json!({ "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-            "metadata": { "name": name }, "rules": rules }),
-    )
-    .await;
-    create(
-        "RoleBinding",
-        json!({ "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": { "name": name },
-            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name },
-            "subjects": [{ "kind": "ServiceAccount", "name": name, "namespace": NAMESPACE }] }),
-    )
-    .await;
-    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
-        Api::namespaced(admin.clone(), NAMESPACE);
-    let request: k8s_openapi::api::authentication::v1::TokenRequest =
-        serde_json::from_value(json!({ "spec": { "expirationSeconds": 3600, "audiences": [] } }))
-            .unwrap();
-    let token = accounts
-        .create_token_request(name, &post, &request)
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .token;
-    let mut config = kube::config::Kubeconfig::from_yaml(&env.management_kubeconfig_yaml).unwrap();
-    for user in &mut config.auth_infos {
-        if let Some(auth) = user.auth_info.as_mut() {
-            auth.token = Some(token.clone().into());
-            auth.client_certificate_data = None;
-            auth.client_key_data = None;
-        }
-    }
-    let config = kube::Config::from_custom_kubeconfig(config, &Default::default())
-        .await
-        .unwrap();
-    (
-        Client::try_from(config).unwrap(),
-        format!("system:serviceaccount:{NAMESPACE}:{name}"),
-    )
+    env.user(NAMESPACE, name, Grant::Rules(rules)).await
 }
 
 fn request_for(name: &str, machine: &str, requester: Option<&str>) -> CertificateRefresh {

@@ -386,24 +386,10 @@ async fn a_due_client_certificate_is_renewed_in_place_and_other_shapes_are_left_
     // `kubectl --kubeconfig` from the Secret works with it...
     let file = env.dir.join("beta-renewed.kubeconfig");
     std::fs::write(&file, &new_yaml).unwrap();
-    let kubectl = ck8s_certs_e2e::tool("CK8S_E2E_KUBECTL", "kubectl", "KUBE_VERSION");
-    let output = std::process::Command::new(kubectl)
-        .arg("--kubeconfig")
-        .arg(&file)
-        .args([
-            "auth",
-            "whoami",
-            "-o",
-            "jsonpath={.status.userInfo.username}",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+    assert_eq!(
+        ck8s_certs_e2e::kubeconfigs::whoami(&file),
+        "kubernetes-admin"
     );
-    assert_eq!(String::from_utf8_lossy(&output.stdout), "kubernetes-admin");
     // ...and so does the controller's own client: a refresh of one of its nodes.
     let node = nodes.iter().find(|n| n.machine == "beta-cp-0").unwrap();
     env.annotate_refresh(node, "1y").await;

@@ -1184,23 +1184,10 @@ async fn kubeconfig_renewal_installed_as_its_doc_says_renews_a_kubeconfig() {
     assert_ne!(new_cert, cert.as_bytes());
     let file = dir.join("solo-renewed.kubeconfig");
     write(&file, &yaml);
-    let output = Command::new(tool("CK8S_E2E_KUBECTL", "kubectl", "KUBE_VERSION"))
-        .arg("--kubeconfig")
-        .arg(&file)
-        .args([
-            "auth",
-            "whoami",
-            "-o",
-            "jsonpath={.status.userInfo.username}",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+    assert_eq!(
+        ck8s_certs_e2e::kubeconfigs::whoami(&file),
+        "kubernetes-admin"
     );
-    assert_eq!(String::from_utf8_lossy(&output.stdout), "kubernetes-admin");
     let metrics = reqwest::get(format!("http://127.0.0.1:{}/metrics", running.metrics_port))
         .await
         .unwrap()

@@ -14,11 +14,12 @@ use ck8s_certs_api::capi::PAUSED_ANNOTATION;
 use ck8s_certs_api::certificate_refresh::{CertificateRefresh, RequestPhase, Requester, Target};
 use ck8s_certs_api::machine_certificates::{Origin, Phase};
 use ck8s_certs_e2e::fixtures::{NodeInfo, manual_request};
+use ck8s_certs_e2e::users::Grant;
 use ck8s_certs_e2e::webhook::CONFIGURATION;
 use ck8s_certs_e2e::{Environment, shared};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::rbac::v1::ClusterRole;
-use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
@@ -46,66 +47,8 @@ async fn requester(env: &Environment, namespace: &str, name: &str) -> (Client, S
         Err(kube::Error::Api(status)) if status.code == 409 => {}
         Err(err) => panic!("create the requester ClusterRole: {err}"),
     }
-    let create = |plural: &str, kind: &str, group: &str, body: serde_json::Value| {
-        let resource = kube::api::ApiResource {
-            group: group.into(),
-            version: "v1".into(),
-            api_version: if group.is_empty() {
-                "v1".into()
-            } else {
-                format!("{group}/v1")
-            },
-            kind: kind.into(),
-            plural: plural.into(),
-        };
-        let api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), namespace, &resource);
-        let object: DynamicObject = serde_json::from_value(body).unwrap();
-        async move { api.create(&PostParams::default(), &object).await.unwrap() }
-    };
-    create(
-        "serviceaccounts",
-        "ServiceAccount",
-        "",
-        json!({ "apiVersion": "v1", "kind": "ServiceAccount", "metadata": { "name": name } }),
-    )
-    .await;
-    create(
-        "rolebindings",
-        "RoleBinding",
-        "rbac.authorization.k8s.io",
-        json!({ "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": { "name": name },
-            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": REQUESTER_ROLE },
-            "subjects": [{ "kind": "ServiceAccount", "name": name, "namespace": namespace }] }),
-    )
-    .await;
-    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
-        Api::namespaced(admin.clone(), namespace);
-    let request: k8s_openapi::api::authentication::v1::TokenRequest =
-        serde_json::from_value(json!({ "spec": { "expirationSeconds": 3600, "audiences": [] } }))
-            .unwrap();
-    let token = accounts
-        .create_token_request(name, &post, &request)
+    env.user(namespace, name, Grant::ClusterRole(REQUESTER_ROLE))
         .await
-        .unwrap()
-        .status
-        .unwrap()
-        .token;
-    let mut config = kube::config::Kubeconfig::from_yaml(&env.management_kubeconfig_yaml).unwrap();
-    for user in &mut config.auth_infos {
-        if let Some(auth) = user.auth_info.as_mut() {
-            auth.token = Some(token.clone().into());
-            auth.client_certificate_data = None;
-            auth.client_key_data = None;
-        }
-    }
-    let config = kube::Config::from_custom_kubeconfig(config, &Default::default())
-        .await
-        .unwrap();
-    (
-        Client::try_from(config).unwrap(),
-        format!("system:serviceaccount:{namespace}:{name}"),
-    )
 }
 
 fn request_for(
