@@ -1072,34 +1072,42 @@ const OTHER_FIELDS: &[&str] = &[
     "searchNamespace",
 ];
 
-/// Property names of the CRDs this project installs.
-fn crd_properties() -> BTreeSet<String> {
-    fn walk(value: &serde_yaml::Value, into: &mut BTreeSet<String>) {
+/// Calls `visit` with every `properties` mapping of the CRDs this project installs
+/// (`config/crd/bases`), nested ones included.
+fn each_crd_properties(mut visit: impl FnMut(&serde_yaml::Mapping)) {
+    fn walk(value: &serde_yaml::Value, visit: &mut impl FnMut(&serde_yaml::Mapping)) {
         match value {
             serde_yaml::Value::Mapping(map) => {
                 for (key, value) in map {
                     if key.as_str() == Some("properties")
                         && let Some(properties) = value.as_mapping()
                     {
-                        into.extend(
-                            properties
-                                .keys()
-                                .filter_map(|k| k.as_str().map(str::to_owned)),
-                        );
+                        visit(properties);
                     }
-                    walk(value, into);
+                    walk(value, visit);
                 }
             }
-            serde_yaml::Value::Sequence(items) => items.iter().for_each(|v| walk(v, into)),
+            serde_yaml::Value::Sequence(items) => items.iter().for_each(|v| walk(v, visit)),
             _ => {}
         }
     }
-    let mut properties = BTreeSet::new();
     for crd in files(&root().join("config/crd/bases"), &[".yaml"]) {
         let text = std::fs::read_to_string(crd).unwrap();
-        walk(&serde_yaml::from_str(&text).unwrap(), &mut properties);
+        walk(&serde_yaml::from_str(&text).unwrap(), &mut visit);
     }
-    properties
+}
+
+/// Property names of the CRDs this project installs.
+fn crd_properties() -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    each_crd_properties(|properties| {
+        names.extend(
+            properties
+                .keys()
+                .filter_map(|k| k.as_str().map(str::to_owned)),
+        );
+    });
+    names
 }
 
 /// `lastRefresh` → `last_refresh`.
@@ -1154,42 +1162,25 @@ fn every_field_in_the_docs_exists() {
 /// What the CRDs say of each property: its `default:` and its description, per CRD that has
 /// it.
 fn crd_property_facts() -> Vec<(String, Option<String>, String)> {
-    fn walk(value: &serde_yaml::Value, into: &mut Vec<(String, Option<String>, String)>) {
-        match value {
-            serde_yaml::Value::Mapping(map) => {
-                for (key, value) in map {
-                    if key.as_str() == Some("properties")
-                        && let Some(properties) = value.as_mapping()
-                    {
-                        for (name, schema) in properties {
-                            let default = match &schema["default"] {
-                                serde_yaml::Value::Null => None,
-                                serde_yaml::Value::String(s) => Some(s.clone()),
-                                other => serde_yaml::to_string(other)
-                                    .ok()
-                                    .map(|s| s.trim().to_owned()),
-                            };
-                            let description = schema["description"]
-                                .as_str()
-                                .unwrap_or_default()
-                                .to_owned();
-                            if let Some(name) = name.as_str() {
-                                into.push((name.to_owned(), default, description));
-                            }
-                        }
-                    }
-                    walk(value, into);
-                }
-            }
-            serde_yaml::Value::Sequence(items) => items.iter().for_each(|v| walk(v, into)),
-            _ => {}
-        }
-    }
     let mut facts = Vec::new();
-    for crd in files(&root().join("config/crd/bases"), &[".yaml"]) {
-        let text = std::fs::read_to_string(crd).unwrap();
-        walk(&serde_yaml::from_str(&text).unwrap(), &mut facts);
-    }
+    each_crd_properties(|properties| {
+        for (name, schema) in properties {
+            let default = match &schema["default"] {
+                serde_yaml::Value::Null => None,
+                serde_yaml::Value::String(s) => Some(s.clone()),
+                other => serde_yaml::to_string(other)
+                    .ok()
+                    .map(|s| s.trim().to_owned()),
+            };
+            let description = schema["description"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            if let Some(name) = name.as_str() {
+                facts.push((name.to_owned(), default, description));
+            }
+        }
+    });
     facts
 }
 
