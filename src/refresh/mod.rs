@@ -12,6 +12,7 @@
 //! the controller's job: the flow calls back before every `run`.
 
 pub mod band;
+pub mod csr;
 pub mod flow;
 pub mod session;
 pub mod trigger;
