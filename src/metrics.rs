@@ -315,6 +315,8 @@ pub struct Metrics {
     pub refresh_duration: Family<RefreshLabels, Histogram>,
     pub in_progress: Gauge,
     pub policy_invalid: Family<ReasonLabels, Counter>,
+    /// Worker refresh attempts whose CSRs did not pass verification (none approved).
+    pub unverified_csrs: Counter,
     pub leader: Gauge,
     pub k8sd: K8sdCalls,
     pub reconcile_duration: Family<ControllerLabels, Histogram>,
@@ -390,6 +392,12 @@ impl Default for Metrics {
             "Renewal verdicts that found the governing policy unusable (invalid or conflicting), counted when the verdict changes",
             policy_invalid.clone(),
         );
+        let unverified_csrs = Counter::default();
+        registry.register(
+            "unverified_csrs",
+            "Worker refresh attempts whose CSRs did not pass the controller's check (requester, signer, usages, subject, SANs, lifetime, signature): none was approved, their seed's CSRs were denied",
+            unverified_csrs.clone(),
+        );
         let leader = Gauge::default();
         registry.register(
             "leader",
@@ -458,6 +466,7 @@ impl Default for Metrics {
             refresh_duration,
             in_progress,
             policy_invalid,
+            unverified_csrs,
             leader,
             k8sd,
             reconcile_duration,

@@ -10,6 +10,10 @@ pub mod events {
     /// A refresh failed (the message is its error), or its request was withdrawn before it
     /// started (Warning).
     pub const REFRESH_FAILED: &str = "CertificatesRefreshFailed";
+    /// A CSR of a worker's refresh did not pass the controller's check (requester, signer,
+    /// usages, subject, SANs, lifetime, signature): nothing was approved, the seed's CSRs were
+    /// denied, and the refresh planned again (Warning).
+    pub const UNVERIFIED_CSR: &str = "UnverifiedCSR";
     /// The node signed a lifetime materially different from the requested one (Warning).
     pub const LIFETIME_MISMATCH: &str = "CertificatesLifetimeMismatch";
     /// A renewal policy holds a due renewal back: backoff, outside the windows, its staggered slot

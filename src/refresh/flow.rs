@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
 
-use super::{ApproveApi, NodeApi};
+use super::csr::Mismatch;
+use super::{ApproveApi, NodeApi, Verification};
 use crate::k8sd::K8sdError;
 use crate::k8sd::wire::{PlanResponse, RunRequest, RunResponse};
 use crate::policy::{Backoff, PolicyDuration};
@@ -149,6 +150,10 @@ pub struct WorkerRun {
     pub approve_error: Option<K8sdError>,
     /// Whether approving was given up on (an error no retry can fix, like a bad token).
     pub approve_abandoned: bool,
+    /// A CSR of the seed that did not pass verification: nothing was approved, the seed's
+    /// undecided CSRs were denied, and `run` was waited for (it fails on a denied CSR, or failed
+    /// already on a CSR name someone else had taken).
+    pub unverified: Option<Mismatch>,
 }
 
 /// First delay between approve attempts while `run` is pending; it doubles up to
@@ -168,45 +173,88 @@ fn approve_hopeless(err: &K8sdError) -> bool {
     )
 }
 
+/// One try at approving: the seed's CSRs are read and checked before every `approve` (k8sd
+/// approves whatever carries their names at that moment).
+enum Step {
+    Pending(String),
+    Unverified(Mismatch),
+    Approved(Result<(), K8sdError>),
+}
+
+async fn approve_step<A: ApproveApi>(approver: &mut A, seed: i64, lifetime: i64) -> Step {
+    match approver.verify(seed, lifetime).await {
+        Verification::Verified => Step::Approved(approver.approve(seed).await),
+        Verification::Pending(why) => Step::Pending(why),
+        Verification::Unverified(mismatch) => Step::Unverified(mismatch),
+    }
+}
+
 /// `run` on a worker concurrently with `approve` on a control plane (run blocks until its CSRs
 /// are approved and signed, so run-then-approve would deadlock). `run` is sent once: its answer
-/// is the outcome. `approve` is repeated with a growing interval while `run` is pending, whatever
-/// it answers, until it succeeds or fails in a way no retry can fix; it never fails the refresh.
+/// is the outcome. Before each `approve` the seed's CSRs are read and verified; while they are
+/// not all there, or `approve` fails in a way a retry may fix, it is tried again with a growing
+/// interval while `run` is pending. An approve error never fails the refresh; a CSR that does
+/// not pass stops approving for good, and its seed's CSRs are denied.
 pub async fn run_worker<N, A>(worker: &mut N, approver: &mut A, request: &RunRequest) -> WorkerRun
 where
     N: NodeApi,
     A: ApproveApi,
 {
-    let seed = request.seed;
+    let (seed, lifetime) = (request.seed, request.expiration_seconds);
     let mut last_error = None;
     let mut abandoned = false;
     let run = worker.run(request);
     tokio::pin!(run);
     let mut interval = APPROVE_INTERVAL;
+    let unverified = |run, mismatch| WorkerRun {
+        run,
+        approve_error: None,
+        approve_abandoned: false,
+        unverified: Some(mismatch),
+    };
     loop {
         tokio::select! {
             result = &mut run => {
-                return WorkerRun { run: result, approve_error: last_error, approve_abandoned: abandoned };
-            }
-            approved = approver.approve(seed), if !abandoned => match approved {
-                Ok(()) => {
-                    return WorkerRun { run: run.await, approve_error: None, approve_abandoned: false };
+                if result.is_err()
+                    && !abandoned
+                    && let Verification::Unverified(mismatch) = approver.verify(seed, lifetime).await
+                {
+                    // Someone else's CSR under the seed's name makes `run` fail ("already
+                    // exists") before a check saw it: say so, not just that run failed.
+                    approver.deny(seed, &mismatch).await;
+                    return unverified(result, mismatch);
                 }
-                Err(err) => {
-                    tracing::debug!(error = %err, seed, "Approve failed; retrying while run is pending");
-                    abandoned = approve_hopeless(&err);
-                    last_error = Some(err);
-                    if !abandoned {
-                        tokio::select! {
-                            result = &mut run => {
-                                return WorkerRun { run: result, approve_error: last_error, approve_abandoned: false };
-                            }
-                            () = tokio::time::sleep(interval) => {}
-                        }
-                        interval = (interval * 2).min(APPROVE_MAX_INTERVAL);
+                return WorkerRun { run: result, approve_error: last_error, approve_abandoned: abandoned, unverified: None };
+            }
+            step = approve_step(approver, seed, lifetime), if !abandoned => {
+                match step {
+                    Step::Unverified(mismatch) => {
+                        tracing::warn!(%mismatch, seed, "A CSR of the worker's refresh did not pass verification: nothing is approved");
+                        approver.deny(seed, &mismatch).await;
+                        return unverified(run.await, mismatch);
+                    }
+                    Step::Approved(Ok(())) => {
+                        return WorkerRun { run: run.await, approve_error: None, approve_abandoned: false, unverified: None };
+                    }
+                    Step::Approved(Err(err)) => {
+                        tracing::debug!(error = %err, seed, "Approve failed; retrying while run is pending");
+                        abandoned = approve_hopeless(&err);
+                        last_error = Some(err);
+                    }
+                    Step::Pending(why) => {
+                        tracing::debug!(seed, why, "The worker's CSRs are not all there yet");
                     }
                 }
-            },
+                if !abandoned {
+                    tokio::select! {
+                        result = &mut run => {
+                            return WorkerRun { run: result, approve_error: last_error, approve_abandoned: false, unverified: None };
+                        }
+                        () = tokio::time::sleep(interval) => {}
+                    }
+                    interval = (interval * 2).min(APPROVE_MAX_INTERVAL);
+                }
+            }
         }
     }
 }
@@ -258,15 +306,48 @@ mod tests {
         }
     }
 
+    /// Approves as scripted; its CSRs are verified once `pending` checks have found them
+    /// missing, unless `mismatch` says they do not pass.
+    #[derive(Default)]
     struct FakeApprover {
         answers: VecDeque<Result<(), K8sdError>>,
         calls: usize,
+        pending: usize,
+        mismatch: Option<Mismatch>,
+        verified: usize,
+        denied: Vec<i64>,
     }
 
     impl ApproveApi for FakeApprover {
         async fn approve(&mut self, _seed: i64) -> Result<(), K8sdError> {
             self.calls += 1;
             self.answers.pop_front().unwrap_or(Ok(()))
+        }
+
+        async fn verify(&mut self, _seed: i64, lifetime: i64) -> Verification {
+            assert_eq!(lifetime, 3600, "checked against the lifetime run asked for");
+            self.verified += 1;
+            if let Some(mismatch) = &self.mismatch {
+                return Verification::Unverified(mismatch.clone());
+            }
+            if self.pending > 0 {
+                self.pending -= 1;
+                return Verification::Pending("not created yet".into());
+            }
+            Verification::Verified
+        }
+
+        async fn deny(&mut self, seed: i64, _why: &Mismatch) {
+            self.denied.push(seed);
+        }
+    }
+
+    fn foreign_san() -> Mismatch {
+        Mismatch {
+            csr: "k8sd-1-worker-kubelet-serving".into(),
+            field: "subject alternative names",
+            found: "DNS:kubernetes.default.svc".into(),
+            wanted: "only the worker's own names and addresses (w0)".into(),
         }
     }
 
@@ -332,7 +413,7 @@ mod tests {
                 500,
                 "failed to approve worker node CSR: failed to get CSR k8sd-1-worker-kubelet-serving: not found",
             ))]),
-            calls: 0,
+            ..FakeApprover::default()
         };
         let outcome = run_worker(&mut worker, &mut approver, &request(1)).await;
         assert_eq!(outcome.run.unwrap().expiration_seconds, 2_000_000_000);
@@ -356,7 +437,7 @@ mod tests {
         };
         let mut approver = FakeApprover {
             answers: (0..100).map(|_| already()).collect(),
-            calls: 0,
+            ..FakeApprover::default()
         };
         let outcome = run_worker(&mut worker, &mut approver, &request(1)).await;
         assert_eq!(outcome.run.unwrap().expiration_seconds, 2_000_000_000);
@@ -371,12 +452,62 @@ mod tests {
         let mut worker = worker(Duration::from_secs(30));
         let mut approver = FakeApprover {
             answers: VecDeque::from([Err(api(401, "invalid token"))]),
-            calls: 0,
+            ..FakeApprover::default()
         };
         let outcome = run_worker(&mut worker, &mut approver, &request(1)).await;
         assert!(outcome.run.is_ok());
         assert!(outcome.approve_abandoned);
         assert_eq!(approver.calls, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn approve_waits_until_the_seeds_csrs_exist_and_pass() {
+        let mut worker = worker(Duration::from_secs(10));
+        let mut approver = FakeApprover {
+            pending: 2,
+            ..FakeApprover::default()
+        };
+        let outcome = run_worker(&mut worker, &mut approver, &request(1)).await;
+        assert!(outcome.run.is_ok());
+        assert!(outcome.unverified.is_none());
+        assert_eq!((approver.verified, approver.calls), (3, 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_csr_that_does_not_pass_is_never_approved_and_its_seed_is_denied() {
+        let mut worker = FakeNode {
+            run_delay: Duration::from_secs(3),
+            ..FakeNode::default()
+        };
+        worker.runs.push_back(Err(api(
+            500,
+            "CSR k8sd-1-worker-kubelet-serving was denied",
+        )));
+        let mut approver = FakeApprover {
+            mismatch: Some(foreign_san()),
+            ..FakeApprover::default()
+        };
+        let outcome = run_worker(&mut worker, &mut approver, &request(1)).await;
+        assert_eq!(outcome.unverified, Some(foreign_san()));
+        assert!(outcome.run.is_err(), "run was waited for");
+        assert_eq!(approver.calls, 0, "no approve sent");
+        assert_eq!(approver.denied, [1]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_run_failing_on_a_taken_csr_name_reports_the_csr_that_took_it() {
+        // The name was taken before run could create its CSR: run fails at once, and the look
+        // after it names the CSR that took the name.
+        let mut worker = FakeNode::default();
+        worker.runs.push_back(Err(api(500, "already exists")));
+        let mut approver = FakeApprover {
+            mismatch: Some(foreign_san()),
+            ..FakeApprover::default()
+        };
+        let outcome = run_worker(&mut worker, &mut approver, &request(1)).await;
+        assert_eq!(outcome.unverified, Some(foreign_san()));
+        assert_eq!(approver.calls, 0);
+        assert_eq!(approver.denied, [1]);
     }
 
     #[test]

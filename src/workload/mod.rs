@@ -21,6 +21,7 @@ use crate::k8sd::Token;
 mod bounded;
 pub mod client_certificate;
 pub mod credentials;
+pub mod csrs;
 pub mod endpoint;
 pub mod kubeconfig;
 

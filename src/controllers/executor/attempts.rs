@@ -26,6 +26,7 @@ use super::failure::Failure;
 use crate::k8sd::K8sdError;
 use crate::k8sd::wire::{PlanResponse, RunRequest};
 use crate::policy::Ttl;
+use crate::refresh::csr::Mismatch;
 use crate::refresh::flow;
 use crate::refresh::{ApproveApi, NodeApi};
 use ck8s_certs_api::machine_certificates::{Operation, Phase};
@@ -48,6 +49,14 @@ pub(super) trait Journal: Send {
         op: &mut Operation,
         failure: &Failure,
     ) -> impl Future<Output = Result<(), Failure>> + Send;
+    /// A CSR of the attempt's seed did not pass verification, so nothing was approved and the
+    /// seed's CSRs were denied: shows it (an `UnverifiedCSR` Event, a metric) before a new
+    /// plan or the failure.
+    fn unverified(
+        &mut self,
+        op: &Operation,
+        mismatch: &Mismatch,
+    ) -> impl Future<Output = ()> + Send;
     /// Whether the process is stopping.
     fn stopping(&self) -> bool;
     /// Whether this replica still leads: asked right before the seed is recorded and right
@@ -79,8 +88,11 @@ where
     A: ApproveApi,
     J: Journal,
 {
+    // The last attempt ended on CSRs that did not pass: its outcome is known (failed).
+    let mut refused = false;
     loop {
         if op.phase == Phase::Running
+            && !refused
             && let Some(seed) = op.seed
         {
             // The run of `seed` has no known outcome.
@@ -135,6 +147,21 @@ where
             None => (node.run(&request).await, None),
             Some(approver) => {
                 let worker = flow::run_worker(node, approver, &request).await;
+                if let (Some(mismatch), Err(_)) = (&worker.unverified, &worker.run) {
+                    journal.unverified(op, mismatch).await;
+                    if op.run_attempts >= MAX_RUN_SENDS {
+                        return Err(Failure::UnverifiedCsr(mismatch.clone()));
+                    }
+                    // Its CSRs were denied and its run is over: a new plan, with a new seed,
+                    // whose names nobody has taken.
+                    refused = true;
+                    continue;
+                }
+                if let (Some(mismatch), Ok(_)) = (&worker.unverified, &worker.run) {
+                    op.note = Some(format!(
+                        "the CSRs were not approved by this controller ({mismatch}), yet run succeeded: something else approved them"
+                    ));
+                }
                 if worker.approve_abandoned
                     && let (Err(err), Some(approve)) = (&worker.run, &worker.approve_error)
                 {

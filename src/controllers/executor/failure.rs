@@ -6,7 +6,26 @@ use std::time::Duration;
 use ck8s_certs_api::machine::MachineView;
 
 use crate::k8sd::K8sdError;
+use crate::refresh::csr::Mismatch;
 use crate::workload::WorkloadError;
+
+/// The Event reason, and the word in a failure's message, of CSRs that were not approved.
+pub const UNVERIFIED_CSR: &str = ck8s_certs_api::reasons::events::UNVERIFIED_CSR;
+
+/// What to look at when a worker's CSRs did not pass, by the field that failed.
+pub fn unverified_hint(mismatch: &Mismatch) -> &'static str {
+    match mismatch.field {
+        "spec.username" | "spec.groups" => {
+            "something other than the node created a CSR under the refresh's name: check who may create CertificateSigningRequests in the workload cluster (docs/security.md, \"Only verified CSRs are approved\")"
+        }
+        "subject alternative names" => {
+            "if the node really has these names or addresses, they must be in its Machine's status.addresses (written by the infrastructure provider) (docs/security.md, \"Only verified CSRs are approved\")"
+        }
+        _ => {
+            "the node's k8sd made a CSR unlike the ones released k8sd makes, or something else did: see docs/security.md, \"Only verified CSRs are approved\""
+        }
+    }
+}
 
 /// An error of our own write or read (the journal, the Machine's objects), boxed so the executor
 /// does not depend on the reconciler that made it.
@@ -20,6 +39,8 @@ pub enum Failure {
         error: K8sdError,
     },
     Workload(WorkloadError),
+    /// A worker's CSRs did not pass verification at its last attempt: none was approved.
+    UnverifiedCsr(Mismatch),
     /// Our own API call failed: the operation stays as last journaled and is taken up again.
     Api(ApiError),
     Message(String),
@@ -52,9 +73,12 @@ impl Failure {
             }
             Self::Workload(err) => err.is_retryable(),
             Self::Unavailable(_) => true,
-            Self::Api(_) | Self::Message(_) | Self::Wait(_) | Self::Stopping | Self::Superseded => {
-                false
-            }
+            Self::Api(_)
+            | Self::Message(_)
+            | Self::UnverifiedCsr(_)
+            | Self::Wait(_)
+            | Self::Stopping
+            | Self::Superseded => false,
         }
     }
 
@@ -74,6 +98,7 @@ impl Failure {
         match self {
             Self::K8sd { step, error } => format!("{step}: {error}"),
             Self::Workload(err) => err.to_string(),
+            Self::UnverifiedCsr(mismatch) => format!("{UNVERIFIED_CSR}: {mismatch}"),
             Self::Api(err) => err.to_string(),
             Self::Message(text) | Self::Unavailable(text) => text.clone(),
             Self::Wait(after) => format!("waiting {}", humantime::format_duration(*after)),
@@ -112,6 +137,10 @@ impl Failure {
             Self::Workload(err) => {
                 format!("Refreshing failed before contacting the node: {err}")
             }
+            Self::UnverifiedCsr(mismatch) => format!(
+                "Refreshing failed: a CSR of the worker's last refresh did not pass verification, so none was approved ({UNVERIFIED_CSR}): {mismatch}; {}",
+                unverified_hint(mismatch)
+            ),
             Self::Api(err) => format!("Refreshing failed: {err}"),
             Self::Message(text) | Self::Unavailable(text) => text.clone(),
             Self::Wait(_) => "The refresh is waiting".into(),

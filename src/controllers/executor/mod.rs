@@ -48,7 +48,7 @@ mod failure;
 mod scripted;
 
 pub use admission::{Admission, Busy, Guard, Waiter};
-pub use failure::{ApiError, Failure, Wait, deadline_after};
+pub use failure::{ApiError, Failure, UNVERIFIED_CSR, Wait, deadline_after, unverified_hint};
 
 /// `run` is sent at most this many times per operation (across retries and restarts), each time
 /// after a new `plan`. A second send only happens when the first one's outcome is unknown.
@@ -145,6 +145,12 @@ pub trait Journal: Send {
         op: &mut Operation,
         fingerprint: Option<String>,
     ) -> impl Future<Output = Result<(), Failure>> + Send;
+    /// A CSR of the attempt's seed did not pass verification (see [`attempts::Journal`]).
+    fn unverified(
+        &mut self,
+        op: &Operation,
+        mismatch: &crate::refresh::csr::Mismatch,
+    ) -> impl Future<Output = ()> + Send;
     /// Shows that the refresh waits, once per wait (`op.note` holds `note`).
     fn waiting(
         &mut self,
@@ -685,6 +691,10 @@ impl<J: Journal> attempts::Journal for AttemptsJournal<'_, J> {
         );
         show(self.journal, self.shown, op, &why).await?;
         Err(Failure::Wait(after))
+    }
+
+    async fn unverified(&mut self, op: &Operation, mismatch: &crate::refresh::csr::Mismatch) {
+        self.journal.unverified(op, mismatch).await;
     }
 
     fn stopping(&self) -> bool {

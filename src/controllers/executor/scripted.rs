@@ -10,7 +10,8 @@ use ck8s_certs_api::machine_certificates::Operation;
 use super::{Connector, Failure, NodeSession, Probe};
 use crate::k8sd::K8sdError;
 use crate::k8sd::wire::{PlanResponse, RunRequest, RunResponse};
-use crate::refresh::{ApproveApi, NodeApi};
+use crate::refresh::csr::Mismatch;
+use crate::refresh::{ApproveApi, NodeApi, Verification};
 
 /// A call that got no answer in time (`endpoint`: `plan`, `run`).
 pub fn no_answer(endpoint: &str) -> K8sdError {
@@ -103,15 +104,59 @@ impl Probe for Node {
     }
 }
 
+/// Approves as scripted. Each look at the CSRs pops the next `checks` (`None`: they pass;
+/// `Some`: one does not), passing once none are left.
 pub(super) struct Approver {
     pub(super) answers: VecDeque<Result<(), K8sdError>>,
+    pub(super) checks: VecDeque<Option<Mismatch>>,
     pub(super) log: Log,
+}
+
+impl Approver {
+    pub(super) fn new(answers: Vec<Result<(), K8sdError>>, log: &Log) -> Self {
+        Self {
+            answers: answers.into(),
+            checks: VecDeque::new(),
+            log: log.clone(),
+        }
+    }
 }
 
 impl ApproveApi for Approver {
     async fn approve(&mut self, seed: i64) -> Result<(), K8sdError> {
         push(&self.log, format!("approve {seed}"));
         self.answers.pop_front().unwrap_or(Ok(()))
+    }
+
+    async fn verify(&mut self, _seed: i64, _lifetime: i64) -> Verification {
+        match self.checks.pop_front().flatten() {
+            Some(mismatch) => Verification::Unverified(mismatch),
+            None => Verification::Verified,
+        }
+    }
+
+    async fn deny(&mut self, seed: i64, why: &Mismatch) {
+        push(&self.log, format!("deny {seed} ({})", why.field));
+    }
+}
+
+/// What a journal logs of CSRs that did not pass.
+pub(super) fn unverified(op: &Operation, mismatch: &Mismatch) -> String {
+    format!(
+        "unverified seed={} attempts={} ({})",
+        op.seed.unwrap_or_default(),
+        op.run_attempts,
+        mismatch.field
+    )
+}
+
+/// A serving CSR naming the cluster's API server.
+pub(super) fn foreign_san(seed: i64) -> Mismatch {
+    Mismatch {
+        csr: format!("k8sd-{seed}-worker-kubelet-serving"),
+        field: "subject alternative names",
+        found: "DNS:kubernetes.default.svc".into(),
+        wanted: "only the worker's own names and addresses (w0, 10.0.0.7)".into(),
     }
 }
 
@@ -180,6 +225,10 @@ impl super::Journal for Journal {
         Ok(())
     }
 
+    async fn unverified(&mut self, op: &Operation, mismatch: &Mismatch) {
+        push(&self.log, unverified(op, mismatch));
+    }
+
     async fn waiting(&mut self, _: &Operation, note: &str) -> Result<(), Failure> {
         self.shown.push(note.to_owned());
         Ok(())
@@ -214,10 +263,7 @@ pub(super) fn node(
             log: log.clone(),
         })),
         connects: Mutex::default(),
-        approver: Mutex::new(Some(Approver {
-            answers: VecDeque::new(),
-            log: log.clone(),
-        })),
+        approver: Mutex::new(Some(Approver::new(Vec::new(), log))),
         log: log.clone(),
     }
 }

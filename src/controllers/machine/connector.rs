@@ -7,7 +7,7 @@ use ck8s_certs_api::annotations::{
 };
 use ck8s_certs_api::capi::{
     CK8S_CONFIG_GROUP, CK8S_CONFIG_KIND, CK8S_CONFIG_VERSION, CLUSTER_NAME_LABEL,
-    CONTROL_PLANE_LABEL,
+    CONTROL_PLANE_LABEL, GROUP,
 };
 use ck8s_certs_api::k8sd::DEFAULT_MICROCLUSTER_PORT;
 use ck8s_certs_api::machine::{CapiVersion, ClusterView, Machine, MachineView};
@@ -22,8 +22,10 @@ use super::report::create_certificates;
 use crate::controllers::executor::{Connector, Failure, NodeSession};
 use crate::k8sd::{Fingerprint, K8sdError};
 use crate::metrics::K8sdCalls;
-use crate::refresh::session::{Credential, Session};
+use crate::refresh::csr;
+use crate::refresh::session::{Approver, Credential, Session};
 use crate::workload;
+use crate::workload::csrs::WorkerCsrs;
 use crate::workload::endpoint;
 
 /// The field manager of a pin written when a control plane is first used as an approver.
@@ -156,14 +158,14 @@ impl KubeConnector<'_> {
     }
 
     /// A session to a Ready control-plane node of the same cluster that answers a probe.
-    pub async fn approver(&self) -> Result<Session, Failure> {
+    pub async fn approver(&self) -> Result<Approver, Failure> {
         let (reach, view) = (self.reach, self.machine);
         let ns = &view.namespace;
         let cluster = view.cluster.as_deref().unwrap_or_default();
         // Listed, not taken from our cache: the control planes need not be in our watch scope
         // (--watch-filter, --namespace) to approve a worker's CSRs.
         let selector = format!("{CLUSTER_NAME_LABEL}={cluster},{CONTROL_PLANE_LABEL}");
-        let (client, tokens, listed) = futures::join!(
+        let (client, tokens, listed, worker) = futures::join!(
             async {
                 reach
                     .workload
@@ -182,8 +184,9 @@ impl KubeConnector<'_> {
                     .await
                     .map_err(|e| Failure::Api(e.into()))
             },
+            worker_as_capi_knows_it(reach, view),
         );
-        let (client, tokens, listed) = (client?, tokens?, listed?);
+        let (client, tokens, listed, worker) = (client?, tokens?, listed?, worker?);
         let mut candidates: Vec<MachineView> = listed
             .items
             .iter()
@@ -198,7 +201,10 @@ impl KubeConnector<'_> {
         for machine in candidates {
             let node = machine.node_name.as_deref().unwrap_or_default();
             match approver_on(reach, &client, cluster, &tokens.capi_auth, &machine).await {
-                Ok(session) => return Ok(session),
+                Ok(session) => {
+                    let csrs = WorkerCsrs::new(client, cluster, worker);
+                    return Ok(Approver { session, csrs });
+                }
                 Err(ruled_out) => {
                     transient |= ruled_out.transient;
                     tried.push(format!("{node} ({})", ruled_out.why));
@@ -220,6 +226,38 @@ impl KubeConnector<'_> {
             tried.join(", ")
         )))
     }
+}
+
+/// The worker's Node name and its Machine's `status.addresses` (read fresh: the cache keeps no
+/// addresses), which a serving CSR's SANs must stay within. Cluster API copies them from the
+/// infrastructure provider; the node itself cannot change them.
+async fn worker_as_capi_knows_it(
+    reach: &Reach,
+    view: &MachineView,
+) -> Result<csr::Worker, Failure> {
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        GROUP,
+        reach.capi.as_str(),
+        "Machine",
+    ));
+    let machine =
+        Api::<DynamicObject>::namespaced_with(reach.client.clone(), &view.namespace, &resource)
+            .get(&view.name)
+            .await
+            .map_err(|e| Failure::Api(e.into()))?;
+    let addresses = machine
+        .data
+        .pointer("/status/addresses")
+        .and_then(serde_json::Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let pairs = addresses
+        .iter()
+        .filter_map(|a| Some((a.get("type")?.as_str()?, a.get("address")?.as_str()?)));
+    Ok(csr::Worker::new(
+        view.node_name.as_deref().unwrap_or_default(),
+        pairs,
+    ))
 }
 
 /// Why a control plane cannot approve now; `transient`: it may pass (not Ready, not
@@ -417,7 +455,7 @@ pub(super) fn control_planes_pending(machines: &Store<Machine>, machine: &Machin
 
 impl Connector for KubeConnector<'_> {
     type Node = Session;
-    type Approver = Session;
+    type Approver = Approver;
 
     async fn node(&self) -> Result<NodeSession<Session>, Failure> {
         let node = self.prepare().await?;
@@ -427,7 +465,7 @@ impl Connector for KubeConnector<'_> {
         })
     }
 
-    async fn approver(&self) -> Result<Session, Failure> {
+    async fn approver(&self) -> Result<Approver, Failure> {
         KubeConnector::approver(self).await
     }
 }

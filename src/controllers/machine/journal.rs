@@ -16,6 +16,7 @@ use ck8s_certs_api::machine::{CapiVersion, MachineView};
 use ck8s_certs_api::machine_certificates::{MachineCertificatesStatus, Operation, Phase, Role};
 use ck8s_certs_api::reasons::{condition_reasons as why, conditions};
 use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::events::EventType;
 use kube::{Api, Client, Resource};
 use serde_json::json;
 use tracing::warn;
@@ -313,6 +314,27 @@ impl executor::Journal for RequestJournal<'_> {
             executor::MAX_RUN_SENDS
         );
         self.show_refreshing(message).await
+    }
+
+    async fn unverified(&mut self, op: &Operation, mismatch: &crate::refresh::csr::Mismatch) {
+        self.metrics.unverified_csrs.inc();
+        let seed = op.seed.unwrap_or_default();
+        let next = if op.run_attempts >= executor::MAX_RUN_SENDS {
+            "that was the refresh's last run".to_owned()
+        } else {
+            format!(
+                "the refresh plans again with a new seed (run {} of at most {} done)",
+                op.run_attempts,
+                executor::MAX_RUN_SENDS
+            )
+        };
+        let note = format!(
+            "{mismatch}. No CSR of seed {seed} was approved, and those still undecided were denied; {next}. {}",
+            executor::unverified_hint(mismatch)
+        );
+        self.reporter
+            .event(EventType::Warning, executor::UNVERIFIED_CSR, note)
+            .await;
     }
 
     async fn waiting(&mut self, op: &Operation, note: &str) -> Result<(), Failure> {

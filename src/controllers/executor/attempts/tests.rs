@@ -7,6 +7,7 @@ use std::time::Duration;
 use ck8s_certs_api::machine_certificates::Origin;
 
 use super::*;
+use crate::controllers::executor::scripted::foreign_san;
 use crate::controllers::executor::scripted::{self, Approver, Log, api, entries, push, refused};
 use crate::k8sd::K8sdError;
 use crate::k8sd::wire::{PlanResponse, RunResponse};
@@ -103,6 +104,10 @@ impl super::Journal for Journal {
         Ok(())
     }
 
+    async fn unverified(&mut self, op: &Operation, mismatch: &Mismatch) {
+        push(&self.log, scripted::unverified(op, mismatch));
+    }
+
     async fn wait(&mut self, _: &mut Operation, failure: &Failure) -> Result<(), Failure> {
         push(&self.log, format!("wait ({})", failure.cause()));
         if let Some(later) = self.later {
@@ -169,13 +174,20 @@ async fn worker(
     approvals: Vec<Result<(), K8sdError>>,
     op: &mut Operation,
 ) -> Result<(), Failure> {
+    worker_checked(log, plans, runs, Approver::new(approvals, log), op).await
+}
+
+/// A worker beside a control plane that approves as `approver` says (its CSR checks too).
+async fn worker_checked(
+    log: &Log,
+    plans: Vec<Result<i64, K8sdError>>,
+    runs: Vec<Result<i64, K8sdError>>,
+    mut approver: Approver,
+    op: &mut Operation,
+) -> Result<(), Failure> {
     let mut worker = Node {
         run_takes: Duration::from_secs(3),
         ..node(log, plans, runs)
-    };
-    let mut approver = Approver {
-        answers: approvals.into(),
-        log: log.clone(),
     };
     let mut journal = journal(log);
     let ttl = ttl(op);
@@ -543,6 +555,70 @@ async fn a_worker_whose_csrs_nobody_approves_fails_with_the_cause_and_no_new_pla
             .count(),
         1
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn csrs_that_do_not_pass_are_denied_never_approved_and_a_new_plan_follows() {
+    let log = Log::default();
+    let mut op = pending(31_536_000);
+    let mut approver = Approver::new(Vec::new(), &log);
+    // Seed 9's serving CSR was made by someone else; seed 10's are the node's.
+    approver.checks = VecDeque::from([Some(foreign_san(9))]);
+    let denied = || Err(api(500, "CSR k8sd-9-worker-kubelet-serving was denied"));
+    let result = worker_checked(
+        &log,
+        vec![Ok(9), Ok(10)],
+        vec![denied(), Ok(EXPIRY)],
+        approver,
+        &mut op,
+    )
+    .await;
+    assert_eq!(error_text(result), "succeeded");
+    // The check and run start together (in either order); nothing is approved for seed 9.
+    let mut log = entries(&log);
+    log[2..4].sort();
+    log[7..9].sort();
+    assert_eq!(
+        log,
+        [
+            "plan 9",
+            "record seed=9 attempts=1",
+            "deny 9 (subject alternative names)",
+            "run 9 sans=None",
+            "unverified seed=9 attempts=1 (subject alternative names)",
+            "plan 10",
+            "record seed=10 attempts=2",
+            "approve 10",
+            "run 10 sans=None",
+        ]
+    );
+    assert_eq!(op.seed, Some(10));
+}
+
+#[tokio::test(start_paused = true)]
+async fn csrs_that_never_pass_fail_the_refresh_as_unverified_after_the_last_run() {
+    let log = Log::default();
+    let mut op = pending(31_536_000);
+    let mut approver = Approver::new(Vec::new(), &log);
+    approver.checks = (1..=3).map(|seed| Some(foreign_san(seed))).collect();
+    let denied = || Err(api(500, "a CSR was denied"));
+    let result = worker_checked(
+        &log,
+        vec![Ok(1), Ok(2), Ok(3), Ok(4)],
+        vec![denied(), denied(), denied()],
+        approver,
+        &mut op,
+    )
+    .await;
+    let text = error_text(result);
+    assert!(
+        text.starts_with("UnverifiedCSR: CSR k8sd-3-worker-kubelet-serving: subject alternative names is DNS:kubernetes.default.svc"),
+        "{text}"
+    );
+    let log = entries(&log);
+    assert!(!log.iter().any(|e| e.starts_with("approve")), "{log:?}");
+    assert_eq!(log.iter().filter(|e| e.starts_with("plan")).count(), 3);
+    assert_eq!(log.iter().filter(|e| e.starts_with("deny")).count(), 3);
 }
 
 #[tokio::test(start_paused = true)]
