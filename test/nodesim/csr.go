@@ -79,8 +79,13 @@ func (s *Simulator) refreshWorker(ctx context.Context, n *node, seed int, expira
 	wake, unsubscribe := srv.subscribe(names)
 	defer unsubscribe()
 	srv.claim(n.cluster, names)
+	// Created as the node, as k8sd does with the node's kubelet.conf.
+	asNode, err := srv.nodeClient(n.cfg.Name)
+	if err != nil {
+		return nil, fmt.Errorf("client of node %s: %w", n.cfg.Name, err)
+	}
 	for _, c := range csrs {
-		if err := createCSR(ctx, client, c, expirationSeconds); err != nil {
+		if err := createCSR(ctx, asNode.CertificatesV1().CertificateSigningRequests(), c, expirationSeconds); err != nil {
 			return nil, err
 		}
 	}

@@ -353,17 +353,19 @@ func newClient(kubeconfig string) (kubernetes.Interface, error) {
 }
 
 // workloadClients makes one client per distinct workload API server (server URL): clusters
-// whose kubeconfigs name the same server share it, and so its informer and signer.
-func workloadClients(clusters []ClusterConfig) (map[string]kubernetes.Interface, error) {
+// whose kubeconfigs name the same server share it, and so its informer and signer. For each
+// client it also returns how to act as one of that server's nodes (nodeIdentities).
+func workloadClients(clusters []ClusterConfig) (map[string]kubernetes.Interface, nodeIdentities, error) {
 	byPath := map[string]kubernetes.Interface{}
 	byServer := map[string]kubernetes.Interface{}
 	out := map[string]kubernetes.Interface{}
+	identities := nodeIdentities{}
 	for _, cc := range clusters {
 		client := byPath[cc.Kubeconfig]
 		if client == nil {
 			rc, err := restConfig(cc.Kubeconfig)
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			key := strings.TrimSuffix(rc.Host, "/")
 			if client = byServer[key]; client == nil {
@@ -371,7 +373,10 @@ func workloadClients(clusters []ClusterConfig) (map[string]kubernetes.Interface,
 				// clusters (real k8sd has a client per cluster): no client-side throttling.
 				rc.QPS, rc.Burst = -1, 0
 				if client, err = kubernetes.NewForConfig(rc); err != nil {
-					return nil, err
+					return nil, nil, err
+				}
+				if identities[client], err = newNodeIdentity(rc); err != nil {
+					return nil, nil, err
 				}
 				byServer[key] = client
 			}
@@ -379,7 +384,7 @@ func workloadClients(clusters []ClusterConfig) (map[string]kubernetes.Interface,
 		}
 		out[cc.Name] = client
 	}
-	return out, nil
+	return out, identities, nil
 }
 
 func main() {
@@ -405,7 +410,7 @@ func run(configPath string, logger *log.Logger) error {
 	if err != nil {
 		return err
 	}
-	workload, err := workloadClients(cfg.Clusters)
+	workload, identities, err := workloadClients(cfg.Clusters)
 	if err != nil {
 		return err
 	}
@@ -415,6 +420,9 @@ func run(configPath string, logger *log.Logger) error {
 	s, err := newSimulator(ctx, cfg, mgmt, workload, logger)
 	if err != nil {
 		return err
+	}
+	for _, srv := range s.servers {
+		srv.asNode = identities[srv.client]
 	}
 	built := time.Since(began)
 	if err := s.start(); err != nil {

@@ -27,8 +27,11 @@ import (
 // signs it (that cluster's CA) once, and only that cluster's approve sees it. Each cluster so
 // behaves as if it had an API server of its own.
 type apiServer struct {
-	name     string // for logs
-	client   kubernetes.Interface
+	name   string // for logs
+	client kubernetes.Interface
+	// asNode acts as one of the server's nodes (their CSRs are created so); nil with the
+	// tests' fake clientsets, which record no requester: client is used.
+	asNode   *nodeIdentity
 	clusters []*cluster
 	// nodeCluster finds a CSR's cluster from its subject (system:node:<name>); node names
 	// are unique on a server, as Node objects are.
@@ -68,6 +71,14 @@ const (
 // issuedMarker replaces status.certificate in the cache: the cache only needs to know that a
 // CSR was signed (the run reads its certificate from the API server).
 var issuedMarker = []byte("issued")
+
+// nodeClient is the client that acts as node name.
+func (srv *apiServer) nodeClient(name string) (kubernetes.Interface, error) {
+	if srv.asNode == nil {
+		return srv.client, nil
+	}
+	return srv.asNode.client(name)
+}
 
 func newAPIServer(name string, client kubernetes.Interface) *apiServer {
 	return &apiServer{

@@ -329,7 +329,7 @@ impl executor::Journal for RequestJournal<'_> {
             )
         };
         let note = format!(
-            "{mismatch}. No CSR of seed {seed} was approved, and those still undecided were denied; {next}. {}",
+            "{mismatch}. No CSR of seed {seed} was approved, and those still undecided were denied; {next}; {}",
             executor::unverified_hint(mismatch)
         );
         self.reporter

@@ -159,7 +159,9 @@ impl ApiServer {
             format!("--tls-private-key-file={}", pki.serving.key.display()),
             format!("--client-ca-file={}", pki.ca.files.cert.display()),
             format!("--token-auth-file={}", pki.token_file.display()),
-            "--authorization-mode=RBAC".into(),
+            // Node: nodes create their CSRs (a worker refresh's, as k8sd makes them with the
+            // node's own client) as a real cluster lets them.
+            "--authorization-mode=Node,RBAC".into(),
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
             format!(
                 "--service-account-key-file={}",

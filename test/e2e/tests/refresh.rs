@@ -149,6 +149,9 @@ async fn a_worker_refresh_gets_three_approved_signed_csrs_and_reports_the_lifeti
         "worker-kube-proxy-client",
     ] {
         let csr = csrs.get(&format!("k8sd-{seed}-{suffix}")).await.unwrap();
+        // Made by the node itself, as k8sd's run makes them: what the controller checked.
+        let requester = format!("system:node:{}", node.node);
+        assert_eq!(csr.spec.username.as_deref(), Some(requester.as_str()));
         let status = csr.status.unwrap();
         assert!(
             status
