@@ -1047,7 +1047,7 @@ fn overlays_render_without_unsubstituted_variables() {
 }
 
 /// Fields of other projects' objects and settings that the docs name: Kubernetes (webhook,
-/// RBAC, Pod, NetworkPolicy, admission), Cluster API and CK8s (Machine, CK8sConfig, k8sd), kubeconfig, and
+/// RBAC, Pod, NetworkPolicy, admission, CertificateSigningRequest), Cluster API and CK8s (Machine, CK8sConfig, k8sd), kubeconfig, and
 /// kube-prometheus-stack's Helm values.
 const OTHER_FIELDS: &[&str] = &[
     "caBundle",
@@ -1061,6 +1061,7 @@ const OTHER_FIELDS: &[&str] = &[
     "terminationGracePeriodSeconds",
     "userInfo",
     "ipBlock",
+    "signerName",
     "nodeRef",
     "controlPlaneEndpoint",
     "extraSANs",
