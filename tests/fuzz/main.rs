@@ -14,6 +14,7 @@
 
 mod admission;
 mod cron;
+mod csr;
 mod harness;
 mod k8sd;
 mod kubeconfig;
@@ -66,4 +67,9 @@ fn fuzz_kubeconfig() {
         kubeconfig::generate,
         kubeconfig::check,
     );
+}
+
+#[test]
+fn fuzz_csr() {
+    run("csr", &csr::corpus(), csr::generate, csr::check);
 }
