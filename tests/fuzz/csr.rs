@@ -89,8 +89,18 @@ fn object(kind: Kind, username: &str, pem: &str, usage: &str) -> Vec<u8> {
 }
 
 pub fn corpus() -> Vec<Vec<u8>> {
-    let dns = |name: &str| SanType::DnsName(name.try_into().expect("a DNS name"));
-    let ip = |address: &str| SanType::IpAddress(address.parse().expect("an address"));
+    let dns = |name: &str| match name.try_into() {
+        Ok(name) => SanType::DnsName(name),
+        Err(err) => panic!("{name}: {err}"),
+    };
+    let ip = |address: &str| match address.parse() {
+        Ok(address) => SanType::IpAddress(address),
+        Err(err) => panic!("{address}: {err}"),
+    };
+    let uri = match "spiffe://x/y".try_into() {
+        Ok(uri) => SanType::URI(uri),
+        Err(err) => panic!("a URI: {err}"),
+    };
     let node = "system:node:w0";
     let serving = request(node, Some("system:nodes"), vec![dns("w0"), ip("10.0.0.7")]);
     vec![
