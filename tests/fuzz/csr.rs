@@ -130,14 +130,7 @@ pub fn corpus() -> Vec<Vec<u8>> {
         object(
             Kind::KubeletServing,
             node,
-            &request(
-                node,
-                Some("system:nodes"),
-                vec![
-                    ip("fe80::1"),
-                    SanType::URI("spiffe://x/y".try_into().expect("a URI")),
-                ],
-            ),
+            &request(node, Some("system:nodes"), vec![ip("fe80::1"), uri]),
             "server auth",
         ),
     ]
