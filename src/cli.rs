@@ -200,6 +200,20 @@ pub struct Args {
     #[arg(long, env = "CK8S_CERTS_MAX_TTL", default_value = "1y")]
     pub max_ttl: crate::policy::Ttl,
 
+    /// The ValidatingAdmissionPolicy (and its binding, of the same name) that checks who may
+    /// create a CertificateRefresh and that it names its real author. Before a request made by
+    /// hand starts, the controller checks that both exist and are older than the request (one
+    /// created while they were missing, as during `clusterctl upgrade` or below Kubernetes 1.30,
+    /// was never checked and is refused). Empty: no such check, only where another admission
+    /// control enforces the same rules. The controller's own SubjectAccessReview for the
+    /// request's requester runs either way.
+    #[arg(
+        long,
+        env = "CK8S_CERTS_REQUEST_POLICY",
+        default_value = "ck8s-certs-requests"
+    )]
+    pub request_policy: String,
+
     /// Serve the admission webhooks (every replica serves them): the trigger webhook marks a new
     /// `v1beta2.k8sd.io/refresh-certificates` request in-progress in the same write, so the CK8s
     /// bootstrap provider's reconciler stands aside; the fleet-trigger and request webhooks write

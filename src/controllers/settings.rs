@@ -16,6 +16,8 @@ pub struct Settings {
     pub credentials: cluster_credentials::Config,
     /// How long a fleet refresh waits for a Machine that does not go on.
     pub fleet_wait_timeout: Duration,
+    /// The admission policy a request made by hand must be younger than (`--request-policy`).
+    pub request_policy: Option<String>,
     /// Finished refresh records kept (`--refresh-history`).
     pub history: usize,
     /// The re-check period of idle Machines and policies.
@@ -75,6 +77,7 @@ impl Settings {
                 },
             },
             fleet_wait_timeout: args.refresh_wait_timeout,
+            request_policy: Some(args.request_policy.trim().to_owned()).filter(|p| !p.is_empty()),
             history: args.refresh_history,
             resync: args.resync_period,
             instance,
@@ -97,6 +100,7 @@ impl Settings {
             workload: crate::workload::Clients::new(shared.client.clone(), self.machine.vetting),
             recorder: shared.recorder.clone(),
             wait_timeout: self.fleet_wait_timeout,
+            request_policy: self.request_policy.clone(),
             band: self.machine.config.band,
             history: self.history,
             watch_filter: self.scope.watch_filter.clone(),

@@ -8,6 +8,7 @@
 //! a live read shows that its refresh never started. [`trigger`] turns the annotation on a
 //! Cluster into a request.
 
+mod authority;
 mod moves;
 pub mod plan;
 mod report;
@@ -66,6 +67,8 @@ pub struct Context {
     pub wait_timeout: Duration,
     /// The lifetimes a request may ask for (`--min-ttl`, `--max-ttl`).
     pub band: crate::refresh::band::TtlBand,
+    /// The admission policy that checks requests made by hand (`--request-policy`).
+    pub request_policy: Option<String>,
     /// Finished fleet requests kept per Cluster.
     pub history: usize,
     /// `--watch-filter`: only Clusters with this label are ours.
@@ -153,13 +156,24 @@ pub async fn reconcile(
                 .is_some_and(|c| ClusterView::of(&c).paused)
         }),
         api_answers: None,
+        authority: None,
         wait_timeout: ctx.wait_timeout,
         band: ctx.band,
         now,
     };
+    // The planner asks for what it needs to hand Machines over; each is asked once.
+    let starting = old.phase.is_none() || old.machines.is_empty();
     let mut next = plan::plan(&request.spec, &old, &world);
-    if next.needs_api {
-        world.api_answers = Some(api_answers(&ctx, &namespace, cluster.as_deref()).await);
+    loop {
+        if next.needs_authority && world.authority.is_none() {
+            let policy = ctx.request_policy.as_deref();
+            world.authority =
+                Some(authority::check(&ctx.client, policy, &request, starting).await?);
+        } else if next.needs_api && world.api_answers.is_none() {
+            world.api_answers = Some(api_answers(&ctx, &namespace, cluster.as_deref()).await);
+        } else {
+            break;
+        }
         next = plan::plan(&request.spec, &old, &world);
     }
     if next.status != old {

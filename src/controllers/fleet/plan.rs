@@ -54,6 +54,9 @@ pub struct World {
     pub paused: bool,
     /// Whether the cluster API answered just now (`None`: not asked).
     pub api_answers: Option<bool>,
+    /// Whether the request may hand Machines over (its requester's rights and the admission
+    /// policy it was checked by, `authority.rs`), `Err` saying why not (`None`: not asked).
+    pub authority: Option<Result<(), String>>,
     /// How long to wait for the cluster API after a control plane's refresh.
     pub wait_timeout: Duration,
     /// The lifetimes a request may ask for (`--min-ttl`, `--max-ttl`).
@@ -77,6 +80,9 @@ pub struct Plan {
     pub notes: Vec<Note>,
     /// Whether the cluster API must answer for the next step (the caller asks, then plans again).
     pub needs_api: bool,
+    /// Whether the next step hands Machines over, which the request's authority must allow
+    /// (the caller checks it, then plans again).
+    pub needs_authority: bool,
 }
 
 pub mod reasons {
@@ -116,6 +122,17 @@ pub fn plan(spec: &CertificateRefreshSpec, old: &CertificateRefreshStatus, world
             plan.status.phase = Some(RequestPhase::Pending);
             plan.status.message = Some(message);
             return plan;
+        }
+        match &world.authority {
+            None => {
+                plan.needs_authority = true;
+                return plan;
+            }
+            Some(Err(why)) => {
+                refuse(&mut plan, why.clone(), now);
+                return plan;
+            }
+            Some(Ok(())) => {}
         }
         let machines = world.machines.as_deref().unwrap_or_default();
         plan.status.machines = ordered(machines);
@@ -393,6 +410,28 @@ fn start_next(plan: &mut Plan, spec: &CertificateRefreshSpec, world: &World, now
             machines[i].name
         ));
         return;
+    }
+    // Every hand-over is allowed by the requester's rights as they are now.
+    match &world.authority {
+        None => {
+            plan.needs_authority = true;
+            return;
+        }
+        Some(Err(why)) => {
+            let running = count(&plan.status.machines, MachinePhase::Running);
+            if running == 0 {
+                skip_pending(plan, &format!("Not started: {why}"), now.clone());
+                plan.notes.push(note(true, reasons::REFUSED, why.clone()));
+                let message = format!("Stopped: {why}; the Machines not started were skipped");
+                finish(plan, RequestPhase::Failed, message, now);
+            } else {
+                plan.status.message = Some(format!(
+                    "Stopping: {why}; waiting for the {running} running to finish"
+                ));
+            }
+            return;
+        }
+        Some(Ok(())) => {}
     }
     // Every start waits for the cluster API to answer: after a control plane's refresh k8sd
     // restarts its services, and workers need a control plane to approve them.

@@ -59,6 +59,7 @@ fn world(machines: Vec<MachineState>, api: Option<bool>, now: i64) -> World {
         earlier: None,
         paused: false,
         api_answers: api,
+        authority: Some(Ok(())),
         wait_timeout: Duration::from_secs(600),
         band: Default::default(),
         now: at(now),
@@ -427,5 +428,91 @@ fn the_cluster_trigger_is_taken_in_two_steps() {
     assert_eq!(
         step("c", None, Some("c-1"), None, now),
         Step::Withdraw { name: "c-1".into() }
+    );
+}
+
+#[test]
+fn nothing_starts_before_the_requests_authority_is_checked_and_a_refusal_starts_nothing() {
+    let spec = spec("1y");
+    let unasked = World {
+        authority: None,
+        ..world(fleet(), Some(true), 0)
+    };
+    let first = plan(&spec, &CertificateRefreshStatus::default(), &unasked);
+    assert!(first.needs_authority);
+    assert_eq!(first.status, CertificateRefreshStatus::default());
+    assert!(first.hand.is_empty() && first.notes.is_empty());
+
+    let why = "Refused: its requester mallory may not refresh clusters.cluster.x-k8s.io c in namespace fleet (now)";
+    let refused = World {
+        authority: Some(Err(why.into())),
+        ..world(fleet(), Some(true), 0)
+    };
+    let first = plan(&spec, &CertificateRefreshStatus::default(), &refused);
+    assert_eq!(first.status.phase, Some(RequestPhase::Failed));
+    assert_eq!(first.status.message.as_deref(), Some(why));
+    assert!(first.hand.is_empty());
+    assert_eq!(first.notes.len(), 1);
+    assert!(first.notes[0].warning);
+    assert_eq!(first.notes[0].reason, super::plan::reasons::REFUSED);
+}
+
+#[test]
+fn rights_revoked_mid_way_stop_the_hand_overs_and_the_running_finish() {
+    let spec = spec("1y");
+    let mut machines = fleet();
+    let first = plan(
+        &spec,
+        &CertificateRefreshStatus::default(),
+        &world(machines.clone(), Some(true), 0),
+    );
+    assert_eq!(first.hand, vec!["cp-0"]);
+    advance(&mut machines, &first.hand, &[("cp-0", None)]);
+    let why = "Refused: its requester mallory may not refresh clusters.cluster.x-k8s.io c in namespace fleet (now)";
+    let revoked = World {
+        authority: Some(Err(why.into())),
+        ..world(machines.clone(), Some(true), 60)
+    };
+    let second = plan(&spec, &first.status, &revoked);
+    assert!(second.hand.is_empty());
+    assert_eq!(second.status.phase, Some(RequestPhase::Failed));
+    assert_eq!(
+        phases(&second),
+        vec![
+            ("cp-0", MachinePhase::Succeeded),
+            ("cp-1", MachinePhase::Skipped),
+            ("w-0", MachinePhase::Skipped),
+            ("w-1", MachinePhase::Skipped),
+            ("w-2", MachinePhase::Skipped),
+        ]
+    );
+    let message = second.status.message.unwrap_or_default();
+    assert!(message.starts_with(&format!("Stopped: {why}")), "{message}");
+
+    // With a worker running, it finishes; nothing else starts.
+    let mut running = first.status.clone();
+    running.machines[0].phase = MachinePhase::Succeeded;
+    running.machines[1].phase = MachinePhase::Succeeded;
+    running.machines[2].phase = MachinePhase::Running;
+    let mut states = fleet();
+    advance(
+        &mut states,
+        &["w-0".to_owned()],
+        &[("cp-0", None), ("cp-1", None)],
+    );
+    let third = plan(
+        &spec,
+        &running,
+        &World {
+            authority: Some(Err(why.into())),
+            ..world(states, Some(true), 120)
+        },
+    );
+    assert!(third.hand.is_empty());
+    assert_eq!(third.status.phase, Some(RequestPhase::Running));
+    let message = third.status.message.unwrap_or_default();
+    assert!(
+        message.starts_with(&format!("Stopping: {why}")),
+        "{message}"
     );
 }

@@ -285,6 +285,9 @@ impl Environment {
             // Tests ask for 2y to tell a refresh's lifetime from the 1y default; the shipped
             // band (1d to 1y) is tested by tests/ttl_band.rs, which sets it.
             "--max-ttl=10y",
+            // The admission policies are installed only where a test installs them
+            // (`install_admission_policies`); tests/request_checks.rs sets it.
+            "--request-policy=",
         ] {
             let name = default.split('=').next().unwrap_or(default);
             if !extra.iter().any(|arg| arg.split('=').next() == Some(name)) {

@@ -1,0 +1,230 @@
+//! The controller checks a request itself before it hands Machines over
+//! (`src/controllers/fleet/authority.rs`), with the provider's admission policies
+//! (`config/policy`), the request webhook and real RBAC installed as in a cluster: the policies
+//! can be missing for a while (`clusterctl upgrade` deletes and re-creates them), and rights can
+//! be revoked after a request was admitted.
+
+use std::time::{Duration, Instant};
+
+use ck8s_certs_api::certificate_refresh::{CertificateRefresh, RequestPhase, Requester, Target};
+use ck8s_certs_e2e::fixtures::{NodeInfo, manual_request};
+use ck8s_certs_e2e::users::Grant;
+use ck8s_certs_e2e::{EnvSpec, Environment, shared_with};
+use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use kube::api::{DeleteParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+
+const FILTER: &str = "request-checks";
+const NAMESPACE: &str = "fleet";
+const POLICY: &str = "ck8s-certs-requests";
+const TIMEOUT: Duration = Duration::from_secs(90);
+
+fn spec() -> EnvSpec {
+    let mut spec = EnvSpec::standard();
+    spec.clusters.retain(|c| c.name == "alpha");
+    spec
+}
+
+fn request_for(name: &str, machine: &str) -> CertificateRefresh {
+    let target = Target {
+        machine: Some(machine.into()),
+        ..Default::default()
+    };
+    manual_request(name, target, FILTER)
+}
+
+/// Waits until request `name` is finished; returns it.
+async fn finished(requests: &Api<CertificateRefresh>, name: &str) -> CertificateRefresh {
+    let started = Instant::now();
+    loop {
+        let request = requests.get(name).await.unwrap();
+        if request
+            .status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .is_some_and(RequestPhase::is_finished)
+        {
+            return request;
+        }
+        assert!(started.elapsed() < TIMEOUT, "{name}: {:?}", request.status);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Checks that `name` was refused with a message containing `why`, and that its Machine's node
+/// was sent nothing.
+async fn assert_refused(env: &Environment, name: &str, node: &NodeInfo, why: &str) {
+    let requests: Api<CertificateRefresh> =
+        Api::namespaced(env.management().await.unwrap(), NAMESPACE);
+    let request = finished(&requests, name).await;
+    let status = request.status.unwrap_or_default();
+    let message = status.message.unwrap_or_default();
+    println!("{name}: {message}");
+    assert_eq!(status.phase, Some(RequestPhase::Failed), "{message}");
+    assert!(message.contains(why), "{message}");
+    let calls = env.calls(node).await;
+    assert!(
+        calls
+            .iter()
+            .all(|c| c.endpoint != "plan" && c.endpoint != "run"),
+        "{name}: the node was sent a refresh: {calls:#?}"
+    );
+}
+
+async fn user(env: &Environment, name: &str, rules: serde_json::Value) -> (Client, String) {
+    env.user(NAMESPACE, name, Grant::Rules(rules)).await
+}
+
+#[tokio::test]
+async fn a_request_the_policy_never_checked_or_whose_author_lost_the_right_refreshes_nothing() {
+    let env = shared_with(spec).await;
+    let nodes = env.isolate_cluster("alpha", FILTER).await;
+    let node = |machine: &str| {
+        nodes
+            .iter()
+            .find(|n| n.machine == machine)
+            .cloned()
+            .unwrap()
+    };
+    let (gap, revoked, live_gap, control) = (
+        node("alpha-md-0-w0"),
+        node("alpha-md-0-w1"),
+        node("alpha-cp-1"),
+        node("alpha-cp-0"),
+    );
+    env.install_admission_policies().await;
+    let admin = env.management().await.unwrap();
+    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(admin.clone());
+    let requests_only = json!([{ "apiGroups": ["certificates.ck8s.io"],
+        "resources": ["certificaterefreshes"], "verbs": ["create", "get", "list"] }]);
+    let may_refresh = json!([
+        { "apiGroups": ["certificates.ck8s.io"], "resources": ["certificaterefreshes"],
+          "verbs": ["create", "get", "list"] },
+        { "apiGroups": ["cluster.x-k8s.io"], "resources": ["machines"], "verbs": ["get", "patch"] }
+    ]);
+    let (mallory, _) = user(&env, "mallory", requests_only).await;
+    let (bob, bob_name) = user(&env, "bob", may_refresh.clone()).await;
+    let (alice, alice_name) = user(&env, "alice", may_refresh).await;
+    let as_user =
+        |client: &Client| Api::<CertificateRefresh>::namespaced(client.clone(), NAMESPACE);
+
+    // No controller runs yet; the webhook does (a webhook-only instance would do too): it is
+    // started below with the request checks on.
+    let binding = bindings.get(POLICY).await.unwrap();
+    let restore = || {
+        let mut again = binding.clone();
+        again.metadata.resource_version = None;
+        again.metadata.uid = None;
+        again.metadata.creation_timestamp = None;
+        again.metadata.managed_fields = None;
+        again
+    };
+
+    // 1. The binding is gone (an upgrade in progress): mallory, who may not refresh anything,
+    //    names alice as the author of a request, which nothing checks. Then it is back.
+    bindings
+        .delete(POLICY, &DeleteParams::default())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await; // the API server's policy informer
+    let mut forged = request_for("forged-in-the-gap", &gap.machine);
+    forged.spec.requester = Some(Requester {
+        username: alice_name.clone(),
+        ..Default::default()
+    });
+    as_user(&mallory)
+        .create(&PostParams::default(), &forged)
+        .await
+        .expect("admitted: no binding checks it");
+    // Creation times are in seconds: the binding must be visibly younger.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    bindings
+        .create(&PostParams::default(), &restore())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // 2. Bob may refresh and asks (naming himself, as the webhook, which runs with the
+    //    controller, would); his right is revoked before the controller gets to the request.
+    let mut asked = request_for("revoked", &revoked.machine);
+    asked.spec.requester = Some(Requester {
+        username: bob_name,
+        ..Default::default()
+    });
+    as_user(&bob)
+        .create(&PostParams::default(), &asked)
+        .await
+        .expect("bob may ask");
+    Api::<RoleBinding>::namespaced(admin.clone(), NAMESPACE)
+        .delete("bob", &DeleteParams::default())
+        .await
+        .unwrap();
+
+    let _controller = env
+        .start_controller_with_request_webhook(FILTER, &[&format!("--request-policy={POLICY}")])
+        .await;
+    assert_refused(
+        &env,
+        "forged-in-the-gap",
+        &gap,
+        "before the admission policy ck8s-certs-requests that checks its author was in force",
+    )
+    .await;
+    assert_refused(
+        &env,
+        "revoked",
+        &revoked,
+        "may not refresh machines.cluster.x-k8s.io alpha-md-0-w1 in namespace fleet (now)",
+    )
+    .await;
+
+    // 3. The binding gone while the controller runs: a request made meanwhile is refused at once.
+    bindings
+        .delete(POLICY, &DeleteParams::default())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut forged = request_for("forged-while-running", &live_gap.machine);
+    forged.spec.requester = Some(Requester {
+        username: alice_name.clone(),
+        ..Default::default()
+    });
+    as_user(&mallory)
+        .create(&PostParams::default(), &forged)
+        .await
+        .expect("admitted: no binding checks it");
+    assert_refused(
+        &env,
+        "forged-while-running",
+        &live_gap,
+        "ValidatingAdmissionPolicyBinding ck8s-certs-requests",
+    )
+    .await;
+    bindings
+        .create(&PostParams::default(), &restore())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // 4. And with everything in place, alice's own request goes through: the checks refuse
+    //    what they should, not everything.
+    as_user(&alice)
+        .create(
+            &PostParams::default(),
+            &request_for("by-alice", &control.machine),
+        )
+        .await
+        .expect("alice may ask");
+    let requests: Api<CertificateRefresh> = Api::namespaced(admin, NAMESPACE);
+    let done = finished(&requests, "by-alice").await;
+    let status = done.status.clone().unwrap_or_default();
+    assert_eq!(status.phase, Some(RequestPhase::Succeeded), "{status:?}");
+    assert_eq!(
+        done.spec.requester.as_ref().map(|r| r.username.as_str()),
+        Some(alice_name.as_str()),
+        "{}",
+        done.name_any()
+    );
+}
