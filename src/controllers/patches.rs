@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use ck8s_certs_api::annotations::{
     CERTIFICATES_EXPIRY, FLEET_REQUEST, IN_FLIGHT_REFRESH, REFRESH_CERTIFICATES,
-    REFRESH_CERTIFICATES_STATUS, RefreshStatus,
+    REFRESH_CERTIFICATES_STATUS, REQUESTER, RefreshStatus,
 };
 use ck8s_certs_api::capi::{BLOCK_MOVE_ANNOTATION, BLOCK_MOVE_OWNER};
 use ck8s_certs_api::machine::MachineView;
@@ -105,6 +105,11 @@ pub fn machine_patch(machine: &MachineView, changes: &MachineChanges<'_>) -> Mac
     if let Some(trigger) = changes.remove_trigger {
         ops.push(json!({ "op": "test", "path": pointer(REFRESH_CERTIFICATES), "value": trigger }));
         ops.push(json!({ "op": "remove", "path": pointer(REFRESH_CERTIFICATES) }));
+        // Its author goes with it (the operation keeps who asked): a later trigger written
+        // without the webhook must not inherit them.
+        if machine.annotation(REQUESTER).is_some() {
+            ops.push(json!({ "op": "remove", "path": pointer(REQUESTER) }));
+        }
     }
     if changes.remove_fleet && machine.annotation(FLEET_REQUEST).is_some() {
         ops.push(json!({ "op": "remove", "path": pointer(FLEET_REQUEST) }));
@@ -159,6 +164,7 @@ pub fn patched(machine: &MachineView, changes: &MachineChanges<'_>) -> MachineVi
         && annotations.get(REFRESH_CERTIFICATES).map(String::as_str) == Some(trigger)
     {
         annotations.remove(REFRESH_CERTIFICATES);
+        annotations.remove(REQUESTER);
     }
     if changes.remove_fleet {
         annotations.remove(FLEET_REQUEST);

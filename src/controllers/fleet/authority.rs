@@ -8,9 +8,11 @@
 //!   (`--request-policy`) and its binding must exist and be older than the request: one created
 //!   while they were missing was never checked, whatever it names. (Without `--request-policy`
 //!   the operator enforces the same rules some other way, and neither is looked at.)
-//! - Before every hand-over, a SubjectAccessReview for the requester (username, uid, groups)
-//!   must allow `patch` or `refresh` on the target, as the policy checks at admission and as
-//!   cert-manager checks a CertificateRequest's requester at approval.
+//! - Before every hand-over of a request made by hand, a SubjectAccessReview for its requester
+//!   (username, uid, groups, as the webhook wrote them) must allow `patch` or `refresh` on the
+//!   target, as the policy checks at admission and as cert-manager checks a CertificateRequest's
+//!   requester at approval. (A request made from a trigger names its author by username only:
+//!   the trigger's write itself was authorized.)
 //!
 //! The check is I/O; what the planner does with its verdict is pure (`plan::World::authority`).
 
@@ -64,10 +66,11 @@ pub async fn check(
             return Ok(Err(why));
         }
     }
-    // Without a requester (a trigger's author unknown: an object moved with its trigger, the
-    // webhook off) the trigger's write was authorized by the API server (patch on the object),
-    // which is all there is to check.
-    let Some(requester) = &request.spec.requester else {
+    // A request the controller made from a trigger: the trigger's write was authorized by the
+    // API server with the writer's whole identity (patch on the object). Its author is kept by
+    // name only, too little for a SubjectAccessReview (rights granted through groups would look
+    // revoked).
+    let Some(requester) = request.spec.requester.as_ref().filter(|_| by_hand) else {
         return Ok(Ok(()));
     };
     let scope = match Scope::of(&request.spec.target) {

@@ -283,7 +283,7 @@ async fn handle(ctx: &Context, object: Triggered<'_>) -> Result<Action, Error> {
         }
         Err(err) => return Err(err.into()),
     }
-    let ops = vec![
+    let mut ops = vec![
         test("/metadata/uid", uid),
         test(&pointer(REFRESH_CERTIFICATES), &ttl),
         json!({ "op": "remove", "path": pointer(REFRESH_CERTIFICATES) }),
@@ -291,6 +291,7 @@ async fn handle(ctx: &Context, object: Triggered<'_>) -> Result<Action, Error> {
         json!({ "op": "add", "path": pointer(FLEET_REQUEST), "value": request }),
         json!({ "op": "add", "path": pointer(REFRESH_CERTIFICATES_STATUS), "value": RefreshStatus::InProgress.as_str() }),
     ];
+    ops.extend(forget_requester(object.annotations));
     if patch(objects, name, ops).await? {
         info!(
             kind = object.kind,
@@ -313,6 +314,15 @@ async fn handle(ctx: &Context, object: Triggered<'_>) -> Result<Action, Error> {
     Ok(Action::await_change())
 }
 
+/// Removes the trigger's author with the trigger (in the same guarded patch): who asked belongs
+/// to that trigger and its request, and a later trigger written without the webhook must not
+/// inherit it.
+fn forget_requester(annotations: &Pairs) -> Option<serde_json::Value> {
+    annotations
+        .get(REQUESTER)
+        .map(|_| json!({ "op": "remove", "path": pointer(REQUESTER) }))
+}
+
 /// Takes the trigger `ttl` off `object` as failed, with a Warning Event saying why: its request
 /// could not be created (`message`, the API server's).
 async fn refuse(
@@ -321,13 +331,14 @@ async fn refuse(
     ttl: &str,
     message: &str,
 ) -> Result<(), Error> {
-    let ops = vec![
+    let mut ops = vec![
         test("/metadata/uid", &object.uid),
         test(&pointer(REFRESH_CERTIFICATES), ttl),
         json!({ "op": "remove", "path": pointer(REFRESH_CERTIFICATES) }),
         json!({ "op": "remove", "path": pointer(FLEET_REQUEST_PENDING) }),
         json!({ "op": "add", "path": pointer(REFRESH_CERTIFICATES_STATUS), "value": RefreshStatus::Failed.as_str() }),
     ];
+    ops.extend(forget_requester(object.annotations));
     if !patch(&object.api, &object.name, ops).await? {
         return Ok(());
     }

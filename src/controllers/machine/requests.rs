@@ -6,6 +6,7 @@ use ck8s_certs_api::annotations::{
     FLEET_REQUEST, IN_FLIGHT_REFRESH, REFRESH_CERTIFICATES, REFRESH_REQUEST, REQUESTER,
     RefreshStatus,
 };
+use ck8s_certs_api::certificate_refresh::{CertificateRefresh, MachinePhase, RequestPhase};
 use ck8s_certs_api::machine::MachineView;
 use ck8s_certs_api::machine_certificates::{
     MachineCertificatesStatus, Operation, Origin, Requester,
@@ -13,10 +14,10 @@ use ck8s_certs_api::machine_certificates::{
 use ck8s_certs_api::reasons::events;
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::Resource;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use tracing::info;
+use kube::{Api, Resource};
+use tracing::{info, warn};
 
 use super::Error;
 use super::act::Act;
@@ -24,6 +25,21 @@ use super::conclusion::{Ending, conclude};
 use super::verdict::Renewal;
 use crate::controllers::patches::{MachineChanges, patched};
 use crate::refresh::trigger::check_trigger;
+
+/// Whether `request` (the fleet request a Machine's mark names) handed `machine` its trigger: it
+/// exists, is not finished, and shows the Machine Running in its status (written before the
+/// hand-over). The mark is the controller's (an admission policy keeps it so); this holds where
+/// the policy is missing.
+pub(super) fn handed_over(request: Option<&CertificateRefresh>, machine: &str) -> bool {
+    let Some(status) = request.and_then(|r| r.status.as_ref()) else {
+        return false;
+    };
+    !status.phase.is_some_and(RequestPhase::is_finished)
+        && status
+            .machines
+            .iter()
+            .any(|m| m.name == machine && m.phase == MachinePhase::Running)
+}
 
 /// Who asked for a manual refresh, as the Machine's annotations say.
 struct Asked {
@@ -40,8 +56,14 @@ struct Asked {
 }
 
 impl Asked {
-    fn of(view: &MachineView) -> Self {
-        let fleet = view.annotation(FLEET_REQUEST).map(str::to_owned);
+    /// `fleet_handed`: whether the fleet request the Machine's mark names really handed it its
+    /// trigger ([`handed_over`]). A mark that names no such request is not believed: the
+    /// refresh is the trigger author's, not part of someone else's fleet request.
+    fn of(view: &MachineView, fleet_handed: bool) -> Self {
+        let fleet = view
+            .annotation(FLEET_REQUEST)
+            .filter(|_| fleet_handed)
+            .map(str::to_owned);
         let requester = match fleet {
             Some(_) => None,
             None => view.annotation(REQUESTER).map(|username| Requester {
@@ -99,7 +121,23 @@ impl Act<'_> {
             }
         };
         let node = self.view.node_name.clone().unwrap_or_default();
-        let asked = Asked::of(self.view);
+        let fleet_handed = match self.view.annotation(FLEET_REQUEST) {
+            Some(fleet) => {
+                let requests: Api<CertificateRefresh> =
+                    Api::namespaced(self.ctx.client().clone(), &self.view.namespace);
+                let request = requests.get_opt(fleet).await?;
+                let handed = handed_over(request.as_ref(), &self.view.name);
+                if !handed {
+                    warn!(
+                        fleet,
+                        "The Machine's fleet-request mark names no request that handed it its trigger: the refresh is its trigger author's"
+                    );
+                }
+                handed
+            }
+            None => false,
+        };
+        let asked = Asked::of(self.view, fleet_handed);
         // Who asked, where known: the trigger's author, or the fleet request (which names its
         // own requester).
         let by = match (&asked.requester, &asked.fleet) {
@@ -121,9 +159,11 @@ impl Act<'_> {
     ) -> Result<Action, Error> {
         let now = self.ctx.clock.now();
         let started = after_last(Time(now), status.operation.as_ref());
+        // Reported to the fleet request the mark names as it is: a request that did not hand
+        // the Machine over ignores it (its planner follows only the Machines it marked Running).
         let mut op = Operation {
             ttl_seconds: None,
-            ..Asked::of(self.view).operation(trigger, 0, started)
+            ..Asked::of(self.view, true).operation(trigger, 0, started)
         };
         let fleet = op.fleet.is_some();
         conclude(&mut status, &mut op, Ending::Failed(error.clone()), now);
@@ -337,5 +377,80 @@ mod tests {
             ),
             journal::record_name("m", &last)
         );
+    }
+
+    fn fleet(
+        phase: Option<RequestPhase>,
+        machine: &str,
+        entry: MachinePhase,
+    ) -> CertificateRefresh {
+        let mut request: CertificateRefresh = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "store-1" },
+            "spec": { "target": { "cluster": "c" }, "ttl": "1y", "origin": "Manual" },
+            "status": { "machines": [{ "name": machine, "role": "Worker", "phase": "Pending" }] }
+        }))
+        .unwrap();
+        let status = request.status.as_mut().unwrap();
+        status.phase = phase;
+        status.machines[0].phase = entry;
+        request
+    }
+
+    #[test]
+    fn a_fleet_mark_is_believed_only_from_a_running_request_that_handed_the_machine_over() {
+        let running = Some(RequestPhase::Running);
+        assert!(handed_over(
+            Some(&fleet(running, "w0", MachinePhase::Running)),
+            "w0"
+        ));
+        // Someone else's request, or one that has not handed this Machine over.
+        assert!(!handed_over(
+            Some(&fleet(running, "w1", MachinePhase::Running)),
+            "w0"
+        ));
+        assert!(!handed_over(
+            Some(&fleet(running, "w0", MachinePhase::Pending)),
+            "w0"
+        ));
+        assert!(!handed_over(
+            Some(&fleet(running, "w0", MachinePhase::Succeeded)),
+            "w0"
+        ));
+        // Finished, gone, or never started.
+        let done = Some(RequestPhase::Succeeded);
+        assert!(!handed_over(
+            Some(&fleet(done, "w0", MachinePhase::Running)),
+            "w0"
+        ));
+        assert!(!handed_over(None, "w0"));
+        let mut fresh = fleet(running, "w0", MachinePhase::Running);
+        fresh.status = None;
+        assert!(!handed_over(Some(&fresh), "w0"));
+    }
+
+    #[test]
+    fn a_mark_not_believed_leaves_the_refresh_to_its_trigger_author() {
+        let mut view = MachineView {
+            name: "w0".into(),
+            trigger_manager: Some("kubectl-annotate".into()),
+            ..Default::default()
+        };
+        view.annotations
+            .insert(FLEET_REQUEST.into(), "store-1".into());
+        view.annotations.insert(REQUESTER.into(), "mallory".into());
+        let believed = Asked::of(&view, true);
+        assert_eq!(believed.fleet.as_deref(), Some("store-1"));
+        assert_eq!(believed.requester, None, "the fleet request names its own");
+        assert_eq!(
+            believed.requested_by.as_deref(),
+            Some("CertificateRefresh/store-1")
+        );
+        let forged = Asked::of(&view, false);
+        assert_eq!(forged.fleet, None);
+        assert_eq!(
+            forged.requester.map(|r| r.username).as_deref(),
+            Some("mallory")
+        );
+        assert_eq!(forged.requested_by.as_deref(), Some("kubectl-annotate"));
     }
 }

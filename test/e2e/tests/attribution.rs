@@ -303,3 +303,115 @@ async fn only_users_who_may_change_the_target_get_a_refresh_and_they_are_named()
         .await
         .expect("a user who may patch Machines writes a renewal policy");
 }
+
+/// Each write that would erase or redirect who asked (issue 36, item 4) is refused by the
+/// provider's policies, and the controller forgets a trigger's author with the trigger.
+#[tokio::test]
+async fn who_asked_cannot_be_erased_redirected_or_inherited() {
+    const LAUNDERING: &str = "laundering";
+    let env = shared().await;
+    let [node] = env.isolated("alpha", ["alpha-md-0-w0"], LAUNDERING).await;
+    env.install_admission_policies().await;
+    let _controller = env
+        .start_controller_with_request_webhook(LAUNDERING, &[])
+        .await;
+    let may_refresh = json!([
+        { "apiGroups": ["certificates.ck8s.io"], "resources": ["certificaterefreshes"],
+          "verbs": ["create", "get", "list"] },
+        { "apiGroups": ["cluster.x-k8s.io"], "resources": ["machines"], "verbs": ["get", "list", "patch"] }
+    ]);
+    let (erin, erin_name) = user(&env, "erin", may_refresh).await;
+    let machines = env.machine_api(erin.clone(), NAMESPACE);
+    let patch = |annotations: serde_json::Value| {
+        let machines = machines.clone();
+        let name = node.machine.clone();
+        async move {
+            machines
+                .patch(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({ "metadata": { "annotations": annotations } })),
+                )
+                .await
+        }
+    };
+
+    // Her trigger filed under someone else's running fleet request (which names no requester
+    // of hers), or with the controller's other marks: refused, each mark named.
+    use ck8s_certs_api::annotations::{FLEET_REQUEST, IN_FLIGHT_REFRESH, REFRESH_REQUEST};
+    for (mark, value) in [
+        (FLEET_REQUEST, "beta-1798761600"),
+        (IN_FLIGHT_REFRESH, "alpha-md-0-w0-1798761600"),
+        (REFRESH_REQUEST, "an-earlier-request"),
+    ] {
+        let message = refused(patch(json!({ REFRESH_CERTIFICATES: "1y", mark: value })).await);
+        assert!(
+            message.contains(mark) && message.contains(&format!("{erin_name} may not set")),
+            "{mark}: {message}"
+        );
+    }
+
+    // Her own trigger is stamped with her name, which she cannot remove while it stands. (The
+    // node's plan waits 10 s: the trigger is still there when she tries.)
+    let wait = ck8s_certs_e2e::sim::Fault::latency(Duration::from_secs(10))
+        .at(ck8s_certs_e2e::sim::Endpoint::Plan)
+        .times(1);
+    env.sim.inject(&wait.on(&node)).await.unwrap();
+    env.annotate_refresh_through(&machines, &node, "1y").await;
+    assert_eq!(
+        env.machine_annotations(&node).await.get(REQUESTER),
+        Some(&erin_name)
+    );
+    let erase = machines
+        .patch(
+            &node.machine,
+            &PatchParams::default(),
+            &Patch::Json::<()>(
+                serde_json::from_value(json!([{ "op": "remove",
+                    "path": format!("/metadata/annotations/{}", REQUESTER.replace('/', "~1")) }]))
+                .unwrap(),
+            ),
+        )
+        .await;
+    let message = refused(erase);
+    assert!(message.contains("only the"), "{message}");
+
+    // The refresh names her, and her name goes with the trigger: a later trigger written
+    // without the webhook would not inherit it.
+    env.wait_for_done(&node, TIMEOUT).await;
+    let op = env.operation(&node).await;
+    assert_eq!(op.requester.map(|r| r.username), Some(erin_name.clone()));
+    let annotations = env.machine_annotations(&node).await;
+    assert!(!annotations.contains_key(REQUESTER), "{annotations:#?}");
+
+    // A request made by hand cannot carry the controller's free-text requestedBy.
+    let mut claimed = request_for("erin-as-admin", &node.machine, None);
+    claimed.spec.requested_by = Some("admin".into());
+    let message = refused(
+        Api::<CertificateRefresh>::namespaced(erin, NAMESPACE)
+            .create(&PostParams::default(), &claimed)
+            .await,
+    );
+    assert!(message.contains("spec.requestedBy"), "{message}");
+
+    // A user granted every verb on requests (custom ones included) still names only herself.
+    let (frank, _) = user(
+        &env,
+        "frank",
+        json!([{ "apiGroups": ["certificates.ck8s.io"], "resources": ["certificaterefreshes"], "verbs": ["*"] },
+               { "apiGroups": ["cluster.x-k8s.io"], "resources": ["machines"], "verbs": ["patch"] }]),
+    )
+    .await;
+    let message = refused(
+        Api::<CertificateRefresh>::namespaced(frank, NAMESPACE)
+            .create(
+                &PostParams::default(),
+                &request_for("frank-as-erin", &node.machine, Some(&erin_name)),
+            )
+            .await,
+    );
+    assert!(
+        message.contains(&format!("spec.requester names {erin_name}")),
+        "{message}"
+    );
+}
