@@ -2,17 +2,22 @@
 //! (`src/controllers/fleet/authority.rs`), with the provider's admission policies
 //! (`config/policy`), the request webhook and real RBAC installed as in a cluster: the policies
 //! can be missing for a while (`clusterctl upgrade` deletes and re-creates them), and rights can
-//! be revoked after a request was admitted.
+//! be revoked after a request was admitted. Then, with the same controller and webhook, that who
+//! asked cannot be erased, redirected or inherited.
 
 use std::time::{Duration, Instant};
 
+use ck8s_certs_api::annotations::{
+    FLEET_REQUEST, IN_FLIGHT_REFRESH, REFRESH_CERTIFICATES, REFRESH_REQUEST, REQUESTER,
+};
 use ck8s_certs_api::certificate_refresh::{CertificateRefresh, RequestPhase, Requester, Target};
 use ck8s_certs_e2e::fixtures::{NodeInfo, manual_request};
+use ck8s_certs_e2e::sim::{Endpoint, Fault};
 use ck8s_certs_e2e::users::Grant;
 use ck8s_certs_e2e::{EnvSpec, Environment, shared_with};
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
 use k8s_openapi::api::rbac::v1::RoleBinding;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
@@ -226,5 +231,133 @@ async fn a_request_the_policy_never_checked_or_whose_author_lost_the_right_refre
         Some(alice_name.as_str()),
         "{}",
         done.name_any()
+    );
+
+    who_asked_cannot_be_erased_redirected_or_inherited(&env, &gap).await;
+}
+
+fn refused(result: Result<impl std::fmt::Debug, kube::Error>) -> String {
+    match result {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 403, "{status:?}");
+            status.message
+        }
+        other => panic!("not refused: {other:?}"),
+    }
+}
+
+/// Each write that would erase or redirect who asked (issue 36, item 4) is refused by the
+/// provider's policies, and the controller forgets a trigger's author with the trigger. Run
+/// after the checks above, with their controller and webhook (one webhook configuration per
+/// management cluster: a second test installing its own would take it from the first).
+async fn who_asked_cannot_be_erased_redirected_or_inherited(env: &Environment, node: &NodeInfo) {
+    let may_refresh = json!([
+        { "apiGroups": ["certificates.ck8s.io"], "resources": ["certificaterefreshes"],
+          "verbs": ["create", "get", "list"] },
+        { "apiGroups": ["cluster.x-k8s.io"], "resources": ["machines"], "verbs": ["get", "list", "patch"] }
+    ]);
+    let (erin, erin_name) = user(env, "erin", may_refresh).await;
+    let machines = env.machine_api(erin.clone(), NAMESPACE);
+    let patch = |annotations: serde_json::Value| {
+        let machines = machines.clone();
+        let name = node.machine.clone();
+        async move {
+            machines
+                .patch(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({ "metadata": { "annotations": annotations } })),
+                )
+                .await
+        }
+    };
+
+    // Her trigger filed under someone else's running fleet request (which names no requester
+    // of hers), or with the controller's in-flight mark; the webhook's request mark written
+    // without a trigger: refused, each mark named.
+    for (mark, annotations) in [
+        (
+            FLEET_REQUEST,
+            json!({ REFRESH_CERTIFICATES: "1y", FLEET_REQUEST: "alpha-1798761600" }),
+        ),
+        (
+            IN_FLIGHT_REFRESH,
+            json!({ REFRESH_CERTIFICATES: "1y", IN_FLIGHT_REFRESH: "alpha-md-0-w0-1798761600" }),
+        ),
+        (
+            REFRESH_REQUEST,
+            json!({ REFRESH_REQUEST: "an-earlier-request" }),
+        ),
+    ] {
+        let message = refused(patch(annotations).await);
+        assert!(
+            message.contains(mark) && message.contains(&format!("{erin_name} may not set")),
+            "{mark}: {message}"
+        );
+    }
+
+    // Her own trigger is stamped with her name, which she cannot remove while it stands. (The
+    // node's plan waits 10 s: the trigger is still there when she tries.)
+    let wait = Fault::latency(Duration::from_secs(10))
+        .at(Endpoint::Plan)
+        .times(1);
+    env.sim.inject(&wait.on(node)).await.unwrap();
+    env.annotate_refresh_through(&machines, node, "1y").await;
+    assert_eq!(
+        env.machine_annotations(node).await.get(REQUESTER),
+        Some(&erin_name)
+    );
+    let remove: json_patch::Patch = serde_json::from_value(json!([{ "op": "remove",
+        "path": format!("/metadata/annotations/{}", REQUESTER.replace('/', "~1")) }]))
+    .unwrap();
+    let erase = machines
+        .patch(
+            &node.machine,
+            &PatchParams::default(),
+            &Patch::<()>::Json(remove),
+        )
+        .await;
+    let message = refused(erase);
+    assert!(message.contains("only the"), "{message}");
+
+    // The refresh names her, and her name goes with the trigger: a later trigger written
+    // without the webhook does not inherit it.
+    env.wait_for_done(node, TIMEOUT).await;
+    let op = env.operation(node).await;
+    assert_eq!(op.requester.map(|r| r.username), Some(erin_name.clone()));
+    let annotations = env.machine_annotations(node).await;
+    assert!(!annotations.contains_key(REQUESTER), "{annotations:#?}");
+
+    // A request made by hand cannot carry the controller's free-text requestedBy.
+    let mut claimed = request_for("erin-as-admin", &node.machine);
+    claimed.spec.requested_by = Some("admin".into());
+    let message = refused(
+        Api::<CertificateRefresh>::namespaced(erin, NAMESPACE)
+            .create(&PostParams::default(), &claimed)
+            .await,
+    );
+    assert!(message.contains("spec.requestedBy"), "{message}");
+
+    // A user granted every verb on requests (custom ones included) still names only herself.
+    let (frank, _) = user(
+        env,
+        "frank",
+        json!([{ "apiGroups": ["certificates.ck8s.io"], "resources": ["certificaterefreshes"], "verbs": ["*"] },
+               { "apiGroups": ["cluster.x-k8s.io"], "resources": ["machines"], "verbs": ["patch"] }]),
+    )
+    .await;
+    let mut as_erin = request_for("frank-as-erin", &node.machine);
+    as_erin.spec.requester = Some(Requester {
+        username: erin_name.clone(),
+        ..Default::default()
+    });
+    let message = refused(
+        Api::<CertificateRefresh>::namespaced(frank, NAMESPACE)
+            .create(&PostParams::default(), &as_erin)
+            .await,
+    );
+    assert!(
+        message.contains(&format!("spec.requester names {erin_name}")),
+        "{message}"
     );
 }
