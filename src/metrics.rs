@@ -247,8 +247,9 @@ pub fn label_values() -> Vec<(&'static str, &'static str, Vec<&'static str>)> {
     let controllers: Vec<&str> = Controller::ALL.iter().map(|c| c.as_str()).collect();
     let k8sd = crate::k8sd::K8sdError::CATEGORIES;
     let outcomes = [&["success"][..], &k8sd[..], &[K8SD_CANCELLED][..]].concat();
-    // Reconcile errors: the management API, the workload cluster, or reading the expiry (k8sd).
-    let categories = [&["kube", "workload"][..], &k8sd[..]].concat();
+    // Reconcile errors: the management API, the workload cluster, reading the expiry (k8sd), or
+    // a reconcile that panicked (src/controllers/panics.rs).
+    let categories = [&["kube", "workload"][..], &k8sd[..], &["panic"][..]].concat();
     vec![
         (
             "certificate_expiry_timestamp_seconds",

@@ -13,6 +13,7 @@ pub mod governing_policy;
 pub mod history;
 pub mod machine;
 mod observe;
+mod panics;
 pub mod patches;
 pub mod policy_status;
 mod settings;

@@ -70,7 +70,8 @@ impl crate::metrics::ExpirySource for CachedExpiries {
 }
 
 /// Runs one reconcile, recording its wall time and, when it fails, its error's category
-/// (`ck8s_certs_reconcile_duration_seconds`, `ck8s_certs_reconcile_errors_total`).
+/// (`ck8s_certs_reconcile_duration_seconds`, `ck8s_certs_reconcile_errors_total`); a panic is
+/// category `panic` and a requeue ([`super::panics`]).
 pub(super) async fn observed<E>(
     metrics: Arc<Metrics>,
     controller: Timed,
@@ -78,11 +79,16 @@ pub(super) async fn observed<E>(
     category: fn(&E) -> &'static str,
 ) -> Result<controller::Action, E> {
     let started = std::time::Instant::now();
-    let result = reconcile.await;
-    metrics.reconciled(
-        controller,
-        started.elapsed(),
-        result.as_ref().err().map(category),
-    );
+    let (result, failed) = match super::panics::contained(reconcile).await {
+        Ok(result) => {
+            let failed = result.as_ref().err().map(category);
+            (result, failed)
+        }
+        Err(_) => (
+            Ok(controller::Action::requeue(super::panics::RETRY_AFTER)),
+            Some("panic"),
+        ),
+    };
+    metrics.reconciled(controller, started.elapsed(), failed);
     result
 }

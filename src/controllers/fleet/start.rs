@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::trigger::{self, Triggering};
 use super::{Context, error_policy, reconcile, requests_of_machine};
+use crate::controllers::panics::guarded;
 use crate::controllers::stores::{self, SharedWatch};
 use crate::controllers::watches::Watches;
 
@@ -34,7 +35,11 @@ pub fn start(
     let requests = Controller::for_stream(watches.requests.subscribe(), ctx.requests.clone())
         .graceful_shutdown_on(stop.clone().cancelled_owned())
         .watches_stream_with(watches.machines.subscribe(), of_machine, capi)
-        .run(reconcile, error_policy, ctx.clone())
+        .run(
+            |request, ctx| guarded(reconcile(request, ctx)),
+            error_policy,
+            ctx.clone(),
+        )
         .for_each(|_| async {});
     let clusters = triggers(
         watches.clusters.subscribe(),
@@ -69,7 +74,11 @@ where
 {
     Controller::for_stream_with(events, store, version)
         .graceful_shutdown_on(stop.cancelled_owned())
-        .run(trigger::reconcile::<K>, trigger::error_policy, ctx)
+        .run(
+            |object, ctx| guarded(trigger::reconcile::<K>(object, ctx)),
+            trigger::error_policy,
+            ctx,
+        )
         .for_each(|_| async {})
 }
 
