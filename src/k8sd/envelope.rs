@@ -55,10 +55,11 @@ pub fn decode<T: DeserializeOwned>(
         } else {
             status
         };
+        // The node's own words, kept in statuses and Events and shown: bounded, no escapes.
         return Err(K8sdError::Api {
             endpoint: endpoint.to_owned(),
             status,
-            message: envelope.error,
+            message: crate::text::bounded(&envelope.error, MAX_ERROR_CHARS),
         });
     }
     serde_json::from_value(envelope.metadata).map_err(|err| K8sdError::InvalidResponse {
@@ -67,14 +68,12 @@ pub fn decode<T: DeserializeOwned>(
     })
 }
 
+/// The most of a node's error message that is kept.
+pub const MAX_ERROR_CHARS: usize = 1000;
+
 /// At most 200 characters of a body, for error messages.
 fn excerpt(body: &[u8]) -> String {
-    let text = String::from_utf8_lossy(body);
-    let mut out: String = text.chars().take(200).collect();
-    if text.chars().count() > 200 {
-        out.push('…');
-    }
-    out
+    crate::text::bounded(&String::from_utf8_lossy(body), 201)
 }
 
 #[cfg(test)]
@@ -166,5 +165,23 @@ mod tests {
         };
         assert_eq!(status, 502);
         assert_eq!(message.chars().count(), 201);
+    }
+
+    #[test]
+    fn a_nodes_error_is_kept_bounded_and_without_escapes() {
+        let long = format!("\u{1b}[31mdenied\u{1b}[0m\r\n{}", "x".repeat(1 << 20));
+        let body = serde_json::json!({
+            "type": "error", "status": "", "status_code": 0, "operation": "",
+            "error_code": 500, "error": long, "metadata": null
+        })
+        .to_string();
+        let Err(K8sdError::Api { message, .. }) =
+            decode::<RunResponse>("run", 500, body.as_bytes())
+        else {
+            panic!("an API error");
+        };
+        assert_eq!(message.chars().count(), MAX_ERROR_CHARS);
+        assert!(!message.chars().any(char::is_control), "{message:?}");
+        assert!(message.contains("[31mdenied"), "{message:?}");
     }
 }

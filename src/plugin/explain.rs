@@ -280,8 +280,9 @@ pub async fn run(
     if super::output::structured(out, args.output, &explanation)? {
         return Ok(());
     }
+    // Lines quote statuses, conditions and Events others may have written.
     for line in lines(&explanation, Timestamp::now()) {
-        writeln!(out, "{line}")?;
+        writeln!(out, "{}", crate::text::printable(&line))?;
     }
     Ok(())
 }

@@ -187,6 +187,7 @@ pub async fn run(
     table(out, &HEADERS, &rows, super::output::colour())?;
     for entry in entries.iter().filter(|e| e.result == "Failed") {
         if let Some(message) = &entry.message {
+            let message = crate::text::printable(message);
             writeln!(out, "\n{} {}: {message}", entry.target, entry.name)?;
         }
     }

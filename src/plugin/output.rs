@@ -20,16 +20,15 @@ pub enum Tone {
 }
 
 impl Cell {
+    /// Text read from objects others may have written: control characters are shown escaped,
+    /// never sent to the terminal.
     pub fn plain(text: impl Into<String>) -> Self {
-        Self {
-            text: text.into(),
-            tone: Tone::Plain,
-        }
+        Self::with(text, Tone::Plain)
     }
 
     pub fn with(text: impl Into<String>, tone: Tone) -> Self {
         Self {
-            text: text.into(),
+            text: crate::text::printable(&text.into()),
             tone,
         }
     }

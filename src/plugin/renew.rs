@@ -248,6 +248,7 @@ async fn wait(
                     Stage::Done => "done",
                     Stage::Failed => "failed",
                 };
+                let detail = crate::text::printable(&detail);
                 writeln!(out, "{}: {word}{detail}", target.name)?;
                 if now == Stage::Failed {
                     failed.push(target.name.clone());

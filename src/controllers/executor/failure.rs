@@ -27,6 +27,9 @@ pub fn unverified_hint(mismatch: &Mismatch) -> &'static str {
     }
 }
 
+/// The most of a failure's message kept in a status (an Event takes 1 KiB).
+pub const MAX_MESSAGE_CHARS: usize = 2000;
+
 /// An error of our own write or read (the journal, the Machine's objects), boxed so the executor
 /// does not depend on the reconciler that made it.
 pub type ApiError = Box<dyn std::error::Error + Send + Sync>;
@@ -93,8 +96,12 @@ impl Failure {
         )
     }
 
-    /// What went wrong, without advice.
+    /// What went wrong, without advice. Bounded: it may quote a node or a workload API server.
     pub fn cause(&self) -> String {
+        crate::text::bounded(&self.unbounded_cause(), MAX_MESSAGE_CHARS)
+    }
+
+    fn unbounded_cause(&self) -> String {
         match self {
             Self::K8sd { step, error } => format!("{step}: {error}"),
             Self::Workload(err) => err.to_string(),
@@ -108,8 +115,13 @@ impl Failure {
     }
 
     /// What failed and what to fix before trying again (how to try again, the caller says: it
-    /// depends on who asked). Never contains a token.
+    /// depends on who asked). Never contains a token. Bounded, without control characters: it
+    /// may quote a node or a workload API server, and goes into statuses and Events.
     pub fn message(&self, machine: &MachineView) -> String {
+        crate::text::bounded(&self.unbounded_message(machine), MAX_MESSAGE_CHARS)
+    }
+
+    fn unbounded_message(&self, machine: &MachineView) -> String {
         let cluster = machine.cluster.as_deref().unwrap_or("");
         match self {
             Self::K8sd { step, error } => {
