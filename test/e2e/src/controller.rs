@@ -753,6 +753,36 @@ impl Environment {
         .unwrap_or_default()
     }
 
+    /// Waits until CertificateRefresh `name` of `namespace` has finished (a final phase);
+    /// returns it.
+    pub async fn finished_request(
+        &self,
+        namespace: &str,
+        name: &str,
+        timeout: Duration,
+    ) -> ck8s_certs_api::certificate_refresh::CertificateRefresh {
+        let api: Api<ck8s_certs_api::certificate_refresh::CertificateRefresh> =
+            Api::namespaced(self.management().await.expect("client"), namespace);
+        let start = Instant::now();
+        loop {
+            let request = api.get(name).await.expect("get CertificateRefresh");
+            if request
+                .status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .is_some_and(ck8s_certs_api::certificate_refresh::RequestPhase::is_finished)
+            {
+                return request;
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "request {name} did not finish: {:?}",
+                request.status
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// The operation of the `CertificateRefresh` the Machine names as in flight (the journal of
     /// its refresh), once the refresh reached the node (its seed is recorded there).
     pub async fn in_flight(

@@ -137,3 +137,15 @@ async fn service_account(
         format!("system:serviceaccount:{namespace}:{name}"),
     )
 }
+
+/// The message of a write the API server refused as forbidden (403: an admission policy or
+/// RBAC); panics if it was not refused so.
+pub fn refused(result: Result<impl std::fmt::Debug, kube::Error>) -> String {
+    match result {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 403, "{status:?}");
+            status.message
+        }
+        other => panic!("not refused: {other:?}"),
+    }
+}

@@ -8,7 +8,7 @@ use ck8s_certs_api::annotations::{REFRESH_CERTIFICATES, REQUESTER};
 use ck8s_certs_api::capi::WATCH_FILTER_LABEL;
 use ck8s_certs_api::certificate_refresh::{CertificateRefresh, RequestPhase, Requester, Target};
 use ck8s_certs_e2e::fixtures::manual_request;
-use ck8s_certs_e2e::users::Grant;
+use ck8s_certs_e2e::users::{Grant, refused};
 use ck8s_certs_e2e::{Environment, shared};
 use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -44,16 +44,6 @@ async fn find_record(
 ) -> Option<CertificateRefresh> {
     let list = records.list(&Default::default()).await.unwrap();
     list.items.into_iter().find(|r| matches(r))
-}
-
-fn refused(result: Result<impl std::fmt::Debug, kube::Error>) -> String {
-    match result {
-        Err(kube::Error::Api(status)) => {
-            assert_eq!(status.code, 403, "{status:?}");
-            status.message
-        }
-        other => panic!("not refused: {other:?}"),
-    }
 }
 
 #[tokio::test]

@@ -105,25 +105,7 @@ async fn finished_request_of_cluster(env: &Environment, cluster: &str) -> Certif
 }
 
 async fn finished(env: &Environment, namespace: &str, name: &str) -> CertificateRefresh {
-    let api = requests(env.management().await.unwrap(), namespace);
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        let request = api.get(name).await.unwrap();
-        if request
-            .status
-            .as_ref()
-            .and_then(|s| s.phase)
-            .is_some_and(RequestPhase::is_finished)
-        {
-            return request;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "request {name} did not finish: {:?}",
-            request.status
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    env.finished_request(namespace, name, TIMEOUT).await
 }
 
 fn cluster_target(cluster: &str) -> Target {

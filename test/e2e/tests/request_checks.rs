@@ -5,7 +5,7 @@
 //! be revoked after a request was admitted. Then, with the same controller and webhook, that who
 //! asked cannot be erased, redirected or inherited.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ck8s_certs_api::annotations::{
     FLEET_REQUEST, IN_FLIGHT_REFRESH, REFRESH_CERTIFICATES, REFRESH_REQUEST, REQUESTER,
@@ -13,7 +13,7 @@ use ck8s_certs_api::annotations::{
 use ck8s_certs_api::certificate_refresh::{CertificateRefresh, RequestPhase, Requester, Target};
 use ck8s_certs_e2e::fixtures::{NodeInfo, manual_request};
 use ck8s_certs_e2e::sim::{Endpoint, Fault};
-use ck8s_certs_e2e::users::Grant;
+use ck8s_certs_e2e::users::{Grant, refused};
 use ck8s_certs_e2e::{EnvSpec, Environment, shared_with};
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
 use k8s_openapi::api::rbac::v1::RoleBinding;
@@ -40,30 +40,10 @@ fn request_for(name: &str, machine: &str) -> CertificateRefresh {
     manual_request(name, target, FILTER)
 }
 
-/// Waits until request `name` is finished; returns it.
-async fn finished(requests: &Api<CertificateRefresh>, name: &str) -> CertificateRefresh {
-    let started = Instant::now();
-    loop {
-        let request = requests.get(name).await.unwrap();
-        if request
-            .status
-            .as_ref()
-            .and_then(|s| s.phase)
-            .is_some_and(RequestPhase::is_finished)
-        {
-            return request;
-        }
-        assert!(started.elapsed() < TIMEOUT, "{name}: {:?}", request.status);
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 /// Checks that `name` was refused with a message containing `why`, and that its Machine's node
 /// was sent nothing.
 async fn assert_refused(env: &Environment, name: &str, node: &NodeInfo, why: &str) {
-    let requests: Api<CertificateRefresh> =
-        Api::namespaced(env.management().await.unwrap(), NAMESPACE);
-    let request = finished(&requests, name).await;
+    let request = env.finished_request(NAMESPACE, name, TIMEOUT).await;
     let status = request.status.unwrap_or_default();
     let message = status.message.unwrap_or_default();
     println!("{name}: {message}");
@@ -127,22 +107,28 @@ async fn a_request_the_policy_never_checked_or_whose_author_lost_the_right_refre
         again
     };
 
-    // 1. The binding is gone (an upgrade in progress): mallory, who may not refresh anything,
-    //    names alice as the author of a request, which nothing checks. Then it is back.
-    bindings
-        .delete(POLICY, &DeleteParams::default())
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await; // the API server's policy informer
-    let mut forged = request_for("forged-in-the-gap", &gap.machine);
-    forged.spec.requester = Some(Requester {
-        username: alice_name.clone(),
-        ..Default::default()
-    });
-    as_user(&mallory)
-        .create(&PostParams::default(), &forged)
-        .await
-        .expect("admitted: no binding checks it");
+    // With the binding gone (the API server's policy informer given 2 s to notice), mallory,
+    // who may not refresh anything, creates request `name` naming alice as its author: nothing
+    // checks it.
+    let forge = async |name: &str, node: &NodeInfo| {
+        bindings
+            .delete(POLICY, &DeleteParams::default())
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let mut forged = request_for(name, &node.machine);
+        forged.spec.requester = Some(Requester {
+            username: alice_name.clone(),
+            ..Default::default()
+        });
+        as_user(&mallory)
+            .create(&PostParams::default(), &forged)
+            .await
+            .expect("admitted: no binding checks it");
+    };
+
+    // 1. The binding is gone (an upgrade in progress) while a request is forged; then it is back.
+    forge("forged-in-the-gap", &gap).await;
     // Creation times are in seconds: the binding must be visibly younger.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     bindings
@@ -186,20 +172,7 @@ async fn a_request_the_policy_never_checked_or_whose_author_lost_the_right_refre
     .await;
 
     // 3. The binding gone while the controller runs: a request made meanwhile is refused at once.
-    bindings
-        .delete(POLICY, &DeleteParams::default())
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let mut forged = request_for("forged-while-running", &live_gap.machine);
-    forged.spec.requester = Some(Requester {
-        username: alice_name.clone(),
-        ..Default::default()
-    });
-    as_user(&mallory)
-        .create(&PostParams::default(), &forged)
-        .await
-        .expect("admitted: no binding checks it");
+    forge("forged-while-running", &live_gap).await;
     assert_refused(
         &env,
         "forged-while-running",
@@ -222,8 +195,7 @@ async fn a_request_the_policy_never_checked_or_whose_author_lost_the_right_refre
         )
         .await
         .expect("alice may ask");
-    let requests: Api<CertificateRefresh> = Api::namespaced(admin, NAMESPACE);
-    let done = finished(&requests, "by-alice").await;
+    let done = env.finished_request(NAMESPACE, "by-alice", TIMEOUT).await;
     let status = done.status.clone().unwrap_or_default();
     assert_eq!(status.phase, Some(RequestPhase::Succeeded), "{status:?}");
     assert_eq!(
@@ -234,16 +206,6 @@ async fn a_request_the_policy_never_checked_or_whose_author_lost_the_right_refre
     );
 
     who_asked_cannot_be_erased_redirected_or_inherited(&env, &gap).await;
-}
-
-fn refused(result: Result<impl std::fmt::Debug, kube::Error>) -> String {
-    match result {
-        Err(kube::Error::Api(status)) => {
-            assert_eq!(status.code, 403, "{status:?}");
-            status.message
-        }
-        other => panic!("not refused: {other:?}"),
-    }
 }
 
 /// Each write that would erase or redirect who asked (issue 36, item 4) is refused by the
