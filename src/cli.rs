@@ -206,7 +206,8 @@ pub struct Args {
     /// created while they were missing, as during `clusterctl upgrade` or below Kubernetes 1.30,
     /// was never checked and is refused). Empty: no such check, only where another admission
     /// control enforces the same rules. The controller's own SubjectAccessReview for the
-    /// request's requester runs either way.
+    /// request's requester runs either way. The shipped ClusterRole may `get` only the policy
+    /// and binding named `ck8s-certs-requests`: another name needs that rule changed too.
     #[arg(
         long,
         env = "CK8S_CERTS_REQUEST_POLICY",

@@ -85,9 +85,11 @@ fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// A fresh folder for one test, kept after the run for inspection.
+/// A fresh folder for one test, kept after the run for inspection. Per Cluster API version:
+/// `hack/e2e.sh` may run this binary against two versions at once.
 fn scratch(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("release-{name}"));
+    let version = std::env::var("CK8S_E2E_CAPI_VERSION").unwrap_or_default();
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("release-{name}-{version}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("create the test folder");
     dir
@@ -329,6 +331,11 @@ fn the_release_is_config_default_for_an_addon_provider_of_contract_v1beta1() {
         (
             "ValidatingAdmissionPolicyBinding",
             "ck8s-certs-renewal-policies",
+        ),
+        ("ValidatingAdmissionPolicy", "ck8s-certs-refresh-marks"),
+        (
+            "ValidatingAdmissionPolicyBinding",
+            "ck8s-certs-refresh-marks",
         ),
         ("Deployment", DEPLOYMENT),
     ]
