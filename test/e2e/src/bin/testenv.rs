@@ -47,7 +47,10 @@ async fn main() -> anyhow::Result<()> {
                 .arg("--health-bind-address")
                 .arg("127.0.0.1:0")
                 .arg(format!("--webhook-bind-address=127.0.0.1:{webhook_port}"))
-                .arg("--webhook-hosts=127.0.0.1");
+                .arg("--webhook-hosts=127.0.0.1")
+                // The provider's admission policies are not installed here: they know the
+                // controller by its ServiceAccount, and this one runs as the admin.
+                .arg("--request-policy=");
             Some(
                 Process::spawn_foreground("ck8s-certs", command)
                     .with_context(|| format!("starting {}", path.display()))?,
