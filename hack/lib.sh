@@ -20,24 +20,6 @@ export GOTOOLCHAIN=local
 
 log() { echo "[${LOG_PREFIX:-build}] $*" >&2; }
 
-# claim OUT: whether this process must build OUT. Builds of one output are serialized with flock:
-# .ci/run builds the tools in the background while the Rust side compiles, and `make test` asks
-# for the same tools meanwhile; the second asker waits, then finds OUT built. End a claim with
-# `unclaim` once OUT is in place (a failed build ends it when the script exits).
-claim() {
-  local out="$1"
-  [[ -x "$out" ]] && return 1
-  mkdir -p "$(dirname "$out")"
-  exec {BUILD_LOCK}>"$out.lock"
-  flock "$BUILD_LOCK"
-  if [[ -x "$out" ]]; then
-    unclaim
-    return 1
-  fi
-}
-
-unclaim() { exec {BUILD_LOCK}>&-; }
-
 # quiet CMD...: runs CMD with its stderr (go's "downloading ..." lines) shown only if it fails.
 quiet() {
   local err rc=0
@@ -100,7 +82,7 @@ kube_ldflags() {
 build_kubernetes_cmd() {
   local name="$1"
   local out="$BIN/$name-$KUBE_VERSION"
-  claim "$out" || return 0
+  [[ -x "$out" ]] && return 0
   local src="$CACHE/src/$name-$KUBE_VERSION"
   mkdir -p "$src" "$BIN"
   log "building $name $KUBE_VERSION (first time only)"
@@ -112,12 +94,11 @@ build_kubernetes_cmd() {
     go build -trimpath -ldflags="$(kube_ldflags)" -o "$out.tmp" "k8s.io/kubernetes/cmd/$name"
     mv "$out.tmp" "$out"
   )
-  unclaim
 }
 
 build_etcd() {
   local out="$BIN/etcd-$ETCD_VERSION"
-  claim "$out" || return 0
+  [[ -x "$out" ]] && return 0
   local src="$CACHE/src/etcd-$ETCD_VERSION"
   mkdir -p "$src" "$BIN"
   log "building etcd $ETCD_VERSION"
@@ -146,7 +127,6 @@ GOMOD
     go build -trimpath -ldflags=-s -o "$out.tmp" .
     mv "$out.tmp" "$out"
   )
-  unclaim
 }
 
 # build_clusterctl: sigs.k8s.io/cluster-api/cmd/clusterctl at CLUSTERCTL_VERSION; its nested
@@ -154,7 +134,7 @@ GOMOD
 # cluster-api's hack/scripts/release/version.sh does (`clusterctl version` tells the truth).
 build_clusterctl() {
   local out="$BIN/clusterctl-$CLUSTERCTL_VERSION"
-  claim "$out" || return 0
+  [[ -x "$out" ]] && return 0
   local src="$CACHE/src/clusterctl-$CLUSTERCTL_VERSION"
   mkdir -p "$src" "$BIN"
   log "building clusterctl $CLUSTERCTL_VERSION (first time only)"
@@ -170,7 +150,6 @@ build_clusterctl() {
       -o "$out.tmp" sigs.k8s.io/cluster-api/cmd/clusterctl
     mv "$out.tmp" "$out"
   )
-  unclaim
 }
 
 # build_promtool: github.com/prometheus/prometheus/cmd/promtool at PROMTOOL_VERSION. Prometheus
@@ -178,7 +157,7 @@ build_clusterctl() {
 # stamped as Prometheus' own build does (promu), so that `promtool --version` tells the truth.
 build_promtool() {
   local out="$BIN/promtool-$PROMTOOL_VERSION"
-  claim "$out" || return 0
+  [[ -x "$out" ]] && return 0
   local src="$CACHE/src/promtool-$PROMTOOL_VERSION"
   mkdir -p "$src" "$BIN"
   log "building promtool $PROMTOOL_VERSION (first time only)"
@@ -199,7 +178,6 @@ build_promtool() {
       -o "$out.tmp" github.com/prometheus/prometheus/cmd/promtool
     mv "$out.tmp" "$out"
   )
-  unclaim
 }
 
 # build_capi_manager VERSION: the Cluster API core manager (Cluster, Machine, MachineSet,
@@ -211,7 +189,7 @@ build_promtool() {
 build_capi_manager() {
   local version="$1"
   local out="$BIN/capi-manager-$version"
-  claim "$out" || return 0
+  [[ -x "$out" ]] && return 0
   local src="$CACHE/src/capi-manager-$version"
   mkdir -p "$src" "$BIN"
   log "building the Cluster API core manager $version (first time only)"
@@ -229,5 +207,4 @@ build_capi_manager() {
       -o "$out.tmp" "$package"
     mv "$out.tmp" "$out"
   )
-  unclaim
 }
