@@ -6,8 +6,7 @@
 
 use std::time::Duration;
 
-use super::csr::Mismatch;
-use super::{ApproveApi, NodeApi, Verification};
+use super::NodeApi;
 use crate::k8sd::client::{Auth, Target};
 use crate::k8sd::wire::{ApproveRequest, PlanRequest, PlanResponse, RunRequest, RunResponse, path};
 use crate::k8sd::{Connection, Fingerprint, K8sdError, Route, Token};
@@ -178,32 +177,18 @@ impl NodeApi for Session {
     }
 }
 
-/// A control plane's session that approves a worker's CSRs, and those CSRs in the worker's
-/// cluster, verified before every `approve`.
-pub struct Approver {
-    pub session: Session,
-    pub csrs: crate::workload::csrs::WorkerCsrs,
-}
-
-impl ApproveApi for Approver {
-    async fn approve(&mut self, seed: i64) -> Result<(), K8sdError> {
-        let timeout = self.session.timeouts.call;
-        self.session
-            .call::<_, crate::k8sd::wire::ApproveResponse>(
-                path::APPROVE,
-                &ApproveRequest { seed },
-                timeout,
-            )
-            .await
-            .map(drop)
-    }
-
-    async fn verify(&mut self, seed: i64, lifetime: i64) -> Verification {
-        self.csrs.verify(seed, lifetime).await
-    }
-
-    async fn deny(&mut self, seed: i64, why: &Mismatch) {
-        self.csrs.deny(seed, why).await;
+impl Session {
+    /// `approve` of a worker's CSRs of `seed`, sent to this control plane. Only for CSRs that
+    /// were verified first ([`crate::refresh::ApproveApi`]).
+    pub async fn approve(&mut self, seed: i64) -> Result<(), K8sdError> {
+        let timeout = self.timeouts.call;
+        self.call::<_, crate::k8sd::wire::ApproveResponse>(
+            path::APPROVE,
+            &ApproveRequest { seed },
+            timeout,
+        )
+        .await
+        .map(drop)
     }
 }
 

@@ -22,8 +22,9 @@ use super::report::create_certificates;
 use crate::controllers::executor::{Connector, Failure, NodeSession};
 use crate::k8sd::{Fingerprint, K8sdError};
 use crate::metrics::K8sdCalls;
-use crate::refresh::csr;
-use crate::refresh::session::{Approver, Credential, Session};
+use crate::refresh::csr::{self, Mismatch};
+use crate::refresh::session::{Credential, Session};
+use crate::refresh::{ApproveApi, Verification};
 use crate::workload;
 use crate::workload::csrs::WorkerCsrs;
 use crate::workload::endpoint;
@@ -48,6 +49,27 @@ pub(super) fn pin_of(
             crate::text::truncate(text.to_owned(), 80)
         ))
     })
+}
+
+/// A control plane's session that approves a worker's CSRs, and those CSRs in the worker's
+/// cluster, read and verified before every `approve` (k8sd approves by name, without looking).
+pub(super) struct Approver {
+    session: Session,
+    csrs: WorkerCsrs,
+}
+
+impl ApproveApi for Approver {
+    async fn approve(&mut self, seed: i64) -> Result<(), K8sdError> {
+        self.session.approve(seed).await
+    }
+
+    async fn verify(&mut self, seed: i64, lifetime: i64) -> Verification {
+        self.csrs.verify(seed, lifetime).await
+    }
+
+    async fn deny(&mut self, seed: i64, why: &Mismatch) {
+        self.csrs.deny(seed, why).await;
+    }
 }
 
 /// The clients and settings every connection to a node needs (one per controller).
