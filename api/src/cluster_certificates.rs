@@ -103,6 +103,9 @@ pub mod renewal_reasons {
     pub const CLIENT_CA_UNUSABLE: &str = "ClientCAUnusable";
     /// False: the certificate held was not signed by `<cluster>-cca`.
     pub const OTHER_ISSUER: &str = "OtherIssuer";
+    /// False: `client-key-data` is not the key of `client-certificate-data`. Whoever stored it
+    /// does not hold the certificate's key; renewing would give them a key for its identity.
+    pub const KEY_MISMATCH: &str = "KeyMismatch";
     /// False: `<cluster>-cca` ends too soon for a certificate worth issuing.
     pub const CLIENT_CA_ENDING: &str = "ClientCAEnding";
     /// False: the workload API server did not accept the new certificate; nothing was written.

@@ -320,14 +320,6 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
             .filter(|(at, _)| at.elapsed() < RECHECK_AFTER)
             .map(|(_, reading)| reading.clone())
     });
-    let mut reading = match recent {
-        Some(reading) => reading,
-        None => fresh_reading(&ctx, &key, None).await?,
-    };
-    let (report, retry) = renew_if_due(&ctx, &key, &mut reading, &secret, now).await?;
-    export(&ctx.metrics, &namespace, &name, &reading);
-
-    let (ready, reason, message, warn) = verdict(&reading, &secret, ctx.config.warning, now);
     let record = ctx
         .records
         .get(&kube::runtime::reflector::ObjectRef::new(&name).within(&namespace));
@@ -335,6 +327,21 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         .as_ref()
         .and_then(|r| r.status.clone())
         .unwrap_or_default();
+    let mut reading = match recent {
+        Some(reading) => reading,
+        None => {
+            let recorded_ca = old
+                .kubeconfig
+                .as_ref()
+                .and_then(|k| k.client_certificate_authority_expiry.as_ref())
+                .map(|t| t.0);
+            fresh_reading(&ctx, &key, recorded_ca, now).await?
+        }
+    };
+    let (report, retry) = renew_if_due(&ctx, &key, &mut reading, &secret, now).await?;
+    export(&ctx.metrics, &namespace, &name, &reading);
+
+    let (ready, reason, message, warn) = verdict(&reading, &secret, ctx.config.warning, now);
     let status = status_for(
         &old,
         &reading,
@@ -412,7 +419,8 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
 }
 
 /// The management kubeconfig's renewal, when it is due: its report (`None`: nothing to say),
-/// and how soon to look again after a failure. A renewed Secret is read again into `reading`.
+/// and how soon to look again after a failure. A renewed Secret is read again into `reading`;
+/// the client CA's end a renewal read is kept in it.
 async fn renew_if_due(
     ctx: &Context,
     key: &(String, String),
@@ -426,19 +434,31 @@ async fn renew_if_due(
         renewal::Plan::Report(report) => Some(report),
         renewal::Plan::Due => {
             let report = attempt(ctx, key, now).await;
+            let known = match &*reading {
+                Reading::Read { expiry, .. } => expiry.client_ca,
+                _ => None,
+            };
+            let client_ca = report.client_ca_end.or(known);
             if report.renewed.is_some() {
                 // What the Secret holds now (signed by the same client CA).
-                let client_ca = match &*reading {
-                    Reading::Read { expiry, .. } => Some(expiry.client_ca),
-                    _ => None,
-                };
-                *reading = fresh_reading(ctx, key, client_ca).await?;
-            } else if !report.ok {
-                retry = Some(if report.transient() {
-                    Duration::from_secs(60)
-                } else {
-                    RECHECK_AFTER
-                });
+                *reading = fresh_reading(ctx, key, client_ca, now).await?;
+            } else {
+                if let Reading::Read { expiry, .. } = reading {
+                    expiry.client_ca = client_ca;
+                }
+                // Kept where the next checks read from too, else they would show it unknown.
+                if let Ok(mut readings) = ctx.readings.lock()
+                    && let Some((_, kept)) = readings.get_mut(key)
+                {
+                    *kept = reading.clone();
+                }
+                if !report.ok {
+                    retry = Some(if report.transient() {
+                        Duration::from_secs(60)
+                    } else {
+                        RECHECK_AFTER
+                    });
+                }
             }
             Some(report)
         }
@@ -447,24 +467,29 @@ async fn renew_if_due(
 }
 
 /// Reads the Secret and keeps the reading for [`RECHECK_AFTER`]; with renewal on, also the
-/// client CA's end unless `client_ca` knows it already.
+/// client CA's end: `client_ca` when it is known (the record's status, a renewal's reading),
+/// else read once from `<cluster>-cca` (unless a renewal is due, which reads it). That Secret
+/// holds the CA's key, so it is read only then and when a renewal is due, not at every check.
 async fn fresh_reading(
     ctx: &Context,
     key: &(String, String),
-    client_ca: Option<Option<Timestamp>>,
+    client_ca: Option<Timestamp>,
+    now: Timestamp,
 ) -> Result<Reading, Error> {
     let renewing = ctx.config.renewal.mode != client_certificate::Mode::Off;
     let mut reading = read(&ctx.client, &key.0, &key.1, ctx.config.vetting, renewing).await?;
-    // The client CA's end, which no renewal can go past: read only when renewal is on and the
+    // The client CA's end, which no renewal can go past: only when renewal is on and the
     // kubeconfig is one it renews.
     if renewing
         && let Reading::Read {
             expiry,
-            held: Ok(_),
+            held: Ok(held),
         } = &mut reading
     {
         expiry.client_ca = match client_ca {
-            Some(known) => known,
+            Some(known) => Some(known),
+            // Due: the renewal reads it (once) and tells.
+            None if held.due_at(ctx.config.renewal.renew_before) <= now => None,
             None => client_ca_expiry(&ctx.client, &key.0, &key.1).await?,
         };
     }

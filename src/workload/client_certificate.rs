@@ -91,6 +91,12 @@ pub enum Refusal {
         "the client certificate was not signed by the client CA in {0}: it was issued elsewhere, so a certificate of that CA may not be accepted in its place"
     )]
     OtherIssuer(String),
+    /// The key stored beside the certificate is not its key: whoever stored the kubeconfig
+    /// does not prove they hold the certificate, so no new key is issued for its identity.
+    #[error(
+        "`client-key-data` is not the private key of `client-certificate-data`: whoever stored this kubeconfig does not hold the certificate's key, and a renewal would give them a working key for its identity. Store the provider's kubeconfig again (or delete the Secret so the provider writes it)"
+    )]
+    KeyMismatch,
     /// The client CA ends too soon for a certificate worth issuing.
     #[error(
         "the client CA in {secret} expires at {at}: a certificate it signs cannot outlive it, so renewing now would not help. Renew the client CA first"
@@ -106,6 +112,7 @@ impl Refusal {
             Self::Shape(_) => why::NOT_PROVIDER_SHAPE,
             Self::Ca(_) => why::CLIENT_CA_UNUSABLE,
             Self::OtherIssuer(_) => why::OTHER_ISSUER,
+            Self::KeyMismatch => why::KEY_MISMATCH,
             Self::CaEnding { .. } => why::CLIENT_CA_ENDING,
         }
     }
@@ -115,9 +122,20 @@ fn shape(reason: impl Into<String>) -> Refusal {
     Refusal::Shape(reason.into())
 }
 
+/// The identity the CK8s control-plane provider's kubeconfig authenticates as (CAPI's
+/// `util/kubeconfig`): CN `kubernetes-admin`, O `system:masters`. Only that one is renewed:
+/// a client CA may once have signed certificates for others, and a renewal must not bring any
+/// of them back to life.
+const PROVIDER_SUBJECT: [(&[u64], &str); 2] = [
+    (&[2, 5, 4, 3], "kubernetes-admin"),
+    (&[2, 5, 4, 10], "system:masters"),
+];
+
 /// The client certificate of the kubeconfig `yaml` (already vetted) of `cluster`, when it has
 /// the provider's shape: one user, `<cluster>-admin`, the current context's, authenticating
-/// with an inline client certificate and key and nothing else.
+/// with an inline client certificate for the provider's identity ([`PROVIDER_SUBJECT`]) and
+/// that certificate's own key, and nothing else. The key is what proves that whoever stored
+/// the kubeconfig holds the certificate (a certificate is public).
 pub fn held(yaml: &str, cluster: &str) -> Result<Held, Refusal> {
     let document = document(yaml)?;
     let expected = format!("{cluster}-admin");
@@ -188,6 +206,28 @@ pub fn held(yaml: &str, cluster: &str) -> Result<Held, Refusal> {
         .map_err(|_| shape("`client-certificate-data` holds no readable certificate"))?;
     let (not_before, not_after) = validity(&certificate)
         .ok_or_else(|| shape("the client certificate's validity is out of range"))?;
+    if !is_provider_subject(certificate.subject()) {
+        return Err(shape(
+            "its client certificate is not for kubernetes-admin in system:masters, the identity the provider's kubeconfig has",
+        ));
+    }
+    let key = user
+        .get("client-key-data")
+        .and_then(Value::as_str)
+        .and_then(|data| {
+            base64::engine::general_purpose::STANDARD
+                .decode(data.trim())
+                .ok()
+        })
+        .and_then(|pem| signing_key(std::str::from_utf8(&pem).ok()?))
+        .ok_or_else(|| {
+            shape(
+                "`client-key-data` is not a private key in a form the provider writes (PEM: an RSA key as PKCS#1 or PKCS#8, an ECDSA P-256/P-384 or Ed25519 key as PKCS#8)",
+            )
+        })?;
+    if key.public_key_raw() != certificate.public_key().subject_public_key.data.as_ref() {
+        return Err(Refusal::KeyMismatch);
+    }
     Ok(Held {
         user: expected,
         not_before,
@@ -211,6 +251,27 @@ fn document(yaml: &str) -> Result<Value, Refusal> {
         )));
     }
     serde_yaml::from_str(yaml).map_err(|_| shape("it is not YAML"))
+}
+
+/// Whether `name` is exactly [`PROVIDER_SUBJECT`]: each attribute once, nothing else, in any
+/// order.
+fn is_provider_subject(name: &X509Name<'_>) -> bool {
+    let mut found = [false; PROVIDER_SUBJECT.len()];
+    for attribute in name.iter_attributes() {
+        let Some(arcs) = attribute.attr_type().iter() else {
+            return false;
+        };
+        let arcs: Vec<u64> = arcs.collect();
+        let Some(at) = PROVIDER_SUBJECT.iter().position(|(oid, value)| {
+            *oid == arcs.as_slice() && attribute.as_str().ok() == Some(*value)
+        }) else {
+            return false;
+        };
+        if std::mem::replace(&mut found[at], true) {
+            return false;
+        }
+    }
+    found.iter().all(|f| *f)
 }
 
 /// The DER of the first certificate in PEM text.

@@ -43,6 +43,8 @@ pub struct Report {
     pub next: Option<Timestamp>,
     /// Set when this check renewed the certificate.
     pub renewed: Option<Timestamp>,
+    /// NotAfter of `<cluster>-cca`, when this check read it (only a due renewal reads it).
+    pub client_ca_end: Option<Timestamp>,
 }
 
 impl Report {
@@ -59,6 +61,7 @@ impl Report {
             message,
             next: None,
             renewed: None,
+            client_ca_end: None,
         }
     }
 
@@ -73,6 +76,7 @@ impl Report {
             event: None,
             next: Some(due),
             renewed: None,
+            client_ca_end: None,
         }
     }
 
@@ -100,6 +104,7 @@ impl Report {
             message,
             next: None,
             renewed: None,
+            client_ca_end: None,
         }
     }
 }
@@ -132,12 +137,29 @@ pub fn plan(config: Config, reading: &Reading, secret: &str, now: Timestamp) -> 
 }
 
 /// Renews the due certificate of `cluster` (or, in a dry run, does everything but the write).
+/// The report carries the client CA's end when the CA was read.
 pub async fn renew(
     ctx: &Context,
     namespace: &str,
     cluster: &str,
     config: Config,
     now: Timestamp,
+) -> Report {
+    let mut client_ca_end = None;
+    let report = renew_with(ctx, namespace, cluster, config, now, &mut client_ca_end).await;
+    Report {
+        client_ca_end,
+        ..report
+    }
+}
+
+async fn renew_with(
+    ctx: &Context,
+    namespace: &str,
+    cluster: &str,
+    config: Config,
+    now: Timestamp,
+    client_ca_end: &mut Option<Timestamp>,
 ) -> Report {
     let name = kubeconfig_secret_name(cluster);
     let secret = format!("{namespace}/{name}");
@@ -179,6 +201,7 @@ pub async fn renew(
         Ok(ca) => ca,
         Err(report) => return report,
     };
+    *client_ca_end = crate::workload::credentials::ca_not_after(ca_pem.as_bytes(), "tls.crt").ok();
     let issued = match client_certificate::issue(
         &held,
         &ca_secret,

@@ -284,3 +284,88 @@ fn the_kubeconfig_keeps_everything_but_the_certificate_and_key() {
     assert_eq!(again.not_after, issued.not_after);
     assert_eq!(again.not_before, now - BACKDATE);
 }
+
+/// A certificate for `subject` (CN, O) signed by the test client CA, and its key.
+fn signed_for(subject: &[(DnType, &str)]) -> (String, String) {
+    let ca_key = signing_key(CA_KEY).unwrap();
+    let issuer =
+        Issuer::from_ca_cert_der(&first_certificate(CA.as_bytes()).unwrap().into(), ca_key)
+            .unwrap();
+    let mut params = CertificateParams::default();
+    for (kind, value) in subject {
+        params.distinguished_name.push(kind.clone(), *value);
+    }
+    params.not_before = rcgen::date_time_ymd(2025, 1, 1);
+    params.not_after = rcgen::date_time_ymd(2026, 1, 1);
+    let key = KeyPair::generate().unwrap();
+    let certificate = params.signed_by(&key, &issuer).unwrap();
+    (certificate.pem(), key.serialize_pem())
+}
+
+fn with_credentials(certificate: &str, key: &str) -> String {
+    kubeconfig(&format!(
+        "    client-certificate-data: {}\n    client-key-data: {}\n",
+        b64(certificate),
+        b64(key)
+    ))
+}
+
+#[test]
+fn a_certificate_stored_without_its_own_key_is_not_renewed() {
+    // The provider's certificate (public) beside a key of the tenant's: renewing it would
+    // give the tenant a working key for kubernetes-admin.
+    let foreign = KeyPair::generate().unwrap().serialize_pem();
+    assert_eq!(
+        held(&with_credentials(ADMIN, &foreign), "c1"),
+        Err(Refusal::KeyMismatch)
+    );
+    assert_eq!(Refusal::KeyMismatch.reason(), "KeyMismatch");
+    // Another certificate's key (the CA's), and no key at all.
+    assert_eq!(
+        held(&with_credentials(ADMIN, CA_KEY), "c1"),
+        Err(Refusal::KeyMismatch)
+    );
+    let unreadable = shape_refusal(&with_credentials(ADMIN, "not a key"));
+    assert!(
+        unreadable.contains("`client-key-data` is not a private key"),
+        "{unreadable}"
+    );
+    // The message never quotes the key.
+    assert!(!Refusal::KeyMismatch.to_string().contains("PRIVATE"));
+}
+
+#[test]
+fn only_the_provider_s_identity_is_renewed() {
+    let cn = |v| (DnType::CommonName, v);
+    let o = |v| (DnType::OrganizationName, v);
+    // Either order of the two attributes is the provider's identity.
+    for subject in [
+        vec![cn("kubernetes-admin"), o("system:masters")],
+        vec![o("system:masters"), cn("kubernetes-admin")],
+    ] {
+        let (certificate, key) = signed_for(&subject);
+        assert!(
+            held(&with_credentials(&certificate, &key), "c1").is_ok(),
+            "{subject:?}"
+        );
+    }
+    // Anyone else the client CA may once have signed for is not.
+    for subject in [
+        vec![cn("alice"), o("system:masters")],
+        vec![cn("kubernetes-admin")],
+        vec![cn("kubernetes-admin"), o("system:masters"), o("tenants")],
+        vec![
+            cn("kubernetes-admin"),
+            o("system:masters"),
+            (DnType::OrganizationalUnitName, "x"),
+        ],
+        vec![cn("kubernetes-admin"), o("system:nodes")],
+    ] {
+        let (certificate, key) = signed_for(&subject);
+        let reason = shape_refusal(&with_credentials(&certificate, &key));
+        assert!(
+            reason.contains("not for kubernetes-admin in system:masters"),
+            "{subject:?}: {reason}"
+        );
+    }
+}

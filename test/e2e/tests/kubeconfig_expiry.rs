@@ -310,8 +310,24 @@ async fn a_due_client_certificate_is_renewed_in_place_and_other_shapes_are_left_
         .get("gamma-kubeconfig")
         .await
         .unwrap();
+    // solo's holds the provider's certificate (public: anyone may have a copy) beside a key that
+    // is not its own, and its client CA is there: renewing it would hand whoever stored it a
+    // working key for kubernetes-admin.
+    let (solo_yaml, solo_cert) = env.make_kubeconfig_due("solo").await;
+    let foreign_key = rcgen::KeyPair::generate().unwrap().serialize_pem();
+    let stolen =
+        ck8s_certs_e2e::kubeconfigs::with_client_certificate(&solo_yaml, &solo_cert, &foreign_key);
+    let solo_before = secrets
+        .patch(
+            "solo-kubeconfig",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "stringData": { "value": stolen } })),
+        )
+        .await
+        .unwrap();
     let nodes = env.isolate_cluster("beta", "renewal").await;
     env.isolate_cluster("gamma", "renewal").await;
+    env.isolate_cluster("solo", "renewal").await;
     env.install_kubeconfig_renewal().await;
     let controller = env.start_controller("renewal", &["--renew-management-kubeconfig"]);
 
@@ -447,9 +463,34 @@ async fn a_due_client_certificate_is_renewed_in_place_and_other_shapes_are_left_
             .filter(|r| r.starts_with("get"))
             .collect::<Vec<_>>()
     };
-    // The client CA: read at the first check for its end, then for the renewal.
-    assert_eq!(gets("beta-cca"), ["get (200)", "get (200)"]);
+    // The client CA (it holds the CA's key): read once, by the renewal, which also tells its end.
+    assert_eq!(gets("beta-cca"), ["get (200)"]);
     assert!(secret_requests(&env, "gamma-cca").is_empty());
+
+    // solo's is not renewed, and says why; its Secret and its client CA are never touched.
+    let solo = wait_renewal(&env, "fleet", "solo", |r| renewal_condition(r).is_some()).await;
+    let condition = renewal_condition(&solo).unwrap();
+    assert_eq!(
+        (condition.status.as_str(), condition.reason.as_str()),
+        ("False", "KeyMismatch")
+    );
+    assert!(
+        condition
+            .message
+            .contains("`client-key-data` is not the private key of `client-certificate-data`"),
+        "{}",
+        condition.message
+    );
+    assert_eq!(
+        secrets
+            .get("solo-kubeconfig")
+            .await
+            .unwrap()
+            .metadata
+            .resource_version,
+        solo_before.metadata.resource_version
+    );
+    assert!(gets("solo-cca").is_empty());
     assert_eq!(
         secret_requests(&env, "beta-kubeconfig")
             .iter()
