@@ -68,6 +68,13 @@ pub struct Args {
     #[arg(long, env = "CK8S_CERTS_K8SD_RUN_TIMEOUT", value_parser = duration, default_value = "5m")]
     pub k8sd_run_timeout: Duration,
 
+    /// How long reaching a node may take in all before a refresh counts it as not answering
+    /// (waited for up to --refresh-wait-timeout, then a failure): the workload cluster's reads,
+    /// the tunnel to the node's k8sd-proxy pod and, for a worker, its first `plan` and finding a
+    /// Ready control plane to approve its CSRs. The cluster's refresh place is taken only after.
+    #[arg(long, env = "CK8S_CERTS_NODE_CONNECT_TIMEOUT", value_parser = duration, default_value = "2m")]
+    pub node_connect_timeout: Duration,
+
     /// Tries of a k8sd call that times out (the refresh gives its slot back between tries); a
     /// node that refuses connections or answers 503 (restarting) is waited for up to
     /// --refresh-wait-timeout instead.

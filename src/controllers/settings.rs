@@ -58,6 +58,7 @@ impl Settings {
                     tries: args.k8sd_attempts.max(1),
                     settle_timeout: args.settle_timeout,
                     run_timeout: args.k8sd_run_timeout,
+                    connect_timeout: args.node_connect_timeout,
                 },
                 workers_per_cluster: args.max_worker_refreshes_per_cluster,
                 workers: args.max_worker_refreshes,

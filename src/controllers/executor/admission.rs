@@ -201,21 +201,8 @@ impl Admission {
         who: &Waiter,
     ) -> Result<Guard, Busy> {
         let inner = &self.0;
-        let now = Instant::now();
         let mut state = inner.lock();
-        state.expire(now);
-        let key = (namespace.to_owned(), cluster.to_owned());
-        if let Some(entry) = state.clusters.get_mut(&key) {
-            entry.forget_lapsed(now);
-        }
-        if let Some(busy) = inner.busy(&state, &key, role, who) {
-            state
-                .clusters
-                .entry(key)
-                .or_default()
-                .note_waiting(who, role, now);
-            return Err(busy);
-        }
+        let key = inner.check(&mut state, namespace, cluster, role, who)?;
         state.invited.remove(who);
         let entry = state.clusters.entry(key.clone()).or_default();
         entry.waiting.retain(|q| q.who != *who);
@@ -231,6 +218,15 @@ impl Admission {
             cluster: key,
             role,
         })
+    }
+
+    /// Whether it is `who`'s turn: what [`Self::try_enter`] decides, without taking the place
+    /// (taken once what the refresh needs is at hand: reaching a node may take long, and a
+    /// place held meanwhile would keep others out). Noted as waiting when not.
+    pub fn turn(&self, namespace: &str, cluster: &str, role: Role, who: &Waiter) -> Result<(), Busy> {
+        let inner = &self.0;
+        let mut state = inner.lock();
+        inner.check(&mut state, namespace, cluster, role, who).map(drop)
     }
 
     /// Whether `try_enter` would let `who` go now (nothing is noted).
@@ -274,6 +270,32 @@ impl Admission {
 impl Inner {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `cluster`'s key when `who` may go now as `role`, else why not (and `who` noted waiting).
+    fn check(
+        &self,
+        state: &mut State,
+        namespace: &str,
+        cluster: &str,
+        role: Role,
+        who: &Waiter,
+    ) -> Result<ClusterKey, Busy> {
+        let now = Instant::now();
+        state.expire(now);
+        let key = (namespace.to_owned(), cluster.to_owned());
+        if let Some(entry) = state.clusters.get_mut(&key) {
+            entry.forget_lapsed(now);
+        }
+        if let Some(busy) = self.busy(state, &key, role, who) {
+            state
+                .clusters
+                .entry(key)
+                .or_default()
+                .note_waiting(who, role, now);
+            return Err(busy);
+        }
+        Ok(key)
     }
 
     /// Why `who` may not go now as `role` in `cluster`, counting the places kept for waiters

@@ -9,11 +9,14 @@
 //! execute(Accepted) ──► a worker not on its node yet, a control plane of its cluster pending?
 //!    │                        └─yes─► Wait (woken when the control plane leaves the cluster)
 //!    ▼
-//! Admission::try_enter (a control plane alone in its cluster; workers bounded)
+//! Admission::turn (a control plane alone in its cluster; workers bounded)
 //!    │                        └─busy─► Wait (woken when a place frees)
 //!    ▼
-//! Connector::node (a worker: its first plan ∥ ::approver) ─ not answering ─► Wait 1 s … 8 s,
-//!    │                              up to --refresh-wait-timeout, the cluster given back
+//! Connector::node (a worker: its first plan ∥ ::approver), in all within
+//!    │   --node-connect-timeout, no place held ─ not answering ─► Wait 1 s … 8 s,
+//!    │                                            up to --refresh-wait-timeout
+//!    ▼
+//! Admission::try_enter (the place taken now; taken meanwhile ─► Wait, as above)
 //!    ▼
 //! attempts: plan ─► Journal::record(seed) ─► run (∥ approve) ─ no answer ─► new plan (≤ 3 runs)
 //!    │        └─ plan not answering ─► Wait (as above; timeouts tried --k8sd-retries times)
@@ -72,6 +75,8 @@ pub struct Settings {
     pub settle_timeout: Duration,
     /// How long a `run` may take on the node (`--k8sd-run-timeout`).
     pub run_timeout: Duration,
+    /// How long reaching a node may take in all (`--node-connect-timeout`).
+    pub connect_timeout: Duration,
 }
 
 /// A refresh taken up by the Machine reconciler, to be carried out on its node.
@@ -335,31 +340,17 @@ impl Executor {
         if let Some((after, why)) = held {
             return self.park(who, parked, op, journal, why, after).await;
         }
-        let guard = match self
-            .admission
-            .try_enter(&who.namespace, &cluster, role, &who)
-        {
-            Ok(guard) => guard,
-            Err(busy) => {
-                // Queued for its cluster's turn: not written anywhere (with a whole cluster
-                // queued, a status write per waiting refresh would slow the queue itself); the
-                // Machine shows in-progress, and Refreshing turns True when it reaches its node.
-                info!(why = %busy, "Queued");
-                self.keep(who, parked, op, journal.seen());
-                return Finished::Wait {
-                    after: WAITING_RECHECK,
-                    why: busy.to_string(),
-                };
-            }
-        };
-        if (op.seed.is_none() && self.stop.is_cancelled()) || !self.term.leading() {
-            // Nothing was sent to the node yet (or, no longer leading, nothing more will be):
-            // the next leader goes on from the request.
+        // Its turn is checked first, its place taken only once the node is reached: reaching
+        // it (the workload cluster's reads, a tunnel, for a worker an approver) is the tenant's
+        // to slow down, and a place held meanwhile would keep every other refresh out.
+        if let Err(busy) = self.admission.turn(&who.namespace, &cluster, role, &who) {
+            return self.queued(who, parked, op, journal, &busy);
+        }
+        if self.stopping(&op) {
             self.forget_parked(&who);
             return Finished::Stopping;
         }
-
-        let (session, approver) = connect(connector, role, &op).await;
+        let (session, approver) = self.connect(connector, role, &op).await;
         let (session, planned) = match session {
             Ok(session) => session,
             Err(failure) => {
@@ -378,6 +369,19 @@ impl Executor {
                     .await;
             }
         };
+        let guard = match self
+            .admission
+            .try_enter(&who.namespace, &cluster, role, &who)
+        {
+            Ok(guard) => guard,
+            // Taken meanwhile: nothing was sent that changes the node (a worker's `plan` does
+            // not), so the sessions are let go and it waits for its turn again.
+            Err(busy) => return self.queued(who, parked, op, journal, &busy),
+        };
+        if self.stopping(&op) {
+            self.forget_parked(&who);
+            return Finished::Stopping;
+        }
         let extra_sans = (role == Role::ControlPlane).then_some(session.extra_sans);
         let mut attempts_journal = AttemptsJournal {
             journal,
@@ -423,6 +427,61 @@ impl Executor {
                     Failure::Superseded => Finished::Superseded,
                     failure => Finished::Failed { op, failure },
                 }
+            }
+        }
+    }
+
+    /// Queued for its cluster's turn: not written anywhere (with a whole cluster queued, a
+    /// status write per waiting refresh would slow the queue itself); the Machine shows
+    /// in-progress, and Refreshing turns True when it reaches its node.
+    fn queued<N, J: Journal>(
+        &self,
+        who: Waiter,
+        parked: Waiting,
+        op: Operation,
+        journal: &J,
+        busy: &Busy,
+    ) -> Finished<N> {
+        info!(why = %busy, "Queued");
+        self.keep(who, parked, op, journal.seen());
+        Finished::Wait {
+            after: WAITING_RECHECK,
+            why: busy.to_string(),
+        }
+    }
+
+    /// Whether nothing more may be sent for `op`: nothing was sent to the node yet and the
+    /// process is stopping, or this replica no longer leads (the next leader goes on from the
+    /// request).
+    fn stopping(&self, op: &Operation) -> bool {
+        (op.seed.is_none() && self.stop.is_cancelled()) || !self.term.leading()
+    }
+
+    /// [`connect`] within `--node-connect-timeout` in all: past it, the node counts as not
+    /// answering (waited for, then a failure).
+    async fn connect<C: Connector>(
+        &self,
+        connector: &C,
+        role: Role,
+        op: &Operation,
+    ) -> (
+        Result<(NodeSession<C::Node>, Planned), Failure>,
+        Option<Result<C::Approver, Failure>>,
+    ) {
+        let limit = self.settings.connect_timeout;
+        match tokio::time::timeout(limit, connect(connector, role, op)).await {
+            Ok(connected) => connected,
+            Err(_) => {
+                let why = format!(
+                    "reaching the node{} took longer than {} (--node-connect-timeout): its workload cluster's API server or the node answers too slowly",
+                    if role == Role::Worker {
+                        " and a control plane to approve its CSRs"
+                    } else {
+                        ""
+                    },
+                    humantime::format_duration(limit)
+                );
+                (Err(Failure::Unavailable(why)), None)
             }
         }
     }

@@ -165,6 +165,8 @@ pub(super) struct Link {
     pub(super) node: Mutex<Option<Node>>,
     pub(super) connects: Mutex<VecDeque<Failure>>,
     pub(super) approver: Mutex<Option<Approver>>,
+    /// How long reaching the node takes (a workload API that answers slowly).
+    pub(super) connect_takes: Duration,
     pub(super) log: Log,
 }
 
@@ -173,6 +175,7 @@ impl Connector for Link {
     type Approver = Approver;
 
     async fn node(&self) -> Result<NodeSession<Node>, Failure> {
+        tokio::time::sleep(self.connect_takes).await;
         let failed = self.connects.lock().unwrap().pop_front();
         if let Some(failure) = failed {
             push(&self.log, format!("connect: {}", failure.cause()));
@@ -264,6 +267,7 @@ pub(super) fn node(
         })),
         connects: Mutex::default(),
         approver: Mutex::new(Some(Approver::new(Vec::new(), log))),
+        connect_takes: Duration::ZERO,
         log: log.clone(),
     }
 }

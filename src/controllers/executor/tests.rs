@@ -28,6 +28,7 @@ fn executor_in(term: crate::leader::Term) -> (Executor, mpsc::UnboundedReceiver<
             tries: 3,
             settle_timeout: Duration::from_secs(30),
             run_timeout: RUN_TIMEOUT,
+            connect_timeout: Duration::from_secs(20),
         },
         CancellationToken::new(),
         term,
@@ -606,4 +607,42 @@ fn an_operation_without_a_valid_lifetime_is_refused_before_anything_is_sent() {
             "{seconds:?} {ttl}: {failure}"
         );
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_node_that_is_slow_to_reach_holds_no_place_and_is_given_up_on_at_the_connect_timeout() {
+    let log = Log::default();
+    let (executor, _) = executor();
+    // A tenant's workload API that answers every read slowly: reaching the worker takes an hour.
+    let mut link = node(&log, "w-1", vec![Ok(11)], vec![Ok(EXPIRY)]);
+    link.connect_takes = Duration::from_secs(3600);
+    let mut journal = journal(&log);
+    let slow = go(&executor, "w-1", Role::Worker, &link, &mut journal);
+    tokio::pin!(slow);
+    tokio::select! {
+        _ = &mut slow => panic!("reaching the node took its hour"),
+        () = tokio::time::sleep(Duration::from_secs(10)) => {}
+    }
+    // Half-way: it holds no place of its cluster, so a control plane could go now.
+    assert!(
+        executor
+            .admission
+            .would_enter("ns", "c", Role::ControlPlane, &who("cp-0"))
+    );
+    let started = tokio::time::Instant::now();
+    let finished = slow.await;
+    assert_eq!(started.elapsed(), Duration::from_secs(10), "cut at 20 s in all");
+    let said = said(&finished);
+    assert!(
+        said.starts_with("wait: the workload cluster, which does not answer")
+            && said.contains("took longer than 20s (--node-connect-timeout)"),
+        "{said}"
+    );
+    // Nothing was sent to the node; the refresh is parked, not failed.
+    assert_eq!(entries(&log), Vec::<String>::new());
+    assert!(
+        executor
+            .admission
+            .would_enter("ns", "c", Role::ControlPlane, &who("cp-0"))
+    );
 }
