@@ -12,6 +12,7 @@ pub mod capi_version;
 pub mod cli;
 pub mod clock;
 pub mod controllers;
+pub mod events;
 pub mod failpoint;
 pub mod health;
 pub mod k8sd;

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::events::{Event, EventType, Recorder};
 use ck8s_certs_api::capi::{CLUSTER_NAME_LABEL, kubeconfig_secret_name};
 use ck8s_certs_api::cluster_certificates::{
     ClusterCertificates, ClusterCertificatesStatus, KUBECONFIG_RENEWAL, KubeconfigStatus, reasons,
@@ -19,7 +20,6 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;

@@ -24,10 +24,10 @@ pub mod watches;
 
 use std::sync::Arc;
 
+use crate::events::{Recorder, Reporter};
 use ck8s_certs_api::machine::CapiVersion;
 use ck8s_certs_api::machine_certificates::Carrier;
 use kube::Client;
-use kube::runtime::events::{Recorder, Reporter};
 use tokio_util::sync::CancellationToken;
 
 use crate::health::Health;

@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
+use crate::events::Recorder;
 use ck8s_certs_api::machine::CapiVersion;
 use kube::Client;
-use kube::runtime::events::Recorder;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::SharedClock;

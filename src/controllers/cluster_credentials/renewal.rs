@@ -6,6 +6,7 @@
 //! guarded by the resourceVersion read: the CK8s control-plane provider, a person or a
 //! `clusterctl move` changing the Secret meanwhile wins, and the next check starts over.
 
+use crate::events::EventType;
 use ck8s_certs_api::capi::kubeconfig_secret_name;
 use ck8s_certs_api::cluster_certificates::renewal_reasons as why;
 use ck8s_certs_api::reasons::events;
@@ -13,7 +14,6 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::events::EventType;
 use serde_json::json;
 
 use super::{Context, Reading};

@@ -171,7 +171,7 @@ async fn the_series_of_a_deleted_cluster_are_dropped_by_the_sweep() {
             .as_reader(),
         recorder: Recorder::new(
             client,
-            kube::runtime::events::Reporter {
+            crate::events::Reporter {
                 controller: "test".into(),
                 instance: None,
             },

@@ -223,10 +223,18 @@ impl Admission {
     /// Whether it is `who`'s turn: what [`Self::try_enter`] decides, without taking the place
     /// (taken once what the refresh needs is at hand: reaching a node may take long, and a
     /// place held meanwhile would keep others out). Noted as waiting when not.
-    pub fn turn(&self, namespace: &str, cluster: &str, role: Role, who: &Waiter) -> Result<(), Busy> {
+    pub fn turn(
+        &self,
+        namespace: &str,
+        cluster: &str,
+        role: Role,
+        who: &Waiter,
+    ) -> Result<(), Busy> {
         let inner = &self.0;
         let mut state = inner.lock();
-        inner.check(&mut state, namespace, cluster, role, who).map(drop)
+        inner
+            .check(&mut state, namespace, cluster, role, who)
+            .map(drop)
     }
 
     /// Whether `try_enter` would let `who` go now (nothing is noted).

@@ -631,7 +631,11 @@ async fn a_node_that_is_slow_to_reach_holds_no_place_and_is_given_up_on_at_the_c
     );
     let started = tokio::time::Instant::now();
     let finished = slow.await;
-    assert_eq!(started.elapsed(), Duration::from_secs(10), "cut at 20 s in all");
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_secs(10),
+        "cut at 20 s in all"
+    );
     let said = said(&finished);
     assert!(
         said.starts_with("wait: the workload cluster, which does not answer")

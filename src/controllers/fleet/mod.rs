@@ -23,6 +23,7 @@ pub use start::{control_plane_triggers, start};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::events::Recorder;
 use ck8s_certs_api::annotations::{
     FLEET_REQUEST, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS, RefreshStatus,
 };
@@ -33,7 +34,6 @@ use ck8s_certs_api::machine_certificates::{MachineCertificates, Phase};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;

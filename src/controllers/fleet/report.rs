@@ -1,13 +1,13 @@
 //! What users see of a fleet request besides its status: Events on the object that asked for
 //! it, the outcome in that object's annotations, and the finished requests kept as history.
 
+use crate::events::{Event, EventType, Recorder};
 use ck8s_certs_api::annotations::{FLEET_REQUEST, REFRESH_CERTIFICATES_STATUS, RefreshStatus};
 use ck8s_certs_api::capi::{CK8S_CONTROL_PLANE_KIND, CLUSTER_NAME_LABEL};
 use ck8s_certs_api::certificate_refresh::{CertificateRefresh, RequestPhase};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::GroupVersionKind;
-use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use tracing::warn;

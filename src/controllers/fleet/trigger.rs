@@ -11,6 +11,7 @@
 
 use std::sync::Arc;
 
+use crate::events::{Event, EventType};
 use ck8s_certs_api::annotations::{
     FLEET_REQUEST, FLEET_REQUEST_PENDING, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS,
     REQUESTER, RefreshStatus,
@@ -30,7 +31,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{ApiResource, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::{Value, json};
 use tracing::{info, warn};

@@ -4,6 +4,7 @@
 //! k8sd through the [`KubeConnector`], the request as [`RequestJournal`]) and its outcome recorded
 //! ([`outcome`](super::outcome)).
 
+use crate::events::EventType;
 use ck8s_certs_api::annotations::RefreshStatus;
 use ck8s_certs_api::machine::{ClusterView, Machine, MachineView};
 use ck8s_certs_api::machine_certificates::{MachineCertificatesStatus, Operation, Role};
@@ -11,7 +12,6 @@ use ck8s_certs_api::reasons::events;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Resource;
 use kube::runtime::controller::Action;
-use kube::runtime::events::EventType;
 use tracing::{info, warn};
 
 use super::connector::{KubeConnector, control_planes_pending, pin_of};

@@ -3,12 +3,12 @@
 
 use std::time::Duration;
 
+use crate::events::EventType;
 use ck8s_certs_api::machine_certificates::MachineCertificatesStatus;
 use ck8s_certs_api::reasons::{condition_reasons as why, conditions, events};
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::controller::Action;
-use kube::runtime::events::EventType;
 
 use super::Error;
 use super::act::Act;

@@ -6,6 +6,7 @@
 //! there. A refused request gets one at once. The last `--refresh-history` finished ones per
 //! Machine are kept: the audit trail.
 
+use crate::events::EventType;
 use ck8s_certs_api::annotations::IN_FLIGHT_REFRESH;
 use ck8s_certs_api::capi::{CLUSTER_NAME_LABEL, WATCH_FILTER_LABEL};
 use ck8s_certs_api::certificate_refresh::{
@@ -16,7 +17,6 @@ use ck8s_certs_api::machine::{CapiVersion, MachineView};
 use ck8s_certs_api::machine_certificates::{MachineCertificatesStatus, Operation, Phase, Role};
 use ck8s_certs_api::reasons::{condition_reasons as why, conditions};
 use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::runtime::events::EventType;
 use kube::{Api, Client, Resource};
 use serde_json::json;
 use tracing::warn;

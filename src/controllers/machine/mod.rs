@@ -28,10 +28,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::events::Recorder;
 use ck8s_certs_api::machine::{CapiVersion, Machine, MachineView};
 use kube::Client;
 use kube::runtime::controller::Action;
-use kube::runtime::events::Recorder;
 use tracing::{Instrument, warn};
 
 use crate::controllers::executor::ApiError;

@@ -7,12 +7,12 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::events::EventType;
 use ck8s_certs_api::annotations::{IN_FLIGHT_REFRESH, REFRESH_CERTIFICATES, RefreshStatus};
 use ck8s_certs_api::machine::MachineView;
 use ck8s_certs_api::machine_certificates::{MachineCertificatesStatus, Operation, Phase};
 use ck8s_certs_api::reasons::events;
 use kube::runtime::controller::Action;
-use kube::runtime::events::EventType;
 use tracing::{info, warn};
 
 use super::act::Act;

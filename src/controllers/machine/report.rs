@@ -4,6 +4,7 @@
 
 use std::sync::{Mutex, PoisonError};
 
+use crate::events::{Event, EventType, Recorder};
 use ck8s_certs_api::capi::{CLUSTER_NAME_LABEL, WATCH_FILTER_LABEL};
 use ck8s_certs_api::machine::{CapiVersion, Machine, MachineView};
 use ck8s_certs_api::machine_certificates::{
@@ -14,7 +15,6 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Patch, PatchParams, PostParams};
-use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Api, Client, Resource};
 use serde_json::json;
 use tracing::warn;

@@ -2,6 +2,7 @@
 //! renewal, or an interrupted operation resumed; control planes of a cluster go first. Taking one
 //! up shows the Machine in-progress and names the CertificateRefresh that will carry it.
 
+use crate::events::EventType;
 use ck8s_certs_api::annotations::{
     FLEET_REQUEST, IN_FLIGHT_REFRESH, REFRESH_CERTIFICATES, REFRESH_REQUEST, REQUESTER,
     RefreshStatus,
@@ -15,7 +16,6 @@ use ck8s_certs_api::reasons::events;
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::controller::Action;
-use kube::runtime::events::EventType;
 use kube::{Api, Resource};
 use tracing::{info, warn};
 

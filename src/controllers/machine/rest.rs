@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use crate::events::EventType;
 use ck8s_certs_api::annotations::{
     REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS, RefreshStatus,
 };
@@ -13,7 +14,6 @@ use ck8s_certs_api::machine::{ClusterView, MachineView};
 use ck8s_certs_api::machine_certificates::MachineCertificatesStatus;
 use ck8s_certs_api::reasons::{condition_reasons as why, conditions, events};
 use jiff::Timestamp;
-use kube::runtime::events::EventType;
 
 use super::step::Step;
 use super::verdict::{self, VerdictMetric, VerdictNext, VerdictPlan};

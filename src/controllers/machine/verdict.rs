@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use crate::events::EventType;
 use ck8s_certs_api::machine::MachineView;
 use ck8s_certs_api::machine_certificates::{
     MachineCertificatesStatus, RenewalStatus, WindowBypass,
@@ -12,7 +13,6 @@ use ck8s_certs_api::machine_certificates::{
 use ck8s_certs_api::reasons::{conditions, events};
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::runtime::events::EventType;
 
 use crate::controllers::governing_policy::{
     CONFIG_INVALID, Governing, PolicyInfo, Verdict, describe_window, with_verdict,
