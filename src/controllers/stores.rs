@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, PoisonError, RwLock};
 
+use ck8s_certs_api::cluster_certificates::ClusterCertificates;
 use ck8s_certs_api::machine::{CapiVersion, Cluster, Machine};
 use ck8s_certs_api::machine_certificates::{MachineCertificates, MachineCertificatesStatus};
 use ck8s_certs_api::machine_deployment::MachineDeployment;
@@ -33,6 +34,8 @@ pub struct Stores {
     /// For their fleet refresh trigger.
     pub deployments: Store<MachineDeployment>,
     pub certificates: CertificateStore,
+    /// The Clusters' records: the cluster CA's end a refresh may not outlive.
+    pub cluster_records: Store<ClusterCertificates>,
     pub policies: Store<DynamicObject>,
     /// The policies decoded and validated, once per generation.
     pub policy_readings: Arc<super::governing_policy::PolicyReadings>,
@@ -55,6 +58,7 @@ impl Stores {
         synced(&self.clusters).await;
         synced(&self.deployments).await;
         self.certificates.synced().await;
+        synced(&self.cluster_records).await;
         synced(&self.policies).await;
     }
 }

@@ -92,6 +92,7 @@ impl Watches {
             clusters: self.clusters.store.clone(),
             deployments: self.deployments.store.clone(),
             certificates: self.certificates.store.clone(),
+            cluster_records: self.cluster_records.store.clone(),
             policies: self.policies.store.clone(),
             policy_readings: Default::default(),
         }

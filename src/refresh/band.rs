@@ -10,6 +10,12 @@
 //!
 //! The band is the same for control planes and workers; a worker's TTL must also fit a
 //! CertificateSigningRequest (10m to 68y, [`Ttl::check_worker`]), checked first.
+//!
+//! No lifetime may outlive the cluster's CA either ([`CaEnd`]): k8sd signs past its CA's
+//! NotAfter, and such a certificate stops being trusted when the CA ends, whatever it says. A
+//! manual refresh that asks for more is refused; an automatic one is cut to the CA's end.
+
+use jiff::Timestamp;
 
 use crate::policy::Ttl;
 
@@ -106,6 +112,88 @@ impl TtlBand {
             "Refused before anything started: {error}; create a new request with a TTL {}",
             self.describe()
         ))
+    }
+}
+
+/// The end of the cluster's CA (the `certificate-authority-data` of `<cluster>-kubeconfig`,
+/// which the CK8s provider writes from `<cluster>-ca`; read without the CA's key), and where it
+/// was read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CaEnd {
+    pub at: Timestamp,
+    /// `the cluster CA in Secret ns/c-kubeconfig`, for messages.
+    pub source: String,
+}
+
+/// The shortest lifetime an automatic renewal is cut to: a CA that ends sooner is beyond what a
+/// refresh can help (k8sd has no CA rotation).
+const SHORTEST_BEFORE_CA_END: i64 = 3600;
+
+impl CaEnd {
+    /// Why a manual refresh of `ttl` started at `now` is refused: it would outlive the CA.
+    pub fn refuse(&self, ttl: Ttl, now: Timestamp) -> Option<String> {
+        let end = now.checked_add(ttl.as_duration()).ok()?;
+        if end <= self.at {
+            return None;
+        }
+        let fits = self.longest(now);
+        Some(format!(
+            "TTL {ttl} would end at {}, after {} ends at {}: certificates are not trusted past their CA, and k8sd would sign them anyway; {}",
+            end.round(jiff::Unit::Second).unwrap_or(end),
+            self.source,
+            self.at,
+            match fits {
+                Some(fits) => format!(
+                    "ask for at most {}, or renew the cluster's CA first",
+                    days_and_hours(fits)
+                ),
+                None => "renew the cluster's CA first: no refresh in place can help (docs/troubleshooting.md)".to_owned(),
+            }
+        ))
+    }
+
+    /// The lifetime an automatic renewal asks for: `ttl`, or cut to the CA's end (whole hours),
+    /// with why; `Err` when the CA ends within the hour (or has ended).
+    pub fn clamp(&self, ttl: Ttl, now: Timestamp) -> Result<(Ttl, Option<String>), String> {
+        let Some(fits) = self.longest(now) else {
+            return Err(format!(
+                "{} ends at {}: no certificate it signs can last, and k8sd cannot renew a CA; renew the cluster's CA first (docs/troubleshooting.md)",
+                self.source, self.at
+            ));
+        };
+        if ttl <= fits {
+            return Ok((ttl, None));
+        }
+        Ok((
+            fits,
+            Some(format!(
+                "{ttl} would outlive {}, which ends at {}: {} was asked for",
+                self.source,
+                self.at,
+                days_and_hours(fits)
+            )),
+        ))
+    }
+
+    /// The longest lifetime from `now` that ends by the CA's end, in whole hours; `None` under
+    /// an hour.
+    fn longest(&self, now: Timestamp) -> Option<Ttl> {
+        let left = self.at.duration_since(now).as_secs();
+        let hours = left - left.rem_euclid(3600);
+        (hours >= SHORTEST_BEFORE_CA_END)
+            .then(|| Ttl::from_seconds(hours).ok())
+            .flatten()
+    }
+}
+
+/// `3649d23h`: a lifetime cut to whole hours, in the units a person counts it in (the grammar's
+/// own form would say `9y12mo4d23h`). The grammar reads it back.
+fn days_and_hours(ttl: Ttl) -> String {
+    let hours = ttl.as_seconds() / 3600;
+    match (hours / 24, hours % 24) {
+        (0, h) => format!("{h}h"),
+        (d, 0) => format!("{d}d"),
+        (d, h) => format!("{d}d{h}h"),
     }
 }
 
@@ -210,5 +298,62 @@ mod tests {
         let wide = TtlBand::new(ttl("1s"), ttl("10000y")).expect("wide");
         assert_eq!(wide.check(ttl("1s")), Ok(()));
         assert_eq!(wide.check(ttl("10000y")), Ok(()));
+    }
+
+    fn at(text: &str) -> Timestamp {
+        text.parse().expect("a timestamp")
+    }
+
+    fn ca(end: &str) -> CaEnd {
+        CaEnd {
+            at: at(end),
+            source: "the cluster CA in Secret fleet/c-kubeconfig".into(),
+        }
+    }
+
+    #[test]
+    fn a_manual_lifetime_past_the_cluster_ca_is_refused_with_what_fits() {
+        let now = at("2026-01-01T00:00:00Z");
+        let ca = ca("2026-12-01T12:30:00Z");
+        assert_eq!(ca.refuse(ttl("30d"), now), None);
+        // Ending exactly with the CA is inside.
+        assert_eq!(ca.refuse(ttl("334d12h30m"), now), None);
+        assert_eq!(
+            ca.refuse(ttl("1y"), now).as_deref(),
+            Some(
+                "TTL 1y would end at 2027-01-01T00:00:00Z, after the cluster CA in Secret fleet/c-kubeconfig ends at 2026-12-01T12:30:00Z: certificates are not trusted past their CA, and k8sd would sign them anyway; ask for at most 334d12h, or renew the cluster's CA first"
+            )
+        );
+        // A CA that has ended (or ends within the hour): nothing fits.
+        let ended = ca.refuse(ttl("1d"), at("2026-12-01T12:00:00Z")).unwrap();
+        assert!(ended.ends_with("renew the cluster's CA first: no refresh in place can help (docs/troubleshooting.md)"), "{ended}");
+    }
+
+    #[test]
+    fn an_automatic_lifetime_is_cut_to_the_cluster_ca_in_whole_hours() {
+        let now = at("2026-01-01T00:00:00Z");
+        let ca = ca("2026-03-01T05:59:59Z");
+        assert_eq!(ca.clamp(ttl("30d"), now), Ok((ttl("30d"), None)));
+        let (cut, why) = ca.clamp(ttl("1y"), now).unwrap();
+        assert_eq!(cut, ttl("59d5h"));
+        assert_eq!(
+            why.as_deref(),
+            Some(
+                "1y would outlive the cluster CA in Secret fleet/c-kubeconfig, which ends at 2026-03-01T05:59:59Z: 59d5h was asked for"
+            )
+        );
+        // An hour left is still given; less is refused, as is a CA that has ended.
+        assert_eq!(
+            ca.clamp(ttl("1y"), at("2026-03-01T04:59:59Z"))
+                .map(|(t, _)| t),
+            Ok(ttl("1h"))
+        );
+        for late in ["2026-03-01T05:00:00Z", "2026-03-02T00:00:00Z"] {
+            let refused = ca.clamp(ttl("1y"), at(late)).unwrap_err();
+            assert!(
+                refused.contains("k8sd cannot renew a CA"),
+                "{late}: {refused}"
+            );
+        }
     }
 }

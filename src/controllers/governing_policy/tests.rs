@@ -379,6 +379,7 @@ fn stores_of(policies: Vec<DynamicObject>) -> crate::controllers::stores::Stores
         ),
         deployments: listed(capi, Vec::new()),
         certificates: crate::controllers::stores::CertificateWriter::new().reader(),
+        cluster_records: listed((), Vec::new()),
         policies: listed(
             kube::api::ApiResource::erase::<CertificateRenewalPolicy>(&()),
             policies,

@@ -120,6 +120,10 @@ impl Act<'_> {
                 return self.reject(status, &trigger, message).await;
             }
         };
+        if let Some(why) = self.cluster_ca_end().and_then(|ca| ca.refuse(ttl, now)) {
+            let message = format!("Refused before anything started: {why}");
+            return self.reject(status, &trigger, message).await;
+        }
         let node = self.view.node_name.clone().unwrap_or_default();
         let fleet_handed = match self.view.annotation(FLEET_REQUEST) {
             Some(fleet) => {
@@ -186,6 +190,33 @@ impl Act<'_> {
         Ok(Action::await_change())
     }
 
+    /// The end of the Machine's cluster CA, as its ClusterCertificates record shows it (from the
+    /// kubeconfig's CA data: the CA's key is never read for it); `None` while unknown.
+    fn cluster_ca_end(&self) -> Option<crate::refresh::band::CaEnd> {
+        let cluster = self.view.cluster.as_deref()?;
+        let namespace = &self.view.namespace;
+        let record = self
+            .ctx
+            .stores
+            .cluster_records
+            .get(&kube::runtime::reflector::ObjectRef::new(cluster).within(namespace))?;
+        let at = record
+            .status
+            .as_ref()?
+            .kubeconfig
+            .as_ref()?
+            .certificate_authority_expiry
+            .as_ref()?
+            .0;
+        Some(crate::refresh::band::CaEnd {
+            at,
+            source: format!(
+                "the cluster CA (certificate-authority-data of Secret {namespace}/{})",
+                ck8s_certs_api::capi::kubeconfig_secret_name(cluster)
+            ),
+        })
+    }
+
     /// Starts an automatic renewal: the same operation as a manual refresh, origin Policy.
     pub(super) async fn start_automatic(
         self,
@@ -199,12 +230,31 @@ impl Act<'_> {
             matched_window,
             bypassed_windows,
         } = renewal;
-        // A policy's ttl outside the band is brought into it, and said so: refusing would leave
-        // the certificates to expire.
-        let (ttl, outside) = self.ctx.config().band.clamp(wanted);
-        let note = outside.map(|why| {
-            format!("CertificateRenewalPolicy {policy} asks for {wanted}, but {why}: {ttl} was asked for")
-        });
+        // A policy's ttl outside the band, or past the cluster CA's end, is brought into it,
+        // and said so: refusing would leave the certificates to expire.
+        let (banded, outside) = self.ctx.config().band.clamp(wanted);
+        let mut notes: Vec<String> = outside
+            .map(|why| {
+                format!("CertificateRenewalPolicy {policy} asks for {wanted}, but {why}: {banded} was asked for")
+            })
+            .into_iter()
+            .collect();
+        let ttl = match self
+            .cluster_ca_end()
+            .map(|ca| ca.clamp(banded, self.ctx.clock.now()))
+        {
+            Some(Ok((ttl, cut))) => {
+                notes.extend(cut);
+                ttl
+            }
+            // Nothing a refresh signs can outlast the CA: renewed as asked, and said so.
+            Some(Err(why)) => {
+                notes.push(why);
+                banded
+            }
+            None => banded,
+        };
+        let note = (!notes.is_empty()).then(|| notes.join("; "));
         let announcement = match &note {
             Some(note) => format!(
                 "Renewing the certificates of node {node} for {ttl}, as CertificateRenewalPolicy {policy} requires ({note})"

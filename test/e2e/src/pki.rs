@@ -48,6 +48,11 @@ impl Ca {
         name.push(DnType::CommonName, "ck8s-certs test environment CA");
         params.distinguished_name = name;
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        // Ten years, as CK8s makes its CAs (rcgen's default, the year 4096, would hide every
+        // lifetime that outlives its CA).
+        let now = time::OffsetDateTime::now_utc();
+        params.not_before = now - time::Duration::hours(1);
+        params.not_after = now + time::Duration::days(3650);
         params.key_usages = vec![
             KeyUsagePurpose::KeyCertSign,
             KeyUsagePurpose::CrlSign,

@@ -379,3 +379,92 @@ async fn a_requester_s_lifetime_outside_the_band_is_refused_at_admission_and_by_
     assert_eq!(asked.len(), 1, "{asked:#?}");
     assert_eq!(asked[0]["expiration-seconds"], 365 * 86_400);
 }
+
+/// The end of `cluster`'s CA as its ClusterCertificates record shows it (from its kubeconfig's
+/// CA data), once the controller wrote it.
+async fn recorded_ca_end(env: &Environment, namespace: &str, cluster: &str) -> jiff::Timestamp {
+    let records: Api<ck8s_certs_api::cluster_certificates::ClusterCertificates> =
+        Api::namespaced(env.management().await.unwrap(), namespace);
+    let start = Instant::now();
+    loop {
+        if let Some(at) = records
+            .get_opt(cluster)
+            .await
+            .unwrap()
+            .and_then(|r| r.status?.kubeconfig?.certificate_authority_expiry)
+        {
+            return at.0;
+        }
+        assert!(
+            start.elapsed() < TIMEOUT,
+            "no CA end recorded for {cluster}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// k8sd signs past its CA's end, and such a certificate is not trusted once the CA ends. Even in
+/// a band widened to 20 years, a manual refresh that would outlive the cluster CA (ten years from
+/// the environment's start, as CK8s makes them) is refused before anything is sent to the node, naming the CA and what fits;
+/// an automatic renewal asks for no more than the CA has left, and its record says why.
+#[tokio::test]
+async fn no_lifetime_outlives_the_cluster_ca() {
+    let env = shared().await;
+    let [cp] = env.isolated("trio", ["trio-cp-0"], "ca-end").await;
+    let _controller = env.start_controller("ca-end", &["--max-ttl=20y"]);
+    let ca_end = recorded_ca_end(&env, &cp.namespace, &cp.cluster).await;
+    env.sim.clear_calls(&cp.cluster, &cp.node).await.unwrap();
+
+    env.annotate_refresh(&cp, "11y").await;
+    let annotations = env.wait_for_refresh(&cp, TIMEOUT).await;
+    assert_eq!(annotations[REFRESH_CERTIFICATES_STATUS], "failed");
+    let error = env.operation(&cp).await.error.unwrap_or_default();
+    assert!(
+        error.contains(&format!(
+            "after the cluster CA (certificate-authority-data of Secret fleet/trio-kubeconfig) ends at {ca_end}"
+        )) && error.contains("ask for at most"),
+        "{error}"
+    );
+    let calls = runs(&env, &cp).await;
+    assert!(calls.is_empty(), "k8sd was asked to run: {calls:#?}");
+
+    env.create_policy_in(
+        "ca-end",
+        &cp.namespace,
+        "ca-end-15y",
+        "ca-end-15y",
+        json!({ "policy": "Automatic", "renewBefore": "14y", "ttl": "15y", "spread": "0s" }),
+    )
+    .await;
+    env.patch_machine(
+        &cp,
+        json!({ "metadata": { "labels": { "e2e-policy": "ca-end-15y" } } }),
+    )
+    .await;
+    let status = env
+        .wait_for_status(&cp, TIMEOUT, "the policy's renewal", |s| {
+            s.operation
+                .as_ref()
+                .is_some_and(|op| op.origin == Origin::Policy && op.phase == Phase::Succeeded)
+        })
+        .await;
+    let op = status.operation.unwrap();
+    let note = op.note.clone().unwrap_or_default();
+    assert!(
+        note.starts_with("15y would outlive the cluster CA") && note.ends_with("h was asked for"),
+        "{op:#?}"
+    );
+    assert_eq!(
+        op.ttl_seconds.map(|s| s % 3600),
+        Some(0),
+        "whole hours: {op:#?}"
+    );
+    let asked = runs(&env, &cp).await;
+    assert_eq!(asked.len(), 1, "{asked:#?}");
+    let seconds = asked[0]["expiration-seconds"].as_i64().unwrap();
+    let ends = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(seconds);
+    assert!(
+        ends <= ca_end && ca_end.duration_since(ends) < jiff::SignedDuration::from_hours(2),
+        "asked for {seconds} s: ends at {ends}, the CA at {ca_end}"
+    );
+}
