@@ -65,13 +65,55 @@ pub async fn resolve(
     let (object, proxy) = futures::join!(nodes.get(node), proxy);
     let object = object.map_err(api_error(cluster, format!("Node {node}")))?;
     let proxy = proxy?;
+    let (pods, list) = match proxy {
+        Some((pods, list)) => (Some(pods), Some(list.items)),
+        None => (None, None),
+    };
+    let located = located(object, list, cluster, node)?;
+    let target = Target {
+        node: node.to_owned(),
+        address: located.address,
+        port: microcluster_port,
+    };
+    let route = match (pods, located.pod) {
+        (Some(pods), Some(pod)) => Route::PortForward { pods, pod },
+        _ => Route::Direct {
+            address: SocketAddr::new(located.address, microcluster_port),
+        },
+    };
+    Ok(Endpoint {
+        target,
+        route,
+        ready: located.ready,
+    })
+}
+
+/// What a Node and its k8sd-proxy pods (read through a port-forward transport) say about where
+/// its k8sd is.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Located {
+    /// The node's InternalIP.
+    pub address: IpAddr,
+    /// Its Running k8sd-proxy pod, when the pods were read.
+    pub pod: Option<String>,
+    pub ready: bool,
+}
+
+/// Where `node`'s k8sd is, from its Node object and, for a port-forward, its k8sd-proxy pods.
+/// Pure: both are the workload API server's answers (a tenant's), read as they came.
+pub fn located(
+    object: Node,
+    pods: Option<Vec<Pod>>,
+    cluster: &str,
+    node: &str,
+) -> Result<Located, WorkloadError> {
     let status = object.status.unwrap_or_default();
     let address = status
         .addresses
         .unwrap_or_default()
         .into_iter()
-        .find(|a| a.type_ == "InternalIP")
-        .and_then(|a| a.address.parse::<IpAddr>().ok())
+        .filter(|a| a.type_ == "InternalIP")
+        .find_map(|a| a.address.parse::<IpAddr>().ok())
         .ok_or_else(|| {
             WorkloadError::Node(format!(
                 "Node {node} of cluster {cluster} has no InternalIP address yet"
@@ -82,18 +124,10 @@ pub async fn resolve(
         .unwrap_or_default()
         .iter()
         .any(|c| c.type_ == "Ready" && c.status == "True");
-    let target = Target {
-        node: node.to_owned(),
-        address,
-        port: microcluster_port,
-    };
-    let route = match proxy {
-        None => Route::Direct {
-            address: SocketAddr::new(address, microcluster_port),
-        },
-        Some((pods, list)) => {
-            let pod = list
-                .items
+    let pod = match pods {
+        None => None,
+        Some(items) => Some(
+            items
                 .into_iter()
                 .filter(|p| p.metadata.deletion_timestamp.is_none())
                 .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
@@ -103,13 +137,84 @@ pub async fn resolve(
                         "no Running pod labelled {PROXY_LABEL_SELECTOR} in {PROXY_NAMESPACE} on node {node} of cluster {cluster}: \
                          the k8sd-proxy DaemonSet must run on every node"
                     ))
-                })?;
-            Route::PortForward { pods, pod }
-        }
+                })?,
+        ),
     };
-    Ok(Endpoint {
-        target,
-        route,
+    Ok(Located {
+        address,
+        pod,
         ready,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(status: serde_json::Value) -> Node {
+        serde_json::from_value(
+            serde_json::json!({ "metadata": { "name": "w0" }, "status": status }),
+        )
+        .expect("a Node")
+    }
+
+    fn pod(name: &str, phase: &str, deleting: bool) -> Pod {
+        let mut pod =
+            serde_json::json!({ "metadata": { "name": name }, "status": { "phase": phase } });
+        if deleting {
+            pod["metadata"]["deletionTimestamp"] = serde_json::json!("2026-01-01T00:00:00Z");
+        }
+        serde_json::from_value(pod).expect("a Pod")
+    }
+
+    #[test]
+    fn the_internal_ip_ready_and_a_running_proxy_pod_that_is_not_going_away() {
+        let status = serde_json::json!({
+            "addresses": [
+                { "type": "Hostname", "address": "w0" },
+                { "type": "InternalIP", "address": "not an address" },
+                { "type": "InternalIP", "address": "10.0.0.7" },
+            ],
+            "conditions": [{ "type": "Ready", "status": "True" }],
+        });
+        let pods = vec![
+            pod("old", "Running", true),
+            pod("pending", "Pending", false),
+            pod("proxy", "Running", false),
+        ];
+        let located = located(node(status), Some(pods), "c", "w0").expect("located");
+        assert_eq!(
+            located,
+            Located {
+                address: "10.0.0.7".parse().expect("an address"),
+                pod: Some("proxy".into()),
+                ready: true,
+            }
+        );
+    }
+
+    #[test]
+    fn no_address_or_no_running_proxy_pod_is_said_plainly() {
+        let none = located(node(serde_json::json!({})), None, "c", "w0").unwrap_err();
+        assert_eq!(
+            none.to_string(),
+            "Node w0 of cluster c has no InternalIP address yet"
+        );
+        let status =
+            serde_json::json!({ "addresses": [{ "type": "InternalIP", "address": "10.0.0.7" }] });
+        let gone = located(
+            node(status.clone()),
+            Some(vec![pod("p", "Running", true)]),
+            "c",
+            "w0",
+        );
+        assert!(
+            gone.unwrap_err()
+                .to_string()
+                .contains("no Running pod labelled")
+        );
+        // Direct: no pods read, not Ready without the condition.
+        let direct = located(node(status), None, "c", "w0").expect("located");
+        assert_eq!((direct.pod, direct.ready), (None, false));
+    }
 }

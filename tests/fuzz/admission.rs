@@ -1,11 +1,15 @@
-//! The admission webhook: a request body as `POST /mutate-machine` receives it, decoded as the
-//! handler does (`AdmissionReview<DynamicObject>`, the `apiVersion`/`kind` check, the request
-//! taken out of the review), then `admission::review` under a few scopes, and the answer
-//! serialised as it is sent. When the decision marks the Machine, its JSON patch must apply to
-//! the object it was made for (the API server rejects the write otherwise).
+//! The admission webhook: a request body as `POST /mutate-machine` or
+//! `POST /mutate-certificaterefresh` receives it, decoded as the handler does
+//! (`AdmissionReview<DynamicObject>`, the `apiVersion`/`kind` check, the request taken out of the
+//! review), then `admission::review` under a few scopes, and the answer serialised as it is sent.
+//! The writes reviewed: a Machine's trigger, a fleet trigger (Cluster, MachineDeployment,
+//! CK8sControlPlane) and a new CertificateRefresh. When the decision marks the object, its JSON
+//! patch must apply to the object it was made for (the API server rejects the write otherwise),
+//! must change nothing but our own annotations and `spec.requester`, and any author it writes
+//! (the requester annotation, `spec.requester`) is the user the API server authenticated.
 
 use ck8s_certs::admission::{self, Decision, Scope};
-use ck8s_certs_api::annotations::REFRESH_CERTIFICATES;
+use ck8s_certs_api::annotations::{REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS, REQUESTER};
 use kube::api::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionReview};
 use serde_json::{Value, json};
@@ -134,30 +138,175 @@ fn machine(rng: &mut Rng) -> Value {
     object
 }
 
-/// A review near what the API server sends for a Machine write.
+/// A Cluster, MachineDeployment or CK8sControlPlane, with or without a fleet trigger.
+fn fleet_object(rng: &mut Rng, kind: &str, api_version: &str) -> Value {
+    let mut metadata = json!({
+        "name": rng.pick(&["alpha", "alpha-md-0", ""]),
+        "namespace": "fleet",
+        "annotations": annotations(rng),
+    });
+    if rng.chance(10) {
+        metadata["annotations"] = json!(null);
+    }
+    json!({ "apiVersion": api_version, "kind": kind, "metadata": metadata, "spec": {} })
+}
+
+/// A CertificateRefresh as a user (or the controller) creates it.
+fn certificate_refresh(rng: &mut Rng) -> Value {
+    let target = match rng.below(4) {
+        0 => json!({ "machine": "alpha-cp-0" }),
+        1 => json!({ "cluster": "alpha" }),
+        2 => json!({ "machineDeployment": "alpha-md-0" }),
+        _ => json!({ "machine": rng.pick(&["", "~1", "a/b"]) }),
+    };
+    let ttl = match rng.chance(80) {
+        true => rng.pick(ttl::WORDS).to_string(),
+        false => mutate::string(rng, ttl::WORDS),
+    };
+    let mut spec =
+        json!({ "target": target, "ttl": ttl, "origin": rng.pick(&["Manual", "Policy", "x"]) });
+    match rng.below(5) {
+        0 => spec["requester"] = json!({ "username": "alice", "groups": ["system:authenticated"] }),
+        1 => spec["requester"] = json!({ "username": "mallory" }),
+        2 => spec["requestedBy"] = json!("admin"),
+        _ => {}
+    }
+    let mut metadata = json!({ "name": "r-1", "namespace": "fleet" });
+    if rng.chance(20) {
+        metadata["labels"] = json!({ "certificates.ck8s.io/machine": "alpha-cp-0" });
+    }
+    let mut object = json!({
+        "apiVersion": "certificates.ck8s.io/v1alpha1",
+        "kind": "CertificateRefresh",
+        "metadata": metadata,
+        "spec": spec,
+    });
+    if rng.chance(5) {
+        object["spec"] = json!(rng.pick(&["x", "7"]));
+    }
+    object
+}
+
+/// Who writes: a user, the controller, a node, or nobody the API server could name.
+fn user_info(rng: &mut Rng) -> Value {
+    match rng.below(8) {
+        0 => json!({}),
+        1 => json!({ "username": "" }),
+        2 => json!({ "username": "system:serviceaccount:ck8s-certs-system:ck8s-certs-manager" }),
+        3 => json!({ "username": "system:node:alpha-cp-0", "groups": ["system:nodes"] }),
+        4 => json!({ "username": mutate::string(rng, WORDS), "uid": "u", "groups": [7] }),
+        _ => json!({ "username": "alice", "uid": "a-1", "groups": ["system:authenticated"] }),
+    }
+}
+
+/// A review near what the API server sends for a Machine write, a fleet trigger's write or a
+/// new CertificateRefresh.
 fn review(rng: &mut Rng) -> Value {
-    let object = machine(rng);
+    let (group, version, kind, resource) = match rng.below(10) {
+        0..=5 => ("cluster.x-k8s.io", "v1beta1", "Machine", "machines"),
+        6 => ("cluster.x-k8s.io", "v1beta2", "Cluster", "clusters"),
+        7 => (
+            "cluster.x-k8s.io",
+            "v1beta2",
+            "MachineDeployment",
+            "machinedeployments",
+        ),
+        8 => (
+            "controlplane.cluster.x-k8s.io",
+            "v1beta2",
+            "CK8sControlPlane",
+            "ck8scontrolplanes",
+        ),
+        _ => (
+            "certificates.ck8s.io",
+            "v1alpha1",
+            "CertificateRefresh",
+            "certificaterefreshes",
+        ),
+    };
+    let make = |rng: &mut Rng| match kind {
+        "Machine" => machine(rng),
+        "CertificateRefresh" => certificate_refresh(rng),
+        _ => fleet_object(rng, kind, &format!("{group}/{version}")),
+    };
+    let object = make(rng);
     let old = match rng.below(6) {
         0 => Value::Null,
         1 => object.clone(),
-        _ => machine(rng),
+        _ => make(rng),
     };
     json!({
         "apiVersion": if rng.chance(90) { REVIEW_API_VERSION } else { "admission.k8s.io/v1beta1" },
         "kind": "AdmissionReview",
         "request": {
             "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
-            "kind": {"group": "cluster.x-k8s.io", "version": "v1beta1", "kind": "Machine"},
-            "resource": {"group": "cluster.x-k8s.io", "version": "v1beta1", "resource": "machines"},
+            "kind": {"group": group, "version": version, "kind": kind},
+            "resource": {"group": group, "version": version, "resource": resource},
             "name": "alpha-cp-0",
             "namespace": "fleet",
-            "operation": rng.pick(&["CREATE", "UPDATE", "UPDATE", "UPDATE", "UPDATE", "DELETE", "CONNECT"]),
-            "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
+            // Requests are only ever created (the webhook sees no other operation of theirs).
+            "operation": match kind {
+                "CertificateRefresh" if rng.chance(80) => "CREATE",
+                _ => rng.pick(&["CREATE", "UPDATE", "UPDATE", "UPDATE", "UPDATE", "DELETE", "CONNECT"]),
+            },
+            "userInfo": user_info(rng),
             "object": object,
             "oldObject": old,
             "dryRun": rng.chance(10),
         },
     })
+}
+
+/// The annotations a mark may write (ours), besides `spec.requester` of a new request.
+fn ours(key: &str) -> bool {
+    key.starts_with("certificates.ck8s.io/") || key == REFRESH_CERTIFICATES_STATUS
+}
+
+/// `doc` without what a mark may change.
+fn without_ours(doc: &Value) -> Value {
+    let mut doc = doc.clone();
+    if let Some(annotations) = doc
+        .pointer_mut("/metadata/annotations")
+        .and_then(Value::as_object_mut)
+    {
+        annotations.retain(|key, _| !ours(key));
+        if annotations.is_empty() {
+            doc["metadata"]["annotations"] = Value::Null;
+        }
+    } else if let Some(metadata) = doc.get_mut("metadata").and_then(Value::as_object_mut) {
+        metadata.insert("annotations".into(), Value::Null);
+    }
+    if let Some(spec) = doc.get_mut("spec").and_then(Value::as_object_mut) {
+        spec.remove("requester");
+    }
+    doc
+}
+
+/// The properties of a mark: only our keys change, and every author it writes is the user the
+/// API server authenticated.
+fn check_mark(request: &AdmissionRequest<DynamicObject>, before: &Value, after: &Value) {
+    assert_eq!(
+        without_ours(before),
+        without_ours(after),
+        "the mark changed more than our annotations and spec.requester"
+    );
+    let user = request.user_info.username.as_deref();
+    let wrote = |pointer: &str| {
+        let then = before.pointer(pointer);
+        let now = after.pointer(pointer);
+        (now != then).then_some(now).flatten()
+    };
+    let author = format!("/metadata/annotations/{}", REQUESTER.replace('/', "~1"));
+    for written in [wrote(&author), wrote("/spec/requester/username")]
+        .into_iter()
+        .flatten()
+    {
+        assert_eq!(
+            written.as_str(),
+            user,
+            "an author other than the user who wrote it"
+        );
+    }
 }
 
 pub fn generate(rng: &mut Rng, corpus: &[Vec<u8>]) -> Vec<u8> {
@@ -206,20 +355,26 @@ pub fn check(input: &[u8]) -> &'static str {
         }
         let decision = admission::decide(&request, scope);
         label = match (&decision, label) {
-            (Decision::Mark { .. }, _) => "mark",
+            (Decision::Mark { .. }, _) => match request.kind.kind.as_str() {
+                "Machine" => "mark machine",
+                "CertificateRefresh" => "mark request",
+                _ => "mark fleet trigger",
+            },
             (Decision::Deny(_), "pass") => "deny",
             (_, label) => label,
         };
         if let Decision::Mark { patch, .. } = decision
             && let Some(object) = &request.object
         {
-            let mut doc = match serde_json::to_value(object) {
+            let before = match serde_json::to_value(object) {
                 Ok(doc) => doc,
                 Err(err) => panic!("the object does not serialise: {err}"),
             };
-            if let Err(err) = json_patch::patch(&mut doc, &patch) {
+            let mut after = before.clone();
+            if let Err(err) = json_patch::patch(&mut after, &patch) {
                 panic!("the patch {patch:?} does not apply to the object: {err}");
             }
+            check_mark(&request, &before, &after);
         }
     }
     label

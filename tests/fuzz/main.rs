@@ -13,6 +13,7 @@
 //! under `target/fuzz/crashes/`.
 
 mod admission;
+mod cca;
 mod cron;
 mod csr;
 mod harness;
@@ -21,6 +22,7 @@ mod kubeconfig;
 mod mutate;
 mod ttl;
 mod windows;
+mod workload;
 
 use harness::{corpus, run};
 
@@ -72,4 +74,19 @@ fn fuzz_kubeconfig() {
 #[test]
 fn fuzz_csr() {
     run("csr", &csr::corpus(), csr::generate, csr::check);
+}
+
+#[test]
+fn fuzz_cca() {
+    run("cca", &cca::corpus(), cca::generate, cca::check);
+}
+
+#[test]
+fn fuzz_workload() {
+    run(
+        "workload",
+        &workload::corpus(),
+        workload::generate,
+        workload::check,
+    );
 }
