@@ -1356,3 +1356,59 @@ fn the_parsers_read_what_the_docs_write() {
         ))
     );
 }
+
+/// The NetworkPolicy of `overlay` as `kubectl kustomize` renders it.
+fn network_policy_of(kubectl: &Path, overlay: &str) -> serde_yaml::Value {
+    let output = std::process::Command::new(kubectl)
+        .arg("kustomize")
+        .arg(root().join(overlay))
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "kubectl kustomize {overlay}");
+    let text = String::from_utf8(output.stdout).unwrap();
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
+        .find(|object: &serde_yaml::Value| object["kind"].as_str() == Some("NetworkPolicy"))
+        .unwrap_or_else(|| panic!("{overlay} renders no NetworkPolicy"))
+}
+
+/// `config/network-policy-narrow` replaces the installed policy (same name, namespace and pods),
+/// admits the same ports, and each of them only from somewhere.
+#[test]
+fn the_narrow_network_policy_replaces_the_installed_one() {
+    if std::env::var_os("CK8S_DOCS_WITHOUT_KUBECTL").is_some() {
+        eprintln!("the_narrow_network_policy_replaces_the_installed_one: not run (no kubectl)");
+        return;
+    }
+    let kubectl = ck8s_certs_e2e::tool("CK8S_E2E_KUBECTL", "kubectl", "KUBE_VERSION");
+    let installed = network_policy_of(&kubectl, "config/default");
+    let narrow = network_policy_of(&kubectl, "config/network-policy-narrow");
+    for field in ["name", "namespace"] {
+        assert_eq!(
+            installed["metadata"][field], narrow["metadata"][field],
+            "{field}"
+        );
+    }
+    assert_eq!(
+        installed["spec"]["podSelector"],
+        narrow["spec"]["podSelector"]
+    );
+    let ports = |policy: &serde_yaml::Value| -> BTreeSet<String> {
+        policy["spec"]["ingress"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .flat_map(|rule| rule["ports"].as_sequence().unwrap().clone())
+            .map(|port| port["port"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(ports(&installed), ports(&narrow));
+    for rule in narrow["spec"]["ingress"].as_sequence().unwrap() {
+        assert!(
+            rule["from"]
+                .as_sequence()
+                .is_some_and(|from| !from.is_empty()),
+            "a rule from anywhere: {rule:?}"
+        );
+    }
+}
