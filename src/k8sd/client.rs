@@ -22,8 +22,9 @@ use tokio_rustls::TlsConnector;
 use super::envelope;
 use super::error::K8sdError;
 use super::tls::{Fingerprint, PinningVerifier};
-use super::transport::Route;
+use super::transport::{Fenced, Route};
 use super::wire::{Token, path};
+use crate::leader::Term;
 
 /// The most of an answer that is read. k8sd's answers are a few hundred bytes; a node that sends
 /// more is not k8sd, and must not exhaust the controller's memory (it serves the whole fleet).
@@ -77,8 +78,20 @@ impl Connection {
         pin: Option<Fingerprint>,
         timeout: Duration,
     ) -> Result<Self, K8sdError> {
+        Self::open_fenced(target, route, pin, timeout, &Term::always()).await
+    }
+
+    /// [`Self::open`], every write of the connection checking `fence` first (nothing is sent
+    /// once this replica's term is over: [`Fenced`]).
+    pub async fn open_fenced(
+        target: Target,
+        route: &Route,
+        pin: Option<Fingerprint>,
+        timeout: Duration,
+        fence: &Term,
+    ) -> Result<Self, K8sdError> {
         let node = target.node.clone();
-        tokio::time::timeout(timeout, Self::open_inner(target, route, pin))
+        tokio::time::timeout(timeout, Self::open_inner(target, route, pin, fence))
             .await
             .map_err(|_| K8sdError::Timeout {
                 node,
@@ -91,8 +104,9 @@ impl Connection {
         target: Target,
         route: &Route,
         pin: Option<Fingerprint>,
+        fence: &Term,
     ) -> Result<Self, K8sdError> {
-        let stream = route.open(&target.node).await?;
+        let stream = Fenced::new(route.open(&target.node).await?, fence.clone());
 
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let verifier = Arc::new(PinningVerifier::new(pin, provider.clone()));

@@ -10,13 +10,16 @@
 //! transports share every byte of the HTTP path.
 
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 use super::error::K8sdError;
+use crate::leader::Term;
 use ck8s_certs_api::k8sd::PROXY_POD_PORT;
 
 /// A bidirectional byte stream to k8sd.
@@ -83,5 +86,100 @@ impl Route {
                 Ok(Box::new(stream))
             }
         }
+    }
+}
+
+/// A stream to k8sd whose every write first looks at this replica's term, and fails once it is
+/// over. The executor checks the term before it records a seed and before `run`/`approve`, but a
+/// replica frozen right after that check (SIGSTOP, a suspended VM, a stalled host) would still
+/// send when it resumes, after a standby took over; and a retried `approve` is sent with no check
+/// of its own. Here the last look is in the write that puts the bytes on the wire.
+pub struct Fenced {
+    inner: Box<dyn Stream>,
+    term: Term,
+}
+
+impl Fenced {
+    pub fn new(inner: Box<dyn Stream>, term: Term) -> Self {
+        Self { inner, term }
+    }
+}
+
+/// The error of a write after the term ended.
+fn not_leading() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::PermissionDenied,
+        "this replica no longer leads: nothing more is sent to the node",
+    )
+}
+
+impl AsyncRead for Fenced {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Fenced {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        if !self.term.leading() {
+            return Poll::Ready(Err(not_leading()));
+        }
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        if !self.term.leading() {
+            return Poll::Ready(Err(not_leading()));
+        }
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn nothing_is_written_once_the_term_is_over() {
+        let term = Term::always();
+        let (ours, mut node) = tokio::io::duplex(64);
+        let mut fenced = Fenced::new(Box::new(ours), term.clone());
+        fenced.write_all(b"plan").await.expect("leading: written");
+        let mut got = [0u8; 4];
+        node.read_exact(&mut got).await.expect("the node reads it");
+        assert_eq!(&got, b"plan");
+        term.end();
+        let refused = fenced.write_all(b"run").await.expect_err("not leading");
+        assert_eq!(refused.kind(), std::io::ErrorKind::PermissionDenied);
+        drop(fenced);
+        let mut rest = Vec::new();
+        node.read_to_end(&mut rest).await.expect("closed");
+        assert!(rest.is_empty(), "the node got {rest:?}");
     }
 }

@@ -10,6 +10,7 @@ use super::NodeApi;
 use crate::k8sd::client::{Auth, Target};
 use crate::k8sd::wire::{ApproveRequest, PlanRequest, PlanResponse, RunRequest, RunResponse, path};
 use crate::k8sd::{Connection, Fingerprint, K8sdError, Route, Token};
+use crate::leader::Term;
 use crate::metrics::{K8sdCalls, K8sdEndpoint, k8sd_outcome};
 use ck8s_certs_api::k8sd::{CAPI_AUTH_TOKEN_HEADER, NODE_TOKEN_HEADER};
 
@@ -31,6 +32,8 @@ pub struct Session {
     timeouts: Timeouts,
     connection: Option<Connection>,
     metrics: K8sdCalls,
+    /// This replica's term: nothing is written to the node once it is over.
+    fence: Term,
     /// The workload cluster's client its tunnels go through (port-forward), kept alive with it.
     _tunnel: Option<kube::Client>,
 }
@@ -67,7 +70,17 @@ impl Session {
             timeouts,
             connection: None,
             metrics,
+            fence: Term::always(),
             _tunnel: None,
+        }
+    }
+
+    /// The session, writing nothing to the node once `term` is over (see
+    /// [`crate::k8sd::transport::Fenced`]).
+    pub fn fenced(self, term: Term) -> Self {
+        Self {
+            fence: term,
+            ..self
         }
     }
 
@@ -93,11 +106,12 @@ impl Session {
 
     async fn connection(&mut self) -> Result<&mut Connection, K8sdError> {
         if self.connection.is_none() {
-            let connection = Connection::open(
+            let connection = Connection::open_fenced(
                 self.target.clone(),
                 &self.route,
                 self.pin,
                 self.timeouts.call,
+                &self.fence,
             )
             .await?;
             // Trust on first use: later connections in this session must present the same one.

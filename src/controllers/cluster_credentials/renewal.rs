@@ -22,6 +22,9 @@ use crate::workload::client_certificate::{self, Held, Mode, Refusal};
 /// The field manager of the Secret's renewed `value`.
 const MANAGER: &str = "ck8s-certs-kubeconfig-renewal";
 
+/// The type Cluster API gives the Secrets it writes (`<cluster>-kubeconfig` among them).
+const CAPI_SECRET_TYPE: &str = "cluster.x-k8s.io/secret";
+
 /// How long the new certificate is given to answer `/version`.
 const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -176,6 +179,20 @@ async fn renew_with(
             );
         }
     };
+    // Only what Cluster API writes (the admission policy holds the same where it is installed).
+    let labelled = object
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(ck8s_certs_api::capi::CLUSTER_NAME_LABEL))
+        .is_some_and(|c| c == cluster);
+    if object.type_.as_deref() != Some(CAPI_SECRET_TYPE) || !labelled {
+        let refusal = Refusal::Shape(format!(
+            "it is not a Cluster API kubeconfig Secret (type {CAPI_SECRET_TYPE}, label {}={cluster})",
+            ck8s_certs_api::capi::CLUSTER_NAME_LABEL
+        ));
+        return Report::refused(&secret, &refusal);
+    }
     let Some(version) = object.metadata.resource_version.clone() else {
         return Report::not_renewed(
             why::FAILED,

@@ -236,6 +236,9 @@ struct Waiting {
     seen: Option<u64>,
     /// The last seed whose `run` this process sent (and saw end) before it parked.
     sent: Option<i64>,
+    /// A seed whose `run` someone else sent (another leader, this process before a restart),
+    /// and when this process first saw it: the wait for that `run` is measured from here.
+    sighted: Option<(i64, tokio::time::Instant)>,
 }
 
 pub struct Executor {
@@ -502,9 +505,16 @@ impl Executor {
         control_planes_pending: bool,
     ) -> Option<(Duration, String)> {
         if parked.sent.is_none_or(|sent| op.seed != Some(sent))
-            && let Some(held) = run_may_be_running(op, self.settings.run_timeout, self.clock.now())
+            && let Some(seed) = op.seed.filter(|_| !op.is_finished())
         {
-            return Some(held);
+            let first_seen = match parked.sighted {
+                Some((sighted, at)) if sighted == seed => at,
+                _ => parked.sighted.insert((seed, tokio::time::Instant::now())).1,
+            };
+            if let Some(held) = run_may_be_running(op, seed, self.settings.run_timeout, first_seen)
+            {
+                return Some(held);
+            }
         }
         if role == Role::Worker && op.seed.is_none() && control_planes_pending {
             let since = *parked
@@ -536,6 +546,7 @@ impl Executor {
                 waiting_for_control_planes: None,
                 seen: None,
                 sent: None,
+                sighted: None,
             },
         }
     }
@@ -640,28 +651,27 @@ async fn connect<C: Connector>(
 }
 
 /// For an operation taken over with a `run` of unknown outcome (another leader's, or ours
-/// before a restart): that `run` may still be running on the node until the run timeout has
-/// passed since its seed was recorded, and a new `plan` meanwhile would restart the node's
-/// services a second time. How long to wait, and why.
+/// before a restart): that `run` may still be running on the node, and a new `plan` meanwhile
+/// would restart the node's services a second time. It is waited out for the run timeout from
+/// when this process first saw it, on its own monotonic clock: the `seededAt` it was recorded
+/// with is the other replica's wall clock, which may be ahead of ours by any amount (a suspended
+/// clock only makes this wait longer, which is the safe side). How long to wait, and why.
 fn run_may_be_running(
     op: &Operation,
+    seed: i64,
     run_timeout: Duration,
-    now: Timestamp,
+    first_seen: tokio::time::Instant,
 ) -> Option<(Duration, String)> {
-    let (Some(seed), Some(at)) = (op.seed, op.seeded_at.as_ref()) else {
-        return None;
-    };
-    if op.is_finished() {
-        return None;
-    }
-    let until = at.0.checked_add(run_timeout).ok()?;
-    let left = Duration::try_from(until.duration_since(now)).ok()?;
+    // Journaled before seeds carried their time (an older release): as then, not waited for.
+    let at = op.seeded_at.as_ref()?;
+    let left = run_timeout.saturating_sub(first_seen.elapsed());
     (!left.is_zero()).then(|| {
         (
             left,
             format!(
-                "the run of seed {seed} sent at {} may still be running on the node; a new plan waits until {until} (--k8sd-run-timeout after it)",
-                at.0
+                "the run of seed {seed} (recorded at {} by the replica that sent it) may still be running on the node; a new plan waits --k8sd-run-timeout ({}) from when this replica took it over",
+                at.0,
+                humantime::format_duration(run_timeout)
             ),
         )
     })

@@ -514,47 +514,52 @@ async fn a_stopping_process_starts_nothing_new() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_run_sent_before_a_handover_is_waited_out_before_a_new_plan() {
+async fn a_run_sent_before_a_handover_is_waited_out_from_when_it_was_taken_over() {
     let log = Log::default();
     let (executor, _rx) = executor();
     let now = Timestamp::from_second(EXPIRY - YEAR).unwrap();
-    let seeded = |ago: i64| Operation {
-        seeded_at: Some(Time(now - jiff::SignedDuration::from_secs(ago))),
+    // Recorded an hour ago by the wall clock of the replica that sent it, which may be ahead
+    // of ours by any amount: the run may still be running on the node, so this replica waits
+    // the whole run timeout from when it first sees it.
+    let sent = Operation {
+        seeded_at: Some(Time(now - jiff::SignedDuration::from_secs(3600))),
         ..operation(Some(7), 1)
     };
-    // Sent 10 s ago by another leader: that run may still be running on the node.
-    let link = node(&log, "w-0", vec![Ok(8)], vec![Ok(EXPIRY)]);
     let mut journal = journal(&log);
-    let finished = go_with(
-        &executor,
-        "w-0",
-        Role::Worker,
-        seeded(10),
-        &link,
-        &mut journal,
-    )
-    .await;
+    let mut look = async |op: &Operation| {
+        let link = node(&log, "w-0", vec![Ok(8)], vec![Ok(EXPIRY)]);
+        go_with(
+            &executor,
+            "w-0",
+            Role::Worker,
+            op.clone(),
+            &link,
+            &mut journal,
+        )
+        .await
+    };
+    let finished = look(&sent).await;
     assert!(
-        said(&finished).contains("the run of seed 7 sent at")
-            && matches!(finished, Finished::Wait { after, .. } if after == RUN_TIMEOUT - Duration::from_secs(10)),
+        said(&finished).contains("the run of seed 7 (recorded at")
+            && said(&finished).contains(
+                "a new plan waits --k8sd-run-timeout (5m) from when this replica took it over"
+            )
+            && matches!(finished, Finished::Wait { after, .. } if after == RUN_TIMEOUT),
+        "{}",
+        said(&finished)
+    );
+    // Looked at again later: the rest of the wait, counted from the first sighting.
+    tokio::time::advance(RUN_TIMEOUT - Duration::from_secs(10)).await;
+    let finished = look(&sent).await;
+    assert!(
+        matches!(finished, Finished::Wait { after, .. } if after == Duration::from_secs(10)),
         "{}",
         said(&finished)
     );
     assert!(entries(&log).is_empty(), "{:?}", entries(&log));
-    assert_eq!(journal.shown.len(), 1, "shown waiting: {:?}", journal.shown);
-
-    // The run timeout has passed since: a new plan, a new seed.
-    let link = node(&log, "w-0", vec![Ok(8)], vec![Ok(EXPIRY)]);
-    let timeout = i64::try_from(RUN_TIMEOUT.as_secs()).unwrap();
-    let finished = go_with(
-        &executor,
-        "w-0",
-        Role::Worker,
-        seeded(timeout),
-        &link,
-        &mut journal,
-    )
-    .await;
+    // The run timeout has passed since it was taken over: a new plan, a new seed.
+    tokio::time::advance(Duration::from_secs(10)).await;
+    let finished = look(&sent).await;
     assert!(
         said(&finished).starts_with("ran Succeeded"),
         "{}",
@@ -564,6 +569,12 @@ async fn a_run_sent_before_a_handover_is_waited_out_before_a_new_plan() {
         entries(&log).contains(&"record seed=8 attempts=2".to_owned()),
         "{:?}",
         entries(&log)
+    );
+    assert_eq!(
+        journal.shown.len(),
+        1,
+        "shown waiting once: {:?}",
+        journal.shown
     );
 }
 

@@ -79,6 +79,8 @@ pub struct Reach {
     pub workload: workload::Clients,
     pub config: Config,
     pub k8sd_metrics: K8sdCalls,
+    /// This replica's term: sessions write nothing to a node once it is over.
+    pub term: crate::leader::Term,
 }
 
 /// The node's k8sd (and, for a worker, a control plane's to approve) for one refresh.
@@ -171,7 +173,8 @@ impl KubeConnector<'_> {
             Credential::Node(tokens.node),
             reach.config.timeouts,
             reach.k8sd_metrics.clone(),
-        );
+        )
+        .fenced(reach.term.clone());
         Ok(Node {
             session,
             sans,
@@ -352,7 +355,8 @@ async fn approver_on(
         Credential::Approver(token.clone()),
         reach.config.timeouts,
         reach.k8sd_metrics.clone(),
-    );
+    )
+    .fenced(reach.term.clone());
     if let Err(err) = session.probe().await {
         return Err(RuledOut {
             transient: !matches!(err, K8sdError::PinMismatch { .. }),

@@ -60,6 +60,7 @@ pub fn start(
             workload: crate::workload::Clients::new(client.clone(), settings.vetting),
             config: settings.config,
             k8sd_metrics: shared.metrics.k8sd.clone(),
+            term: term.clone(),
         },
         executor: Executor::new(
             Admission::new(settings.workers_per_cluster, settings.workers, Some(wakes)),

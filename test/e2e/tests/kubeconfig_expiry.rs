@@ -518,17 +518,26 @@ async fn the_controller_may_change_nothing_but_a_kubeconfig_s_value() {
         ck8s_certs_e2e::controller::NAMESPACE,
         ck8s_certs_e2e::controller::SERVICE_ACCOUNT
     ));
-    // Secrets of this test alone: a kubeconfig one and another.
+    // Secrets of this test alone: a kubeconfig one as Cluster API writes them, another, and a
+    // kubeconfig one that is not Cluster API's (no type, no cluster label).
     let admin: Api<Secret> = Api::namespaced(env.management().await.unwrap(), "edge");
-    for name in ["policed-kubeconfig", "policed-token"] {
+    for (name, capi) in [
+        ("policed-kubeconfig", true),
+        ("policed-token", true),
+        ("foreign-kubeconfig", false),
+    ] {
+        let mut secret = json!({
+            "metadata": { "name": name },
+            "stringData": { "value": "v" }
+        });
+        if capi {
+            secret["type"] = json!("cluster.x-k8s.io/secret");
+            secret["metadata"]["labels"] = json!({ "cluster.x-k8s.io/cluster-name": "policed" });
+        }
         admin
             .create(
                 &Default::default(),
-                &serde_json::from_value(json!({
-                    "metadata": { "name": name },
-                    "stringData": { "value": "v" }
-                }))
-                .unwrap(),
+                &serde_json::from_value(secret).unwrap(),
             )
             .await
             .unwrap();
@@ -563,6 +572,22 @@ async fn the_controller_may_change_nothing_but_a_kubeconfig_s_value() {
     )
     .await;
     assert!(label.contains("changes no label"), "{label}");
+    for change in [
+        json!({ "metadata": { "finalizers": ["example.com/keep"] } }),
+        json!({ "immutable": true }),
+    ] {
+        let refusal = refused(change, "policed-kubeconfig").await;
+        assert!(refusal.contains("finalizer or immutability"), "{refusal}");
+    }
+    let foreign = refused(
+        json!({ "stringData": { "value": "x" } }),
+        "foreign-kubeconfig",
+    )
+    .await;
+    assert!(
+        foreign.contains("writes only Cluster API kubeconfig Secrets"),
+        "{foreign}"
+    );
     // The value itself: admitted.
     secrets
         .patch(
