@@ -249,7 +249,8 @@ pub struct Args {
     pub webhook_configuration: String,
 
     /// The Secret (in the controller's namespace) holding the webhook's CA and serving
-    /// certificate: created when missing, watched by every replica; the serving certificate is
+    /// certificate: shipped empty with the components and filled by the first replica (created
+    /// only where the controller may create Secrets), watched by every replica; the serving certificate is
     /// renewed 30 days before it ends, the CA with a third of its lifetime left.
     #[arg(
         long,

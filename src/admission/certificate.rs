@@ -88,6 +88,12 @@ pub enum CertificateError {
     SelfCheck(Why),
     #[error("Secret {namespace}/{name} kept changing while it was being written")]
     Contended { namespace: String, name: String },
+    /// The Secret is gone, and the controller may not create Secrets (its role lets it update
+    /// only this one, which ships with its components).
+    #[error(
+        "Secret {namespace}/{name} is missing and the controller may not create it: it ships empty with the provider's components (config/webhook/secret.yaml); create it empty again (`kubectl create secret generic -n {namespace} {name}`) and the controller fills it"
+    )]
+    MissingSecret { namespace: String, name: String },
 }
 
 /// Where the certificate lives and what it must name.
@@ -118,7 +124,7 @@ pub struct Current {
 /// Why a Secret is not used as it is (a log line: never key material).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Why {
-    #[error("there is no Secret")]
+    #[error("the Secret is missing or empty")]
     Missing,
     #[error("the CA certificate or key cannot be read")]
     CaUnreadable,
@@ -179,9 +185,10 @@ pub async fn ensure(
             .await
             .map_err(|e| failed("reading", e))?;
         let stored = existing.as_ref().map(Stored::read).unwrap_or_default();
+        // Empty: as shipped (config/webhook/secret.yaml), or emptied to rotate the CA.
         let decided = match existing {
-            None => Plan::Rotate(Why::Missing),
-            Some(_) => plan(&stored, &settings.names, now),
+            Some(_) if !stored.is_empty() => plan(&stored, &settings.names, now),
+            _ => Plan::Rotate(Why::Missing),
         };
         let data = match decided {
             Plan::Keep(current) => return Ok(current),
@@ -242,6 +249,12 @@ pub async fn ensure(
         match written {
             Ok(_) => return Ok(current),
             Err((_, kube::Error::Api(status))) if status.code == 409 => continue,
+            Err(("creating", kube::Error::Api(status))) if status.code == 403 => {
+                return Err(CertificateError::MissingSecret {
+                    namespace: settings.namespace.clone(),
+                    name: settings.secret.clone(),
+                });
+            }
             Err((action, err)) => return Err(failed(action, err)),
         }
     }
@@ -348,6 +361,20 @@ struct Stored {
 }
 
 impl Stored {
+    /// Nothing of ours in it (other keys are kept, but do not count).
+    fn is_empty(&self) -> bool {
+        [
+            &self.ca_cert,
+            &self.ca_key,
+            &self.cert,
+            &self.key,
+            &self.previous,
+            &self.previous_until,
+        ]
+        .iter()
+        .all(|field| field.is_none())
+    }
+
     fn read(secret: &Secret) -> Self {
         Self::from_data(secret.data.as_ref())
     }

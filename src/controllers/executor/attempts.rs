@@ -23,8 +23,7 @@ use tracing::{info, warn};
 
 use super::MAX_RUN_SENDS;
 use super::failure::Failure;
-use crate::k8sd::K8sdError;
-use crate::k8sd::wire::{PlanResponse, RunRequest};
+use crate::k8sd::wire::RunRequest;
 use crate::policy::Ttl;
 use crate::refresh::csr::Mismatch;
 use crate::refresh::flow;
@@ -71,12 +70,10 @@ pub(super) fn runs_spent(op: &Operation) -> bool {
 }
 
 /// Carries `op` out on `node`, asking for `ttl`, until `run` answers: `Ok` with `op` Succeeded (its new expiry and
-/// notes set), or why it failed. `planned` is the answer of a first `plan` already asked (while
-/// a worker's approver was looked for). `approver` is the control plane that approves a
+/// notes set), or why it failed. `approver` is the control plane that approves a
 /// worker's CSRs (`None` for a control plane); `extra_sans` go with a control plane's `run`.
 pub(super) async fn carry_out<N, A, J>(
     node: &mut N,
-    mut planned: Option<Result<PlanResponse, K8sdError>>,
     mut approver: Option<&mut A>,
     op: &mut Operation,
     ttl: Ttl,
@@ -111,11 +108,7 @@ where
         // One call at a time: a node that does not answer is waited for by the journal (which
         // gives the cluster back in between), not retried here.
         let plan = loop {
-            let answer = match planned.take() {
-                Some(answer) => answer,
-                None => node.plan().await,
-            };
-            match answer {
+            match node.plan().await {
                 Ok(plan) => break plan,
                 Err(err) => {
                     let failure = Failure::k8sd("plan", err);

@@ -353,8 +353,8 @@ impl Executor {
             self.forget_parked(&who);
             return Finished::Stopping;
         }
-        let (session, approver) = self.connect(connector, role, &op).await;
-        let (session, planned) = match session {
+        let (session, approver) = self.connect(connector, role).await;
+        let session = match session {
             Ok(session) => session,
             Err(failure) => {
                 return self
@@ -398,7 +398,6 @@ impl Executor {
         };
         let result = attempts::carry_out(
             &mut node,
-            planned,
             approver.as_mut(),
             &mut op,
             ttl,
@@ -466,13 +465,12 @@ impl Executor {
         &self,
         connector: &C,
         role: Role,
-        op: &Operation,
     ) -> (
-        Result<(NodeSession<C::Node>, Planned), Failure>,
+        Result<NodeSession<C::Node>, Failure>,
         Option<Result<C::Approver, Failure>>,
     ) {
         let limit = self.settings.connect_timeout;
-        match tokio::time::timeout(limit, connect(connector, role, op)).await {
+        match tokio::time::timeout(limit, connect(connector, role)).await {
             Ok(connected) => connected,
             Err(_) => {
                 let why = format!(
@@ -613,38 +611,24 @@ impl Executor {
     }
 }
 
-/// A planned `plan`'s answer, asked while the approver was looked for.
-type Planned = Option<Result<crate::k8sd::wire::PlanResponse, K8sdError>>;
-
-/// The node's session (and for a worker its first `plan`'s answer) and, for a worker, a control
-/// plane to approve its CSRs. A worker's first `plan` (which changes nothing on the node) is
-/// asked while its approver is looked for: finding a control plane that answers takes several
-/// reads and a tunnel of its own, and the refresh holds its place meanwhile.
+/// The node's session and, for a worker, a control plane to approve its CSRs, both looked for
+/// at once: finding a control plane that answers takes several reads and a tunnel of its own.
+/// Nothing is sent to the node yet: its first `plan` waits for the cluster's place (a `plan`
+/// sent before, with the place then taken by someone else, would be one call too many).
 async fn connect<C: Connector>(
     connector: &C,
     role: Role,
-    op: &Operation,
 ) -> (
-    Result<(NodeSession<C::Node>, Planned), Failure>,
+    Result<NodeSession<C::Node>, Failure>,
     Option<Result<C::Approver, Failure>>,
 ) {
     match role {
-        Role::ControlPlane => (connector.node().await.map(|s| (s, None)), None),
+        Role::ControlPlane => (connector.node().await, None),
         Role::Worker => {
-            let plan_ahead = !attempts::runs_spent(op);
-            let node = async {
-                let mut session = connector.node().await?;
-                let plan = if plan_ahead {
-                    Some(session.node.plan().await)
-                } else {
-                    None
-                };
-                Ok((session, plan))
-            };
             // Boxed: both futures are large, and side by side they would not fit on a worker
             // thread's stack in a debug build.
             let (session, approver) =
-                futures::join!(Box::pin(node), Box::pin(connector.approver()));
+                futures::join!(Box::pin(connector.node()), Box::pin(connector.approver()));
             (session, Some(approver))
         }
     }

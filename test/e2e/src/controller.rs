@@ -24,6 +24,8 @@ use crate::{Binaries, Environment, Error, controlplane};
 
 pub const NAMESPACE: &str = "ck8s-certs-system";
 pub const SERVICE_ACCOUNT: &str = "ck8s-certs-manager";
+/// The webhook's Secret as the components ship it (empty; the controller fills it).
+pub const WEBHOOK_SECRET: &str = "ck8s-certs-webhook-cert";
 /// The FlowSchema of `config/flowcontrol` as `config/default` names it.
 pub const FLOW_SCHEMA: &str = "ck8s-certs-leader-election";
 
@@ -79,6 +81,15 @@ pub async fn service_account_kubeconfig(
             .await
             .map_err(Error::Kube)?;
     }
+    // The webhook's Secret, shipped empty (config/webhook/secret.yaml): the controller may
+    // update it, not create it.
+    let mut secret: k8s_openapi::api::core::v1::Secret = config_file("webhook/secret.yaml")?;
+    secret.metadata.name = Some(WEBHOOK_SECRET.into());
+    secret.metadata.namespace = Some(NAMESPACE.into());
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(mgmt.clone(), NAMESPACE)
+        .create(&pp, &secret)
+        .await
+        .map_err(Error::Kube)?;
     // The FlowSchema of config/flowcontrol, which names the ServiceAccount as installed.
     let mut schema: DynamicObject = config_file("flowcontrol/flowschema.yaml")?;
     schema.metadata.name = Some(FLOW_SCHEMA.into());

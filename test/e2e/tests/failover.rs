@@ -344,7 +344,10 @@ async fn leader_stopped_while_a_worker_run_waits_for_approval_the_run_is_waited_
 
     // The standby takes over at once (the Lease was released) and says why it waits.
     b.wait_until_leader(TIMEOUT).await;
-    let shown = format!("the run of seed {} sent at", first.seed.unwrap_or_default());
+    let shown = format!(
+        "the run of seed {} (recorded at",
+        first.seed.unwrap_or_default()
+    );
     let start = Instant::now();
     loop {
         let status = env
@@ -374,7 +377,8 @@ async fn leader_stopped_while_a_worker_run_waits_for_approval_the_run_is_waited_
     assert_eq!(completed_runs(&env, &worker).await.len(), 1);
     let plans: Vec<&CallRecord> = calls.iter().filter(|c| c.path == path::PLAN).collect();
     let second_plan: jiff::Timestamp = plans.last().unwrap().started_at.parse().unwrap();
-    // --k8sd-run-timeout of the e2e controllers: 20 s.
+    // --k8sd-run-timeout of the e2e controllers: 20 s, from when the new leader took it over
+    // (after the seed was recorded).
     let allowed = seeded_at.0 + jiff::SignedDuration::from_secs(20);
     assert!(
         second_plan >= allowed,

@@ -309,6 +309,7 @@ fn the_release_is_config_default_for_an_addon_provider_of_contract_v1beta1() {
         ("Role", "ck8s-certs-webhook-role"),
         ("RoleBinding", "ck8s-certs-webhook-rolebinding"),
         ("Service", "ck8s-certs-webhook-service"),
+        ("Secret", "ck8s-certs-webhook-cert"),
         ("NetworkPolicy", "ck8s-certs-controller-manager"),
         ("FlowSchema", "ck8s-certs-leader-election"),
         ("MutatingWebhookConfiguration", "ck8s-certs-refresh-trigger"),
@@ -864,8 +865,9 @@ async fn the_controller_runs_with_the_installed_service_account_and_the_deployme
     let running = run_as_installed(&env, &deployment, "release").await;
     let process = &running.process;
 
-    // With the installed rights, the webhook's certificate Secret was created in the provider's
-    // namespace and its CA put into the installed MutatingWebhookConfiguration.
+    // With the installed rights (no `create` on Secrets), the webhook's certificate Secret that
+    // ships empty was filled in the provider's namespace and its CA put into the installed
+    // MutatingWebhookConfiguration.
     let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(mgmt.clone(), NAMESPACE);
     let secret = secrets.get("ck8s-certs-webhook-cert").await.unwrap();
     let ca = secret.data.unwrap_or_default()["ca.crt"].clone();

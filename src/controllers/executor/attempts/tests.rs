@@ -155,7 +155,6 @@ async fn control_plane(
     let ttl = ttl(op);
     carry_out(
         node,
-        None,
         no_approver,
         op,
         ttl,
@@ -193,7 +192,6 @@ async fn worker_checked(
     let ttl = ttl(op);
     carry_out(
         &mut worker,
-        None,
         Some(&mut approver),
         op,
         ttl,
@@ -415,62 +413,6 @@ async fn a_k8sd_that_does_not_answer_plan_is_waited_for_then_given_up_on() {
     let result = control_plane(&mut node, &mut op, &mut journal).await;
     assert_eq!(error_text(result), "the node's k8sd did not answer");
     assert!(!entries(&log).iter().any(|e| e.starts_with("record")));
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_plan_asked_ahead_is_the_first_attempt_s_and_is_waited_for_like_any_other() {
-    let log = Log::default();
-    // Answered: its seed is recorded and run; the node is not asked to plan again.
-    let mut node = node(&log, vec![], vec![Ok(EXPIRY)]);
-    let ahead = PlanResponse {
-        seed: 7,
-        certificate_signing_requests: None,
-    };
-    let mut op = pending(31_536_000);
-    let ttl = ttl(&op);
-    let no_approver: Option<&mut Approver> = None;
-    let result = carry_out(
-        &mut node,
-        Some(Ok(ahead)),
-        no_approver,
-        &mut op,
-        ttl,
-        None,
-        &mut journal(&log),
-    )
-    .await;
-    assert_eq!(error_text(result), "succeeded");
-    assert_eq!(
-        entries(&log),
-        ["record seed=7 attempts=1", "run 7 sans=None"]
-    );
-
-    // Not answered: waited for, then planned again.
-    let log = Log::default();
-    let mut node = self::node(&log, vec![Ok(8)], vec![Ok(EXPIRY)]);
-    let mut journal = Journal {
-        waits: 1,
-        ..self::journal(&log)
-    };
-    let mut op = pending(31_536_000);
-    let no_approver: Option<&mut Approver> = None;
-    let result = carry_out(
-        &mut node,
-        Some(Err(refused())),
-        no_approver,
-        &mut op,
-        ttl,
-        None,
-        &mut journal,
-    )
-    .await;
-    assert_eq!(error_text(result), "succeeded");
-    let log_entries = entries(&log);
-    assert!(log_entries[0].starts_with("wait (plan:"), "{log_entries:?}");
-    assert_eq!(
-        log_entries[1..],
-        ["plan 8", "record seed=8 attempts=1", "run 8 sans=None"]
-    );
 }
 
 #[tokio::test(start_paused = true)]
