@@ -253,6 +253,17 @@ impl Environment {
         self.spawn_controller(&self.controller_kubeconfig, filter, extra, env)
     }
 
+    /// [`Self::start_controller`] with the rights of the kubeconfig at `kubeconfig` instead of
+    /// the ServiceAccount's.
+    pub fn start_controller_as(
+        &self,
+        kubeconfig: &Path,
+        filter: &str,
+        extra: &[&str],
+    ) -> Controller {
+        self.spawn_controller(kubeconfig, filter, extra, &[])
+    }
+
     /// [`Self::start_controller`] on the second management cluster ([`crate::MoveTarget`]).
     pub fn start_controller_on_move_target(&self, filter: &str, extra: &[&str]) -> Controller {
         let target = self.move_target.as_ref().expect("a move target");

@@ -111,24 +111,7 @@ async fn service_account(
                 .expect("create the ClusterRoleBinding");
         }
     }
-    let request: TokenRequest =
-        serde_json::from_value(json!({ "spec": { "expirationSeconds": 3600, "audiences": [] } }))
-            .expect("a TokenRequest");
-    let token = accounts
-        .create_token_request(name, &post, &request)
-        .await
-        .expect("a token")
-        .status
-        .expect("a token's status")
-        .token;
-    let mut config = kube::config::Kubeconfig::from_yaml(kubeconfig_yaml).expect("the kubeconfig");
-    for user in &mut config.auth_infos {
-        if let Some(auth) = user.auth_info.as_mut() {
-            auth.token = Some(token.clone().into());
-            auth.client_certificate_data = None;
-            auth.client_key_data = None;
-        }
-    }
+    let config = kubeconfig_of(&accounts, kubeconfig_yaml, name).await;
     let config = kube::Config::from_custom_kubeconfig(config, &Default::default())
         .await
         .expect("a client configuration");
@@ -148,4 +131,32 @@ pub fn refused(result: Result<impl std::fmt::Debug, kube::Error>) -> String {
         }
         other => panic!("not refused: {other:?}"),
     }
+}
+
+/// `kubeconfig_yaml` (the admin's) authenticating as ServiceAccount `name` of `accounts` instead
+/// (a bound token of an hour).
+pub async fn kubeconfig_of(
+    accounts: &Api<ServiceAccount>,
+    kubeconfig_yaml: &str,
+    name: &str,
+) -> kube::config::Kubeconfig {
+    let request: TokenRequest =
+        serde_json::from_value(json!({ "spec": { "expirationSeconds": 3600, "audiences": [] } }))
+            .expect("a TokenRequest");
+    let token = accounts
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .expect("a token")
+        .status
+        .expect("a token's status")
+        .token;
+    let mut config = kube::config::Kubeconfig::from_yaml(kubeconfig_yaml).expect("the kubeconfig");
+    for user in &mut config.auth_infos {
+        if let Some(auth) = user.auth_info.as_mut() {
+            auth.token = Some(token.clone().into());
+            auth.client_certificate_data = None;
+            auth.client_key_data = None;
+        }
+    }
+    config
 }

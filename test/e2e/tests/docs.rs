@@ -980,7 +980,12 @@ fn every_flag_in_a_command_line_belongs_to_its_command() {
 /// The overlays that are clusterctl templates: their `${NAME:=default}` values are substituted
 /// by clusterctl (or `clusterctl generate yaml`), so `kubectl apply -k` of them cannot work
 /// (docs/install.md says so). Every other overlay must render to objects that apply as they are.
-const CLUSTERCTL_TEMPLATES: &[&str] = &["config/default", "config/provider", "config/manager"];
+const CLUSTERCTL_TEMPLATES: &[&str] = &[
+    "config/default",
+    "config/provider",
+    "config/manager",
+    "config/namespaced",
+];
 
 /// `${…}` allowed in a rendered overlay: Grafana's datasource variable of the dashboard, which
 /// Grafana fills in when it loads the dashboard.
@@ -1411,4 +1416,31 @@ fn the_narrow_network_policy_replaces_the_installed_one() {
             "a rule from anywhere: {rule:?}"
         );
     }
+}
+
+/// `config/namespaced` splits the controller's rules, not changes them: its Role and its narrow
+/// ClusterRole hold together exactly the rules of `config/rbac/role.yaml`.
+#[test]
+fn the_namespaced_install_splits_the_manager_role_without_changing_it() {
+    let rules = |path: &str| -> Vec<serde_yaml::Value> {
+        let text = std::fs::read_to_string(root().join(path)).unwrap();
+        serde_yaml::Deserializer::from_str(&text)
+            .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
+            .filter(|o: &serde_yaml::Value| {
+                matches!(o["kind"].as_str(), Some("Role" | "ClusterRole"))
+            })
+            .flat_map(|o: serde_yaml::Value| o["rules"].as_sequence().unwrap().clone())
+            .collect()
+    };
+    let mut split = rules("config/namespaced/role.yaml");
+    split.extend(rules("config/namespaced/cluster_role.yaml"));
+    let shown = |rules: &[serde_yaml::Value]| -> BTreeSet<String> {
+        rules
+            .iter()
+            .map(|r| serde_yaml::to_string(r).unwrap())
+            .collect()
+    };
+    let whole = rules("config/rbac/role.yaml");
+    assert_eq!(shown(&split), shown(&whole));
+    assert_eq!(split.len(), whole.len(), "a rule twice");
 }
