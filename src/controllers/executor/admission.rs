@@ -10,10 +10,11 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ck8s_certs_api::machine_certificates::Role;
 use futures::channel::mpsc;
+use tokio::time::Instant;
 
 /// A waiter that has not asked again for this long is forgotten (it asks at least every
 /// [`super::WAITING_RECHECK`]).
@@ -220,9 +221,11 @@ impl Admission {
         })
     }
 
-    /// Whether it is `who`'s turn: what [`Self::try_enter`] decides, without taking the place
-    /// (taken once what the refresh needs is at hand: reaching a node may take long, and a
-    /// place held meanwhile would keep others out). Noted as waiting when not.
+    /// Whether it is `who`'s turn: what [`Self::try_enter`] decides, without taking the place.
+    /// The place is kept for `who` for [`INVITED_FOR`] while it reaches its node, as for a
+    /// woken waiter: long enough for a node that answers (so that the others do not race it
+    /// for the place and reach their nodes for nothing), too short for a slow one to keep the
+    /// others out. Noted as waiting when not.
     pub fn turn(
         &self,
         namespace: &str,
@@ -232,9 +235,16 @@ impl Admission {
     ) -> Result<(), Busy> {
         let inner = &self.0;
         let mut state = inner.lock();
-        inner
-            .check(&mut state, namespace, cluster, role, who)
-            .map(drop)
+        let key = inner.check(&mut state, namespace, cluster, role, who)?;
+        state
+            .invited
+            .insert(who.clone(), (key, role, Instant::now()));
+        Ok(())
+    }
+
+    /// `who` will not take the place its [`Self::turn`] kept (it did not reach its node).
+    pub fn pass(&self, who: &Waiter) {
+        self.0.lock().invited.remove(who);
     }
 
     /// Whether `try_enter` would let `who` go now (nothing is noted).

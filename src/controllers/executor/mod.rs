@@ -343,13 +343,15 @@ impl Executor {
         if let Some((after, why)) = held {
             return self.park(who, parked, op, journal, why, after).await;
         }
-        // Its turn is checked first, its place taken only once the node is reached: reaching
-        // it (the workload cluster's reads, a tunnel, for a worker an approver) is the tenant's
-        // to slow down, and a place held meanwhile would keep every other refresh out.
+        // Its turn is checked first (the place kept for it a few seconds), its place taken only
+        // once the node is reached: reaching it (the workload cluster's reads, a tunnel, for a
+        // worker an approver) is the tenant's to slow down, and a place held meanwhile would
+        // keep every other refresh out.
         if let Err(busy) = self.admission.turn(&who.namespace, &cluster, role, &who) {
             return self.queued(who, parked, op, journal, &busy);
         }
         if self.stopping(&op) {
+            self.admission.pass(&who);
             self.forget_parked(&who);
             return Finished::Stopping;
         }
@@ -357,6 +359,7 @@ impl Executor {
         let session = match session {
             Ok(session) => session,
             Err(failure) => {
+                self.admission.pass(&who);
                 return self
                     .wait_or_fail(who, parked, op, journal, "the workload cluster", failure)
                     .await;
@@ -366,6 +369,7 @@ impl Executor {
         let mut approver = match approver.transpose() {
             Ok(approver) => approver,
             Err(failure) => {
+                self.admission.pass(&who);
                 let what = "a Ready control-plane node";
                 return self
                     .wait_or_fail(who, parked, op, journal, what, failure)

@@ -628,17 +628,32 @@ async fn a_node_that_is_slow_to_reach_holds_no_place_and_is_given_up_on_at_the_c
     let mut link = node(&log, "w-1", vec![Ok(11)], vec![Ok(EXPIRY)]);
     link.connect_takes = Duration::from_secs(3600);
     let mut journal = journal(&log);
+    // One of cluster c's two worker places is taken.
+    let held = executor
+        .admission
+        .try_enter("ns", "c", Role::Worker, &who("w-3"))
+        .unwrap();
     let slow = go(&executor, "w-1", Role::Worker, &link, &mut journal);
     tokio::pin!(slow);
     tokio::select! {
         _ = &mut slow => panic!("reaching the node took its hour"),
-        () = tokio::time::sleep(Duration::from_secs(10)) => {}
+        () = tokio::time::sleep(Duration::from_secs(1)) => {}
     }
-    // Half-way: it holds no place of its cluster, so a control plane could go now.
+    // The other place is kept for it a few seconds (INVITED_FOR), as for a woken waiter...
+    assert!(
+        !executor
+            .admission
+            .would_enter("ns", "c", Role::Worker, &who("w-2"))
+    );
+    tokio::select! {
+        _ = &mut slow => panic!("reaching the node took its hour"),
+        () = tokio::time::sleep(Duration::from_secs(9)) => {}
+    }
+    // ...not while it is slow to reach: half-way, another worker could go.
     assert!(
         executor
             .admission
-            .would_enter("ns", "c", Role::ControlPlane, &who("cp-0"))
+            .would_enter("ns", "c", Role::Worker, &who("w-2"))
     );
     let started = tokio::time::Instant::now();
     let finished = slow.await;
@@ -653,8 +668,9 @@ async fn a_node_that_is_slow_to_reach_holds_no_place_and_is_given_up_on_at_the_c
             && said.contains("took longer than 20s (--node-connect-timeout)"),
         "{said}"
     );
-    // Nothing was sent to the node; the refresh is parked, not failed.
+    // Nothing was sent to the node; the refresh is parked, not failed, and keeps no place.
     assert_eq!(entries(&log), Vec::<String>::new());
+    drop(held);
     assert!(
         executor
             .admission

@@ -346,27 +346,14 @@ async fn a_requester_s_lifetime_outside_the_band_is_refused_at_admission_and_by_
     // automatic renewal is not refused, which would leave the certificates to expire; it asks
     // for the nearest bound, and its record says why.
     env.sim.clear_calls(&cp.cluster, &cp.node).await.unwrap();
-    env.create_policy_in(
-        FILTER,
-        &namespace,
-        "ttl-band-2y",
-        "ttl-band-2y",
-        json!({ "policy": "Automatic", "renewBefore": "100d", "ttl": "2y", "spread": "0s" }),
-    )
-    .await;
-    env.patch_machine(
+    let op = renewed_by_policy(
+        &env,
         &cp,
-        json!({ "metadata": { "labels": { "e2e-policy": "ttl-band-2y" } } }),
+        FILTER,
+        "ttl-band-2y",
+        json!({ "renewBefore": "100d", "ttl": "2y" }),
     )
     .await;
-    let status = env
-        .wait_for_status(&cp, TIMEOUT, "the policy's renewal", |s| {
-            s.operation
-                .as_ref()
-                .is_some_and(|op| op.origin == Origin::Policy && op.phase == Phase::Succeeded)
-        })
-        .await;
-    let op = status.operation.unwrap();
     assert_eq!(op.ttl, "1y");
     assert_eq!(
         op.note.as_deref(),
@@ -378,6 +365,35 @@ async fn a_requester_s_lifetime_outside_the_band_is_refused_at_admission_and_by_
     let asked = runs(&env, &cp).await;
     assert_eq!(asked.len(), 1, "{asked:#?}");
     assert_eq!(asked[0]["expiration-seconds"], 365 * 86_400);
+}
+
+/// The operation of the automatic renewal of `cp` under a new Automatic policy `name` (without
+/// spread) of instance `filter`, with `spec`'s `renewBefore` and `ttl`, once it succeeded.
+async fn renewed_by_policy(
+    env: &Environment,
+    cp: &NodeInfo,
+    filter: &str,
+    name: &str,
+    spec: serde_json::Value,
+) -> ck8s_certs_api::machine_certificates::Operation {
+    let mut spec = spec;
+    spec["policy"] = json!("Automatic");
+    spec["spread"] = json!("0s");
+    env.create_policy_in(filter, &cp.namespace, name, name, spec)
+        .await;
+    env.patch_machine(
+        cp,
+        json!({ "metadata": { "labels": { "e2e-policy": name } } }),
+    )
+    .await;
+    let status = env
+        .wait_for_status(cp, TIMEOUT, "the policy's renewal", |s| {
+            s.operation
+                .as_ref()
+                .is_some_and(|op| op.origin == Origin::Policy && op.phase == Phase::Succeeded)
+        })
+        .await;
+    status.operation.expect("the renewal's operation")
 }
 
 /// The end of `cluster`'s CA as its ClusterCertificates record shows it (from its kubeconfig's
@@ -428,27 +444,14 @@ async fn no_lifetime_outlives_the_cluster_ca() {
     let calls = runs(&env, &cp).await;
     assert!(calls.is_empty(), "k8sd was asked to run: {calls:#?}");
 
-    env.create_policy_in(
-        "ca-end",
-        &cp.namespace,
-        "ca-end-15y",
-        "ca-end-15y",
-        json!({ "policy": "Automatic", "renewBefore": "14y", "ttl": "15y", "spread": "0s" }),
-    )
-    .await;
-    env.patch_machine(
+    let op = renewed_by_policy(
+        &env,
         &cp,
-        json!({ "metadata": { "labels": { "e2e-policy": "ca-end-15y" } } }),
+        "ca-end",
+        "ca-end-15y",
+        json!({ "renewBefore": "14y", "ttl": "15y" }),
     )
     .await;
-    let status = env
-        .wait_for_status(&cp, TIMEOUT, "the policy's renewal", |s| {
-            s.operation
-                .as_ref()
-                .is_some_and(|op| op.origin == Origin::Policy && op.phase == Phase::Succeeded)
-        })
-        .await;
-    let op = status.operation.unwrap();
     let note = op.note.clone().unwrap_or_default();
     assert!(
         note.starts_with("15y would outlive the cluster CA") && note.ends_with("h was asked for"),
