@@ -70,8 +70,8 @@ pub struct Args {
 
     /// How long reaching a node may take in all before a refresh counts it as not answering
     /// (waited for up to --refresh-wait-timeout, then a failure): the workload cluster's reads,
-    /// the tunnel to the node's k8sd-proxy pod and, for a worker, its first `plan` and finding a
-    /// Ready control plane to approve its CSRs. The cluster's refresh place is taken only after.
+    /// the tunnel to the node's k8sd-proxy pod and, for a worker, finding a Ready control plane
+    /// to approve its CSRs. The cluster's refresh place is taken only after (kept for it 5 s).
     #[arg(long, env = "CK8S_CERTS_NODE_CONNECT_TIMEOUT", value_parser = duration, default_value = "2m")]
     pub node_connect_timeout: Duration,
 

@@ -9,8 +9,8 @@
 //! execute(Accepted) ──► a worker not on its node yet, a control plane of its cluster pending?
 //!    │                        └─yes─► Wait (woken when the control plane leaves the cluster)
 //!    ▼
-//! Admission::turn (a control plane alone in its cluster; workers bounded)
-//!    │                        └─busy─► Wait (woken when a place frees)
+//! Admission::turn (a control plane alone in its cluster; workers bounded; the place kept
+//!    │                for it 5 s)  └─busy─► Wait (woken when a place frees)
 //!    ▼
 //! Connector::node (a worker: its first plan ∥ ::approver), in all within
 //!    │   --node-connect-timeout, no place held ─ not answering ─► Wait 1 s … 8 s,
