@@ -12,7 +12,7 @@
 //! Admission::turn (a control plane alone in its cluster; workers bounded; the place kept
 //!    │                for it 5 s)  └─busy─► Wait (woken when a place frees)
 //!    ▼
-//! Connector::node (a worker: its first plan ∥ ::approver), in all within
+//! Connector::node (∥ ::approver for a worker; nothing sent to the node), in all within
 //!    │   --node-connect-timeout, no place held ─ not answering ─► Wait 1 s … 8 s,
 //!    │                                            up to --refresh-wait-timeout
 //!    ▼
@@ -381,8 +381,8 @@ impl Executor {
             .try_enter(&who.namespace, &cluster, role, &who)
         {
             Ok(guard) => guard,
-            // Taken meanwhile: nothing was sent that changes the node (a worker's `plan` does
-            // not), so the sessions are let go and it waits for its turn again.
+            // Taken meanwhile (its kept place lapsed): nothing was sent to the node, so the
+            // sessions are let go and it waits for its turn again.
             Err(busy) => return self.queued(who, parked, op, journal, &busy),
         };
         if self.stopping(&op) {
