@@ -191,14 +191,7 @@ pub fn held(yaml: &str, cluster: &str) -> Result<Held, Refusal> {
             }
         )));
     }
-    let pem = user
-        .get("client-certificate-data")
-        .and_then(Value::as_str)
-        .and_then(|data| {
-            base64::engine::general_purpose::STANDARD
-                .decode(data.trim())
-                .ok()
-        })
+    let pem = decoded(user, "client-certificate-data")
         .ok_or_else(|| shape("`client-certificate-data` is not base64"))?;
     let der = first_certificate(&pem)
         .ok_or_else(|| shape("`client-certificate-data` holds no readable certificate"))?;
@@ -211,14 +204,7 @@ pub fn held(yaml: &str, cluster: &str) -> Result<Held, Refusal> {
             "its client certificate is not for kubernetes-admin in system:masters, the identity the provider's kubeconfig has",
         ));
     }
-    let key = user
-        .get("client-key-data")
-        .and_then(Value::as_str)
-        .and_then(|data| {
-            base64::engine::general_purpose::STANDARD
-                .decode(data.trim())
-                .ok()
-        })
+    let key = decoded(user, "client-key-data")
         .and_then(|pem| signing_key(std::str::from_utf8(&pem).ok()?))
         .ok_or_else(|| {
             shape(
@@ -251,6 +237,14 @@ fn document(yaml: &str) -> Result<Value, Refusal> {
         )));
     }
     serde_yaml::from_str(yaml).map_err(|_| shape("it is not YAML"))
+}
+
+/// The bytes of a kubeconfig user's base64 field `key`.
+fn decoded(user: &serde_yaml::Mapping, key: &str) -> Option<Vec<u8>> {
+    let data = user.get(key)?.as_str()?;
+    base64::engine::general_purpose::STANDARD
+        .decode(data.trim())
+        .ok()
 }
 
 /// Whether `name` is exactly [`PROVIDER_SUBJECT`]: each attribute once, nothing else, in any
