@@ -130,6 +130,12 @@ pub struct Args {
     #[arg(long, env = "CK8S_CERTS_KUBECONFIG_CHECK_INTERVAL", value_parser = duration, default_value = "6h")]
     pub kubeconfig_check_interval: Duration,
 
+    /// Announce a cluster CA this long before it ends (`ClusterCertificates` CARunway=False, an
+    /// Event on the Cluster, the alert CK8sCertsClusterCAEndingSoon): k8sd cannot rotate a CA,
+    /// so the cluster must be replaced before then.
+    #[arg(long, env = "CK8S_CERTS_CA_RUNWAY_WARNING", value_parser = duration, default_value = "365d")]
+    pub ca_runway_warning: Duration,
+
     /// Renew the client certificate of each Cluster's management kubeconfig
     /// (`<cluster>-kubeconfig`) in place when half its lifetime is left (or
     /// `--kubeconfig-renew-before`), signed by the cluster's client CA (`<cluster>-cca`): `off`

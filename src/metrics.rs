@@ -46,6 +46,12 @@ pub struct KubeconfigLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClusterLabels {
+    pub namespace: String,
+    pub cluster: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
     pub result: String,
 }
@@ -305,6 +311,12 @@ pub struct Metrics {
     /// `--renew-management-kubeconfig` attempts by `result`: `renewed`, `dry_run`, `refused`,
     /// `failed`, `not_due` (renewed meanwhile by someone else).
     pub kubeconfig_renewals: Family<ResultLabels, Counter>,
+    /// Since when a cluster's node certificates have been expired (the earliest recorded
+    /// expiry that passed); no series while none has.
+    pub cluster_expired_since: Family<ClusterLabels, Gauge<f64, AtomicU64>>,
+    /// `--ca-runway-warning`, in seconds: the shipped CA alert compares each cluster CA's end
+    /// with it, so the flag is the alert's one setting.
+    pub ca_runway_warning: Gauge<f64, AtomicU64>,
     pub renewals_started: Family<OriginLabels, Counter>,
     pub renewals_succeeded: Family<OriginLabels, Counter>,
     pub renewals_failed: Family<OriginLabels, Counter>,
@@ -340,6 +352,18 @@ impl Default for Metrics {
             "kubeconfig_renewals",
             "Renewals of management kubeconfig client certificates tried (--renew-management-kubeconfig), by result: renewed, dry_run, refused, failed, not_due",
             kubeconfig_renewals.clone(),
+        );
+        let cluster_expired_since = Family::<ClusterLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "cluster_certificates_expired_since_timestamp_seconds",
+            "Since when node certificates of a workload cluster have been expired (the earliest expiry its Machines record that has passed), as a Unix timestamp; no series while none has",
+            cluster_expired_since.clone(),
+        );
+        let ca_runway_warning = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "ca_runway_warning_seconds",
+            "--ca-runway-warning in seconds: how long before a cluster CA ends it is announced (ClusterCertificates CARunway, alert CK8sCertsClusterCAEndingSoon)",
+            ca_runway_warning.clone(),
         );
         let renewals_started = Family::<OriginLabels, Counter>::default();
         registry.register(
@@ -459,6 +483,8 @@ impl Default for Metrics {
             expiry,
             kubeconfig_expiry,
             kubeconfig_renewals,
+            cluster_expired_since,
+            ca_runway_warning,
             renewals_started,
             renewals_succeeded,
             renewals_failed,

@@ -41,11 +41,19 @@ pub struct ClusterCertificatesStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubeconfig: Option<KubeconfigStatus>,
 
-    /// `Ready`: the kubeconfig is readable and its certificates are not within the warning
-    /// horizon (`--kubeconfig-expiry-warning`) of expiry. Reasons: Valid, ExpiringSoon, Expired,
-    /// Unreadable, Missing. `KubeconfigRenewal` (with `--renew-management-kubeconfig` only):
-    /// whether the client certificate can be renewed in place; reasons in
-    /// [`renewal_reasons`].
+    /// What the cluster's CK8s Machines record of their nodes' certificates
+    /// (`machine.cluster.x-k8s.io/certificates-expiry`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<NodesStatus>,
+
+    /// `Ready` (first): the kubeconfig is readable and its certificates are not within the
+    /// warning horizon (`--kubeconfig-expiry-warning`) of expiry. Reasons: Valid, ExpiringSoon,
+    /// Expired, Unreadable, Missing. `KubeconfigRenewal` (with `--renew-management-kubeconfig`
+    /// only): whether the client certificate can be renewed in place; reasons in
+    /// [`renewal_reasons`]. `CertificatesExpired`: True once a node's recorded certificates
+    /// have expired (the cluster went dark past its expiry); reasons in [`expired_reasons`].
+    /// `CARunway`: False once the cluster CA ends within `--ca-runway-warning`; reasons in
+    /// [`runway_reasons`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
@@ -75,6 +83,24 @@ pub struct KubeconfigStatus {
     pub next_renewal_time: Option<Time>,
 }
 
+/// What a cluster's CK8s Machines record of their nodes' certificates.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NodesStatus {
+    /// The earliest `certificates-expiry` recorded on the cluster's CK8s Machines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub earliest_expiry: Option<Time>,
+    /// The Machine that records it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub earliest_machine: Option<String>,
+    /// How many of the cluster's Machines record an expiry that has passed.
+    #[serde(default)]
+    pub expired: u32,
+    /// How many record none (yet) or one that cannot be read.
+    #[serde(default)]
+    pub unknown: u32,
+}
+
 /// `Ready` condition reasons.
 pub mod reasons {
     pub const VALID: &str = "Valid";
@@ -82,6 +108,34 @@ pub mod reasons {
     pub const EXPIRED: &str = "Expired";
     pub const UNREADABLE: &str = "Unreadable";
     pub const MISSING: &str = "Missing";
+}
+
+/// The condition type that says whether some of the cluster's node certificates have expired.
+pub const CERTIFICATES_EXPIRED: &str = "CertificatesExpired";
+
+/// `CertificatesExpired` condition reasons (and the reasons of its Events on the Cluster).
+pub mod expired_reasons {
+    /// False: no Machine of the cluster records an expiry that has passed.
+    pub const NOT_EXPIRED: &str = "NotExpired";
+    /// True: Machines of the cluster record certificates that expired (the message names the
+    /// earliest, when, and how many).
+    pub const NODE_CERTIFICATES_EXPIRED: &str = "NodeCertificatesExpired";
+}
+
+/// The condition type that says whether the cluster CA has long enough to live: k8sd cannot
+/// rotate a CA, so a cluster whose CA ends is beyond any in-place repair.
+pub const CA_RUNWAY: &str = "CARunway";
+
+/// `CARunway` condition reasons.
+pub mod runway_reasons {
+    /// True: the CA ends after `--ca-runway-warning` from now.
+    pub const SUFFICIENT: &str = "Sufficient";
+    /// False: the CA ends within `--ca-runway-warning`.
+    pub const CA_ENDING_SOON: &str = "CAEndingSoon";
+    /// False: the CA has ended.
+    pub const CA_ENDED: &str = "CAEnded";
+    /// Unknown: the kubeconfig cannot be read, or names no CA.
+    pub const CA_UNKNOWN: &str = "CAUnknown";
 }
 
 /// The condition type that says whether the kubeconfig's client certificate is renewed in place.

@@ -34,6 +34,15 @@ pub mod events {
     pub const KUBECONFIG_EXPIRING: &str = "KubeconfigCertificateExpiring";
     /// On the Cluster: a certificate of the management kubeconfig has expired (Warning).
     pub const KUBECONFIG_EXPIRED: &str = "KubeconfigCertificateExpired";
+    /// On the Cluster: Machines of the cluster record node certificates that have expired: the
+    /// cluster went dark past its expiry (Warning).
+    pub const CLUSTER_CERTIFICATES_EXPIRED: &str = "ClusterCertificatesExpired";
+    /// On the Cluster: no Machine of a cluster that had expired certificates records one any
+    /// more (Normal).
+    pub const CLUSTER_CERTIFICATES_RECOVERED: &str = "ClusterCertificatesRecovered";
+    /// On the Cluster: the cluster CA ends within `--ca-runway-warning`, or has ended; k8sd
+    /// cannot rotate it (Warning).
+    pub const CLUSTER_CA_ENDING: &str = "ClusterCAEnding";
     /// On the Cluster (`--renew-management-kubeconfig`): the client certificate was renewed in
     /// place (Normal).
     pub const KUBECONFIG_RENEWED: &str = "KubeconfigCertificateRenewed";

@@ -1,8 +1,12 @@
-//! The management kubeconfig of each Cluster with CK8s Machines: when its certificates expire,
-//! shown in the Cluster's `ClusterCertificates`, a metric, and Warning Events on the Cluster ahead
-//! of time (`--kubeconfig-expiry-warning`). The Secret is read by name (least privilege: `get`,
-//! no watch), once per Cluster at start-up and then every `--kubeconfig-check-interval`
-//! (jittered per Cluster), and exactly when a certificate crosses the warning horizon or expires.
+//! Each Cluster with CK8s Machines, as its `ClusterCertificates` shows it:
+//! - the management kubeconfig: when its certificates expire, a metric, and Warning Events on
+//!   the Cluster ahead of time (`--kubeconfig-expiry-warning`). The Secret is read by name (least
+//!   privilege: `get`, no watch), once per Cluster at start-up and then every
+//!   `--kubeconfig-check-interval` (jittered per Cluster), and exactly when a certificate crosses
+//!   the warning horizon or expires;
+//! - what has already expired on its nodes, from its Machines' records, and how long its CA has
+//!   left ([`expired`]).
+//!
 //! Nothing is written unless the answer changes.
 
 use std::collections::HashMap;
@@ -12,7 +16,8 @@ use std::time::Duration;
 use crate::events::{Event, EventType, Recorder};
 use ck8s_certs_api::capi::{CLUSTER_NAME_LABEL, kubeconfig_secret_name};
 use ck8s_certs_api::cluster_certificates::{
-    ClusterCertificates, ClusterCertificatesStatus, KUBECONFIG_RENEWAL, KubeconfigStatus, reasons,
+    CA_RUNWAY, CERTIFICATES_EXPIRED, ClusterCertificates, ClusterCertificatesStatus,
+    KUBECONFIG_RENEWAL, KubeconfigStatus, NodesStatus, expired_reasons, reasons,
 };
 use ck8s_certs_api::machine::{CapiVersion, Cluster, Machine, MachineView};
 use ck8s_certs_api::reasons::events;
@@ -24,11 +29,13 @@ use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
-use crate::metrics::{KubeconfigLabels, Metrics};
+use crate::metrics::{ClusterLabels, KubeconfigLabels, Metrics};
 use crate::workload::WorkloadError;
 use crate::workload::client_certificate::{self, Held, Refusal};
 use crate::workload::credentials::{Certificate, KubeconfigExpiry, kubeconfig_expiry};
+use expired::{Nodes, Verdict};
 
+mod expired;
 mod renewal;
 mod start;
 
@@ -46,6 +53,8 @@ pub struct Config {
     pub warning: SignedDuration,
     /// Read each Secret at least this often.
     pub interval: Duration,
+    /// Announce the cluster CA's end this long before it (`--ca-runway-warning`).
+    pub ca_runway: SignedDuration,
     /// What the kubeconfig may use: one the refreshes would refuse is reported as unreadable.
     pub vetting: crate::workload::Vetting,
     /// `--renew-management-kubeconfig`, `--kubeconfig-renew-before`.
@@ -221,33 +230,42 @@ fn fnv1a(text: &str) -> u64 {
     })
 }
 
-/// The status showing `reading` and, with renewal on, its last `renewal` report; conditions keep
-/// their transition time while unchanged.
+/// The conditions besides the kubeconfig's renewal, and the Machines' records.
+#[derive(Clone, Debug)]
+pub struct Checks {
+    pub ready: Verdict,
+    pub expired: Verdict,
+    pub runway: Verdict,
+    pub nodes: NodesStatus,
+}
+
+/// The status showing `reading`, the `checks` and, with renewal on, its last `renewal` report;
+/// conditions keep their transition time while unchanged.
 pub fn status_for(
     old: &ClusterCertificatesStatus,
     reading: &Reading,
     secret: &str,
-    ready: (bool, &str, String),
+    checks: &Checks,
     renewal: Option<&renewal::Report>,
     now: Timestamp,
 ) -> ClusterCertificatesStatus {
-    let (value, reason, message) = ready;
     let expiry = match reading {
         Reading::Read { expiry, .. } => *expiry,
         _ => KubeconfigExpiry::default(),
     };
     let old_kubeconfig = old.kubeconfig.as_ref();
-    let mut conditions = vec![condition(old, "Ready", value, reason, message, now)];
+    // Ready first: it is what `kubectl get` shows and what the Events compare with.
+    let mut conditions = vec![condition(old, "Ready", &checks.ready, now)];
     if let Some(report) = renewal {
-        conditions.push(condition(
-            old,
-            KUBECONFIG_RENEWAL,
-            report.ok,
-            report.reason,
-            report.message.clone(),
-            now,
-        ));
+        let verdict = Verdict {
+            status: if report.ok { "True" } else { "False" },
+            reason: report.reason,
+            message: report.message.clone(),
+        };
+        conditions.push(condition(old, KUBECONFIG_RENEWAL, &verdict, now));
     }
+    conditions.push(condition(old, CERTIFICATES_EXPIRED, &checks.expired, now));
+    conditions.push(condition(old, CA_RUNWAY, &checks.runway, now));
     ClusterCertificatesStatus {
         kubeconfig: Some(KubeconfigStatus {
             secret: secret.to_owned(),
@@ -259,6 +277,7 @@ pub fn status_for(
                 .or_else(|| old_kubeconfig.and_then(|k| k.last_renewal_time.clone())),
             next_renewal_time: renewal.and_then(|r| r.next.map(Time)),
         }),
+        nodes: Some(checks.nodes.clone()),
         conditions,
     }
 }
@@ -267,35 +286,45 @@ pub fn status_for(
 fn condition(
     old: &ClusterCertificatesStatus,
     type_: &str,
-    value: bool,
-    reason: &str,
-    message: String,
+    verdict: &Verdict,
     now: Timestamp,
 ) -> Condition {
-    let value = if value { "True" } else { "False" }.to_owned();
     let transition = old
         .conditions
         .iter()
-        .find(|c| c.type_ == type_ && c.status == value)
+        .find(|c| c.type_ == type_ && c.status == verdict.status)
         .map_or(Time(now), |c| c.last_transition_time.clone());
     Condition {
         type_: type_.into(),
-        status: value,
-        reason: reason.to_owned(),
-        message,
+        status: verdict.status.to_owned(),
+        reason: verdict.reason.to_owned(),
+        message: verdict.message.clone(),
         last_transition_time: transition,
         observed_generation: None,
     }
 }
 
-/// Whether any CK8s Machine of this shard belongs to the Cluster: only those Clusters are
+/// The reason `status` gives condition `type_`.
+fn reason_of<'a>(status: &'a ClusterCertificatesStatus, type_: &str) -> Option<&'a str> {
+    status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| c.reason.as_str())
+}
+
+/// The CK8s Machines of this shard that belong to the Cluster: only Clusters with some are
 /// checked (and so exactly one shard checks each).
-fn has_ck8s_machines(machines: &Store<Machine>, namespace: &str, cluster: &str) -> bool {
-    machines.state().iter().any(|m| {
-        m.metadata.namespace.as_deref() == Some(namespace)
-            && m.labels.get(CLUSTER_NAME_LABEL) == Some(cluster)
-            && MachineView::of(m).is_ck8s()
-    })
+fn ck8s_machines(machines: &Store<Machine>, namespace: &str, cluster: &str) -> Vec<MachineView> {
+    machines
+        .state()
+        .iter()
+        .filter(|m| {
+            m.metadata.namespace.as_deref() == Some(namespace) && m.cluster() == Some(cluster)
+        })
+        .map(|m| MachineView::of(m))
+        .filter(MachineView::is_ck8s)
+        .collect()
 }
 
 pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -305,7 +334,8 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         forget(&ctx, &namespace, &name);
         return Ok(Action::await_change());
     }
-    if !has_ck8s_machines(&ctx.machines, &namespace, &name) {
+    let machines = ck8s_machines(&ctx.machines, &namespace, &name);
+    if machines.is_empty() {
         forget(&ctx, &namespace, &name);
         // Its Machines may come later without the Cluster changing: look again now and then
         // (from the cache: no read).
@@ -342,19 +372,24 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
     export(&ctx.metrics, &namespace, &name, &reading);
 
     let (ready, reason, message, warn) = verdict(&reading, &secret, ctx.config.warning, now);
-    let status = status_for(
-        &old,
-        &reading,
-        &secret,
-        (ready, reason, message.clone()),
-        report.as_ref(),
-        now,
-    );
-    let renewal_was = old
-        .conditions
-        .iter()
-        .find(|c| c.type_ == KUBECONFIG_RENEWAL)
-        .map(|c| c.reason.clone());
+    let nodes = Nodes::of(&machines, now);
+    let ca_end = match &reading {
+        Reading::Read { expiry, .. } => expiry.ca,
+        _ => None,
+    };
+    let checks = Checks {
+        ready: Verdict {
+            status: if ready { "True" } else { "False" },
+            reason,
+            message: message.clone(),
+        },
+        expired: expired::expired_verdict(&nodes),
+        runway: expired::runway_verdict(ca_end, ctx.config.ca_runway, now),
+        nodes: nodes.status(),
+    };
+    export_expired(&ctx.metrics, &namespace, &name, nodes.expired_since());
+    let status = status_for(&old, &reading, &secret, &checks, report.as_ref(), now);
+    let renewal_was = reason_of(&old, KUBECONFIG_RENEWAL);
     if status != old {
         let api: Api<ClusterCertificates> = Api::namespaced(ctx.client.clone(), &namespace);
         if record.is_none() {
@@ -385,10 +420,13 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
             )
             .await;
         }
+        for (kind, event, note) in condition_events(&old, &checks) {
+            publish(&ctx, &cluster, kind, event, note, "CheckCertificates").await;
+        }
     }
     if let Some(report) = &report
         && let Some((kind, event, note)) = &report.event
-        && (report.renewed.is_some() || renewal_was.as_deref() != Some(report.reason))
+        && (report.renewed.is_some() || renewal_was != Some(report.reason))
     {
         publish(
             &ctx,
@@ -414,6 +452,13 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
     }
     if let Some(retry) = retry {
         next = next.min(retry);
+    }
+    // A recorded expiry passing or the CA crossing the horizon changes a condition by the
+    // clock alone.
+    if let Some(at) = expired::next_change(&nodes, ca_end, ctx.config.ca_runway, now)
+        && let Ok(until) = Duration::try_from(at.duration_since(now))
+    {
+        next = next.min(until.max(Duration::from_secs(1)));
     }
     Ok(Action::requeue(next))
 }
@@ -539,6 +584,43 @@ async fn attempt(ctx: &Context, key: &(String, String), now: Timestamp) -> renew
     report
 }
 
+/// The Events the `checks` call for against the `old` status: once per change of reason, a
+/// Warning when the cluster's certificates have expired or its CA runs short, a Normal Event
+/// when they no longer are.
+fn condition_events(
+    old: &ClusterCertificatesStatus,
+    checks: &Checks,
+) -> Vec<(EventType, &'static str, String)> {
+    let mut out = Vec::new();
+    let was_expired = reason_of(old, CERTIFICATES_EXPIRED);
+    if was_expired != Some(checks.expired.reason) {
+        match checks.expired.status {
+            "True" => out.push((
+                EventType::Warning,
+                events::CLUSTER_CERTIFICATES_EXPIRED,
+                checks.expired.message.clone(),
+            )),
+            _ if was_expired == Some(expired_reasons::NODE_CERTIFICATES_EXPIRED) => out.push((
+                EventType::Normal,
+                events::CLUSTER_CERTIFICATES_RECOVERED,
+                format!(
+                    "No Machine of this cluster records expired certificates any more. {}",
+                    checks.expired.message
+                ),
+            )),
+            _ => {}
+        }
+    }
+    if reason_of(old, CA_RUNWAY) != Some(checks.runway.reason) && checks.runway.status == "False" {
+        out.push((
+            EventType::Warning,
+            events::CLUSTER_CA_ENDING,
+            checks.runway.message.clone(),
+        ));
+    }
+    out
+}
+
 async fn publish(
     ctx: &Context,
     cluster: &Cluster,
@@ -574,6 +656,7 @@ fn forget(ctx: &Context, namespace: &str, cluster: &str) {
         attempts.remove(&key);
     }
     export(&ctx.metrics, namespace, cluster, &Reading::Missing);
+    export_expired(&ctx.metrics, namespace, cluster, None);
 }
 
 /// How often [`sweep`] runs.
@@ -711,6 +794,25 @@ fn export(metrics: &Metrics, namespace: &str, cluster: &str, reading: &Reading) 
             None => {
                 metrics.kubeconfig_expiry.remove(&labels);
             }
+        }
+    }
+}
+
+/// The cluster's `expired since` series: present exactly while its node certificates are.
+fn export_expired(metrics: &Metrics, namespace: &str, cluster: &str, since: Option<Timestamp>) {
+    let labels = ClusterLabels {
+        namespace: namespace.to_owned(),
+        cluster: cluster.to_owned(),
+    };
+    match since {
+        Some(at) => {
+            metrics
+                .cluster_expired_since
+                .get_or_create(&labels)
+                .set(at.as_second() as f64);
+        }
+        None => {
+            metrics.cluster_expired_since.remove(&labels);
         }
     }
 }

@@ -69,6 +69,8 @@ impl Settings {
                 warning: jiff::SignedDuration::try_from(args.kubeconfig_expiry_warning)
                     .unwrap_or(jiff::SignedDuration::MAX),
                 interval: args.kubeconfig_check_interval,
+                ca_runway: jiff::SignedDuration::try_from(args.ca_runway_warning)
+                    .unwrap_or(jiff::SignedDuration::MAX),
                 vetting,
                 renewal: cluster_credentials::RenewalConfig {
                     mode: args.renew_management_kubeconfig,

@@ -431,6 +431,7 @@ mod tests {
                 next_renewal_time: Some(at("2027-01-01T00:00:00Z")),
                 ..Default::default()
             }),
+            nodes: None,
             conditions: vec![
                 condition(
                     "Ready",

@@ -1,9 +1,13 @@
-//! `kubectl ck8s-certs status`: one line per CK8s Machine.
+//! `kubectl ck8s-certs status`: the clusters that need attention first (certificates already
+//! expired, a CA near its end), then one line per CK8s Machine.
 
 use std::collections::BTreeMap;
 use std::io::Write;
 
 use ck8s_certs_api::annotations::CERTIFICATES_EXPIRY;
+use ck8s_certs_api::cluster_certificates::{
+    CA_RUNWAY, CERTIFICATES_EXPIRED, ClusterCertificates, ClusterCertificatesStatus,
+};
 use ck8s_certs_api::machine::{Machine, MachineView};
 use ck8s_certs_api::machine_certificates::{MachineCertificates, MachineCertificatesStatus, Phase};
 use jiff::{SignedDuration, Timestamp};
@@ -186,6 +190,90 @@ pub async fn rows(session: &Session, args: &StatusArgs) -> Result<Vec<Row>, Plug
     Ok(rows)
 }
 
+/// A cluster that needs attention before any of its Machines: its certificates have already
+/// expired, or its CA ends within the controller's runway warning.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attention {
+    pub namespace: String,
+    pub cluster: String,
+    /// The condition's reason (NodeCertificatesExpired, CAEndingSoon, CAEnded).
+    pub reason: String,
+    /// What and when, in a few words.
+    pub what: String,
+}
+
+pub const ATTENTION_HEADERS: [&str; 4] = ["NAMESPACE", "CLUSTER", "ATTENTION", "WHAT"];
+
+/// What `status` (a cluster's `ClusterCertificates` status) says needs attention, worst first.
+pub fn attention(
+    namespace: &str,
+    cluster: &str,
+    status: &ClusterCertificatesStatus,
+) -> Vec<Attention> {
+    let mut out = Vec::new();
+    let condition = |type_: &str| status.conditions.iter().find(|c| c.type_ == type_);
+    let item = |reason: &str, what: String| Attention {
+        namespace: namespace.to_owned(),
+        cluster: cluster.to_owned(),
+        reason: reason.to_owned(),
+        what,
+    };
+    if let Some(c) = condition(CERTIFICATES_EXPIRED).filter(|c| c.status == "True") {
+        let nodes = status.nodes.clone().unwrap_or_default();
+        let what = match (nodes.earliest_expiry, nodes.earliest_machine) {
+            (Some(at), Some(machine)) => format!(
+                "node certificates expired at {} (Machine {machine}; {} expired)",
+                when(at.0),
+                nodes.expired
+            ),
+            _ => c.message.clone(),
+        };
+        out.push(item(&c.reason, what));
+    }
+    if let Some(c) = condition(CA_RUNWAY).filter(|c| c.status == "False") {
+        let end = status
+            .kubeconfig
+            .as_ref()
+            .and_then(|k| k.certificate_authority_expiry.as_ref());
+        let what = match end {
+            Some(end) => format!("cluster CA ends at {}; k8sd cannot rotate it", when(end.0)),
+            None => c.message.clone(),
+        };
+        out.push(item(&c.reason, what));
+    }
+    out
+}
+
+/// The clusters in scope that need attention. A user who may not list ClusterCertificates
+/// still gets the Machines.
+async fn attentions(session: &Session, args: &StatusArgs) -> Result<Vec<Attention>, PluginError> {
+    let api: Api<ClusterCertificates> = if args.all_namespaces {
+        Api::all(session.client.clone())
+    } else {
+        Api::namespaced(session.client.clone(), &session.namespace)
+    };
+    let records = match api.list(&ListParams::default()).await {
+        Ok(list) => list.items,
+        Err(kube::Error::Api(status)) if status.code == 403 => return Ok(Vec::new()),
+        Err(err) => return Err(err.into()),
+    };
+    let mut out: Vec<Attention> = records
+        .iter()
+        .filter(|r| args.cluster.is_none() || args.cluster.as_deref() == Some(&r.name_any()))
+        .filter_map(|r| {
+            let status = r.status.as_ref()?;
+            Some(attention(
+                &r.namespace().unwrap_or_default(),
+                &r.name_any(),
+                status,
+            ))
+        })
+        .flatten()
+        .collect();
+    out.sort_by(|a, b| (&a.namespace, &a.cluster).cmp(&(&b.namespace, &b.cluster)));
+    Ok(out)
+}
+
 pub async fn run(
     session: &Session,
     args: &StatusArgs,
@@ -195,9 +283,26 @@ pub async fn run(
     if super::output::structured_or_none(out, args.output, &rows, "No CK8s Machines found.")? {
         return Ok(());
     }
+    let colour = super::output::colour();
+    let clusters = attentions(session, args).await?;
+    if !clusters.is_empty() {
+        let cells: Vec<Vec<Cell>> = clusters
+            .iter()
+            .map(|a| {
+                vec![
+                    Cell::plain(&a.namespace),
+                    Cell::plain(&a.cluster),
+                    Cell::with(&a.reason, Tone::Bad),
+                    Cell::plain(&a.what),
+                ]
+            })
+            .collect();
+        table(out, &ATTENTION_HEADERS, &cells, colour)?;
+        writeln!(out)?;
+    }
     let now = Timestamp::now();
     let cells: Vec<Vec<Cell>> = rows.iter().map(|r| cells(r, now)).collect();
-    table(out, &HEADERS, &cells, super::output::colour())?;
+    table(out, &HEADERS, &cells, colour)?;
     Ok(())
 }
 
@@ -247,6 +352,60 @@ mod tests {
             ]
         );
         assert_eq!(cells(&row, now)[5].tone, Tone::Warning);
+    }
+
+    #[test]
+    fn a_dark_cluster_and_a_short_ca_runway_come_first_and_a_healthy_cluster_not_at_all() {
+        use ck8s_certs_api::cluster_certificates::{KubeconfigStatus, NodesStatus};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+        let condition = |type_: &str, status: &str, reason: &str| Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: "m".into(),
+            last_transition_time: Time(at(0)),
+            observed_generation: None,
+        };
+        let mut status = ClusterCertificatesStatus {
+            kubeconfig: Some(KubeconfigStatus {
+                certificate_authority_expiry: Some(Time(at(1_900_000_000))),
+                ..Default::default()
+            }),
+            nodes: Some(NodesStatus {
+                earliest_expiry: Some(Time(at(1_800_000_000))),
+                earliest_machine: Some("cp-1".into()),
+                expired: 2,
+                unknown: 0,
+            }),
+            conditions: vec![
+                condition("Ready", "True", "Valid"),
+                condition(CERTIFICATES_EXPIRED, "True", "NodeCertificatesExpired"),
+                condition(CA_RUNWAY, "False", "CAEndingSoon"),
+            ],
+        };
+        let found = attention("edge", "store-12", &status);
+        let texts: Vec<(&str, &str)> = found
+            .iter()
+            .map(|a| (a.reason.as_str(), a.what.as_str()))
+            .collect();
+        assert_eq!(
+            texts,
+            [
+                (
+                    "NodeCertificatesExpired",
+                    "node certificates expired at 2027-01-15T08:00:00Z (Machine cp-1; 2 expired)"
+                ),
+                (
+                    "CAEndingSoon",
+                    "cluster CA ends at 2030-03-17T17:46:40Z; k8sd cannot rotate it"
+                ),
+            ]
+        );
+        status.conditions = vec![
+            condition(CERTIFICATES_EXPIRED, "False", "NotExpired"),
+            condition(CA_RUNWAY, "True", "Sufficient"),
+        ];
+        assert!(attention("edge", "store-12", &status).is_empty());
     }
 
     #[test]

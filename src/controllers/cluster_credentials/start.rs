@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 
+use ck8s_certs_api::annotations::CERTIFICATES_EXPIRY;
 use ck8s_certs_api::cluster_certificates::ClusterCertificates;
+use ck8s_certs_api::machine::Machine;
 use futures::StreamExt;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
@@ -17,6 +19,13 @@ use crate::controllers::stores;
 use crate::controllers::watches::Watches;
 use crate::metrics::Controller as Timed;
 
+/// Whether a Machine's `certificates-expiry` changed (or it came or went).
+fn recorded_expiry_changed(old: Option<&Machine>, new: &Machine) -> bool {
+    // The cached Machine's own maps: its `metadata` keeps neither labels nor annotations.
+    let recorded = |m: &Machine| m.annotations.get(CERTIFICATES_EXPIRY).map(str::to_owned);
+    old.is_none_or(|old| recorded(old) != recorded(new))
+}
+
 /// Subscribes the credentials controller to `watches`; the future runs it.
 pub fn start(
     watches: &mut Watches,
@@ -25,6 +34,15 @@ pub fn start(
 ) -> impl Future<Output = ()> + use<> {
     let clusters = watches.clusters.subscribe();
     let records = watches.cluster_records.subscribe();
+    // A Machine's recorded expiry changes its Cluster's `CertificatesExpired` (a refresh, a
+    // Machine replaced); nothing else of a Machine does.
+    let machines = watches
+        .machines
+        .subscribe_with_deletions(recorded_expiry_changed);
+    shared
+        .metrics
+        .ca_runway_warning
+        .set(config.ca_runway.as_secs_f64());
     let (capi, stores, metrics, stop) = (
         shared.capi,
         shared.stores.clone(),
@@ -51,6 +69,11 @@ pub fn start(
             let namespace = record.namespace().unwrap_or_default();
             Some(ObjectRef::new_with(&record.name_any(), capi).within(&namespace))
         };
+        let cluster_of_machine = move |machine: Machine| {
+            let namespace = machine.namespace().unwrap_or_default();
+            let cluster = machine.cluster()?;
+            Some(ObjectRef::new_with(cluster, capi).within(&namespace))
+        };
         let ctx = Arc::new(ctx);
         let sweeper = {
             let (ctx, clusters, stop) = (ctx.clone(), stores.clusters.clone(), stop.clone());
@@ -69,6 +92,7 @@ pub fn start(
             .with_config(controller::Config::default().concurrency(2))
             .graceful_shutdown_on(stop.cancelled_owned())
             .watches_stream_with(records, cluster_of_record, ())
+            .watches_stream_with(machines, cluster_of_machine, capi)
             .run(
                 move |cluster, ctx| {
                     observed(

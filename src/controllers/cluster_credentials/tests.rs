@@ -126,15 +126,33 @@ fn the_next_check_is_the_interval_or_the_next_crossing() {
     );
 }
 
+fn checks(reading: &Reading, nodes: &expired::Nodes, now: Timestamp) -> Checks {
+    let (ready, reason, message, _) = verdict(reading, "s", WARNING, now);
+    let ca = match reading {
+        Reading::Read { expiry, .. } => expiry.ca,
+        _ => None,
+    };
+    Checks {
+        ready: Verdict {
+            status: if ready { "True" } else { "False" },
+            reason,
+            message,
+        },
+        expired: expired::expired_verdict(nodes),
+        runway: expired::runway_verdict(ca, SignedDuration::from_hours(365 * 24), now),
+        nodes: nodes.status(),
+    }
+}
+
 #[test]
-fn an_unchanged_reading_gives_an_equal_status() {
-    let reading = read(Some(NOW + 10 * DAY), Some(NOW + 900 * DAY));
-    let (ready, reason, message, _) = verdict(&reading, "s", WARNING, at(NOW));
+fn an_unchanged_reading_gives_an_equal_status_however_much_later() {
+    let reading = read(Some(NOW + 100 * DAY), Some(NOW + 900 * DAY));
+    let nodes = expired::Nodes::default();
     let first = status_for(
         &ClusterCertificatesStatus::default(),
         &reading,
         "s",
-        (ready, reason, message.clone()),
+        &checks(&reading, &nodes, at(NOW)),
         None,
         at(NOW),
     );
@@ -142,15 +160,91 @@ fn an_unchanged_reading_gives_an_equal_status() {
         &first,
         &reading,
         "s",
-        (ready, reason, message),
+        &checks(&reading, &nodes, at(NOW + 7 * DAY)),
         None,
-        at(NOW + 60),
+        at(NOW + 7 * DAY),
     );
     assert_eq!(first, again);
     assert_eq!(
         first.kubeconfig.unwrap().client_certificate_expiry,
-        Some(Time(at(NOW + 10 * DAY)))
+        Some(Time(at(NOW + 100 * DAY)))
     );
+    let types: Vec<&str> = first.conditions.iter().map(|c| c.type_.as_str()).collect();
+    assert_eq!(types, ["Ready", "CertificatesExpired", "CARunway"]);
+}
+
+#[test]
+fn a_cluster_that_went_dark_warns_once_and_says_when_it_recovered() {
+    let reading = read(Some(NOW + 100 * DAY), Some(NOW + 3000 * DAY));
+    let mut view = MachineView {
+        name: "cp-0".into(),
+        ..Default::default()
+    };
+    view.annotations.insert(
+        ck8s_certs_api::annotations::CERTIFICATES_EXPIRY.into(),
+        at(NOW - DAY).to_string(),
+    );
+    let dark = expired::Nodes::of([&view], at(NOW));
+    let healthy = status_for(
+        &ClusterCertificatesStatus::default(),
+        &reading,
+        "s",
+        &checks(&reading, &expired::Nodes::default(), at(NOW)),
+        None,
+        at(NOW),
+    );
+    let dark_checks = checks(&reading, &dark, at(NOW));
+    let events = condition_events(&healthy, &dark_checks);
+    assert_eq!(events.len(), 1);
+    assert_eq!(
+        (events[0].0, events[0].1),
+        (EventType::Warning, "ClusterCertificatesExpired")
+    );
+    let still = status_for(&healthy, &reading, "s", &dark_checks, None, at(NOW));
+    assert!(condition_events(&still, &checks(&reading, &dark, at(NOW + 60))).is_empty());
+    view.annotations.insert(
+        ck8s_certs_api::annotations::CERTIFICATES_EXPIRY.into(),
+        at(NOW + 300 * DAY).to_string(),
+    );
+    let recovered = checks(&reading, &expired::Nodes::of([&view], at(NOW)), at(NOW));
+    let events = condition_events(&still, &recovered);
+    assert_eq!(
+        events
+            .iter()
+            .map(|(kind, reason, _)| (*kind, *reason))
+            .collect::<Vec<_>>(),
+        [(EventType::Normal, "ClusterCertificatesRecovered")]
+    );
+}
+
+#[test]
+fn a_ca_within_the_runway_warns_once_per_reason() {
+    let reading = read(Some(NOW + 100 * DAY), Some(NOW + 300 * DAY));
+    let nodes = expired::Nodes::default();
+    let first = checks(&reading, &nodes, at(NOW));
+    assert_eq!(
+        (first.runway.status, first.runway.reason),
+        ("False", "CAEndingSoon")
+    );
+    let events = condition_events(&ClusterCertificatesStatus::default(), &first);
+    assert_eq!(
+        events
+            .iter()
+            .map(|(kind, reason, _)| (*kind, *reason))
+            .collect::<Vec<_>>(),
+        [(EventType::Warning, "ClusterCAEnding")]
+    );
+    let status = status_for(
+        &ClusterCertificatesStatus::default(),
+        &reading,
+        "s",
+        &first,
+        None,
+        at(NOW),
+    );
+    assert!(condition_events(&status, &checks(&reading, &nodes, at(NOW + DAY))).is_empty());
+    let ended = checks(&reading, &nodes, at(NOW + 300 * DAY));
+    assert_eq!(condition_events(&status, &ended).len(), 1);
 }
 
 /// A Cluster's expiry series goes with the Cluster: the shipped alerts would otherwise fire for
@@ -180,6 +274,7 @@ async fn the_series_of_a_deleted_cluster_are_dropped_by_the_sweep() {
         config: Config {
             warning: WARNING,
             interval: Duration::from_secs(3600),
+            ca_runway: SignedDuration::from_hours(365 * 24),
             vetting: Default::default(),
             renewal: Default::default(),
         },

@@ -296,6 +296,12 @@ fn exhibited() -> Result<String, DocsError> {
             certificate,
         });
     }
+    let _ = m
+        .cluster_expired_since
+        .get_or_create(&ck8s_certs::metrics::ClusterLabels {
+            namespace: ANY.into(),
+            cluster: ANY.into(),
+        });
     for result in of("kubeconfig_renewals", "result") {
         let _ = m
             .kubeconfig_renewals

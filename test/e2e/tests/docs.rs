@@ -156,6 +156,8 @@ const OTHER_TOOLS_FLAGS: &[&str] = &[
     "--timeout",
     "--server",
     "--enable-priority-and-fairness",
+    // The CK8s node CLI (`k8s refresh-certs`).
+    "--expires-in",
 ];
 
 #[test]

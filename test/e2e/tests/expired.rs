@@ -1,0 +1,300 @@
+//! Clusters whose certificates have already expired, or whose CA nears its end (issue 37): what
+//! the management cluster can tell without reaching them. Its own test binary (and so its own
+//! environment): it replaces a kubeconfig and rewrites Machines' records.
+
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use ck8s_certs_api::annotations::CERTIFICATES_EXPIRY;
+use ck8s_certs_api::cluster_certificates::ClusterCertificates;
+use ck8s_certs_e2e::{Environment, shared};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::Api;
+use kube::api::{ListParams, Patch, PatchParams};
+use serde_json::json;
+
+const TIMEOUT: Duration = Duration::from_secs(90);
+
+async fn cluster_events_of(env: &Environment, namespace: &str, cluster: &str) -> Vec<Event> {
+    let api: Api<Event> = Api::namespaced(env.management().await.unwrap(), namespace);
+    api.list(
+        &ListParams::default().fields(&format!("regarding.kind=Cluster,regarding.name={cluster}")),
+    )
+    .await
+    .unwrap()
+    .items
+}
+
+/// A CA certificate (PEM) ending at `not_after`: what `certificate-authority-data` would hold
+/// for a cluster whose CA is near its end.
+fn ca_certificate(not_after: jiff::Timestamp) -> String {
+    let mut params = rcgen::CertificateParams::new(vec![]).unwrap();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "kubernetes-ca");
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params.not_before = rcgen::date_time_ymd(2017, 1, 1);
+    params.not_after = time::OffsetDateTime::from_unix_timestamp(not_after.as_second()).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    params.self_signed(&key).unwrap().pem()
+}
+
+/// Writes by the controller to ClusterCertificates since audit entry `from`.
+fn record_writes_since(env: &Environment, from: usize) -> (usize, Vec<String>) {
+    let all = ck8s_certs_e2e::controlplane::audited_writes(&env.dir, "management");
+    let writes = all
+        .iter()
+        .skip(from)
+        .filter(|w| {
+            w.user
+                .username
+                .starts_with("system:serviceaccount:ck8s-certs-system:")
+        })
+        .filter_map(|w| w.object_ref.as_ref())
+        .filter(|o| o.resource == "clustercertificates")
+        .map(|o| format!("{}/{} {}", o.namespace, o.name, o.subresource))
+        .collect();
+    (all.len(), writes)
+}
+
+/// A cluster switched off past its certificates' expiry, whose CA also ends within the year:
+/// both are told from what the management cluster holds (the Machines' records, the kubeconfig's
+/// CA data), without reaching the cluster: conditions, Events, metrics, the plugin's first
+/// lines. A Machine change that is not its record costs no write; the record moving past now
+/// again says the cluster recovered.
+#[tokio::test]
+async fn a_cluster_gone_dark_past_its_expiry_and_a_ca_near_its_end_are_announced() {
+    let env = shared().await;
+    let client = env.management().await.unwrap();
+    let now = jiff::Timestamp::now();
+    let day = jiff::SignedDuration::from_hours(24);
+    let whole = |t: jiff::Timestamp| jiff::Timestamp::from_second(t.as_second()).unwrap();
+    let ca_end = whole(now + 300 * day);
+    let expired_at = whole(now - 2 * day);
+
+    // trio's kubeconfig now trusts a CA that ends in 300 days (the workload API is then
+    // unreachable with it, as it would be for a cluster that is down).
+    let trio = env.cluster("trio");
+    let mut kubeconfig: serde_yaml::Value = serde_yaml::from_str(&trio.kubeconfig_yaml).unwrap();
+    kubeconfig["clusters"][0]["cluster"]["certificate-authority-data"] =
+        base64::engine::general_purpose::STANDARD
+            .encode(ca_certificate(ca_end))
+            .into();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "fleet");
+    secrets
+        .patch(
+            "trio-kubeconfig",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({ "stringData": { "value": serde_yaml::to_string(&kubeconfig).unwrap() } }),
+            ),
+        )
+        .await
+        .unwrap();
+    let nodes = env.isolate_cluster("trio", "dark").await;
+    let record_expiry = |at: jiff::Timestamp| json!({ "metadata": { "annotations": { CERTIFICATES_EXPIRY: at.to_string() } } });
+    for node in &nodes {
+        let at = match node.machine.as_str() {
+            "trio-cp-1" => expired_at,
+            _ => whole(now + 100 * day),
+        };
+        env.patch_machine(node, record_expiry(at)).await;
+    }
+    let controller = env.start_controller("dark", &[]);
+
+    let api: Api<ClusterCertificates> = Api::namespaced(client.clone(), "fleet");
+    let condition = |record: &ClusterCertificates, type_: &str| -> Option<Condition> {
+        record
+            .status
+            .as_ref()?
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+            .cloned()
+    };
+    let start = Instant::now();
+    let record = loop {
+        if let Some(record) = api.get_opt("trio").await.unwrap()
+            && condition(&record, "CertificatesExpired").is_some_and(|c| c.status == "True")
+            && condition(&record, "CARunway").is_some_and(|c| c.status == "False")
+        {
+            break record;
+        }
+        assert!(
+            start.elapsed() < TIMEOUT,
+            "trio's record never told: {:#?}\n{}",
+            api.get_opt("trio").await.unwrap().and_then(|r| r.status),
+            controller
+                .log()
+                .lines()
+                .filter(|l| !l.contains("ReadExpiry"))
+                .take(40)
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let expired = condition(&record, "CertificatesExpired").unwrap();
+    assert_eq!(expired.reason, "NodeCertificatesExpired");
+    assert!(
+        expired.message.starts_with(&format!(
+            "The certificates of Machine trio-cp-1 expired at {expired_at}: its node fails TLS"
+        )),
+        "{}",
+        expired.message
+    );
+    let runway = condition(&record, "CARunway").unwrap();
+    assert_eq!(runway.reason, "CAEndingSoon");
+    assert!(
+        runway.message.starts_with(&format!(
+            "The cluster CA ends at {ca_end}, within --ca-runway-warning (365d)"
+        )) && runway.message.contains("k8sd cannot rotate a cluster CA"),
+        "{}",
+        runway.message
+    );
+    let status = record.status.unwrap();
+    let recorded = status.nodes.unwrap();
+    assert_eq!(
+        (
+            recorded.earliest_machine.as_deref(),
+            recorded.earliest_expiry.map(|t| t.0),
+            recorded.expired,
+            recorded.unknown
+        ),
+        (Some("trio-cp-1"), Some(expired_at), 1, 0)
+    );
+    assert_eq!(
+        status
+            .kubeconfig
+            .unwrap()
+            .certificate_authority_expiry
+            .map(|t| t.0),
+        Some(ca_end)
+    );
+
+    // Events on the Cluster, once each.
+    let start = Instant::now();
+    loop {
+        let reasons: Vec<String> = cluster_events_of(&env, "fleet", "trio")
+            .await
+            .into_iter()
+            .filter_map(|e| e.reason)
+            .collect();
+        if reasons.iter().any(|r| r == "ClusterCertificatesExpired")
+            && reasons.iter().any(|r| r == "ClusterCAEnding")
+        {
+            break;
+        }
+        assert!(start.elapsed() < TIMEOUT, "no Events: {reasons:?}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    // The metrics the two alerts read.
+    let metrics = controller.metrics().await;
+    assert!(
+        metrics.contains(&format!(
+            "ck8s_certs_cluster_certificates_expired_since_timestamp_seconds{{namespace=\"fleet\",cluster=\"trio\"}} {}",
+            expired_at.as_second()
+        )),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("ck8s_certs_ca_runway_warning_seconds 31536000"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(&format!(
+            "ck8s_certs_kubeconfig_expiry_timestamp_seconds{{namespace=\"fleet\",cluster=\"trio\",certificate=\"ca\"}} {}",
+            ca_end.as_second()
+        )),
+        "{metrics}"
+    );
+
+    // The plugin names the cluster before its Machines.
+    let plugin = env.dir.join("bin/kubectl-ck8s_certs");
+    if !plugin.exists() {
+        std::fs::create_dir_all(plugin.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(ck8s_certs_e2e::Binaries::controller().unwrap(), &plugin)
+            .unwrap();
+    }
+    let output = std::process::Command::new(&plugin)
+        .args(["status", "-n", "fleet", "--cluster", "trio"])
+        .env("KUBECONFIG", &env.management_kubeconfig)
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines[0].starts_with("NAMESPACE  CLUSTER  ATTENTION"),
+        "{text}"
+    );
+    assert!(
+        lines[1].contains("NodeCertificatesExpired")
+            && lines[1].contains(&format!(
+                "node certificates expired at {expired_at} (Machine trio-cp-1; 1 expired)"
+            )),
+        "{text}"
+    );
+    assert!(
+        lines[2].contains("CAEndingSoon")
+            && lines[2].contains(&format!("cluster CA ends at {ca_end}")),
+        "{text}"
+    );
+    assert!(lines[4].starts_with("NAMESPACE  MACHINE"), "{text}");
+
+    // Nothing changed that the record shows: a Machine's label, the Cluster's annotation.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (mark, _) = record_writes_since(&env, 0);
+    env.patch_machine(
+        &nodes[0],
+        json!({ "metadata": { "labels": { "e2e-touched": "1" } } }),
+    )
+    .await;
+    env.cluster_api(client.clone(), "fleet")
+        .patch(
+            "trio",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "annotations": { "e2e-touched": "1" } } })),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (_, writes) = record_writes_since(&env, mark);
+    assert!(writes.is_empty(), "writes with nothing changed: {writes:?}");
+
+    // The expired node is refreshed (its record moves on): recovered.
+    let cp1 = nodes.iter().find(|n| n.machine == "trio-cp-1").unwrap();
+    env.patch_machine(cp1, record_expiry(whole(now + 200 * day)))
+        .await;
+    let start = Instant::now();
+    loop {
+        let record = api.get("trio").await.unwrap();
+        if condition(&record, "CertificatesExpired").is_some_and(|c| c.reason == "NotExpired") {
+            break;
+        }
+        assert!(start.elapsed() < TIMEOUT, "trio never recovered");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let start = Instant::now();
+    while !cluster_events_of(&env, "fleet", "trio")
+        .await
+        .iter()
+        .any(|e| e.reason.as_deref() == Some("ClusterCertificatesRecovered"))
+    {
+        assert!(start.elapsed() < TIMEOUT, "no recovery Event");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let metrics = controller.metrics().await;
+    assert!(
+        !metrics.contains("ck8s_certs_cluster_certificates_expired_since_timestamp_seconds{"),
+        "{metrics}"
+    );
+}
