@@ -248,6 +248,11 @@ pub struct Operation {
     /// (`windows[i]` and its description).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub matched_window: Option<String>,
+    /// How the node's k8sd was reached: a port-forward through the workload API to its
+    /// k8sd-proxy pod, or a direct connection (with why, e.g. the workload API server's
+    /// certificate expired).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transport: Option<String>,
     /// The renewal started outside every maintenance window because expiry was within the
     /// fail-safe margin (`status.lastWindowBypass` is kept until another refresh succeeds).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -299,6 +304,7 @@ impl Operation {
             error: None,
             note: None,
             matched_window: None,
+            transport: None,
             bypassed_windows: false,
             carrier: None,
         }

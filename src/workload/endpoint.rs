@@ -29,11 +29,7 @@ pub struct Endpoint {
 }
 
 fn api_error(cluster: &str, what: String) -> impl FnOnce(kube::Error) -> WorkloadError + '_ {
-    move |source| WorkloadError::Api {
-        cluster: cluster.to_owned(),
-        what,
-        source,
-    }
+    move |source| WorkloadError::api(cluster, what, source)
 }
 
 /// Resolves `node`'s endpoint in the workload cluster.
@@ -85,6 +81,39 @@ pub async fn resolve(
         target,
         route,
         ready: located.ready,
+    })
+}
+
+/// `node`'s k8sd reached directly at the InternalIP its Machine reports (`status.addresses`,
+/// the infrastructure provider's), for when the workload API cannot be used: its serving
+/// certificate expired, so neither the Node nor a port-forward is there to be had.
+pub fn direct_from_machine(
+    machine: &serde_json::Value,
+    node: &str,
+    microcluster_port: u16,
+) -> Result<Endpoint, WorkloadError> {
+    let address = machine
+        .pointer("/status/addresses")
+        .and_then(serde_json::Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|a| a.get("type").and_then(serde_json::Value::as_str) == Some("InternalIP"))
+        .find_map(|a| a.get("address")?.as_str()?.parse::<IpAddr>().ok())
+        .ok_or_else(|| {
+            WorkloadError::Node(format!(
+                "the Machine of node {node} reports no InternalIP in status.addresses, so its k8sd cannot be reached directly"
+            ))
+        })?;
+    Ok(Endpoint {
+        target: Target {
+            node: node.to_owned(),
+            address,
+            port: microcluster_port,
+        },
+        route: Route::Direct {
+            address: SocketAddr::new(address, microcluster_port),
+        },
+        ready: true,
     })
 }
 
@@ -190,6 +219,30 @@ mod tests {
                 pod: Some("proxy".into()),
                 ready: true,
             }
+        );
+    }
+
+    #[test]
+    fn a_machine_s_first_parseable_internal_ip_is_the_direct_route() {
+        let machine = serde_json::json!({ "status": { "addresses": [
+            { "type": "ExternalIP", "address": "203.0.113.9" },
+            { "type": "InternalIP", "address": "bad" },
+            { "type": "InternalIP", "address": "10.0.0.8" },
+        ]}});
+        let endpoint = direct_from_machine(&machine, "cp-1", 6400).expect("an endpoint");
+        assert_eq!(
+            endpoint.route.to_string(),
+            "direct connection to 10.0.0.8:6400"
+        );
+        assert_eq!(endpoint.target.port, 6400);
+        let none = direct_from_machine(&serde_json::json!({ "status": {} }), "cp-1", 6400)
+            .err()
+            .map(|e| e.to_string());
+        assert_eq!(
+            none.as_deref(),
+            Some(
+                "the Machine of node cp-1 reports no InternalIP in status.addresses, so its k8sd cannot be reached directly"
+            )
         );
     }
 

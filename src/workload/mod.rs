@@ -65,6 +65,14 @@ pub enum WorkloadError {
         #[source]
         source: kube::Error,
     },
+    #[error(
+        "the API server of workload cluster {cluster} serves a certificate that expired{}: nothing can be read through it until a control plane is refreshed (a control plane whose k8sd certificate is pinned is reached directly meanwhile; docs/refresh.md, \"When certificates have already expired\")",
+        at.map(|at| format!(" at {at}")).unwrap_or_default()
+    )]
+    ApiCertificateExpired {
+        cluster: String,
+        at: Option<jiff::Timestamp>,
+    },
     #[error("{0}")]
     Node(String),
 }
@@ -78,13 +86,79 @@ impl WorkloadError {
                 kube::Error::Api(status) => status.code >= 500 || status.code == 429,
                 _ => true,
             },
-            Self::MissingKey { .. } | Self::Kubeconfig { .. } | Self::KubeconfigExpired { .. } => {
-                false
-            }
+            // Renewed by a control plane's refresh, not by waiting.
+            Self::MissingKey { .. }
+            | Self::Kubeconfig { .. }
+            | Self::KubeconfigExpired { .. }
+            | Self::ApiCertificateExpired { .. } => false,
             // A node without an address or proxy pod yet is usually still starting.
             Self::Node(_) => true,
         }
     }
+}
+
+impl WorkloadError {
+    /// Whether a workload API read failed because the API server's certificate has expired (a
+    /// cluster switched off past its expiry): `Some`, with the certificate's NotAfter when TLS
+    /// told it.
+    pub fn server_certificate_expired(&self) -> Option<Option<jiff::Timestamp>> {
+        match self {
+            Self::ApiCertificateExpired { at, .. } => Some(*at),
+            Self::Api { source, .. } => expired_certificate(source),
+            _ => None,
+        }
+    }
+
+    /// A failed read of `what` from workload cluster `cluster`, named for what it is when the
+    /// API server's certificate expired.
+    pub fn api(cluster: &str, what: String, source: kube::Error) -> Self {
+        match expired_certificate(&source) {
+            Some(at) => Self::ApiCertificateExpired {
+                cluster: cluster.to_owned(),
+                at,
+            },
+            None => Self::Api {
+                cluster: cluster.to_owned(),
+                what,
+                source,
+            },
+        }
+    }
+}
+
+/// Finds an expired-certificate TLS error in `error`'s chain. `io::Error::source` skips the
+/// error it wraps (it returns that error's source), so an io::Error is followed into what it
+/// wraps instead.
+pub fn expired_certificate(
+    error: &(dyn std::error::Error + 'static),
+) -> Option<Option<jiff::Timestamp>> {
+    use rustls::CertificateError;
+    let mut next = Some(error);
+    while let Some(error) = next {
+        match error.downcast_ref::<rustls::Error>() {
+            Some(rustls::Error::InvalidCertificate(CertificateError::Expired)) => {
+                return Some(None);
+            }
+            Some(rustls::Error::InvalidCertificate(CertificateError::ExpiredContext {
+                not_after,
+                ..
+            })) => {
+                let seconds = i64::try_from(not_after.as_secs()).ok();
+                return Some(seconds.and_then(|s| jiff::Timestamp::from_second(s).ok()));
+            }
+            Some(_) => return None,
+            None => {}
+        }
+        // tokio-rustls wraps the TLS error in an io::Error, which hyper-rustls wraps in another.
+        next = match error
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => error.source(),
+        };
+    }
+    None
 }
 
 async fn get_secret(mgmt: &Client, namespace: &str, name: &str) -> Result<Secret, WorkloadError> {

@@ -270,3 +270,38 @@ async fn a_client_outliving_its_cache_does_not_keep_it() {
     assert!(cache.upgrade().is_none());
     assert!(client.apiserver_version().await.is_err());
 }
+
+/// An expired server certificate is found however the TLS error is wrapped (an `io::Error`
+/// hides the error it wraps from `source()`); other TLS errors are not taken for it.
+#[test]
+fn an_expired_server_certificate_is_found_in_the_error_chain() {
+    use rustls::CertificateError;
+    use rustls::pki_types::UnixTime;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("client error (Connect)")]
+    struct Outer(#[source] std::io::Error);
+
+    let not_after = UnixTime::since_unix_epoch(std::time::Duration::from_secs(1_800_000_000));
+    let expired = rustls::Error::InvalidCertificate(CertificateError::ExpiredContext {
+        time: UnixTime::since_unix_epoch(std::time::Duration::from_secs(1_900_000_000)),
+        not_after,
+    });
+    let wrapped = Outer(std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        expired,
+    ));
+    assert_eq!(
+        expired_certificate(&wrapped),
+        Some(Some(jiff::Timestamp::from_second(1_800_000_000).unwrap()))
+    );
+    let bare = rustls::Error::InvalidCertificate(CertificateError::Expired);
+    assert_eq!(expired_certificate(&bare), Some(None));
+    let unknown_issuer = Outer(std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer),
+    ));
+    assert_eq!(expired_certificate(&unknown_issuer), None);
+    let plain = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+    assert_eq!(expired_certificate(&plain), None);
+}

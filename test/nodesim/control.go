@@ -188,6 +188,9 @@ type ClusterStatus struct {
 	// APIServerRestarts counts the restarts of the only control plane's services, each of
 	// which takes the workload API down (the restart hook is called for each).
 	APIServerRestarts int `json:"apiserverRestarts"`
+	// APICertificateExpired: the workload API serves an expired certificate until a control
+	// plane's refresh restarts it (PUT /clusters/{cluster}/api-certificate).
+	APICertificateExpired bool `json:"apiCertificateExpired"`
 }
 
 func (c *cluster) status() ClusterStatus {
@@ -198,11 +201,12 @@ func (c *cluster) status() ClusterStatus {
 		annotations[k] = v
 	}
 	return ClusterStatus{
-		Name:              c.cfg.Name,
-		Namespace:         c.cfg.Namespace,
-		ControlPlanes:     c.controlPlanes(),
-		Annotations:       annotations,
-		APIServerRestarts: c.apiserverRestarts,
+		Name:                  c.cfg.Name,
+		Namespace:             c.cfg.Namespace,
+		ControlPlanes:         c.controlPlanes(),
+		Annotations:           annotations,
+		APIServerRestarts:     c.apiserverRestarts,
+		APICertificateExpired: c.apiCertificateExpired,
 	}
 }
 
@@ -259,6 +263,7 @@ func (s *Simulator) controlHandler() http.Handler {
 		writeJSON(w, http.StatusOK, out)
 	})
 	mux.HandleFunc("PUT /clusters/{cluster}/annotations", s.putAnnotations)
+	mux.HandleFunc("PUT /clusters/{cluster}/api-certificate", s.putAPICertificate)
 	return mux
 }
 
@@ -283,6 +288,31 @@ func (s *Simulator) putAnnotations(w http.ResponseWriter, r *http.Request) {
 	cl.annotations = annotations
 	cl.mu.Unlock()
 	s.log.Printf("cluster %s: annotations set to %v", cl.cfg.Name, annotations)
+	writeJSON(w, http.StatusOK, cl.status())
+}
+
+// putAPICertificate records whether the harness now serves the cluster's workload API with an
+// expired certificate ({"expired": true}); the next control-plane refresh asks for it to be
+// renewed (see takeExpiredAPI).
+func (s *Simulator) putAPICertificate(w http.ResponseWriter, r *http.Request) {
+	cl := s.byName[r.PathValue("cluster")]
+	if cl == nil {
+		writeJSONError(w, http.StatusNotFound, "no cluster %q", r.PathValue("cluster"))
+		return
+	}
+	var body struct {
+		Expired bool `json:"expired"`
+	}
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&body); err != nil {
+		writeJSONError(w, http.StatusBadRequest, "invalid body (want {\"expired\": bool}): %v", err)
+		return
+	}
+	cl.mu.Lock()
+	cl.apiCertificateExpired = body.Expired
+	cl.mu.Unlock()
+	s.log.Printf("cluster %s: API server certificate expired: %v", cl.cfg.Name, body.Expired)
 	writeJSON(w, http.StatusOK, cl.status())
 }
 

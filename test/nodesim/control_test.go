@@ -281,3 +281,31 @@ func TestListenerRestartAndRefuse(t *testing.T) {
 		t.Errorf("reinstall did not change the served certificate")
 	}
 }
+
+// A cluster whose API server certificate expired: the next control-plane restart asks for the
+// API server once (then it serves a valid certificate again), whatever the number of control
+// planes; bad bodies and unknown clusters are refused.
+func TestControlAPICertificateExpired(t *testing.T) {
+	e := newTestEnv(t)
+	ctl := httptest.NewServer(e.sim.controlHandler())
+	defer ctl.Close()
+
+	if code, body := controlCall(t, ctl, "PUT", "/clusters/alpha/api-certificate", `{"expired":true}`); code != 200 || !strings.Contains(body, `"apiCertificateExpired":true`) {
+		t.Fatalf("PUT: %d %s", code, body)
+	}
+	for _, bad := range []string{`{"expired":"yes"}`, `{"other":1}`, `nope`} {
+		if code, body := controlCall(t, ctl, "PUT", "/clusters/alpha/api-certificate", bad); code != 400 {
+			t.Errorf("PUT %s: %d %s", bad, code, body)
+		}
+	}
+	if code, _ := controlCall(t, ctl, "PUT", "/clusters/ghost/api-certificate", `{"expired":true}`); code != 404 {
+		t.Errorf("unknown cluster: %d", code)
+	}
+	cl := e.sim.byName["alpha"]
+	if !cl.takeExpiredAPI() || cl.takeExpiredAPI() {
+		t.Fatal("the expired API server is renewed by exactly one control-plane restart")
+	}
+	if code, body := controlCall(t, ctl, "GET", "/clusters", ""); code != 200 || strings.Contains(body, `"apiCertificateExpired":true`) {
+		t.Fatalf("GET /clusters: %d %s", code, body)
+	}
+}

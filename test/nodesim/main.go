@@ -69,6 +69,10 @@ type cluster struct {
 	annotations map[string]string
 	// apiserverRestarts counts the API server restarts this cluster's control plane caused.
 	apiserverRestarts int
+	// apiCertificateExpired: the harness serves the workload API with an expired certificate
+	// (a cluster switched off past its expiry). The next control plane whose run restarts its
+	// services has it renewed: the hook is called for it whatever the number of control planes.
+	apiCertificateExpired bool
 }
 
 type node struct {

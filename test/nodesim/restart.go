@@ -16,7 +16,9 @@ import (
 // makes the node serve the new certificate. The restart takes the node's k8sd and kubelet
 // away for restartSeconds; on a cluster with a single control plane, a control-plane
 // restart also takes the whole workload API away (the harness restarts that cluster's
-// kube-apiserver when asked through the restart hook).
+// kube-apiserver when asked through the restart hook), and so does the first control-plane
+// restart of a cluster whose API server certificate expired (the harness starts it again with a
+// valid one).
 
 const (
 	// How long the kubelet waits for the port-forward relays of an answered run to end
@@ -88,9 +90,20 @@ func (s *Simulator) restartNode(n *node) {
 			n.kubelet.restartUntil(until)
 		}()
 	}
-	if n.cfg.Role == roleControlPlane && n.cluster.controlPlanes() == 1 {
+	if n.cfg.Role == roleControlPlane && (n.cluster.controlPlanes() == 1 || n.cluster.takeExpiredAPI()) {
 		s.restartAPIServer(n.cluster)
 	}
+}
+
+// takeExpiredAPI reports whether the cluster's API server serves an expired certificate, and
+// clears it: one control plane's refresh renews the certificate the API server serves (the
+// harness runs one API server per cluster, standing for all its control planes').
+func (c *cluster) takeExpiredAPI() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	expired := c.apiCertificateExpired
+	c.apiCertificateExpired = false
+	return expired
 }
 
 func (c *cluster) controlPlanes() int {

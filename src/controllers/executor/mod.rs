@@ -120,6 +120,9 @@ pub struct NodeSession<N> {
     pub node: N,
     /// A control plane's extra SANs (its CK8sConfig's, its name, the Cluster endpoint).
     pub extra_sans: Vec<String>,
+    /// How the node's k8sd is reached (`op.transport`): a port-forward to its k8sd-proxy pod,
+    /// or a direct connection and why.
+    pub reached_by: String,
 }
 
 /// The way to the node's k8sd (and to a control plane that approves a worker's CSRs).
@@ -365,6 +368,7 @@ impl Executor {
                     .await;
             }
         };
+        op.transport = Some(session.reached_by.clone());
         let mut node = session.node;
         let mut approver = match approver.transpose() {
             Ok(approver) => approver,

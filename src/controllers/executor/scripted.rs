@@ -190,6 +190,7 @@ impl Connector for Link {
                 .take()
                 .expect("one node per execute"),
             extra_sans: vec!["cp.example".into()],
+            reached_by: "port-forward to pod k8sd-proxy-x:2380".into(),
         })
     }
 

@@ -229,6 +229,11 @@ async fn a_worker_runs_while_a_control_plane_approves_and_an_approve_error_is_no
         panic!("not run: {}", said(&finished));
     };
     assert!(settle.is_none(), "a worker's cluster is not held after it");
+    // How the node was reached goes on the record (the connector says).
+    assert_eq!(
+        op.transport.as_deref(),
+        Some("port-forward to pod k8sd-proxy-x:2380")
+    );
     assert!(
         op.note
             .as_deref()

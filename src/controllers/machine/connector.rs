@@ -98,6 +98,8 @@ pub(super) struct Node {
     pub session: Session,
     pub sans: Vec<String>,
     pub workload: Client,
+    /// The route taken, for the record ([`NodeSession::reached_by`]).
+    pub reached_by: String,
 }
 
 impl KubeConnector<'_> {
@@ -157,15 +159,31 @@ impl KubeConnector<'_> {
             }
             sans.dedup();
         }
-        let endpoint = endpoint::resolve(
+        let resolved = endpoint::resolve(
             &client,
             &cluster_name,
             &node_name,
             port,
             reach.config.transport,
         )
-        .await
-        .map_err(Failure::Workload)?;
+        .await;
+        let (endpoint, reached_by) = match resolved {
+            Ok(endpoint) => {
+                let reached_by = endpoint.route.to_string();
+                (endpoint, reached_by)
+            }
+            Err(err) => match (role, err.server_certificate_expired()) {
+                (Role::ControlPlane, Some(ended)) => {
+                    let endpoint = self.past_expired_api(&node_name, port, ended).await?;
+                    let reached_by = format!(
+                        "{} (the workload API server's certificate expired)",
+                        endpoint.route
+                    );
+                    (endpoint, reached_by)
+                }
+                _ => return Err(Failure::Workload(err)),
+            },
+        };
         let session = Session::new(
             endpoint.target,
             endpoint.route,
@@ -179,7 +197,50 @@ impl KubeConnector<'_> {
             session,
             sans,
             workload: client,
+            reached_by,
         })
+    }
+
+    /// A control plane's k8sd past a workload API whose certificate expired: directly, at the
+    /// InternalIP its Machine reports, and only when its k8sd certificate is pinned (a first use
+    /// over a path nobody vouched for would hand the node's token to whoever answers).
+    async fn past_expired_api(
+        &self,
+        node: &str,
+        port: u16,
+        ended: Option<jiff::Timestamp>,
+    ) -> Result<endpoint::Endpoint, Failure> {
+        let view = self.machine;
+        let since = ended.map(|at| format!(" at {at}")).unwrap_or_default();
+        if self.pin.is_none() {
+            return Err(Failure::Message(format!(
+                "the API server of workload cluster {} serves a certificate that expired{since}, so node {node} cannot be reached through it; its k8sd could be reached directly, but no k8sd certificate is pinned in MachineCertificates {}/{} (status.k8sdFingerprint) to verify it, and nothing is sent to an unverified node. Pin it (docs/refresh.md, \"Trust in k8sd's certificate\") or refresh the node by hand (docs/refresh.md, \"When certificates have already expired\")",
+                view.cluster.as_deref().unwrap_or_default(),
+                view.namespace,
+                view.name
+            )));
+        }
+        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+            GROUP,
+            self.reach.capi.as_str(),
+            "Machine",
+        ));
+        let machine = Api::<DynamicObject>::namespaced_with(
+            self.reach.client.clone(),
+            &view.namespace,
+            &resource,
+        )
+        .get(&view.name)
+        .await
+        .map_err(|e| Failure::Api(e.into()))?;
+        let endpoint =
+            endpoint::direct_from_machine(&machine.data, node, port).map_err(Failure::Workload)?;
+        tracing::info!(
+            node,
+            route = %endpoint.route,
+            "The workload API server's certificate expired: reaching the control plane's k8sd directly"
+        );
+        Ok(endpoint)
     }
 
     /// A session to a Ready control-plane node of the same cluster that answers a probe.
@@ -488,6 +549,7 @@ impl Connector for KubeConnector<'_> {
         Ok(NodeSession {
             node: node.session.keeping(node.workload),
             extra_sans: node.sans,
+            reached_by: node.reached_by,
         })
     }
 

@@ -94,6 +94,9 @@ pub async fn wait_for_etcd(
 pub struct SharedPki {
     pub ca: Ca,
     pub serving: CertFiles,
+    /// The same names, expired: what the API server of a cluster switched off past its expiry
+    /// serves ([`ApiServerRestarts`]' `expire-apiserver`).
+    pub expired_serving: CertFiles,
     pub kubelet_client: CertFiles,
     pub service_account: CertFiles,
     pub token_file: PathBuf,
@@ -440,6 +443,8 @@ pub struct ApiServerRestarts {
     processes: Arc<Processes>,
     /// Per workload cluster name.
     launches: BTreeMap<String, Launch>,
+    /// The serving certificate of an API server started as expired.
+    expired_serving: CertFiles,
     down: Duration,
     counts: Mutex<BTreeMap<String, RestartCount>>,
     shutdown: tokio::sync::watch::Sender<bool>,
@@ -449,11 +454,13 @@ impl ApiServerRestarts {
     pub fn new(
         processes: Arc<Processes>,
         launches: BTreeMap<String, Launch>,
+        expired_serving: CertFiles,
         down: Duration,
     ) -> Self {
         Self {
             processes,
             launches,
+            expired_serving,
             down,
             counts: Mutex::new(BTreeMap::new()),
             shutdown: tokio::sync::watch::channel(false).0,
@@ -472,11 +479,34 @@ impl ApiServerRestarts {
         f(counts.entry(cluster.to_owned()).or_default())
     }
 
+    /// `launch` with the expired serving certificate instead of the valid one.
+    fn expired(&self, launch: &Launch) -> Launch {
+        let mut expired = launch.clone();
+        for arg in &mut expired.args {
+            let text = arg.to_string_lossy();
+            if text.starts_with("--tls-cert-file=") {
+                *arg = format!("--tls-cert-file={}", self.expired_serving.cert.display()).into();
+            } else if text.starts_with("--tls-private-key-file=") {
+                *arg = format!(
+                    "--tls-private-key-file={}",
+                    self.expired_serving.key.display()
+                )
+                .into();
+            }
+        }
+        expired
+    }
+
     /// Kills the cluster's kube-apiserver, waits, starts it again with the same flags (port
-    /// included). Runs on the hook's thread: the new child dies with that thread.
-    async fn restart(self: Arc<Self>, cluster: String) {
+    /// included) or, `expired`, serving an expired certificate. Runs on the hook's thread: the
+    /// new child dies with that thread.
+    async fn restart(self: Arc<Self>, cluster: String, expired: bool) {
         let Some(launch) = self.launches.get(&cluster) else {
             return;
+        };
+        let launch = match expired {
+            true => &self.expired(launch),
+            false => launch,
         };
         let first = self.update(&cluster, |c| {
             c.requested += 1;
@@ -566,8 +596,9 @@ impl ApiServerRestarts {
         let _ = self.shutdown.send(true);
     }
 
-    /// One hook request: HTTP/1.1, `POST /clusters/<name>/restart-apiserver`, answered 202
-    /// at once (the restart goes on in the background).
+    /// One hook request: HTTP/1.1, `POST /clusters/<name>/restart-apiserver` (or
+    /// `expire-apiserver`: started again serving an expired certificate), answered 202 at once
+    /// (the restart goes on in the background).
     async fn handle(self: Arc<Self>, mut stream: tokio::net::TcpStream) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut buffer = Vec::new();
@@ -605,10 +636,17 @@ impl ApiServerRestarts {
         let path = request_line.next().unwrap_or_default();
         let segments: Vec<&str> = path.split('/').collect();
         let (status, body) = match (method, segments.as_slice()) {
-            ("POST", ["", "clusters", cluster, "restart-apiserver"])
-                if self.launches.contains_key(*cluster) =>
-            {
-                tokio::spawn(Arc::clone(&self).restart((*cluster).to_owned()));
+            (
+                "POST",
+                [
+                    "",
+                    "clusters",
+                    cluster,
+                    action @ ("restart-apiserver" | "expire-apiserver"),
+                ],
+            ) if self.launches.contains_key(*cluster) => {
+                let expired = *action == "expire-apiserver";
+                tokio::spawn(Arc::clone(&self).restart((*cluster).to_owned(), expired));
                 (
                     "202 Accepted",
                     serde_json::json!({ "cluster": cluster, "downSeconds": self.down.as_secs_f64() }),
@@ -641,6 +679,43 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn an_expired_start_swaps_the_serving_certificate_and_nothing_else() {
+        let launch = Launch {
+            name: "kube-apiserver-trio".into(),
+            program: "kube-apiserver".into(),
+            args: [
+                "--secure-port=6443",
+                "--tls-cert-file=/d/apiserver.crt",
+                "--tls-private-key-file=/d/apiserver.key",
+            ]
+            .into_iter()
+            .map(OsString::from)
+            .collect(),
+            log_dir: "/d".into(),
+        };
+        let restarts = ApiServerRestarts::new(
+            Arc::new(Processes::default()),
+            BTreeMap::new(),
+            CertFiles {
+                cert: "/d/apiserver-expired.crt".into(),
+                key: "/d/apiserver-expired.key".into(),
+            },
+            Duration::ZERO,
+        );
+        let expired = restarts.expired(&launch);
+        assert_eq!(
+            expired.args,
+            [
+                "--secure-port=6443",
+                "--tls-cert-file=/d/apiserver-expired.crt",
+                "--tls-private-key-file=/d/apiserver-expired.key",
+            ]
+            .map(OsString::from)
+        );
+        assert_eq!(expired.name, launch.name);
+    }
+
     #[tokio::test]
     async fn the_restart_hook_kills_the_named_api_server_and_starts_it_again_with_the_same_command()
     {
@@ -661,6 +736,10 @@ mod tests {
         let restarts = Arc::new(ApiServerRestarts::new(
             Arc::clone(&processes),
             BTreeMap::from([("solo".to_owned(), launch)]),
+            CertFiles {
+                cert: dir.join("expired.crt"),
+                key: dir.join("expired.key"),
+            },
             Duration::from_millis(300),
         ));
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();

@@ -420,6 +420,17 @@ impl Environment {
                     usage: Usage::Server,
                 },
             )?,
+            expired_serving: ca.issue_expired(
+                &dir,
+                Leaf {
+                    file_name: "apiserver-expired",
+                    common_name: "kube-apiserver",
+                    organization: None,
+                    ips: &localhost,
+                    dns: &["localhost", "kubernetes"],
+                    usage: Usage::Server,
+                },
+            )?,
             kubelet_client: ca.issue(
                 &dir,
                 Leaf {
@@ -627,6 +638,7 @@ impl Environment {
         let apiserver_restarts = Arc::new(ApiServerRestarts::new(
             Arc::clone(&processes),
             launches,
+            pki.expired_serving.clone(),
             Duration::from_secs(spec.apiserver_restart_seconds),
         ));
         apiserver_restarts.serve(hook_listener)?;
@@ -732,6 +744,59 @@ impl Environment {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// Switches workload cluster `cluster` "off past its expiry": its kube-apiserver is started
+    /// again serving an expired certificate (clients fail TLS with `certificate expired`), and
+    /// the simulator is told, so that the first control plane refreshed afterwards has it
+    /// started again with a valid one (through the restart hook, as a lone control plane's
+    /// restart is). Returns once a client sees the expired certificate.
+    pub async fn expire_workload_api(
+        &self,
+        cluster: &str,
+        deadline: Duration,
+    ) -> Result<(), Error> {
+        let before = self.apiserver_restarts.count(cluster).completed;
+        let url = format!(
+            "http://{}/clusters/{cluster}/expire-apiserver",
+            self.restart_hook
+        );
+        let response = reqwest::Client::new()
+            .post(url)
+            .send()
+            .await
+            .map_err(|e| Error::Setup(format!("restart hook: {e}")))?;
+        if !response.status().is_success() {
+            return Err(Error::Setup(format!(
+                "restart hook: {}",
+                response.text().await.unwrap_or_default()
+            )));
+        }
+        let start = Instant::now();
+        let mut last = String::new();
+        loop {
+            if self.apiserver_restarts.count(cluster).completed > before {
+                let client = self.cluster(cluster).client().await?;
+                let readyz = http::Request::get("/readyz")
+                    .body(Vec::new())
+                    .map_err(|e| Error::Setup(e.to_string()))?;
+                match client.request_text(readyz).await {
+                    Err(err) if format!("{err:?}").contains("Expired") => break,
+                    other => last = format!("{other:?}"),
+                }
+            }
+            if start.elapsed() > deadline {
+                return Err(Error::Timeout {
+                    what: format!(
+                        "the kube-apiserver of {cluster} to serve an expired certificate (last: {last})"
+                    ),
+                    log: String::new(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        self.sim.set_api_certificate_expired(cluster, true).await?;
+        Ok(())
     }
 
     /// A fresh admin client of the management cluster (clients are per test: each test has its

@@ -70,6 +70,23 @@ impl Ca {
 
     /// Issues a leaf certificate into `<dir>/<leaf.file_name>.{crt,key}`.
     pub fn issue(&self, dir: &Path, leaf: Leaf<'_>) -> Result<CertFiles, Error> {
+        self.issue_within(dir, leaf, None)
+    }
+
+    /// [`Self::issue`], a certificate that expired a day ago (valid for the year before): what
+    /// a cluster switched off past its expiry serves.
+    pub fn issue_expired(&self, dir: &Path, leaf: Leaf<'_>) -> Result<CertFiles, Error> {
+        let now = time::OffsetDateTime::now_utc();
+        let ended = now - time::Duration::days(1);
+        self.issue_within(dir, leaf, Some((ended - time::Duration::days(365), ended)))
+    }
+
+    fn issue_within(
+        &self,
+        dir: &Path,
+        leaf: Leaf<'_>,
+        validity: Option<(time::OffsetDateTime, time::OffsetDateTime)>,
+    ) -> Result<CertFiles, Error> {
         let Leaf {
             file_name,
             common_name,
@@ -102,6 +119,10 @@ impl Ca {
             Usage::Server => vec![ExtendedKeyUsagePurpose::ServerAuth],
             Usage::Client => vec![ExtendedKeyUsagePurpose::ClientAuth],
         };
+        if let Some((not_before, not_after)) = validity {
+            params.not_before = not_before;
+            params.not_after = not_after;
+        }
         let cert = params.signed_by(&key, &self.issuer).map_err(pki)?;
         write(dir, file_name, &cert.pem(), &key.serialize_pem())
     }

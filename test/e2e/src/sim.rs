@@ -325,6 +325,9 @@ pub struct ClusterState {
     /// environment to restart the cluster's kube-apiserver.
     #[serde(rename = "apiserverRestarts")]
     pub apiserver_restarts: u32,
+    /// The workload API serves an expired certificate until a control plane's refresh.
+    #[serde(rename = "apiCertificateExpired", default)]
+    pub api_certificate_expired: bool,
 }
 
 /// Client of the simulator's control API. A large fleet runs several simulator processes (each
@@ -539,6 +542,27 @@ impl SimControl {
                         self.base_of(cluster)
                     ))
                     .json(annotations),
+            )
+            .await?;
+        response.json().await.map_err(|e| Error::Sim(e.to_string()))
+    }
+
+    /// Tells the simulator that `cluster`'s workload API now serves an expired certificate: the
+    /// next control plane whose refresh restarts its services has it renewed (through the
+    /// restart hook).
+    pub async fn set_api_certificate_expired(
+        &self,
+        cluster: &str,
+        expired: bool,
+    ) -> Result<ClusterState, Error> {
+        let response = self
+            .send(
+                self.http
+                    .put(format!(
+                        "{}/clusters/{cluster}/api-certificate",
+                        self.base_of(cluster)
+                    ))
+                    .json(&serde_json::json!({ "expired": expired })),
             )
             .await?;
         response.json().await.map_err(|e| Error::Sim(e.to_string()))

@@ -298,3 +298,89 @@ async fn a_cluster_gone_dark_past_its_expiry_and_a_ca_near_its_end_are_announced
         "{metrics}"
     );
 }
+
+/// A cluster switched off past its expiry whose workload API now serves an expired certificate
+/// (the real kube-apiserver, started again with it): nothing reaches a node through that API.
+/// A worker's refresh fails at once with a message that says so, with no k8sd call and no
+/// retries; a control plane whose k8sd certificate is pinned is refreshed directly (the
+/// Machine's address, the microcluster port, the pin), its record says so, and its refresh
+/// renews what the API server serves; then the worker is refreshed through it again.
+#[tokio::test]
+async fn an_expired_workload_api_is_passed_by_reaching_a_pinned_control_plane_directly() {
+    let env = shared().await;
+    let nodes = env.isolate_cluster("trio", "drill").await;
+    let cp = nodes.iter().find(|n| n.machine == "trio-cp-1").unwrap();
+    let worker = nodes.iter().find(|n| n.machine == "trio-md-0-w0").unwrap();
+    let _controller = env.start_controller("drill", &[]);
+    // The cluster was healthy once: each node's k8sd certificate pinned at first contact.
+    for node in &nodes {
+        env.wait_for_status(node, TIMEOUT, "the k8sd pin", |s| {
+            s.k8sd_fingerprint.is_some() && s.expiry.is_some()
+        })
+        .await;
+    }
+
+    env.expire_workload_api("trio", TIMEOUT).await.unwrap();
+
+    // A worker cannot be reached past the dead API: it fails at once, and says why.
+    env.sim.clear_calls("trio", &worker.node).await.unwrap();
+    let started = Instant::now();
+    env.annotate_refresh(worker, "1y").await;
+    let error = env.refresh_failure(worker, TIMEOUT).await;
+    assert!(
+        error.contains("the API server of workload cluster trio serves a certificate that expired"),
+        "{error}"
+    );
+    assert!(
+        env.calls(worker).await.is_empty(),
+        "k8sd calls on the worker"
+    );
+    let failed_in = started.elapsed();
+
+    // A control plane is refreshed directly.
+    env.sim.clear_calls("trio", &cp.node).await.unwrap();
+    env.annotate_refresh(cp, "1y").await;
+    env.wait_for_done(cp, Duration::from_secs(120)).await;
+    let operation = env
+        .machine_certificates(cp)
+        .await
+        .and_then(|m| m.status?.operation)
+        .unwrap();
+    let transport = operation.transport.unwrap_or_default();
+    assert!(
+        transport.starts_with(&format!("direct connection to {}:", cp.address))
+            && transport.ends_with("(the workload API server's certificate expired)"),
+        "{transport}"
+    );
+    let calls = env.calls(cp).await;
+    assert_eq!(ck8s_certs_e2e::sim::runs(&calls).len(), 1, "{calls:#?}");
+
+    // Its refresh renewed what the API server serves.
+    let start = Instant::now();
+    loop {
+        let client = env.cluster("trio").client().await.unwrap();
+        if ck8s_certs_e2e::controlplane::is_ready(&client).await {
+            break;
+        }
+        assert!(start.elapsed() < TIMEOUT, "trio's API never came back");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(
+        !env.sim
+            .cluster("trio")
+            .await
+            .unwrap()
+            .api_certificate_expired
+    );
+
+    // The worker again, through the API as usual.
+    env.annotate_refresh(worker, "1y").await;
+    env.wait_for_done(worker, Duration::from_secs(120)).await;
+    let transport = env
+        .machine_certificates(worker)
+        .await
+        .and_then(|m| m.status?.operation?.transport)
+        .unwrap_or_default();
+    assert!(transport.starts_with("port-forward to pod"), "{transport}");
+    println!("a worker's refresh past the expired API failed in {failed_in:?}");
+}
