@@ -74,10 +74,10 @@ async fn a_cluster_gone_dark_past_its_expiry_and_a_ca_near_its_end_are_announced
     let ca_end = whole(now + 300 * day);
     let expired_at = whole(now - 2 * day);
 
-    // trio's kubeconfig now trusts a CA that ends in 300 days (the workload API is then
+    // solo's kubeconfig now trusts a CA that ends in 300 days (the workload API is then
     // unreachable with it, as it would be for a cluster that is down).
-    let trio = env.cluster("trio");
-    let mut kubeconfig: serde_yaml::Value = serde_yaml::from_str(&trio.kubeconfig_yaml).unwrap();
+    let solo = env.cluster("solo");
+    let mut kubeconfig: serde_yaml::Value = serde_yaml::from_str(&solo.kubeconfig_yaml).unwrap();
     kubeconfig["clusters"][0]["cluster"]["certificate-authority-data"] =
         base64::engine::general_purpose::STANDARD
             .encode(ca_certificate(ca_end))
@@ -85,7 +85,7 @@ async fn a_cluster_gone_dark_past_its_expiry_and_a_ca_near_its_end_are_announced
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "fleet");
     secrets
         .patch(
-            "trio-kubeconfig",
+            "solo-kubeconfig",
             &PatchParams::default(),
             &Patch::Merge(
                 json!({ "stringData": { "value": serde_yaml::to_string(&kubeconfig).unwrap() } }),
@@ -93,11 +93,11 @@ async fn a_cluster_gone_dark_past_its_expiry_and_a_ca_near_its_end_are_announced
         )
         .await
         .unwrap();
-    let nodes = env.isolate_cluster("trio", "dark").await;
+    let nodes = env.isolate_cluster("solo", "dark").await;
     let record_expiry = |at: jiff::Timestamp| json!({ "metadata": { "annotations": { CERTIFICATES_EXPIRY: at.to_string() } } });
     for node in &nodes {
         let at = match node.machine.as_str() {
-            "trio-cp-1" => expired_at,
+            "solo-md-0-w1" => expired_at,
             _ => whole(now + 100 * day),
         };
         env.patch_machine(node, record_expiry(at)).await;
@@ -116,7 +116,7 @@ async fn a_cluster_gone_dark_past_its_expiry_and_a_ca_near_its_end_are_announced
     };
     let start = Instant::now();
     let record = loop {
-        if let Some(record) = api.get_opt("trio").await.unwrap()
+        if let Some(record) = api.get_opt("solo").await.unwrap()
             && condition(&record, "CertificatesExpired").is_some_and(|c| c.status == "True")
             && condition(&record, "CARunway").is_some_and(|c| c.status == "False")
         {
@@ -124,8 +124,8 @@ async fn a_cluster_gone_dark_past_its_expiry_and_a_ca_near_its_end_are_announced
         }
         assert!(
             start.elapsed() < TIMEOUT,
-            "trio's record never told: {:#?}\n{}",
-            api.get_opt("trio").await.unwrap().and_then(|r| r.status),
+            "solo's record never told: {:#?}\n{}",
+            api.get_opt("solo").await.unwrap().and_then(|r| r.status),
             controller
                 .log()
                 .lines()
@@ -140,7 +140,7 @@ async fn a_cluster_gone_dark_past_its_expiry_and_a_ca_near_its_end_are_announced
     assert_eq!(expired.reason, "NodeCertificatesExpired");
     assert!(
         expired.message.starts_with(&format!(
-            "The certificates of Machine trio-cp-1 expired at {expired_at}: its node fails TLS"
+            "The certificates of Machine solo-md-0-w1 expired at {expired_at}: its node fails TLS"
         )),
         "{}",
         expired.message
@@ -163,7 +163,7 @@ async fn a_cluster_gone_dark_past_its_expiry_and_a_ca_near_its_end_are_announced
             recorded.expired,
             recorded.unknown
         ),
-        (Some("trio-cp-1"), Some(expired_at), 1, 0)
+        (Some("solo-md-0-w1"), Some(expired_at), 1, 0)
     );
     assert_eq!(
         status
@@ -177,7 +177,7 @@ async fn a_cluster_gone_dark_past_its_expiry_and_a_ca_near_its_end_are_announced
     // Events on the Cluster, once each.
     let start = Instant::now();
     loop {
-        let reasons: Vec<String> = cluster_events_of(&env, "fleet", "trio")
+        let reasons: Vec<String> = cluster_events_of(&env, "fleet", "solo")
             .await
             .into_iter()
             .filter_map(|e| e.reason)
@@ -195,7 +195,7 @@ async fn a_cluster_gone_dark_past_its_expiry_and_a_ca_near_its_end_are_announced
     let metrics = controller.metrics().await;
     assert!(
         metrics.contains(&format!(
-            "ck8s_certs_cluster_certificates_expired_since_timestamp_seconds{{namespace=\"fleet\",cluster=\"trio\"}} {}",
+            "ck8s_certs_cluster_certificates_expired_since_timestamp_seconds{{namespace=\"fleet\",cluster=\"solo\"}} {}",
             expired_at.as_second()
         )),
         "{metrics}"
@@ -206,7 +206,7 @@ async fn a_cluster_gone_dark_past_its_expiry_and_a_ca_near_its_end_are_announced
     );
     assert!(
         metrics.contains(&format!(
-            "ck8s_certs_kubeconfig_expiry_timestamp_seconds{{namespace=\"fleet\",cluster=\"trio\",certificate=\"ca\"}} {}",
+            "ck8s_certs_kubeconfig_expiry_timestamp_seconds{{namespace=\"fleet\",cluster=\"solo\",certificate=\"ca\"}} {}",
             ca_end.as_second()
         )),
         "{metrics}"
@@ -220,7 +220,7 @@ async fn a_cluster_gone_dark_past_its_expiry_and_a_ca_near_its_end_are_announced
             .unwrap();
     }
     let output = std::process::Command::new(&plugin)
-        .args(["status", "-n", "fleet", "--cluster", "trio"])
+        .args(["status", "-n", "fleet", "--cluster", "solo"])
         .env("KUBECONFIG", &env.management_kubeconfig)
         .env("NO_COLOR", "1")
         .output()
@@ -239,7 +239,7 @@ async fn a_cluster_gone_dark_past_its_expiry_and_a_ca_near_its_end_are_announced
     assert!(
         lines[1].contains("NodeCertificatesExpired")
             && lines[1].contains(&format!(
-                "node certificates expired at {expired_at} (Machine trio-cp-1; 1 expired)"
+                "node certificates expired at {expired_at} (Machine solo-md-0-w1; 1 expired)"
             )),
         "{text}"
     );
@@ -260,7 +260,7 @@ async fn a_cluster_gone_dark_past_its_expiry_and_a_ca_near_its_end_are_announced
     .await;
     env.cluster_api(client.clone(), "fleet")
         .patch(
-            "trio",
+            "solo",
             &PatchParams::default(),
             &Patch::Merge(json!({ "metadata": { "annotations": { "e2e-touched": "1" } } })),
         )
@@ -271,20 +271,20 @@ async fn a_cluster_gone_dark_past_its_expiry_and_a_ca_near_its_end_are_announced
     assert!(writes.is_empty(), "writes with nothing changed: {writes:?}");
 
     // The expired node is refreshed (its record moves on): recovered.
-    let cp1 = nodes.iter().find(|n| n.machine == "trio-cp-1").unwrap();
+    let cp1 = nodes.iter().find(|n| n.machine == "solo-md-0-w1").unwrap();
     env.patch_machine(cp1, record_expiry(whole(now + 200 * day)))
         .await;
     let start = Instant::now();
     loop {
-        let record = api.get("trio").await.unwrap();
+        let record = api.get("solo").await.unwrap();
         if condition(&record, "CertificatesExpired").is_some_and(|c| c.reason == "NotExpired") {
             break;
         }
-        assert!(start.elapsed() < TIMEOUT, "trio never recovered");
+        assert!(start.elapsed() < TIMEOUT, "solo never recovered");
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let start = Instant::now();
-    while !cluster_events_of(&env, "fleet", "trio")
+    while !cluster_events_of(&env, "fleet", "solo")
         .await
         .iter()
         .any(|e| e.reason.as_deref() == Some("ClusterCertificatesRecovered"))
