@@ -86,11 +86,12 @@ impl WorkloadError {
                 kube::Error::Api(status) => status.code >= 500 || status.code == 429,
                 _ => true,
             },
-            // Renewed by a control plane's refresh, not by waiting.
-            Self::MissingKey { .. }
-            | Self::Kubeconfig { .. }
-            | Self::KubeconfigExpired { .. }
-            | Self::ApiCertificateExpired { .. } => false,
+            Self::MissingKey { .. } | Self::Kubeconfig { .. } | Self::KubeconfigExpired { .. } => {
+                false
+            }
+            // A control plane's refresh renews it: a worker's refresh waits for that (control
+            // planes themselves are reached directly meanwhile).
+            Self::ApiCertificateExpired { .. } => true,
             // A node without an address or proxy pod yet is usually still starting.
             Self::Node(_) => true,
         }

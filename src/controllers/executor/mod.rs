@@ -604,10 +604,18 @@ impl Executor {
         }
         match parked.wait.next(&failure) {
             Some(after) => {
-                let why = format!(
-                    "{what}, which does not answer (restarting?): {}",
-                    failure.cause()
-                );
+                let why = match &failure {
+                    Failure::Workload(err) if err.server_certificate_expired().is_some() => {
+                        format!(
+                            "a control plane's refresh, which renews {what}'s API: {}",
+                            failure.cause()
+                        )
+                    }
+                    _ => format!(
+                        "{what}, which does not answer (restarting?): {}",
+                        failure.cause()
+                    ),
+                };
                 self.park(who, parked, op, journal, why, after).await
             }
             None => {

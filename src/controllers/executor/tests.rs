@@ -500,6 +500,54 @@ async fn a_restarting_workload_api_is_waited_for_then_given_up_on() {
     assert_eq!(journal.shown.len(), 1, "{:?}", journal.shown);
 }
 
+/// A workload API whose certificate expired is renewed by a control plane's refresh: a worker
+/// waits for that (saying so), and goes on once the API answers again.
+#[tokio::test(start_paused = true)]
+async fn a_worker_waits_for_a_control_plane_to_renew_an_expired_workload_api() {
+    let log = Log::default();
+    let (executor, _rx) = executor();
+    let mut link = node(&log, "w-0", vec![Ok(5)], vec![Ok(EXPIRY)]);
+    *link.connects.get_mut().unwrap() = (0..2)
+        .map(|_| {
+            Failure::Workload(crate::workload::WorkloadError::ApiCertificateExpired {
+                cluster: "c".into(),
+                at: None,
+            })
+        })
+        .collect();
+    // The scripted approver is handed out once: kept back while the node cannot be reached.
+    let mut approver = link.approver.get_mut().unwrap().take();
+    let mut journal = journal(&log);
+    let mut waits = Vec::new();
+    let finished = loop {
+        if waits.len() == 2 {
+            *link.approver.get_mut().unwrap() = approver.take();
+        }
+        let finished = go(&executor, "w-0", Role::Worker, &link, &mut journal).await;
+        match finished {
+            Finished::Wait { after, .. } => {
+                waits.push(after);
+                tokio::time::advance(after).await;
+            }
+            other => break other,
+        }
+    };
+    assert_eq!(waits.len(), 2);
+    assert!(
+        matches!(finished, Finished::Ran { .. }),
+        "{}",
+        said(&finished)
+    );
+    assert_eq!(journal.shown.len(), 1, "{:?}", journal.shown);
+    assert!(
+        journal.shown[0].contains(
+            "a control plane's refresh, which renews the workload cluster's API: the API server of workload cluster c serves a certificate that expired:"
+        ),
+        "{:?}",
+        journal.shown
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_stopping_process_starts_nothing_new() {
     let log = Log::default();

@@ -45,7 +45,11 @@ impl Act<'_> {
         };
         let mut node = match prepared {
             Ok(node) => node,
-            Err(Failure::Workload(err)) if err.is_retryable() => {
+            // Not while the workload API's certificate is expired: that lasts until a control
+            // plane is refreshed, and every look would cost reads for nothing.
+            Err(Failure::Workload(err))
+                if err.is_retryable() && err.server_certificate_expired().is_none() =>
+            {
                 return Ok(Action::requeue(Duration::from_secs(15)));
             }
             Err(failure) => {
