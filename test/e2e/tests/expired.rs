@@ -17,6 +17,12 @@ use serde_json::json;
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 
+/// An instant the simulator recorded (RFC 3339, a varying number of fraction digits: compared
+/// as text they would sort wrong).
+fn at(text: &str) -> jiff::Timestamp {
+    text.parse().unwrap_or_else(|e| panic!("{text}: {e}"))
+}
+
 async fn cluster_events_of(env: &Environment, namespace: &str, cluster: &str) -> Vec<Event> {
     let api: Api<Event> = Api::namespaced(env.management().await.unwrap(), namespace);
     api.list(
@@ -397,9 +403,89 @@ async fn an_expired_workload_api_is_passed_by_reaching_a_pinned_control_plane_di
     let worker_calls = env.calls(worker).await;
     let first = worker_calls.first().expect("the worker's calls");
     assert!(
-        first.started_at > runs[0].started_at,
+        at(&first.started_at) > at(&runs[0].started_at),
         "the worker's first call ({}) before the control plane's run ({})",
         first.started_at,
         runs[0].started_at
+    );
+}
+
+/// The same under an Automatic policy and with no annotation at all: every Machine of the
+/// cluster is due, the control planes are refreshed one at a time (the first directly, past the
+/// expired API it renews), and the workers wait for that, then go on through the API.
+#[tokio::test]
+async fn under_an_automatic_policy_a_dark_cluster_recovers_control_planes_first() {
+    let env = shared().await;
+    let nodes = env.isolate_cluster("alpha", "auto-drill").await;
+    let _controller = env.start_controller("auto-drill", &[]);
+    for node in &nodes {
+        env.wait_for_status(node, TIMEOUT, "the k8sd pin", |s| {
+            s.k8sd_fingerprint.is_some() && s.expiry.is_some()
+        })
+        .await;
+        env.sim.clear_calls("alpha", &node.node).await.unwrap();
+    }
+    env.expire_workload_api("alpha", TIMEOUT).await.unwrap();
+
+    // Due now: the simulated nodes' certificates end in 90 days.
+    env.create_policy(
+        "fleet",
+        "auto-drill",
+        "auto-drill",
+        json!({ "policy": "Automatic", "renewBefore": "100d", "ttl": "1y" }),
+    )
+    .await;
+    for node in &nodes {
+        env.patch_machine(
+            node,
+            json!({ "metadata": { "labels": { "e2e-policy": "auto-drill" } } }),
+        )
+        .await;
+    }
+    for node in &nodes {
+        env.wait_for_done(node, Duration::from_secs(240)).await;
+    }
+
+    let mut runs = Vec::new();
+    let mut first_worker_call = None::<jiff::Timestamp>;
+    for node in &nodes {
+        let calls = env.calls(node).await;
+        let run = ck8s_certs_e2e::sim::runs(&calls)
+            .into_iter()
+            .find(|c| c.status == 200)
+            .cloned()
+            .unwrap_or_else(|| panic!("no answered run on {}: {calls:#?}", node.machine));
+        let transport = env
+            .machine_certificates(node)
+            .await
+            .and_then(|m| m.status?.operation?.transport)
+            .unwrap_or_default();
+        if node.machine.contains("-cp-") {
+            runs.push((run, transport));
+        } else {
+            assert!(transport.starts_with("port-forward to pod"), "{transport}");
+            let first = calls.first().map(|c| at(&c.started_at)).unwrap();
+            first_worker_call = Some(first_worker_call.map_or(first, |f| f.min(first)));
+        }
+    }
+    runs.sort_by_key(|(run, _)| at(&run.started_at));
+    // The first control plane passed the dead API; the cluster's place let one at a time.
+    assert!(
+        runs[0]
+            .1
+            .ends_with("(the workload API server's certificate expired)"),
+        "{runs:#?}"
+    );
+    let end = |c: &ck8s_certs_e2e::sim::CallRecord| {
+        at(&c.started_at) + jiff::SignedDuration::from_secs_f64(c.duration_ms / 1000.0)
+    };
+    assert!(
+        end(&runs[0].0) <= at(&runs[1].0.started_at),
+        "control planes refreshed at once: {runs:#?}"
+    );
+    // No worker was asked anything before the first control plane's run.
+    assert!(
+        first_worker_call.unwrap() > at(&runs[0].0.started_at),
+        "{runs:#?}"
     );
 }
