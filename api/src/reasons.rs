@@ -95,6 +95,9 @@ pub mod condition_reasons {
     pub const REFRESHED: &str = "Refreshed";
     /// `Ready` False: the last refresh failed.
     pub const REFRESH_FAILED: &str = "RefreshFailed";
+    /// `Ready` False: a worker cannot be refreshed in place (the API server refused its own
+    /// client certificate, `kubelet.conf`, which has expired): replace the Machine.
+    pub const IN_PLACE_IMPOSSIBLE: &str = "InPlaceImpossible";
     /// `Refreshing` True: a refresh runs or waits.
     pub const REFRESH_IN_PROGRESS: &str = "RefreshInProgress";
     /// `Refreshing` False: no refresh in flight.

@@ -130,6 +130,16 @@ pub fn lifetime_mismatch(
     })
 }
 
+/// Whether a worker's `run` failed because the API server refused the node's own client (its
+/// `kubelet.conf`) when it created its CSRs: that certificate has expired (or was revoked by
+/// replacing the CA), and the node cannot be refreshed in place; no new plan would help.
+/// Released k8sd answers 500 `failed to get worker node certificates: failed to create CSR for
+/// k8sd-<seed>-worker-…: Unauthorized`.
+pub fn client_refused(err: &K8sdError) -> bool {
+    matches!(err, K8sdError::Api { status: 500, message, .. }
+        if message.contains("failed to create CSR for") && message.trim_end().ends_with("Unauthorized"))
+}
+
 /// Whether a failed `run` leaves its outcome unknown (no answer: timeout, broken connection, a
 /// node or tunnel going away, a gateway error). Released k8sd writes the certificates before it
 /// answers and restarts its services only once the answer is delivered, so after a lost answer
@@ -508,6 +518,28 @@ mod tests {
         assert_eq!(outcome.unverified, Some(foreign_san()));
         assert_eq!(approver.calls, 0);
         assert_eq!(approver.denied, [1]);
+    }
+
+    #[test]
+    fn a_run_whose_csrs_the_api_server_refused_to_the_node_is_told_apart() {
+        let refused = api(
+            500,
+            "failed to get worker node certificates: failed to create CSR for k8sd-7-worker-kubelet-serving: Unauthorized",
+        );
+        assert!(client_refused(&refused));
+        for other in [
+            api(
+                500,
+                "failed to get worker node certificates: failed to create CSR for k8sd-7-worker-kubelet-serving: certificatesigningrequests.certificates.k8s.io \"k8sd-7-worker-kubelet-serving\" already exists",
+            ),
+            api(401, "Unauthorized"),
+            api(
+                500,
+                "failed to get worker node certificates: CSR k8sd-7-worker-kubelet-serving was denied",
+            ),
+        ] {
+            assert!(!client_refused(&other), "{other}");
+        }
     }
 
     #[test]

@@ -155,6 +155,9 @@ type NodeStatus struct {
 	DiskCertNotAfter string  `json:"diskCertNotAfter"`
 	Restarts         int     `json:"restarts"`
 	SeedsRun         []int64 `json:"seedsRun"`
+	// ClientCertificateExpired: its kubelet.conf client certificate has expired
+	// (PUT /nodes/{cluster}/{node}/client-certificate).
+	ClientCertificateExpired bool `json:"clientCertificateExpired"`
 }
 
 func (n *node) status() NodeStatus {
@@ -162,20 +165,21 @@ func (n *node) status() NodeStatus {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return NodeStatus{
-		Cluster:               n.cluster.cfg.Name,
-		Node:                  n.cfg.Name,
-		Machine:               n.cfg.Machine,
-		Role:                  n.cfg.Role,
-		Address:               n.cfg.Address,
-		MicroclusterPort:      n.cfg.MicroclusterPort,
-		CertNotAfter:          n.current.NotAfter.UTC().Format(time.RFC3339),
-		CertNotBefore:         n.current.NotBefore.UTC().Format(time.RFC3339),
-		CertSANs:              certSANs(n.current),
-		DatabaseExpiry:        dbExpiry.Format(time.RFC3339),
-		K8sdFingerprintSHA256: fingerprint(n.serving),
-		DiskCertNotAfter:      n.onDisk.NotAfter.UTC().Format(time.RFC3339),
-		Restarts:              n.restarts,
-		SeedsRun:              append([]int64{}, n.seedsRun...),
+		Cluster:                  n.cluster.cfg.Name,
+		Node:                     n.cfg.Name,
+		Machine:                  n.cfg.Machine,
+		Role:                     n.cfg.Role,
+		Address:                  n.cfg.Address,
+		MicroclusterPort:         n.cfg.MicroclusterPort,
+		CertNotAfter:             n.current.NotAfter.UTC().Format(time.RFC3339),
+		CertNotBefore:            n.current.NotBefore.UTC().Format(time.RFC3339),
+		CertSANs:                 certSANs(n.current),
+		DatabaseExpiry:           dbExpiry.Format(time.RFC3339),
+		K8sdFingerprintSHA256:    fingerprint(n.serving),
+		DiskCertNotAfter:         n.onDisk.NotAfter.UTC().Format(time.RFC3339),
+		Restarts:                 n.restarts,
+		SeedsRun:                 append([]int64{}, n.seedsRun...),
+		ClientCertificateExpired: n.clientExpired,
 	}
 }
 
@@ -255,6 +259,7 @@ func (s *Simulator) controlHandler() http.Handler {
 		writeJSON(w, http.StatusOK, out)
 	})
 	mux.HandleFunc("POST /nodes/{cluster}/{node}/reinstall", s.postReinstall)
+	mux.HandleFunc("PUT /nodes/{cluster}/{node}/client-certificate", s.putClientCertificate)
 	mux.HandleFunc("GET /clusters", func(w http.ResponseWriter, r *http.Request) {
 		out := []ClusterStatus{}
 		for _, cl := range s.clusters {
@@ -350,6 +355,31 @@ func (s *Simulator) hasNode(clusterName, nodeName string) bool {
 		return s.nodeNames[nodeName]
 	}
 	return s.findNode(clusterName, nodeName) != nil
+}
+
+// putClientCertificate records whether the node's kubelet.conf client certificate has expired
+// ({"expired": true}): its worker runs then fail as released k8sd's do when the API server
+// refuses that client.
+func (s *Simulator) putClientCertificate(w http.ResponseWriter, r *http.Request) {
+	n := s.findNode(r.PathValue("cluster"), r.PathValue("node"))
+	if n == nil {
+		writeJSONError(w, http.StatusNotFound, "no node %s/%s", r.PathValue("cluster"), r.PathValue("node"))
+		return
+	}
+	var body struct {
+		Expired bool `json:"expired"`
+	}
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&body); err != nil {
+		writeJSONError(w, http.StatusBadRequest, "invalid body (want {\"expired\": bool}): %v", err)
+		return
+	}
+	n.mu.Lock()
+	n.clientExpired = body.Expired
+	n.mu.Unlock()
+	s.log.Printf("node %s/%s: kubelet.conf client certificate expired: %v", n.cluster.cfg.Name, n.cfg.Name, body.Expired)
+	writeJSON(w, http.StatusOK, n.status())
 }
 
 type reinstallRequest struct {

@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	certclient "k8s.io/client-go/kubernetes/typed/certificates/v1"
 	"k8s.io/client-go/util/retry"
 )
@@ -79,8 +80,18 @@ func (s *Simulator) refreshWorker(ctx context.Context, n *node, seed int, expira
 	wake, unsubscribe := srv.subscribe(names)
 	defer unsubscribe()
 	srv.claim(n.cluster, names)
-	// Created as the node, as k8sd does with the node's kubelet.conf.
-	asNode, err := srv.nodeClient(n.cfg.Name)
+	// Created as the node, as k8sd does with the node's kubelet.conf (an expired one: a client
+	// whose certificate the API server refuses).
+	n.mu.Lock()
+	clientExpired := n.clientExpired
+	n.mu.Unlock()
+	var asNode kubernetes.Interface
+	var err error
+	if clientExpired {
+		asNode, err = srv.expiredNodeClient(n.cfg.Name, n.cluster.ca)
+	} else {
+		asNode, err = srv.nodeClient(n.cfg.Name)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("client of node %s: %w", n.cfg.Name, err)
 	}
@@ -200,7 +211,7 @@ func createCSR(ctx context.Context, client certclient.CertificateSigningRequestI
 		},
 	}, metav1.CreateOptions{})
 	if err != nil {
-		return fmt.Errorf("failed to create CSR %s: %w", c.name, err)
+		return fmt.Errorf("failed to create CSR for %s: %w", c.name, err)
 	}
 	return nil
 }

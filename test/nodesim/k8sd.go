@@ -417,7 +417,7 @@ func (s *Simulator) handleRunWorker(w http.ResponseWriter, r *http.Request, n *n
 		return
 	}
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, "failed to refresh worker certificates: "+err.Error())
+		writeError(w, http.StatusInternalServerError, "failed to get worker node certificates: "+err.Error())
 		return
 	}
 	n.writeToDisk(cert, req.Seed)

@@ -330,7 +330,7 @@ func TestWorkerRefreshWatchApprove(t *testing.T) {
 	// Released k8sd: a run cannot be repeated with the same seed (plain Create, keys gone).
 	r := e.do(t, "alpha-w-0-vm", "POST", pathRun, fmt.Sprintf(`{"seed":%d,"expiration-seconds":7776000}`, seed), "node-token", tokW0)
 	name := fmt.Sprintf("k8sd-%d-worker-kubelet-serving", seed)
-	want := errorBody(500, fmt.Sprintf(`failed to refresh worker certificates: failed to create CSR %s: certificatesigningrequests.certificates.k8s.io %q already exists`, name, name))
+	want := errorBody(500, fmt.Sprintf(`failed to get worker node certificates: failed to create CSR for %s: certificatesigningrequests.certificates.k8s.io %q already exists`, name, name))
 	if r.status != 500 || r.body != want {
 		t.Errorf("retried run: %d %q, want %q", r.status, r.body, want)
 	}
@@ -485,7 +485,7 @@ func TestCSRDenyFault(t *testing.T) {
 	if approve.status != 200 {
 		t.Fatalf("approve: %d %s", approve.status, approve.body)
 	}
-	if want := errorBody(500, "failed to refresh worker certificates: CSR k8sd-11-worker-kubelet-serving was denied"); run.status != 500 || run.body != want {
+	if want := errorBody(500, "failed to get worker node certificates: CSR k8sd-11-worker-kubelet-serving was denied"); run.status != 500 || run.body != want {
 		t.Fatalf("run: %d %q", run.status, run.body)
 	}
 	csr, err := e.wl.CertificatesV1().CertificateSigningRequests().Get(context.Background(), "k8sd-11-worker-kube-proxy-client", metav1.GetOptions{})

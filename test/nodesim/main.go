@@ -90,6 +90,9 @@ type node struct {
 	onDisk   *x509.Certificate
 	seedsRun []int64 // seeds of the runs that wrote certificates
 	restarts int     // service restarts (delivered run answers)
+	// clientExpired: the node's kubelet.conf client certificate has expired, so the API
+	// server refuses the CSRs its worker run creates with it (401 Unauthorized).
+	clientExpired bool
 
 	// nil until start (unit tests serve the handlers directly).
 	k8sd    *svcListener

@@ -180,6 +180,7 @@ where
                 succeed(op, &outcome);
                 return Ok(());
             }
+            Err(err) if flow::client_refused(&err) => return Err(Failure::InPlaceImpossible(err)),
             Err(err) if flow::outcome_unknown(&err) => {
                 warn!(seed, error = %err, "run got no answer; its outcome is unknown");
             }

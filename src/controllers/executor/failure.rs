@@ -44,6 +44,9 @@ pub enum Failure {
     Workload(WorkloadError),
     /// A worker's CSRs did not pass verification at its last attempt: none was approved.
     UnverifiedCsr(Mismatch),
+    /// A worker's `run` could not create its CSRs: the API server refused the node's own client
+    /// (`kubelet.conf` expired). Nothing in place can fix that: the Machine must be replaced.
+    InPlaceImpossible(K8sdError),
     /// Our own API call failed: the operation stays as last journaled and is taken up again.
     Api(ApiError),
     Message(String),
@@ -79,6 +82,7 @@ impl Failure {
             Self::Api(_)
             | Self::Message(_)
             | Self::UnverifiedCsr(_)
+            | Self::InPlaceImpossible(_)
             | Self::Wait(_)
             | Self::Stopping
             | Self::Superseded => false,
@@ -106,6 +110,7 @@ impl Failure {
             Self::K8sd { step, error } => format!("{step}: {error}"),
             Self::Workload(err) => err.to_string(),
             Self::UnverifiedCsr(mismatch) => format!("{UNVERIFIED_CSR}: {mismatch}"),
+            Self::InPlaceImpossible(error) => format!("run: {error}"),
             Self::Api(err) => err.to_string(),
             Self::Message(text) | Self::Unavailable(text) => text.clone(),
             Self::Wait(after) => format!("waiting {}", humantime::format_duration(*after)),
@@ -152,6 +157,10 @@ impl Failure {
             Self::UnverifiedCsr(mismatch) => format!(
                 "Refreshing failed: a CSR of the worker's last refresh did not pass verification, so none was approved ({UNVERIFIED_CSR}): {mismatch}; {}",
                 unverified_hint(mismatch)
+            ),
+            Self::InPlaceImpossible(error) => format!(
+                "The node cannot be refreshed in place: its cluster's API server refused the node's own client certificate (kubelet.conf) when run created its CSRs ({error}), so that certificate has expired. Replace the Machine: `kubectl delete machine -n {} {}` (a Machine of a MachineSet is created again; docs/refresh.md, \"When certificates have already expired\")",
+                machine.namespace, machine.name
             ),
             Self::Api(err) => format!("Refreshing failed: {err}"),
             Self::Message(text) | Self::Unavailable(text) => text.clone(),

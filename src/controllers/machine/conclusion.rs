@@ -6,7 +6,8 @@
 //!   fail-safe bypass of another operation is forgotten; `Ready` True (Refreshed).
 //! - Failed: an automatic (Policy) attempt counts for the backoff, remembered in the status so
 //!   it survives restarts; a manual or fleet one does not (a person is watching it); `Ready`
-//!   False (RefreshFailed) with the message.
+//!   False (RefreshFailed, or InPlaceImpossible for a worker that must be replaced) with the
+//!   message.
 //! - Either way `Refreshing` goes False and the operation is recorded finished.
 
 use ck8s_certs_api::machine_certificates::{MachineCertificatesStatus, Operation, Origin, Phase};
@@ -24,6 +25,9 @@ pub(super) enum Ending {
     Succeeded,
     /// It failed: the message users see (what went wrong and how to renew now).
     Failed(String),
+    /// It failed in a way no refresh can fix (a worker whose kubelet.conf expired): the message
+    /// says how to replace the Machine. Counted like a failure.
+    Impossible(String),
 }
 
 /// How a finished `op` ended (to record it again after a crash).
@@ -42,6 +46,7 @@ pub(super) fn conclude(
     now: Timestamp,
 ) {
     op.finished_at = Some(Time(now));
+    let ending_is_impossible = matches!(ending, Ending::Impossible(_));
     match ending {
         Ending::Succeeded => {
             op.phase = Phase::Succeeded;
@@ -60,7 +65,11 @@ pub(super) fn conclude(
                 now,
             );
         }
-        Ending::Failed(message) => {
+        Ending::Failed(message) | Ending::Impossible(message) => {
+            let reason = match ending_is_impossible {
+                true => why::IN_PLACE_IMPOSSIBLE,
+                false => why::REFRESH_FAILED,
+            };
             if op.origin == Origin::Policy {
                 status.failed_attempts =
                     Some(status.failed_attempts.unwrap_or(0).max(0).saturating_add(1));
@@ -68,14 +77,7 @@ pub(super) fn conclude(
             }
             op.phase = Phase::Failed;
             op.error = Some(message.clone());
-            set_condition(
-                status,
-                conditions::READY,
-                false,
-                why::REFRESH_FAILED,
-                message,
-                now,
-            );
+            set_condition(status, conditions::READY, false, reason, message, now);
         }
     }
     set_condition(
@@ -238,6 +240,28 @@ mod tests {
             );
             assert_eq!(condition(&status, conditions::REFRESHING).status, "False");
         }
+    }
+
+    #[test]
+    fn a_worker_that_must_be_replaced_fails_with_its_own_reason_and_counts_like_a_failure() {
+        let mut status = backing_off();
+        let mut op = running(Origin::Policy, false);
+        conclude_at_now(
+            &mut status,
+            &mut op,
+            Ending::Impossible("replace it".into()),
+        );
+        assert_eq!(op.phase, Phase::Failed);
+        assert_eq!(status.failed_attempts, Some(3));
+        let ready = condition(&status, conditions::READY);
+        assert_eq!(
+            (
+                ready.status.as_str(),
+                ready.reason.as_str(),
+                ready.message.as_str()
+            ),
+            ("False", why::IN_PLACE_IMPOSSIBLE, "replace it")
+        );
     }
 
     #[test]

@@ -62,6 +62,11 @@ impl Act<'_> {
             Ok(()) => Ending::Succeeded,
             // Our own write failed: the operation stays as last persisted and is resumed.
             Err(Failure::Api(err)) => return Err(Error::from_api(err)),
+            // Renewing again would fail the same way: no "renew now", only what to do.
+            Err(failure @ Failure::InPlaceImpossible(_)) => Ending::Impossible(with_hint(
+                failure.message(self.view),
+                &details(self.view, &op),
+            )),
             Err(failure) => {
                 let message = failure_message(self.ctx, self.view, &failure, &op, &status, now);
                 Ending::Failed(message)
@@ -209,13 +214,17 @@ fn failure_message(
         }
         _ => renew_now,
     };
-    let details = format!(
+    with_hint(with_hint(failure.message(view), &again), &details(view, op))
+}
+
+/// Where to read more about `op`.
+fn details(view: &MachineView, op: &Operation) -> String {
+    format!(
         "Details: kubectl ck8s-certs explain {} -n {} (CertificateRefresh {})",
         view.name,
         view.namespace,
         super::journal::request_name(view, op)
-    );
-    with_hint(with_hint(failure.message(view), &again), &details)
+    )
 }
 
 /// The pauses between the tries of an outcome's write: five tries within about 15 s.

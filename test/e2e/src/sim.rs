@@ -579,6 +579,27 @@ impl SimControl {
         self.set_annotations(cluster, &annotations).await.map(drop)
     }
 
+    /// Lets `node`'s kubelet.conf client certificate expire (or not): its worker `run` then
+    /// fails as released k8sd's does when the API server refuses that client.
+    pub async fn set_client_certificate_expired(
+        &self,
+        node: &NodeInfo,
+        expired: bool,
+    ) -> Result<(), Error> {
+        self.send(
+            self.http
+                .put(format!(
+                    "{}/nodes/{}/{}/client-certificate",
+                    self.base_of(&node.cluster),
+                    node.cluster,
+                    node.node
+                ))
+                .json(&serde_json::json!({ "expired": expired })),
+        )
+        .await
+        .map(drop)
+    }
+
     /// Simulates a node reinstall: new k8sd certificate, new initial certificates.
     pub async fn reinstall(
         &self,

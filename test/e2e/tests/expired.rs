@@ -489,3 +489,55 @@ async fn under_an_automatic_policy_a_dark_cluster_recovers_control_planes_first(
         "{runs:#?}"
     );
 }
+
+/// A worker whose kubelet.conf client certificate has expired: its `run` cannot create its CSRs
+/// (the real API server refuses the client, 401), so it cannot be refreshed in place. The
+/// refresh ends at that first `run` with no new plan, `Ready` says InPlaceImpossible, and the
+/// message gives the command that replaces the Machine.
+#[tokio::test]
+async fn a_worker_whose_kubelet_conf_expired_is_told_to_be_replaced_after_one_run() {
+    let env = shared().await;
+    let [worker] = env.isolated("beta", ["beta-md-0-w1"], "replace").await;
+    let _controller = env.start_controller("replace", &[]);
+    env.wait_for_status(&worker, TIMEOUT, "the k8sd pin", |s| {
+        s.k8sd_fingerprint.is_some() && s.expiry.is_some()
+    })
+    .await;
+    env.sim
+        .set_client_certificate_expired(&worker, true)
+        .await
+        .unwrap();
+    env.sim.clear_calls("beta", &worker.node).await.unwrap();
+
+    env.annotate_refresh(&worker, "1y").await;
+    let error = env.refresh_failure(&worker, Duration::from_secs(120)).await;
+    assert!(
+        error.starts_with(
+            "The node cannot be refreshed in place: its cluster's API server refused the node's own client certificate (kubelet.conf)"
+        ) && error.contains("failed to create CSR for k8sd-")
+            && error.contains("Replace the Machine: `kubectl delete machine -n fleet beta-md-0-w1`"),
+        "{error}"
+    );
+    let status = env
+        .machine_certificates(&worker)
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    let ready = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "InPlaceImpossible")
+    );
+    let calls = env.calls(&worker).await;
+    let plans = calls.iter().filter(|c| c.path.ends_with("/plan")).count();
+    assert_eq!(
+        (plans, ck8s_certs_e2e::sim::runs(&calls).len()),
+        (1, 1),
+        "{calls:#?}"
+    );
+}

@@ -650,3 +650,27 @@ async fn a_wait_for_later_ends_the_attempts_with_nothing_sent() {
     assert_eq!(entries(&log).len(), 1, "{:?}", entries(&log));
     assert_eq!((op.seed, op.run_attempts), (None, 0));
 }
+
+/// A worker whose own client (kubelet.conf) the API server refuses cannot make its CSRs: the
+/// refresh ends at its first `run`, with no new plan (none would help).
+#[tokio::test(start_paused = true)]
+async fn a_worker_whose_client_is_refused_is_not_planned_again() {
+    let log = Log::default();
+    let mut op = pending(31_536_000);
+    let approver = Approver::new(Vec::new(), &log);
+    let refused = Err(api(
+        500,
+        "failed to get worker node certificates: failed to create CSR for k8sd-4-worker-kubelet-serving: Unauthorized",
+    ));
+    let result = worker_checked(&log, vec![Ok(4), Ok(5)], vec![refused], approver, &mut op).await;
+    assert!(
+        matches!(result, Err(Failure::InPlaceImpossible(_))),
+        "{}",
+        error_text(result)
+    );
+    let plans = entries(&log)
+        .iter()
+        .filter(|e| e.starts_with("plan"))
+        .count();
+    assert_eq!(plans, 1);
+}
