@@ -125,8 +125,8 @@ pub struct Args {
     pub kubeconfig_expiry_warning: Duration,
 
     /// How often each Cluster's `<cluster>-kubeconfig` Secret is read for its certificates'
-    /// expiry (jittered per Cluster; also read exactly when one crosses the warning horizon or
-    /// expires).
+    /// expiry, and its workload API server's certificate checked (one `GET /readyz`; jittered per
+    /// Cluster; also read exactly when one crosses the warning horizon or expires).
     #[arg(long, env = "CK8S_CERTS_KUBECONFIG_CHECK_INTERVAL", value_parser = duration, default_value = "6h")]
     pub kubeconfig_check_interval: Duration,
 

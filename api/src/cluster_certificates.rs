@@ -120,6 +120,10 @@ pub mod expired_reasons {
     /// True: Machines of the cluster record certificates that expired (the message names the
     /// earliest, when, and how many).
     pub const NODE_CERTIFICATES_EXPIRED: &str = "NodeCertificatesExpired";
+    /// True: the workload API server serves an expired certificate, found at the last
+    /// kubeconfig check (`--kubeconfig-check-interval`), while no Machine records an expiry
+    /// that has passed.
+    pub const API_CERTIFICATE_EXPIRED: &str = "APIServerCertificateExpired";
 }
 
 /// The condition type that says whether the cluster CA has long enough to live: k8sd cannot

@@ -62,13 +62,16 @@ pub struct Config {
 }
 
 pub struct Context {
-    /// The last reading per Cluster: Cluster and record events within [`RECHECK_AFTER`] of it
+    /// The last reading per Cluster: Cluster and record events within [`RECHECK_AFTER`] (or the
+    /// check interval, when shorter) of it
     /// are answered from it, so a busy Cluster (status updates) costs no extra reads.
     pub readings: Mutex<HashMap<(String, String), (std::time::Instant, Reading)>>,
     /// The last renewal attempt per Cluster: a due certificate that was not renewed is tried
     /// again no sooner than [`RECHECK_AFTER`] (a minute after a transient failure), however
     /// often the Cluster changes.
     pub attempts: Mutex<HashMap<(String, String), (std::time::Instant, renewal::Report)>>,
+    /// What the workload API server's certificate looked like at the last fresh reading.
+    pub api: Mutex<HashMap<(String, String), expired::Api>>,
     pub client: Client,
     pub capi: CapiVersion,
     pub machines: Store<Machine>,
@@ -347,7 +350,8 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
     let recent = ctx.readings.lock().ok().and_then(|readings| {
         readings
             .get(&key)
-            .filter(|(at, _)| at.elapsed() < RECHECK_AFTER)
+            // A shorter check interval asks for fresher readings.
+            .filter(|(at, _)| at.elapsed() < RECHECK_AFTER.min(ctx.config.interval))
             .map(|(_, reading)| reading.clone())
     });
     let record = ctx
@@ -373,6 +377,12 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
 
     let (ready, reason, message, warn) = verdict(&reading, &secret, ctx.config.warning, now);
     let nodes = Nodes::of(&machines, now);
+    let api = ctx
+        .api
+        .lock()
+        .ok()
+        .and_then(|probes| probes.get(&key).copied())
+        .unwrap_or_default();
     let ca_end = match &reading {
         Reading::Read { expiry, .. } => expiry.ca,
         _ => None,
@@ -383,11 +393,16 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
             reason,
             message: message.clone(),
         },
-        expired: expired::expired_verdict(&nodes),
+        expired: expired::expired_verdict(&nodes, api),
         runway: expired::runway_verdict(ca_end, ctx.config.ca_runway, now),
         nodes: nodes.status(),
     };
-    export_expired(&ctx.metrics, &namespace, &name, nodes.expired_since());
+    export_expired(
+        &ctx.metrics,
+        &namespace,
+        &name,
+        expired::expired_since(&nodes, api),
+    );
     let status = status_for(&old, &reading, &secret, &checks, report.as_ref(), now);
     let renewal_was = reason_of(&old, KUBECONFIG_RENEWAL);
     if status != old {
@@ -522,7 +537,15 @@ async fn fresh_reading(
     now: Timestamp,
 ) -> Result<Reading, Error> {
     let renewing = ctx.config.renewal.mode != client_certificate::Mode::Off;
-    let mut reading = read(&ctx.client, &key.0, &key.1, ctx.config.vetting, renewing).await?;
+    let (mut reading, kubeconfig) =
+        read(&ctx.client, &key.0, &key.1, ctx.config.vetting, renewing).await?;
+    let api = match kubeconfig {
+        Some(kubeconfig) => probe_api(kubeconfig, now).await,
+        None => expired::Api::Unknown,
+    };
+    if let Ok(mut probes) = ctx.api.lock() {
+        probes.insert(key.clone(), api);
+    }
     // The client CA's end, which no renewal can go past: only when renewal is on and the
     // kubeconfig is one it renews.
     if renewing
@@ -655,6 +678,9 @@ fn forget(ctx: &Context, namespace: &str, cluster: &str) {
     if let Ok(mut attempts) = ctx.attempts.lock() {
         attempts.remove(&key);
     }
+    if let Ok(mut probes) = ctx.api.lock() {
+        probes.remove(&key);
+    }
     export(&ctx.metrics, namespace, cluster, &Reading::Missing);
     export_expired(&ctx.metrics, namespace, cluster, None);
 }
@@ -686,19 +712,48 @@ pub fn sweep(ctx: &Context, clusters: &Store<Cluster>) {
     }
 }
 
-/// Reads `<cluster>-kubeconfig`.
+/// How long the workload API server is given to answer [`probe_api`].
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Whether the workload API server's certificate has expired: one `GET /readyz` with a client of
+/// the kubeconfig just read (its answer does not matter, the TLS handshake does). Done with each
+/// fresh reading of the Secret, so as often as the kubeconfig is checked.
+async fn probe_api(kubeconfig: kube::config::Kubeconfig, now: Timestamp) -> expired::Api {
+    let Ok(client) = crate::workload::uncached_client(kubeconfig).await else {
+        return expired::Api::Unknown;
+    };
+    let Ok(request) = http::Request::get("/readyz").body(Vec::new()) else {
+        return expired::Api::Unknown;
+    };
+    match tokio::time::timeout(PROBE_TIMEOUT, client.request_text(request)).await {
+        Ok(Ok(_)) => expired::Api::Valid,
+        // An answer, if not a happy one: the handshake went through.
+        Ok(Err(kube::Error::Api(_))) => expired::Api::Valid,
+        Ok(Err(err)) => match crate::workload::expired_certificate(&err) {
+            // Without its NotAfter, the first time it was seen so.
+            Some(at) => expired::Api::Expired(Some(at.unwrap_or(now))),
+            None => expired::Api::Unknown,
+        },
+        Err(_) => expired::Api::Unknown,
+    }
+}
+
+/// Reads `<cluster>-kubeconfig`; the vetted kubeconfig too when it could be read (to probe its
+/// API server with).
 async fn read(
     client: &Client,
     namespace: &str,
     cluster: &str,
     vetting: crate::workload::Vetting,
     renewing: bool,
-) -> Result<Reading, Error> {
-    Ok(
-        match crate::workload::kubeconfig_secret(client, namespace, cluster).await {
-            Ok(object) => match crate::workload::kubeconfig_of(&object, namespace, vetting) {
-                Ok(kubeconfig) => match kubeconfig_expiry(&kubeconfig) {
-                    Ok(expiry) => Reading::Read {
+) -> Result<(Reading, Option<kube::config::Kubeconfig>), Error> {
+    let mut vetted = None;
+    let reading = match crate::workload::kubeconfig_secret(client, namespace, cluster).await {
+        Ok(object) => match crate::workload::kubeconfig_of(&object, namespace, vetting) {
+            Ok(kubeconfig) => match kubeconfig_expiry(&kubeconfig) {
+                Ok(expiry) => {
+                    vetted = Some(kubeconfig);
+                    Reading::Read {
                         expiry,
                         // Read for renewal only: off, nothing more is looked at.
                         held: match renewing {
@@ -710,20 +765,21 @@ async fn read(
                             .and_then(|yaml| client_certificate::held(&yaml, cluster)),
                             false => Err(Refusal::Shape("renewal is off".into())),
                         },
-                    },
-                    Err(reason) => Reading::Unreadable(reason),
-                },
-                // The message names the Secret already.
-                Err(WorkloadError::Kubeconfig { reason, .. }) => Reading::Unreadable(reason),
-                Err(err) => Reading::Unreadable(err.to_string()),
+                    }
+                }
+                Err(reason) => Reading::Unreadable(reason),
             },
-            Err(WorkloadError::Secret {
-                source: kube::Error::Api(status),
-                ..
-            }) if status.code == 404 => Reading::Missing,
-            Err(err) => return Err(err.into()),
+            // The message names the Secret already.
+            Err(WorkloadError::Kubeconfig { reason, .. }) => Reading::Unreadable(reason),
+            Err(err) => Reading::Unreadable(err.to_string()),
         },
-    )
+        Err(WorkloadError::Secret {
+            source: kube::Error::Api(status),
+            ..
+        }) if status.code == 404 => Reading::Missing,
+        Err(err) => return Err(err.into()),
+    };
+    Ok((reading, vetted))
 }
 
 /// NotAfter of `<cluster>-cca`'s certificate; `None` when there is none to read (a renewal says

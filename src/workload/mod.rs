@@ -323,6 +323,11 @@ impl Clients {
 pub async fn probe_client(yaml: &str, vetting: Vetting) -> Result<Client, String> {
     let kubeconfig = Kubeconfig::from_yaml(yaml).map_err(|e| kubeconfig::parse_error_reason(&e))?;
     kubeconfig::vet(&kubeconfig, vetting).map_err(|e| e.to_string())?;
+    uncached_client(kubeconfig).await
+}
+
+/// [`probe_client`] of a kubeconfig already read and vetted ([`kubeconfig_of`]).
+pub async fn uncached_client(kubeconfig: Kubeconfig) -> Result<Client, String> {
     let forget_nothing = ForgetOnUnauthorized {
         cache: Weak::new(),
         key: Default::default(),

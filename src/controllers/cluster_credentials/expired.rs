@@ -74,6 +74,28 @@ impl Nodes {
     }
 }
 
+/// What the workload API server's certificate looked like at the last check.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Api {
+    /// Not checked, or the check told nothing about the certificate (unreachable, refused).
+    #[default]
+    Unknown,
+    /// A TLS handshake succeeded.
+    Valid,
+    /// The server's certificate has expired (its NotAfter, when TLS said).
+    Expired(Option<Timestamp>),
+}
+
+/// Since when the cluster's certificates have been expired, by its Machines' records or its
+/// workload API, whichever is earlier.
+pub fn expired_since(nodes: &Nodes, api: Api) -> Option<Timestamp> {
+    let api = match api {
+        Api::Expired(at) => at,
+        _ => None,
+    };
+    nodes.expired_since().into_iter().chain(api).min()
+}
+
 /// A condition's status, reason and message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Verdict {
@@ -82,23 +104,44 @@ pub struct Verdict {
     pub message: String,
 }
 
-/// The `CertificatesExpired` condition of `nodes`. Its messages name instants, never "ago" or
-/// "in": a status that changed with the clock would be written at every check.
-pub fn expired_verdict(nodes: &Nodes) -> Verdict {
-    match (nodes.expired_since(), &nodes.earliest) {
-        (Some(since), Some((_, machine))) => {
+/// The `CertificatesExpired` condition of `nodes` and the workload `api`. Its messages name
+/// instants, never "ago" or "in": a status that changed with the clock would be written at
+/// every check.
+pub fn expired_verdict(nodes: &Nodes, api: Api) -> Verdict {
+    const WHAT_NOW: &str = "Control planes can be refreshed in place while their k8sd answers; a worker whose kubelet.conf expired cannot. See docs/refresh.md, \"When certificates have already expired\"";
+    let api_expired = match api {
+        Api::Expired(at) => Some(match at {
+            Some(at) => {
+                format!("the workload API server serves a certificate that expired at {at}")
+            }
+            None => "the workload API server serves an expired certificate".to_owned(),
+        }),
+        _ => None,
+    };
+    match (nodes.expired_since(), &nodes.earliest, api_expired) {
+        (Some(since), Some((_, machine)), api) => {
             let others = match nodes.expired {
                 0 | 1 => String::new(),
                 n => format!(" ({n} Machines of this cluster in all)"),
             };
+            let api = api.map(|a| format!("; {a}")).unwrap_or_default();
             Verdict {
                 status: "True",
                 reason: expired::NODE_CERTIFICATES_EXPIRED,
                 message: format!(
-                    "The certificates of Machine {machine} expired at {since}{others}: its node fails TLS (for a control plane, so does the workload API). Control planes can be refreshed in place while their k8sd answers; a worker whose kubelet.conf expired cannot. See docs/refresh.md, \"When certificates have already expired\""
+                    "The certificates of Machine {machine} expired at {since}{others}{api}: its node fails TLS (for a control plane, so does the workload API). {WHAT_NOW}"
                 ),
             }
         }
+        (_, _, Some(api)) => Verdict {
+            status: "True",
+            reason: expired::API_CERTIFICATE_EXPIRED,
+            message: format!(
+                "{}{api}, although no Machine records an expiry that has passed: nothing reaches the nodes through it. {WHAT_NOW}",
+                api.get(..1).unwrap_or_default().to_uppercase(),
+                api = api.get(1..).unwrap_or_default()
+            ),
+        },
         _ => Verdict {
             status: "False",
             reason: expired::NOT_EXPIRED,
@@ -203,7 +246,7 @@ mod tests {
             }
         );
         assert_eq!(nodes.expired_since(), None);
-        let verdict = expired_verdict(&nodes);
+        let verdict = expired_verdict(&nodes, Api::Unknown);
         assert_eq!((verdict.status, verdict.reason), ("False", "NotExpired"));
         assert_eq!(
             verdict.message,
@@ -232,7 +275,7 @@ mod tests {
         let nodes = Nodes::of(&machines, at(NOW));
         assert_eq!((nodes.expired, nodes.unknown), (2, 0));
         assert_eq!(nodes.expired_since(), Some(at("2027-01-30T12:00:00Z")));
-        let verdict = expired_verdict(&nodes);
+        let verdict = expired_verdict(&nodes, Api::Unknown);
         assert_eq!(
             (verdict.status, verdict.reason),
             ("True", "NodeCertificatesExpired")
@@ -250,16 +293,51 @@ mod tests {
     }
 
     #[test]
+    fn an_expired_workload_api_is_told_with_or_without_expired_records() {
+        let api = Api::Expired(Some(at("2027-02-20T00:00:00Z")));
+        let healthy = Nodes::of(&[machine("cp-0", Some("2027-06-01T00:00:00Z"))], at(NOW));
+        let verdict = expired_verdict(&healthy, api);
+        assert_eq!(
+            (verdict.status, verdict.reason),
+            ("True", "APIServerCertificateExpired")
+        );
+        assert!(
+            verdict.message.starts_with(
+                "The workload API server serves a certificate that expired at 2027-02-20T00:00:00Z, although no Machine records"
+            ),
+            "{}",
+            verdict.message
+        );
+        let dark = Nodes::of(&[machine("cp-0", Some("2027-02-01T00:00:00Z"))], at(NOW));
+        let verdict = expired_verdict(&dark, api);
+        assert_eq!(verdict.reason, "NodeCertificatesExpired");
+        assert!(
+            verdict.message.contains(
+                "expired at 2027-02-01T00:00:00Z; the workload API server serves a certificate that expired at 2027-02-20T00:00:00Z:"
+            ),
+            "{}",
+            verdict.message
+        );
+        for api in [Api::Unknown, Api::Valid] {
+            assert_eq!(expired_verdict(&healthy, api).status, "False");
+        }
+    }
+
+    #[test]
     fn a_record_that_ends_exactly_now_has_expired() {
         let nodes = Nodes::of(&[machine("cp-0", Some(NOW))], at(NOW));
         assert_eq!(nodes.expired_since(), Some(at(NOW)));
-        assert!(!expired_verdict(&nodes).message.contains("in all"));
+        assert!(
+            !expired_verdict(&nodes, Api::Unknown)
+                .message
+                .contains("in all")
+        );
     }
 
     #[test]
     fn no_records_is_not_expired() {
         let nodes = Nodes::of(&[machine("cp-0", None)], at(NOW));
-        let verdict = expired_verdict(&nodes);
+        let verdict = expired_verdict(&nodes, Api::Unknown);
         assert_eq!((verdict.status, verdict.reason), ("False", "NotExpired"));
         assert!(
             verdict

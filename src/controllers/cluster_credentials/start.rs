@@ -53,6 +53,7 @@ pub fn start(
         clock: shared.clock.clone(),
         readings: Default::default(),
         attempts: Default::default(),
+        api: Default::default(),
         client: shared.client.clone(),
         capi,
         machines: stores.machines.clone(),

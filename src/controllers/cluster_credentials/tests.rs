@@ -138,7 +138,7 @@ fn checks(reading: &Reading, nodes: &expired::Nodes, now: Timestamp) -> Checks {
             reason,
             message,
         },
-        expired: expired::expired_verdict(nodes),
+        expired: expired::expired_verdict(nodes, expired::Api::Unknown),
         runway: expired::runway_verdict(ca, SignedDuration::from_hours(365 * 24), now),
         nodes: nodes.status(),
     }
@@ -257,6 +257,7 @@ async fn the_series_of_a_deleted_cluster_are_dropped_by_the_sweep() {
     let ctx = Context {
         readings: Default::default(),
         attempts: Default::default(),
+        api: Default::default(),
         client: client.clone(),
         capi: CapiVersion::V1Beta2,
         machines: kube::runtime::reflector::store::Writer::<Machine>::new(CapiVersion::V1Beta2)

@@ -317,7 +317,8 @@ async fn an_expired_workload_api_is_passed_by_reaching_a_pinned_control_plane_di
     let nodes = env.isolate_cluster("trio", "drill").await;
     let cp = nodes.iter().find(|n| n.machine == "trio-cp-1").unwrap();
     let worker = nodes.iter().find(|n| n.machine == "trio-md-0-w0").unwrap();
-    let _controller = env.start_controller("drill", &[]);
+    // Checked every minute (the workload API's certificate with it), not every 6 hours.
+    let _controller = env.start_controller("drill", &["--kubeconfig-check-interval=1m"]);
     // The cluster was healthy once: each node's k8sd certificate pinned at first contact.
     for node in &nodes {
         env.wait_for_status(node, TIMEOUT, "the k8sd pin", |s| {
@@ -327,6 +328,7 @@ async fn an_expired_workload_api_is_passed_by_reaching_a_pinned_control_plane_di
     }
 
     env.expire_workload_api("trio", TIMEOUT).await.unwrap();
+    let expired_at = Instant::now();
 
     // A worker cannot be reached past the dead API: it waits, and says why.
     env.sim.clear_calls("trio", &worker.node).await.unwrap();
@@ -354,6 +356,38 @@ async fn an_expired_workload_api_is_passed_by_reaching_a_pinned_control_plane_di
     assert!(
         env.calls(worker).await.is_empty(),
         "k8sd calls on the worker"
+    );
+
+    // The cluster says so at its next check, although no Machine records an expired
+    // certificate.
+    let records: Api<ClusterCertificates> =
+        Api::namespaced(env.management().await.unwrap(), "fleet");
+    let expired = loop {
+        let record = records.get_opt("trio").await.unwrap();
+        if let Some(condition) = record
+            .and_then(|r| r.status)
+            .and_then(|s| {
+                s.conditions
+                    .into_iter()
+                    .find(|c| c.type_ == "CertificatesExpired")
+            })
+            .filter(|c| c.status == "True")
+        {
+            break condition;
+        }
+        assert!(
+            expired_at.elapsed() < Duration::from_secs(150),
+            "trio's record never said its API's certificate expired"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(expired.reason, "APIServerCertificateExpired");
+    assert!(
+        expired
+            .message
+            .starts_with("The workload API server serves a certificate that expired at "),
+        "{}",
+        expired.message
     );
 
     // A control plane is refreshed directly.
