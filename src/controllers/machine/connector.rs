@@ -235,6 +235,21 @@ impl KubeConnector<'_> {
         .map_err(|e| Failure::Api(e.into()))?;
         let endpoint =
             endpoint::direct_from_machine(&machine.data, node, port).map_err(Failure::Workload)?;
+        // One connection tells whether the management cluster routes to the node at all: if it
+        // does not, waiting and trying again would not change that.
+        if let crate::k8sd::Route::Direct { address } = &endpoint.route {
+            let timeout = self.reach.config.timeouts.call;
+            let reached = tokio::time::timeout(timeout, tokio::net::TcpStream::connect(address))
+                .await
+                .map_err(|_| format!("no answer within {}", humantime::format_duration(timeout)))
+                .and_then(|connected| connected.map(drop).map_err(|e| e.to_string()));
+            if let Err(why) = reached {
+                return Err(Failure::Message(format!(
+                    "the API server of workload cluster {} serves a certificate that expired{since}, and node {node}'s k8sd cannot be reached directly at {address} either ({why}): the management cluster may not route to the nodes' addresses. Refresh the control planes on the nodes themselves (docs/troubleshooting.md, \"A cluster whose certificates expired\")",
+                    view.cluster.as_deref().unwrap_or_default(),
+                )));
+            }
+        }
         tracing::info!(
             node,
             route = %endpoint.route,

@@ -575,3 +575,44 @@ async fn a_worker_whose_kubelet_conf_expired_is_told_to_be_replaced_after_one_ru
         "{calls:#?}"
     );
 }
+
+/// Past an expired workload API, a control plane the management cluster cannot reach directly
+/// (its k8sd refuses every connection here, as an address nothing routes to would): the refresh
+/// fails at once, after one connection tried, saying so and where the manual steps are; nothing
+/// reaches k8sd and nothing is retried.
+#[tokio::test]
+async fn a_control_plane_out_of_reach_past_an_expired_api_fails_at_once_saying_so() {
+    let env = shared().await;
+    let nodes = env.isolate_cluster("gamma", "unreachable").await;
+    let cp = nodes.iter().find(|n| n.machine == "alpha-cp-0").unwrap();
+    let _controller = env.start_controller("unreachable", &[]);
+    env.wait_for_status(cp, TIMEOUT, "the k8sd pin", |s| {
+        s.k8sd_fingerprint.is_some() && s.expiry.is_some()
+    })
+    .await;
+    env.expire_workload_api("gamma", TIMEOUT).await.unwrap();
+    env.sim
+        .inject(&ck8s_certs_e2e::sim::Fault::refuse().on(cp))
+        .await
+        .unwrap();
+    env.sim.clear_calls("gamma", &cp.node).await.unwrap();
+
+    let started = Instant::now();
+    env.annotate_refresh(cp, "1y").await;
+    let error = env.refresh_failure(cp, TIMEOUT).await;
+    let took = started.elapsed();
+    assert!(
+        error.contains(
+            "the API server of workload cluster gamma serves a certificate that expired at "
+        ) && error.contains(&format!(
+            "and node {}'s k8sd cannot be reached directly at {}:",
+            cp.node, cp.address
+        )) && error.contains("the management cluster may not route to the nodes' addresses")
+            && error.contains("docs/troubleshooting.md, \"A cluster whose certificates expired\""),
+        "{error}"
+    );
+    assert!(env.calls(cp).await.is_empty(), "a k8sd call got through");
+    // Not waited for (that message would say "did not answer within" the wait timeout).
+    println!("a control plane out of reach failed {took:?} after its trigger");
+    env.sim.clear_faults("gamma").await.unwrap();
+}
