@@ -47,8 +47,9 @@ fn ca_certificate(not_after: jiff::Timestamp) -> String {
     params.self_signed(&key).unwrap().pem()
 }
 
-/// Writes by the controller to ClusterCertificates since audit entry `from`.
-fn record_writes_since(env: &Environment, from: usize) -> (usize, Vec<String>) {
+/// Writes by the controllers to ClusterCertificates `namespace/name` since audit entry `from`
+/// (other tests of this binary run beside).
+fn record_writes_since(env: &Environment, from: usize, record: &str) -> (usize, Vec<String>) {
     let all = ck8s_certs_e2e::controlplane::audited_writes(&env.dir, "management");
     let writes = all
         .iter()
@@ -60,7 +61,9 @@ fn record_writes_since(env: &Environment, from: usize) -> (usize, Vec<String>) {
         })
         .filter_map(|w| w.object_ref.as_ref())
         .filter(|o| o.resource == "clustercertificates")
-        .map(|o| format!("{}/{} {}", o.namespace, o.name, o.subresource))
+        .map(|o| (format!("{}/{}", o.namespace, o.name), o.subresource.clone()))
+        .filter(|(name, _)| name == record)
+        .map(|(name, subresource)| format!("{name} {subresource}"))
         .collect();
     (all.len(), writes)
 }
@@ -258,7 +261,7 @@ async fn a_cluster_gone_dark_past_its_expiry_and_a_ca_near_its_end_are_announced
 
     // Nothing changed that the record shows: a Machine's label, the Cluster's annotation.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let (mark, _) = record_writes_since(&env, 0);
+    let (mark, _) = record_writes_since(&env, 0, "fleet/solo");
     env.patch_machine(
         &nodes[0],
         json!({ "metadata": { "labels": { "e2e-touched": "1" } } }),
@@ -273,7 +276,7 @@ async fn a_cluster_gone_dark_past_its_expiry_and_a_ca_near_its_end_are_announced
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let (_, writes) = record_writes_since(&env, mark);
+    let (_, writes) = record_writes_since(&env, mark, "fleet/solo");
     assert!(writes.is_empty(), "writes with nothing changed: {writes:?}");
 
     // The expired node is refreshed (its record moves on): recovered.
@@ -391,8 +394,10 @@ async fn an_expired_workload_api_is_passed_by_reaching_a_pinned_control_plane_di
     );
 
     // A control plane is refreshed directly.
+    let cp_at = Instant::now();
     env.annotate_refresh(cp, "1y").await;
     env.wait_for_done(cp, Duration::from_secs(120)).await;
+    let cp_took = cp_at.elapsed();
     let operation = env
         .machine_certificates(cp)
         .await
@@ -428,6 +433,10 @@ async fn an_expired_workload_api_is_passed_by_reaching_a_pinned_control_plane_di
 
     // The waiting worker goes on, through the API as usual, after the control plane.
     env.wait_for_done(worker, Duration::from_secs(180)).await;
+    println!(
+        "manual drill: control plane refreshed directly in {cp_took:?}; the waiting worker done {:?} after the control plane's trigger",
+        cp_at.elapsed()
+    );
     let transport = env
         .machine_certificates(worker)
         .await
@@ -462,6 +471,7 @@ async fn under_an_automatic_policy_a_dark_cluster_recovers_control_planes_first(
     env.expire_workload_api("alpha", TIMEOUT).await.unwrap();
 
     // Due now: the simulated nodes' certificates end in 90 days.
+    let policy_at = Instant::now();
     env.create_policy(
         "fleet",
         "auto-drill",
@@ -476,9 +486,12 @@ async fn under_an_automatic_policy_a_dark_cluster_recovers_control_planes_first(
         )
         .await;
     }
+    let mut done_after = Vec::new();
     for node in &nodes {
         env.wait_for_done(node, Duration::from_secs(240)).await;
+        done_after.push((node.machine.clone(), policy_at.elapsed()));
     }
+    println!("automatic drill, done after the policy (each waited for in turn): {done_after:?}");
 
     let mut runs = Vec::new();
     let mut first_worker_call = None::<jiff::Timestamp>;
