@@ -305,19 +305,14 @@ func (s *Simulator) putAPICertificate(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusNotFound, "no cluster %q", r.PathValue("cluster"))
 		return
 	}
-	var body struct {
-		Expired bool `json:"expired"`
-	}
-	dec := json.NewDecoder(r.Body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&body); err != nil {
-		writeJSONError(w, http.StatusBadRequest, "invalid body (want {\"expired\": bool}): %v", err)
+	expired, ok := decodeExpired(w, r)
+	if !ok {
 		return
 	}
 	cl.mu.Lock()
-	cl.apiCertificateExpired = body.Expired
+	cl.apiCertificateExpired = expired
 	cl.mu.Unlock()
-	s.log.Printf("cluster %s: API server certificate expired: %v", cl.cfg.Name, body.Expired)
+	s.log.Printf("cluster %s: API server certificate expired: %v", cl.cfg.Name, expired)
 	writeJSON(w, http.StatusOK, cl.status())
 }
 
@@ -357,6 +352,20 @@ func (s *Simulator) hasNode(clusterName, nodeName string) bool {
 	return s.findNode(clusterName, nodeName) != nil
 }
 
+// decodeExpired reads a {"expired": bool} body; on a bad one it answers 400 and reports false.
+func decodeExpired(w http.ResponseWriter, r *http.Request) (expired, ok bool) {
+	var body struct {
+		Expired bool `json:"expired"`
+	}
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&body); err != nil {
+		writeJSONError(w, http.StatusBadRequest, "invalid body (want {\"expired\": bool}): %v", err)
+		return false, false
+	}
+	return body.Expired, true
+}
+
 // putClientCertificate records whether the node's kubelet.conf client certificate has expired
 // ({"expired": true}): its worker runs then fail as released k8sd's do when the API server
 // refuses that client.
@@ -366,19 +375,14 @@ func (s *Simulator) putClientCertificate(w http.ResponseWriter, r *http.Request)
 		writeJSONError(w, http.StatusNotFound, "no node %s/%s", r.PathValue("cluster"), r.PathValue("node"))
 		return
 	}
-	var body struct {
-		Expired bool `json:"expired"`
-	}
-	dec := json.NewDecoder(r.Body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&body); err != nil {
-		writeJSONError(w, http.StatusBadRequest, "invalid body (want {\"expired\": bool}): %v", err)
+	expired, ok := decodeExpired(w, r)
+	if !ok {
 		return
 	}
 	n.mu.Lock()
-	n.clientExpired = body.Expired
+	n.clientExpired = expired
 	n.mu.Unlock()
-	s.log.Printf("node %s/%s: kubelet.conf client certificate expired: %v", n.cluster.cfg.Name, n.cfg.Name, body.Expired)
+	s.log.Printf("node %s/%s: kubelet.conf client certificate expired: %v", n.cluster.cfg.Name, n.cfg.Name, expired)
 	writeJSON(w, http.StatusOK, n.status())
 }
 

@@ -78,6 +78,20 @@ pub fn whoami(file: &std::path::Path) -> String {
 }
 
 impl Environment {
+    /// Replaces the kubeconfig in `<cluster>-kubeconfig` (namespace fleet) with `yaml`.
+    pub async fn write_kubeconfig(&self, cluster: &str, yaml: &str) {
+        let secrets: Api<Secret> =
+            Api::namespaced(self.management().await.expect("a client"), "fleet");
+        secrets
+            .patch(
+                &format!("{cluster}-kubeconfig"),
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "stringData": { "value": yaml } })),
+            )
+            .await
+            .expect("patch the kubeconfig Secret");
+    }
+
     /// Gives `cluster` (namespace fleet) a kubeconfig whose client certificate, of the client CA
     /// it gets as `<cluster>-cca`, has 100 of its 300 days left (due); returns the kubeconfig
     /// and the certificate.
@@ -92,14 +106,7 @@ impl Environment {
         let (cert, key) =
             provider_certificate(self, whole(now - day * 200), whole(now + day * 100));
         let yaml = with_client_certificate(&self.cluster(cluster).kubeconfig_yaml, &cert, &key);
-        secrets
-            .patch(
-                &format!("{cluster}-kubeconfig"),
-                &PatchParams::default(),
-                &Patch::Merge(json!({ "stringData": { "value": yaml } })),
-            )
-            .await
-            .expect("patch the kubeconfig Secret");
+        self.write_kubeconfig(cluster, &yaml).await;
         let ca = |file: &str| std::fs::read_to_string(self.dir.join(file)).expect("the CA");
         secrets
             .create(

@@ -713,21 +713,8 @@ impl Environment {
     /// after an upgrade of the management cluster) and waits until it is ready again.
     pub async fn restart_management_apiserver(&self, deadline: Duration) -> Result<(), Error> {
         let before = self.apiserver_restarts.count(MANAGEMENT_SERVER).completed;
-        let url = format!(
-            "http://{}/clusters/{MANAGEMENT_SERVER}/restart-apiserver",
-            self.restart_hook
-        );
-        let response = reqwest::Client::new()
-            .post(url)
-            .send()
-            .await
-            .map_err(|e| Error::Setup(format!("restart hook: {e}")))?;
-        if !response.status().is_success() {
-            return Err(Error::Setup(format!(
-                "restart hook: {}",
-                response.text().await.unwrap_or_default()
-            )));
-        }
+        self.call_restart_hook(MANAGEMENT_SERVER, "restart-apiserver")
+            .await?;
         let start = Instant::now();
         loop {
             if self.apiserver_restarts.count(MANAGEMENT_SERVER).completed > before
@@ -757,21 +744,7 @@ impl Environment {
         deadline: Duration,
     ) -> Result<(), Error> {
         let before = self.apiserver_restarts.count(cluster).completed;
-        let url = format!(
-            "http://{}/clusters/{cluster}/expire-apiserver",
-            self.restart_hook
-        );
-        let response = reqwest::Client::new()
-            .post(url)
-            .send()
-            .await
-            .map_err(|e| Error::Setup(format!("restart hook: {e}")))?;
-        if !response.status().is_success() {
-            return Err(Error::Setup(format!(
-                "restart hook: {}",
-                response.text().await.unwrap_or_default()
-            )));
-        }
+        self.call_restart_hook(cluster, "expire-apiserver").await?;
         let start = Instant::now();
         let mut last = String::new();
         loop {
@@ -796,6 +769,24 @@ impl Environment {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         self.sim.set_api_certificate_expired(cluster, true).await?;
+        Ok(())
+    }
+
+    /// `POST /clusters/<server>/<action>` on the restart hook (it answers at once; the restart
+    /// goes on in the background).
+    async fn call_restart_hook(&self, server: &str, action: &str) -> Result<(), Error> {
+        let url = format!("http://{}/clusters/{server}/{action}", self.restart_hook);
+        let response = reqwest::Client::new()
+            .post(url)
+            .send()
+            .await
+            .map_err(|e| Error::Setup(format!("restart hook: {e}")))?;
+        if !response.status().is_success() {
+            return Err(Error::Setup(format!(
+                "restart hook: {}",
+                response.text().await.unwrap_or_default()
+            )));
+        }
         Ok(())
     }
 

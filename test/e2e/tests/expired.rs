@@ -8,7 +8,6 @@ use base64::Engine;
 use ck8s_certs_api::annotations::CERTIFICATES_EXPIRY;
 use ck8s_certs_api::cluster_certificates::ClusterCertificates;
 use ck8s_certs_e2e::{Environment, shared};
-use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::Api;
@@ -91,17 +90,8 @@ async fn a_cluster_gone_dark_past_its_expiry_and_a_ca_near_its_end_are_announced
         base64::engine::general_purpose::STANDARD
             .encode(ca_certificate(ca_end))
             .into();
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), "fleet");
-    secrets
-        .patch(
-            "solo-kubeconfig",
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({ "stringData": { "value": serde_yaml::to_string(&kubeconfig).unwrap() } }),
-            ),
-        )
-        .await
-        .unwrap();
+    env.write_kubeconfig("solo", &serde_yaml::to_string(&kubeconfig).unwrap())
+        .await;
     let nodes = env.isolate_cluster("solo", "dark").await;
     let record_expiry = |at: jiff::Timestamp| json!({ "metadata": { "annotations": { CERTIFICATES_EXPIRY: at.to_string() } } });
     for node in &nodes {

@@ -47,17 +47,8 @@ async fn set_kubeconfig(env: &Environment, not_after: jiff::Timestamp) {
     let user = &mut kubeconfig["users"][0]["user"];
     user["client-certificate-data"] = b64(&cert).into();
     user["client-key-data"] = b64(&key).into();
-    let secrets: Api<Secret> = Api::namespaced(env.management().await.unwrap(), "fleet");
-    secrets
-        .patch(
-            "alpha-kubeconfig",
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({ "stringData": { "value": serde_yaml::to_string(&kubeconfig).unwrap() } }),
-            ),
-        )
-        .await
-        .unwrap();
+    env.write_kubeconfig("alpha", &serde_yaml::to_string(&kubeconfig).unwrap())
+        .await;
 }
 
 async fn cluster_events(env: &Environment) -> Vec<Event> {
