@@ -53,6 +53,13 @@ fn populated() -> Metrics {
             reason: "config_invalid".into(),
         })
         .inc();
+    metrics
+        .cluster_expired_since
+        .get_or_create(&ck8s_certs::metrics::ClusterLabels {
+            namespace: "fleet".into(),
+            cluster: "alpha".into(),
+        })
+        .set(1.0);
     metrics.k8sd.start(K8sdEndpoint::Plan).finish("success");
     metrics.reconciled(Controller::Machine, std::time::Duration::ZERO, Some("kube"));
     metrics
