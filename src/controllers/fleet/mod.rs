@@ -361,22 +361,25 @@ fn earlier(ctx: &Context, request: &CertificateRefresh, cluster: Option<&str>) -
         .filter(|first| *first != request.name_any())
 }
 
-/// Whether the workload cluster's API server answers (`/version`, bounded).
-async fn api_answers(ctx: &Context, namespace: &str, cluster: Option<&str>) -> bool {
+/// How the workload cluster's API server answers (`/version`, bounded).
+async fn api_answers(ctx: &Context, namespace: &str, cluster: Option<&str>) -> plan::Api {
     let Some(cluster) = cluster else {
-        return false;
+        return plan::Api::Down;
     };
     let client = match ctx.workload.get(namespace, cluster).await {
         Ok(client) => client,
         Err(err) => {
             info!(cluster, error = %err, "The cluster API cannot be reached");
-            return false;
+            return plan::Api::Down;
         }
     };
-    matches!(
-        tokio::time::timeout(Duration::from_secs(10), client.apiserver_version()).await,
-        Ok(Ok(_))
-    )
+    match tokio::time::timeout(Duration::from_secs(10), client.apiserver_version()).await {
+        Ok(Ok(_)) => plan::Api::Answers,
+        Ok(Err(err)) if crate::workload::expired_certificate(&err).is_some() => {
+            plan::Api::CertificateExpired
+        }
+        _ => plan::Api::Down,
+    }
 }
 
 /// Whether the Machine's refresh for `request` started (live reads: the Machine carries the

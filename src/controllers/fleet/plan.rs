@@ -40,6 +40,17 @@ pub enum Outcome {
     Failed { error: String },
 }
 
+/// How the workload cluster's API server answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Api {
+    Answers,
+    /// Not at all, or with an error.
+    Down,
+    /// With a certificate that expired (a cluster switched off past its expiry): control planes
+    /// are reached directly and their refresh renews it; workers need it.
+    CertificateExpired,
+}
+
 /// Everything the planner reads besides the request.
 #[derive(Clone, Debug)]
 pub struct World {
@@ -52,8 +63,8 @@ pub struct World {
     pub earlier: Option<String>,
     /// The Cluster is paused (`spec.paused`, or the paused annotation): no Machine starts.
     pub paused: bool,
-    /// Whether the cluster API answered just now (`None`: not asked).
-    pub api_answers: Option<bool>,
+    /// How the cluster API answered just now (`None`: not asked).
+    pub api_answers: Option<Api>,
     /// Whether the request may hand Machines over (its requester's rights and the admission
     /// policy it was checked by, `authority.rs`), `Err` saying why not (`None`: not asked).
     pub authority: Option<Result<(), String>>,
@@ -435,12 +446,19 @@ fn start_next(plan: &mut Plan, spec: &CertificateRefreshSpec, world: &World, now
     }
     // Every start waits for the cluster API to answer: after a control plane's refresh k8sd
     // restarts its services, and workers need a control plane to approve them.
-    match world.api_answers {
+    // An expired API certificate does not hold a control plane back: it is reached directly,
+    // and its refresh is what renews the certificate.
+    let api = match (world.api_answers, next_cp) {
+        (Some(Api::CertificateExpired), Some(_)) => Some(Api::Answers),
+        (Some(Api::CertificateExpired), None) => Some(Api::Down),
+        (api, _) => api,
+    };
+    match api {
         None => {
             plan.needs_api = true;
             return;
         }
-        Some(false) => {
+        Some(Api::Down | Api::CertificateExpired) => {
             let since = machines
                 .iter()
                 .filter(|m| m.role == Role::ControlPlane)
@@ -466,7 +484,7 @@ fn start_next(plan: &mut Plan, spec: &CertificateRefreshSpec, world: &World, now
             }
             return;
         }
-        Some(true) => {}
+        Some(Api::Answers) => {}
     }
     for i in candidates {
         let entry = &mut plan.status.machines[i];

@@ -7,7 +7,7 @@ use ck8s_certs_api::certificate_refresh::{
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use super::plan::{MachineState, Outcome, Plan, World, plan};
+use super::plan::{Api, MachineState, Outcome, Plan, World, plan};
 use super::trigger::{Step, request_name, step};
 
 fn at(seconds: i64) -> Timestamp {
@@ -58,7 +58,10 @@ fn world(machines: Vec<MachineState>, api: Option<bool>, now: i64) -> World {
         clusters: vec!["c".into()],
         earlier: None,
         paused: false,
-        api_answers: api,
+        api_answers: api.map(|answers| match answers {
+            true => Api::Answers,
+            false => Api::Down,
+        }),
         authority: Some(Ok(())),
         wait_timeout: Duration::from_secs(600),
         band: Default::default(),
@@ -90,6 +93,34 @@ fn advance(machines: &mut [MachineState], handed: &[String], done: &[(&str, Opti
             });
         }
     }
+}
+
+/// A cluster whose API serves an expired certificate: its control planes are handed over (they
+/// are reached directly, and their refresh renews it), its workers wait for the API.
+#[test]
+fn an_expired_cluster_api_holds_workers_back_but_not_control_planes() {
+    let spec = spec("1y");
+    let mut machines = fleet();
+    let expired = |machines: Vec<MachineState>, now| World {
+        api_answers: Some(Api::CertificateExpired),
+        ..world(machines, None, now)
+    };
+    let first = plan(
+        &spec,
+        &CertificateRefreshStatus::default(),
+        &expired(machines.clone(), 0),
+    );
+    assert_eq!(first.hand, vec!["cp-0"]);
+    advance(&mut machines, &first.hand, &[("cp-0", None)]);
+    let second = plan(&spec, &first.status, &expired(machines.clone(), 5));
+    assert_eq!(second.hand, vec!["cp-1"]);
+    advance(&mut machines, &second.hand, &[("cp-1", None)]);
+    let workers = plan(&spec, &second.status, &expired(machines, 10));
+    assert!(workers.hand.is_empty());
+    assert_eq!(
+        workers.status.message.as_deref(),
+        Some("Waiting for the cluster API to answer")
+    );
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use ck8s_certs_api::annotations::CERTIFICATES_EXPIRY;
 use ck8s_certs_api::cluster_certificates::ClusterCertificates;
-use ck8s_certs_e2e::{Environment, shared};
+use ck8s_certs_e2e::{EnvSpec, Environment, shared_with};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::Api;
@@ -15,6 +15,22 @@ use kube::api::{ListParams, Patch, PatchParams};
 use serde_json::json;
 
 const TIMEOUT: Duration = Duration::from_secs(90);
+
+/// The standard environment and `dusk` (fleet, 2 control planes, 2 workers) for the drill
+/// without a policy: each test of this binary has a cluster of its own.
+fn spec() -> EnvSpec {
+    let mut spec = EnvSpec::standard();
+    let mut dusk = spec.clusters[0].clone();
+    dusk.name = "dusk".into();
+    dusk.machine_prefix = "dusk".into();
+    dusk.endpoint_host = "dusk.k8s.example.internal".into();
+    spec.clusters.push(dusk);
+    spec
+}
+
+async fn shared() -> std::sync::Arc<Environment> {
+    shared_with(spec).await
+}
 
 /// An instant the simulator recorded (RFC 3339, a varying number of fraction digits: compared
 /// as text they would sort wrong).
@@ -618,4 +634,82 @@ async fn a_control_plane_out_of_reach_past_an_expired_api_fails_at_once_saying_s
     // Not waited for (that message would say "did not answer within" the wait timeout).
     println!("a control plane out of reach failed {took:?} after its trigger");
     env.sim.clear_faults("gamma").await.unwrap();
+}
+
+/// The drill without a policy: one annotation of the Cluster (a fleet request) recovers it,
+/// control planes first (the first directly, past the expired API it renews), workers after.
+#[tokio::test]
+async fn without_a_policy_one_cluster_annotation_recovers_a_dark_cluster() {
+    let env = shared().await;
+    let nodes = env.isolate_cluster("dusk", "dusk").await;
+    let _controller = env.start_controller("dusk", &[]);
+    for node in &nodes {
+        env.wait_for_status(node, TIMEOUT, "the k8sd pin", |s| {
+            s.k8sd_fingerprint.is_some() && s.expiry.is_some()
+        })
+        .await;
+        env.sim.clear_calls("dusk", &node.node).await.unwrap();
+    }
+    env.expire_workload_api("dusk", TIMEOUT).await.unwrap();
+
+    let annotated = Instant::now();
+    env.cluster_api(env.management().await.unwrap(), "fleet")
+        .patch(
+            "dusk",
+            &PatchParams {
+                field_manager: Some("kubectl-annotate".into()),
+                ..Default::default()
+            },
+            &Patch::Merge(json!({ "metadata": { "annotations": {
+                ck8s_certs_api::annotations::REFRESH_CERTIFICATES: "1y"
+            } } })),
+        )
+        .await
+        .unwrap();
+    for node in &nodes {
+        env.wait_for_status(
+            node,
+            Duration::from_secs(240),
+            "refreshed by the fleet request",
+            |s| {
+                s.operation.as_ref().is_some_and(|o| {
+                    o.phase == ck8s_certs_api::machine_certificates::Phase::Succeeded
+                })
+            },
+        )
+        .await;
+    }
+    println!(
+        "drill without a policy: all four refreshed {:?} after the Cluster's annotation",
+        annotated.elapsed()
+    );
+    let mut first_cp_run = None::<jiff::Timestamp>;
+    let mut first_worker_call = None::<jiff::Timestamp>;
+    for node in &nodes {
+        let calls = env.calls(node).await;
+        let transport = env
+            .machine_certificates(node)
+            .await
+            .and_then(|m| m.status?.operation?.transport)
+            .unwrap_or_default();
+        if node.machine.contains("-cp-") {
+            let run = ck8s_certs_e2e::sim::runs(&calls)
+                .into_iter()
+                .map(|c| at(&c.started_at))
+                .min()
+                .unwrap_or_else(|| panic!("no run on {}", node.machine));
+            if first_cp_run.is_none_or(|first| run < first) {
+                first_cp_run = Some(run);
+                assert!(
+                    transport.ends_with("(the workload API server's certificate expired)"),
+                    "the first control plane: {transport}"
+                );
+            }
+        } else {
+            assert!(transport.starts_with("port-forward to pod"), "{transport}");
+            let first = calls.first().map(|c| at(&c.started_at)).unwrap();
+            first_worker_call = Some(first_worker_call.map_or(first, |f| f.min(first)));
+        }
+    }
+    assert!(first_worker_call.unwrap() > first_cp_run.unwrap());
 }
