@@ -691,6 +691,18 @@ impl Environment {
         .await
     }
 
+    /// Events about Cluster `cluster` of `namespace`.
+    pub async fn cluster_events(&self, namespace: &str, cluster: &str) -> Vec<Event> {
+        let api: Api<Event> = Api::namespaced(self.management().await.expect("client"), namespace);
+        api.list(
+            &ListParams::default()
+                .fields(&format!("regarding.kind=Cluster,regarding.name={cluster}")),
+        )
+        .await
+        .expect("list Events")
+        .items
+    }
+
     /// Events about `node`'s Machine, oldest first.
     pub async fn machine_events(&self, node: &NodeInfo) -> Vec<Event> {
         let api: Api<Event> =

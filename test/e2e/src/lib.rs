@@ -408,29 +408,17 @@ impl Environment {
 
         let ca = Ca::new(&dir)?;
         let localhost = [IpAddr::V4(Ipv4Addr::LOCALHOST)];
+        let serving = |file_name| Leaf {
+            file_name,
+            common_name: "kube-apiserver",
+            organization: None,
+            ips: &localhost,
+            dns: &["localhost", "kubernetes"],
+            usage: Usage::Server,
+        };
         let pki = SharedPki {
-            serving: ca.issue(
-                &dir,
-                Leaf {
-                    file_name: "apiserver",
-                    common_name: "kube-apiserver",
-                    organization: None,
-                    ips: &localhost,
-                    dns: &["localhost", "kubernetes"],
-                    usage: Usage::Server,
-                },
-            )?,
-            expired_serving: ca.issue_expired(
-                &dir,
-                Leaf {
-                    file_name: "apiserver-expired",
-                    common_name: "kube-apiserver",
-                    organization: None,
-                    ips: &localhost,
-                    dns: &["localhost", "kubernetes"],
-                    usage: Usage::Server,
-                },
-            )?,
+            serving: ca.issue(&dir, serving("apiserver"))?,
+            expired_serving: ca.issue_expired(&dir, serving("apiserver-expired"))?,
             kubelet_client: ca.issue(
                 &dir,
                 Leaf {

@@ -8,10 +8,9 @@ use base64::Engine;
 use ck8s_certs_api::annotations::CERTIFICATES_EXPIRY;
 use ck8s_certs_api::cluster_certificates::ClusterCertificates;
 use ck8s_certs_e2e::{EnvSpec, Environment, shared_with};
-use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::Api;
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
 const TIMEOUT: Duration = Duration::from_secs(90);
@@ -38,14 +37,19 @@ fn at(text: &str) -> jiff::Timestamp {
     text.parse().unwrap_or_else(|e| panic!("{text}: {e}"))
 }
 
-async fn cluster_events_of(env: &Environment, namespace: &str, cluster: &str) -> Vec<Event> {
-    let api: Api<Event> = Api::namespaced(env.management().await.unwrap(), namespace);
-    api.list(
-        &ListParams::default().fields(&format!("regarding.kind=Cluster,regarding.name={cluster}")),
-    )
-    .await
-    .unwrap()
-    .items
+/// Waits until each node's k8sd certificate is pinned (the cluster was healthy once), then
+/// forgets the calls made so far.
+async fn wait_pinned(env: &Environment, nodes: &[ck8s_certs_e2e::fixtures::NodeInfo]) {
+    for node in nodes {
+        env.wait_for_status(node, TIMEOUT, "the k8sd pin", |s| {
+            s.k8sd_fingerprint.is_some() && s.expiry.is_some()
+        })
+        .await;
+        env.sim
+            .clear_calls(&node.cluster, &node.node)
+            .await
+            .unwrap();
+    }
 }
 
 /// A CA certificate (PEM) ending at `not_after`: what `certificate-authority-data` would hold
@@ -192,7 +196,8 @@ async fn a_cluster_gone_dark_past_its_expiry_and_a_ca_near_its_end_are_announced
     // Events on the Cluster, once each.
     let start = Instant::now();
     loop {
-        let reasons: Vec<String> = cluster_events_of(&env, "fleet", "solo")
+        let reasons: Vec<String> = env
+            .cluster_events("fleet", "solo")
             .await
             .into_iter()
             .filter_map(|e| e.reason)
@@ -299,7 +304,8 @@ async fn a_cluster_gone_dark_past_its_expiry_and_a_ca_near_its_end_are_announced
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let start = Instant::now();
-    while !cluster_events_of(&env, "fleet", "solo")
+    while !env
+        .cluster_events("fleet", "solo")
         .await
         .iter()
         .any(|e| e.reason.as_deref() == Some("ClusterCertificatesRecovered"))
@@ -329,12 +335,7 @@ async fn an_expired_workload_api_is_passed_by_reaching_a_pinned_control_plane_di
     // Checked every minute (the workload API's certificate with it), not every 6 hours.
     let _controller = env.start_controller("drill", &["--kubeconfig-check-interval=1m"]);
     // The cluster was healthy once: each node's k8sd certificate pinned at first contact.
-    for node in &nodes {
-        env.wait_for_status(node, TIMEOUT, "the k8sd pin", |s| {
-            s.k8sd_fingerprint.is_some() && s.expiry.is_some()
-        })
-        .await;
-    }
+    wait_pinned(&env, &nodes).await;
 
     env.expire_workload_api("trio", TIMEOUT).await.unwrap();
     let expired_at = Instant::now();
@@ -467,13 +468,7 @@ async fn under_an_automatic_policy_a_dark_cluster_recovers_control_planes_first(
     let env = shared().await;
     let nodes = env.isolate_cluster("alpha", "auto-drill").await;
     let _controller = env.start_controller("auto-drill", &[]);
-    for node in &nodes {
-        env.wait_for_status(node, TIMEOUT, "the k8sd pin", |s| {
-            s.k8sd_fingerprint.is_some() && s.expiry.is_some()
-        })
-        .await;
-        env.sim.clear_calls("alpha", &node.node).await.unwrap();
-    }
+    wait_pinned(&env, &nodes).await;
     env.expire_workload_api("alpha", TIMEOUT).await.unwrap();
 
     // Due now: the simulated nodes' certificates end in 90 days.
@@ -643,13 +638,7 @@ async fn without_a_policy_one_cluster_annotation_recovers_a_dark_cluster() {
     let env = shared().await;
     let nodes = env.isolate_cluster("dusk", "dusk").await;
     let _controller = env.start_controller("dusk", &[]);
-    for node in &nodes {
-        env.wait_for_status(node, TIMEOUT, "the k8sd pin", |s| {
-            s.k8sd_fingerprint.is_some() && s.expiry.is_some()
-        })
-        .await;
-        env.sim.clear_calls("dusk", &node.node).await.unwrap();
-    }
+    wait_pinned(&env, &nodes).await;
     env.expire_workload_api("dusk", TIMEOUT).await.unwrap();
 
     let annotated = Instant::now();

@@ -259,7 +259,8 @@ async fn a_dry_run_writes_nothing_and_says_what_it_would_do() {
             .is_none()
     );
     let start = Instant::now();
-    while !cluster_events_of(&env, "fleet", "trio")
+    while !env
+        .cluster_events("fleet", "trio")
         .await
         .iter()
         .any(|e| e.reason.as_deref() == Some("KubeconfigCertificateWouldRenew"))
@@ -404,16 +405,12 @@ async fn a_due_client_certificate_is_renewed_in_place_and_other_shapes_are_left_
     assert_eq!(annotations[REFRESH_CERTIFICATES_STATUS], "done");
 
     let start = Instant::now();
-    while !cluster_events_of(&env, "fleet", "beta")
-        .await
-        .iter()
-        .any(|e| {
-            e.reason.as_deref() == Some("KubeconfigCertificateRenewed")
-                && e.note
-                    .as_deref()
-                    .is_some_and(|n| n.contains("fleet/beta-cca"))
-        })
-    {
+    while !env.cluster_events("fleet", "beta").await.iter().any(|e| {
+        e.reason.as_deref() == Some("KubeconfigCertificateRenewed")
+            && e.note
+                .as_deref()
+                .is_some_and(|n| n.contains("fleet/beta-cca"))
+    }) {
         assert!(start.elapsed() < TIMEOUT, "no Renewed Event on the Cluster");
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
@@ -588,14 +585,4 @@ async fn the_controller_may_change_nothing_but_a_kubeconfig_s_value() {
         )
         .await
         .unwrap();
-}
-
-async fn cluster_events_of(env: &Environment, namespace: &str, cluster: &str) -> Vec<Event> {
-    let api: Api<Event> = Api::namespaced(env.management().await.unwrap(), namespace);
-    api.list(
-        &ListParams::default().fields(&format!("regarding.kind=Cluster,regarding.name={cluster}")),
-    )
-    .await
-    .unwrap()
-    .items
 }
