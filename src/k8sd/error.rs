@@ -14,6 +14,18 @@ pub enum K8sdError {
         reason: String,
     },
 
+    /// The workload API server refused to port-forward to the node because the kubelet's
+    /// serving certificate has expired (it verifies kubelets): a node whose certificates
+    /// expired is reached directly or not at all, and waiting does not change that.
+    #[error(
+        "the workload API server refuses to port-forward to node {node}: its kubelet's serving certificate expired{}",
+        ended.map(|at| format!(" at {at}")).unwrap_or_default()
+    )]
+    KubeletCertificateExpired {
+        node: String,
+        ended: Option<jiff::Timestamp>,
+    },
+
     /// TLS failed for a reason other than a pin mismatch.
     #[error("TLS handshake with k8sd on node {node} failed: {source}")]
     Tls {
@@ -71,7 +83,10 @@ impl K8sdError {
         match self {
             Self::Connect { .. } | Self::Timeout { .. } | Self::Http { .. } => true,
             Self::Api { status, .. } => *status == 503 || *status == 502 || *status == 504,
-            Self::Tls { .. } | Self::PinMismatch { .. } | Self::InvalidResponse { .. } => false,
+            Self::KubeletCertificateExpired { .. }
+            | Self::Tls { .. }
+            | Self::PinMismatch { .. }
+            | Self::InvalidResponse { .. } => false,
         }
     }
 
@@ -89,7 +104,7 @@ impl K8sdError {
     /// A static name for metrics labels, one of [`Self::CATEGORIES`].
     pub fn category(&self) -> &'static str {
         match self {
-            Self::Connect { .. } => "connect",
+            Self::Connect { .. } | Self::KubeletCertificateExpired { .. } => "connect",
             Self::Tls { .. } => "tls",
             Self::PinMismatch { .. } => "pin_mismatch",
             Self::Timeout { .. } => "timeout",
@@ -125,6 +140,10 @@ mod tests {
             K8sdError::Tls {
                 node: node(),
                 source: std::io::Error::other("x"),
+            },
+            K8sdError::KubeletCertificateExpired {
+                node: node(),
+                ended: None,
             },
             K8sdError::Timeout {
                 node: node(),

@@ -68,10 +68,16 @@ impl Route {
                 Ok(Box::new(stream))
             }
             Self::PortForward { pods, pod } => {
-                let mut forwarder = pods
-                    .portforward(pod, &[PROXY_POD_PORT])
-                    .await
-                    .map_err(|err| fail(err.to_string()))?;
+                let mut forwarder =
+                    pods.portforward(pod, &[PROXY_POD_PORT])
+                        .await
+                        .map_err(|err| match kubelet_certificate_expired(&err) {
+                            Some(ended) => K8sdError::KubeletCertificateExpired {
+                                node: node.to_owned(),
+                                ended,
+                            },
+                            None => fail(err.to_string()),
+                        })?;
                 let stream = forwarder
                     .take_stream(PROXY_POD_PORT)
                     .ok_or_else(|| fail("the port-forward opened no stream".to_owned()))?;
@@ -87,6 +93,25 @@ impl Route {
             }
         }
     }
+}
+
+/// Whether the API server refused a port-forward because the node's kubelet serves an expired
+/// certificate: `Some`, with its NotAfter when the message tells it. kube-apiserver answers 500
+/// with Go's x509 error as text: "error dialing backend: tls: failed to verify certificate:
+/// x509: certificate has expired or is not yet valid: current time <t> is after <NotAfter>".
+fn kubelet_certificate_expired(error: &kube::Error) -> Option<Option<jiff::Timestamp>> {
+    const EXPIRED: &str = "x509: certificate has expired or is not yet valid: ";
+    let kube::Error::Api(status) = error else {
+        return None;
+    };
+    let message = status.message.as_str();
+    let (_, detail) = message.split_once(EXPIRED)?;
+    // "… is before <NotBefore>" is a certificate not valid yet (a clock problem), not this.
+    let (_, ended) = detail.split_once(" is after ")?;
+    if !message.starts_with("error dialing backend") {
+        return None;
+    }
+    Some(ended.split_whitespace().next().and_then(|t| t.parse().ok()))
 }
 
 /// A stream to k8sd whose every write first looks at this replica's term, and fails once it is
@@ -181,5 +206,55 @@ mod tests {
         let mut rest = Vec::new();
         node.read_to_end(&mut rest).await.expect("closed");
         assert!(rest.is_empty(), "the node got {rest:?}");
+    }
+
+    fn refused(code: u16, message: &str) -> kube::Error {
+        kube::Error::Api(Box::new(kube::core::Status {
+            code,
+            message: message.to_owned(),
+            ..Default::default()
+        }))
+    }
+
+    #[test]
+    fn an_expired_kubelet_is_told_from_what_the_api_server_answers() {
+        // As kube-apiserver v1.34 answered a port-forward to a kubelet serving an expired
+        // certificate (e2e, node simulator).
+        let expired = refused(
+            500,
+            "error dialing backend: tls: failed to verify certificate: x509: certificate has expired or is not yet valid: current time 2026-11-29T09:39:34Z is after 2026-11-28T09:39:02Z",
+        );
+        assert_eq!(
+            kubelet_certificate_expired(&expired),
+            Some(Some("2026-11-28T09:39:02Z".parse().unwrap()))
+        );
+        let unreadable = refused(
+            500,
+            "error dialing backend: tls: failed to verify certificate: x509: certificate has expired or is not yet valid: current time now is after then",
+        );
+        assert_eq!(kubelet_certificate_expired(&unreadable), Some(None));
+        for other in [
+            // Not valid yet: a clock, not an expiry.
+            refused(
+                500,
+                "error dialing backend: tls: failed to verify certificate: x509: certificate has expired or is not yet valid: current time 2026-11-29T09:39:34Z is before 2026-12-28T09:39:02Z",
+            ),
+            refused(
+                500,
+                "error dialing backend: dial tcp 10.0.0.1:10250: connect: connection refused",
+            ),
+            refused(
+                500,
+                "error dialing backend: tls: failed to verify certificate: x509: certificate signed by unknown authority",
+            ),
+            // A pod's own message is not the API server's dial.
+            refused(
+                404,
+                "pods \"x509: certificate has expired or is not yet valid: current time a is after b\" not found",
+            ),
+            kube::Error::LinesCodecMaxLineLengthExceeded,
+        ] {
+            assert_eq!(kubelet_certificate_expired(&other), None, "{other}");
+        }
     }
 }

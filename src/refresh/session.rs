@@ -125,6 +125,13 @@ impl Session {
         })
     }
 
+    /// Opens the connection now rather than at the first call (the first call then uses it). A
+    /// failure is not counted as a call: the connection is not kept, and the next call tries
+    /// again and counts.
+    pub async fn connect(&mut self) -> Result<(), K8sdError> {
+        self.connection().await.map(drop)
+    }
+
     /// POSTs to `path`; on failure the connection is discarded so a retry starts clean.
     pub async fn call<Req: serde::Serialize + Sync, Resp: serde::de::DeserializeOwned>(
         &mut self,

@@ -39,15 +39,19 @@ type ClusterConfig struct {
 
 // NodeConfig describes one node: its kubelet and its k8sd.
 type NodeConfig struct {
-	Name                       string `json:"name"`
-	Machine                    string `json:"machine"`
-	Role                       string `json:"role"`
-	Address                    string `json:"address"`
-	KubeletPort                int    `json:"kubeletPort"`
-	MicroclusterPort           int    `json:"microclusterPort"`
-	ProxyPod                   string `json:"proxyPod"`
-	KubeletCert                string `json:"kubeletCert"`
-	KubeletKey                 string `json:"kubeletKey"`
+	Name             string `json:"name"`
+	Machine          string `json:"machine"`
+	Role             string `json:"role"`
+	Address          string `json:"address"`
+	KubeletPort      int    `json:"kubeletPort"`
+	MicroclusterPort int    `json:"microclusterPort"`
+	ProxyPod         string `json:"proxyPod"`
+	KubeletCert      string `json:"kubeletCert"`
+	KubeletKey       string `json:"kubeletKey"`
+	// KubeletExpiredCert/Key: the same kubelet serving certificate, expired (optional); the
+	// kubelet serves it while the node's certificates are expired (PUT .../certificates).
+	KubeletExpiredCert         string `json:"kubeletExpiredCert,omitempty"`
+	KubeletExpiredKey          string `json:"kubeletExpiredKey,omitempty"`
 	InitialCertLifetimeSeconds int64  `json:"initialCertLifetimeSeconds"`
 	ApproveMode                string `json:"approveMode"`
 	RunAnswersDuration         bool   `json:"runAnswersDuration"`
@@ -128,6 +132,9 @@ func (c *Config) validate() error {
 			where := fmt.Sprintf("cluster %q node %d (%q)", cl.Name, ni, n.Name)
 			if n.Name == "" || n.Machine == "" || n.ProxyPod == "" || n.KubeletCert == "" || n.KubeletKey == "" {
 				return fmt.Errorf("%s: name, machine, proxyPod, kubeletCert and kubeletKey are required", where)
+			}
+			if (n.KubeletExpiredCert == "") != (n.KubeletExpiredKey == "") {
+				return fmt.Errorf("%s: kubeletExpiredCert and kubeletExpiredKey go together", where)
 			}
 			if nodes[n.Name] {
 				return fmt.Errorf("%s: node listed twice", where)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -158,6 +159,9 @@ type NodeStatus struct {
 	// ClientCertificateExpired: its kubelet.conf client certificate has expired
 	// (PUT /nodes/{cluster}/{node}/client-certificate).
 	ClientCertificateExpired bool `json:"clientCertificateExpired"`
+	// CertificatesExpired: the node's certificates have expired (PUT .../certificates) and
+	// its kubelet serves an expired certificate, until a run renews them.
+	CertificatesExpired bool `json:"certificatesExpired"`
 }
 
 func (n *node) status() NodeStatus {
@@ -180,6 +184,7 @@ func (n *node) status() NodeStatus {
 		Restarts:                 n.restarts,
 		SeedsRun:                 append([]int64{}, n.seedsRun...),
 		ClientCertificateExpired: n.clientExpired,
+		CertificatesExpired:      n.kubeletExpired,
 	}
 }
 
@@ -260,6 +265,7 @@ func (s *Simulator) controlHandler() http.Handler {
 	})
 	mux.HandleFunc("POST /nodes/{cluster}/{node}/reinstall", s.postReinstall)
 	mux.HandleFunc("PUT /nodes/{cluster}/{node}/client-certificate", s.putClientCertificate)
+	mux.HandleFunc("PUT /nodes/{cluster}/{node}/certificates", s.putCertificates)
 	mux.HandleFunc("GET /clusters", func(w http.ResponseWriter, r *http.Request) {
 		out := []ClusterStatus{}
 		for _, cl := range s.clusters {
@@ -383,6 +389,54 @@ func (s *Simulator) putClientCertificate(w http.ResponseWriter, r *http.Request)
 	n.clientExpired = expired
 	n.mu.Unlock()
 	s.log.Printf("node %s/%s: kubelet.conf client certificate expired: %v", n.cluster.cfg.Name, n.cfg.Name, expired)
+	writeJSON(w, http.StatusOK, n.status())
+}
+
+// putCertificates makes a node's certificates expired ({"expired": true}), as on a node
+// switched off past their NotAfter: what certificates-expiry reports (the database copies) and
+// what the node serves end when the harness's expired kubelet certificate ended, and the
+// kubelet serves that certificate for real, so the API server refuses to port-forward to it. The
+// next delivered run renews them. {"expired": false} gives the node fresh certificates of its
+// configured lifetime (its k8sd identity stays).
+func (s *Simulator) putCertificates(w http.ResponseWriter, r *http.Request) {
+	n := s.findNode(r.PathValue("cluster"), r.PathValue("node"))
+	if n == nil {
+		writeJSONError(w, http.StatusNotFound, "no node %s/%s", r.PathValue("cluster"), r.PathValue("node"))
+		return
+	}
+	expired, ok := decodeExpired(w, r)
+	if !ok {
+		return
+	}
+	n.mu.Lock()
+	served := n.expiredKubelet
+	n.mu.Unlock()
+	if expired && served == nil {
+		writeJSONError(w, http.StatusConflict, "node %s/%s has no expired kubelet certificate (kubeletExpiredCert)", r.PathValue("cluster"), r.PathValue("node"))
+		return
+	}
+	var (
+		cert *x509.Certificate
+		err  error
+	)
+	if expired {
+		end := served.Leaf.NotAfter
+		cert, err = n.cluster.ca.issueNodeCert(n.cfg, end.AddDate(-1, 0, 0), end, nil)
+	} else {
+		cert, err = n.cluster.ca.initialCert(n.cfg, n.cfg.InitialCertLifetimeSeconds)
+	}
+	if err != nil {
+		writeJSONError(w, http.StatusInternalServerError, "certificates: %v", err)
+		return
+	}
+	n.mu.Lock()
+	n.initial, n.current, n.onDisk, n.kubeletExpired = cert, cert, cert, expired
+	n.mu.Unlock()
+	// Connections made with the old certificate end, as a node that was switched off has none.
+	if n.kubelet != nil {
+		n.kubelet.bounce()
+	}
+	s.log.Printf("node %s/%s: certificates expired: %v (end %s)", n.cluster.cfg.Name, n.cfg.Name, expired, cert.NotAfter.UTC().Format(time.RFC3339))
 	writeJSON(w, http.StatusOK, n.status())
 }
 

@@ -309,3 +309,65 @@ func TestControlAPICertificateExpired(t *testing.T) {
 		t.Fatalf("GET /clusters: %d %s", code, body)
 	}
 }
+
+func TestControlNodeCertificatesExpired(t *testing.T) {
+	e := newTestEnv(t)
+	ctl := httptest.NewServer(e.sim.controlHandler())
+	defer ctl.Close()
+	const path = "/nodes/alpha/alpha-w-1-vm/certificates"
+	if code, body := controlCall(t, ctl, "PUT", path, `{"expired":true}`); code != 409 {
+		t.Fatalf("a node without an expired kubelet certificate: %d %s", code, body)
+	}
+	n := e.sim.findNode("alpha", "alpha-w-1-vm")
+	end := time.Now().Add(-24 * time.Hour).Truncate(time.Second)
+	leaf, err := n.cluster.ca.issueNodeCert(n.cfg, end.AddDate(-1, 0, 0), end, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	expired := &tls.Certificate{Certificate: [][]byte{leaf.Raw}, Leaf: leaf}
+	valid := &tls.Certificate{}
+	n.expiredKubelet = expired
+	served := func() *tls.Certificate {
+		t.Helper()
+		c, err := e.sim.newKubeletListener(n, valid, nil).tlsConf.GetCertificate(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+
+	code, body := controlCall(t, ctl, "PUT", path, `{"expired":true}`)
+	var st NodeStatus
+	if code != 200 || json.Unmarshal([]byte(body), &st) != nil {
+		t.Fatalf("PUT: %d %s", code, body)
+	}
+	at := end.UTC().Format(time.RFC3339)
+	if !st.CertificatesExpired || st.CertNotAfter != at || st.DatabaseExpiry != at || st.DiskCertNotAfter != at {
+		t.Errorf("every certificate of the node ends when its kubelet's did (%s): %+v", at, st)
+	}
+	if served() != expired {
+		t.Error("the kubelet does not serve the expired certificate")
+	}
+	// A delivered run renews them; undoing the restart gives the expired state back.
+	undo := n.serveFromDisk()
+	if n.status().CertificatesExpired || served() != valid {
+		t.Error("a restart after a run left the kubelet's certificate expired")
+	}
+	undo()
+	if !n.status().CertificatesExpired {
+		t.Error("undo did not restore the expired certificates")
+	}
+
+	if code, body := controlCall(t, ctl, "PUT", path, `{"expired":false}`); code != 200 || !strings.Contains(body, `"certificatesExpired":false`) {
+		t.Fatalf("PUT false: %d %s", code, body)
+	}
+	if st := n.status(); st.DatabaseExpiry == at || served() != valid {
+		t.Errorf("fresh certificates: %+v", st)
+	}
+	if code, _ := controlCall(t, ctl, "PUT", path, `nope`); code != 400 {
+		t.Errorf("bad body: %d", code)
+	}
+	if code, _ := controlCall(t, ctl, "PUT", "/nodes/alpha/ghost/certificates", `{"expired":true}`); code != 404 {
+		t.Errorf("unknown node: %d", code)
+	}
+}

@@ -38,7 +38,16 @@ func (s *Simulator) newKubeletListener(n *node, cert *tls.Certificate, clientCAs
 		addr:    net.JoinHostPort(n.cfg.Address, strconv.Itoa(n.cfg.KubeletPort)),
 		handler: s.kubeletHandler(n),
 		tlsConf: &tls.Config{
-			Certificates: []tls.Certificate{*cert},
+			// What the node's kubelet serves now: the expired certificate while the node's
+			// certificates are expired (the API server then refuses to port-forward to it).
+			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+				n.mu.Lock()
+				defer n.mu.Unlock()
+				if n.kubeletExpired && n.expiredKubelet != nil {
+					return n.expiredKubelet, nil
+				}
+				return cert, nil
+			},
 			ClientAuth:   tls.RequireAndVerifyClientCert,
 			ClientCAs:    clientCAs,
 			// HTTP/1.1 only: SPDY and websocket both upgrade an HTTP/1.1 connection.

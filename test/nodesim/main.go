@@ -93,6 +93,10 @@ type node struct {
 	// clientExpired: the node's kubelet.conf client certificate has expired, so the API
 	// server refuses the CSRs its worker run creates with it (401 Unauthorized).
 	clientExpired bool
+	// kubeletExpired: the node's certificates have expired (a cluster switched off past
+	// their NotAfter), so its kubelet serves expiredKubelet until a delivered run renews them.
+	kubeletExpired bool
+	expiredKubelet *tls.Certificate // nil: the harness gave none (the node cannot expire)
 
 	// nil until start (unit tests serve the handlers directly).
 	k8sd    *svcListener
@@ -275,17 +279,32 @@ func (s *Simulator) start() error {
 	// that several nodes name is read once.
 	kubeletCerts := make([]*tls.Certificate, len(nodes))
 	var certs sync.Map // "cert\x00key" -> func() (*tls.Certificate, error)
-	if err := parallel(len(nodes), func(i int) error {
-		n := nodes[i]
-		load, _ := certs.LoadOrStore(n.cfg.KubeletCert+"\x00"+n.cfg.KubeletKey, sync.OnceValues(func() (*tls.Certificate, error) {
-			cert, err := tls.LoadX509KeyPair(n.cfg.KubeletCert, n.cfg.KubeletKey)
+	load := func(certFile, keyFile string) (*tls.Certificate, error) {
+		once, _ := certs.LoadOrStore(certFile+"\x00"+keyFile, sync.OnceValues(func() (*tls.Certificate, error) {
+			cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+			if err == nil {
+				cert.Leaf, err = x509.ParseCertificate(cert.Certificate[0])
+			}
 			return &cert, err
 		}))
-		cert, err := load.(func() (*tls.Certificate, error))()
+		return once.(func() (*tls.Certificate, error))()
+	}
+	if err := parallel(len(nodes), func(i int) error {
+		n := nodes[i]
+		cert, err := load(n.cfg.KubeletCert, n.cfg.KubeletKey)
 		if err != nil {
 			return fmt.Errorf("node %s: kubelet certificate: %w", n.cfg.Name, err)
 		}
 		kubeletCerts[i] = cert
+		if n.cfg.KubeletExpiredCert != "" {
+			expired, err := load(n.cfg.KubeletExpiredCert, n.cfg.KubeletExpiredKey)
+			if err != nil {
+				return fmt.Errorf("node %s: expired kubelet certificate: %w", n.cfg.Name, err)
+			}
+			n.mu.Lock()
+			n.expiredKubelet = expired
+			n.mu.Unlock()
+		}
 		return nil
 	}); err != nil {
 		s.stop()

@@ -65,12 +65,14 @@ func (n *node) waitRelays(limit time.Duration) {
 func (n *node) serveFromDisk() (undo func()) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	prev := n.current
+	prev, prevExpired := n.current, n.kubeletExpired
 	n.current = n.onDisk
+	// Every run (control plane or worker) renews the kubelet's serving certificate too.
+	n.kubeletExpired = false
 	n.restarts++
 	return func() {
 		n.mu.Lock()
-		n.current = prev
+		n.current, n.kubeletExpired = prev, prevExpired
 		n.restarts--
 		n.mu.Unlock()
 	}

@@ -341,6 +341,7 @@ impl Act<'_> {
             cluster: &self.cluster,
             pin,
             role,
+            now: ctx.clock.now(),
         };
         ctx.metrics.in_progress.inc();
         let finished = {

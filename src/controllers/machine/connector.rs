@@ -2,8 +2,10 @@
 //! worker, a Ready control plane's to approve its CSRs. [`KubeConnector`] is the executor's
 //! [`Connector`] over the management cluster's API and the workload clusters' clients.
 
+use std::time::Duration;
+
 use ck8s_certs_api::annotations::{
-    REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS, RefreshStatus,
+    CERTIFICATES_EXPIRY, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS, RefreshStatus,
 };
 use ck8s_certs_api::capi::{
     CK8S_CONFIG_GROUP, CK8S_CONFIG_KIND, CK8S_CONFIG_VERSION, CLUSTER_NAME_LABEL,
@@ -20,7 +22,7 @@ use kube::{Api, Client, ResourceExt};
 use super::Config;
 use super::report::create_certificates;
 use crate::controllers::executor::{Connector, Failure, NodeSession};
-use crate::k8sd::{Fingerprint, K8sdError};
+use crate::k8sd::{Fingerprint, K8sdError, Route};
 use crate::metrics::K8sdCalls;
 use crate::refresh::csr::{self, Mismatch};
 use crate::refresh::session::{Credential, Session};
@@ -91,6 +93,8 @@ pub(super) struct KubeConnector<'a> {
     /// The node's pinned k8sd certificate.
     pub pin: Option<Fingerprint>,
     pub role: Role,
+    /// This reconcile's instant: a control plane whose recorded expiry passed cannot approve.
+    pub now: jiff::Timestamp,
 }
 
 /// What [`KubeConnector::prepare`] found out about the node.
@@ -167,32 +171,45 @@ impl KubeConnector<'_> {
             reach.config.transport,
         )
         .await;
-        let (endpoint, reached_by) = match resolved {
+        let open = |endpoint: endpoint::Endpoint| {
+            Session::new(
+                endpoint.target,
+                endpoint.route,
+                self.pin,
+                Credential::Node(tokens.node.clone()),
+                reach.config.timeouts,
+                reach.k8sd_metrics.clone(),
+            )
+            .fenced(reach.term.clone())
+        };
+        let (endpoint, mut reached_by) = match resolved {
             Ok(endpoint) => {
                 let reached_by = endpoint.route.to_string();
                 (endpoint, reached_by)
             }
             Err(err) => match (role, err.server_certificate_expired()) {
                 (Role::ControlPlane, Some(ended)) => {
-                    let endpoint = self.past_expired_api(&node_name, port, ended).await?;
-                    let reached_by = format!(
-                        "{} (the workload API server's certificate expired)",
-                        endpoint.route
-                    );
+                    let bypass = Bypass::ApiCertificate(ended);
+                    let endpoint = self.direct(&node_name, port, &bypass).await?;
+                    let reached_by = bypass.reached_by(&endpoint.route);
                     (endpoint, reached_by)
                 }
                 _ => return Err(Failure::Workload(err)),
             },
         };
-        let session = Session::new(
-            endpoint.target,
-            endpoint.route,
-            self.pin,
-            Credential::Node(tokens.node),
-            reach.config.timeouts,
-            reach.k8sd_metrics.clone(),
-        )
-        .fenced(reach.term.clone());
+        let through_api = matches!(endpoint.route, Route::PortForward { .. });
+        let mut session = open(endpoint);
+        // Through a port-forward, the connection is opened now: the API server refuses one to a
+        // kubelet whose serving certificate expired, and then the node is reached directly. Any
+        // other failure is left to the first call, which tries again and counts it.
+        if through_api
+            && let Err(K8sdError::KubeletCertificateExpired { ended, .. }) = session.connect().await
+        {
+            let bypass = Bypass::KubeletCertificate(ended);
+            let endpoint = self.direct(&node_name, port, &bypass).await?;
+            reached_by = bypass.reached_by(&endpoint.route);
+            session = open(endpoint);
+        }
         Ok(Node {
             session,
             sans,
@@ -201,59 +218,37 @@ impl KubeConnector<'_> {
         })
     }
 
-    /// A control plane's k8sd past a workload API whose certificate expired: directly, at the
-    /// InternalIP its Machine reports, and only when its k8sd certificate is pinned (a first use
-    /// over a path nobody vouched for would hand the node's token to whoever answers).
-    async fn past_expired_api(
+    /// The node's k8sd past the workload API ([`Bypass`]): directly, and only when its k8sd
+    /// certificate is pinned (a first use over a path nobody vouched for would hand the node's
+    /// token to whoever answers).
+    async fn direct(
         &self,
         node: &str,
         port: u16,
-        ended: Option<jiff::Timestamp>,
+        bypass: &Bypass,
     ) -> Result<endpoint::Endpoint, Failure> {
         let view = self.machine;
-        let since = ended.map(|at| format!(" at {at}")).unwrap_or_default();
+        let cause = bypass.cause(view.cluster.as_deref().unwrap_or_default(), node);
         if self.pin.is_none() {
             return Err(Failure::Message(format!(
-                "the API server of workload cluster {} serves a certificate that expired{since}, so node {node} cannot be reached through it; its k8sd could be reached directly, but no k8sd certificate is pinned in MachineCertificates {}/{} (status.k8sdFingerprint) to verify it, and nothing is sent to an unverified node. Pin it (docs/refresh.md, \"Trust in k8sd's certificate\") or refresh the node by hand (docs/refresh.md, \"When certificates have already expired\")",
-                view.cluster.as_deref().unwrap_or_default(),
-                view.namespace,
-                view.name
+                "{cause}, so node {node} cannot be reached through it; its k8sd could be reached directly, but no k8sd certificate is pinned in MachineCertificates {}/{} (status.k8sdFingerprint) to verify it, and nothing is sent to an unverified node. Pin it (docs/refresh.md, \"Trust in k8sd's certificate\") or refresh the node by hand (docs/refresh.md, \"When certificates have already expired\")",
+                view.namespace, view.name
             )));
         }
-        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
-            GROUP,
-            self.reach.capi.as_str(),
-            "Machine",
-        ));
-        let machine = Api::<DynamicObject>::namespaced_with(
-            self.reach.client.clone(),
-            &view.namespace,
-            &resource,
-        )
-        .get(&view.name)
-        .await
-        .map_err(|e| Failure::Api(e.into()))?;
-        let endpoint =
-            endpoint::direct_from_machine(&machine.data, node, port).map_err(Failure::Workload)?;
-        // One connection tells whether the management cluster routes to the node at all: if it
-        // does not, waiting and trying again would not change that.
-        if let crate::k8sd::Route::Direct { address } = &endpoint.route {
-            let timeout = self.reach.config.timeouts.call;
-            let reached = tokio::time::timeout(timeout, tokio::net::TcpStream::connect(address))
-                .await
-                .map_err(|_| format!("no answer within {}", humantime::format_duration(timeout)))
-                .and_then(|connected| connected.map(drop).map_err(|e| e.to_string()));
-            if let Err(why) = reached {
-                return Err(Failure::Message(format!(
-                    "the API server of workload cluster {} serves a certificate that expired{since}, and node {node}'s k8sd cannot be reached directly at {address} either ({why}): the management cluster may not route to the nodes' addresses. Refresh the control planes on the nodes themselves (docs/troubleshooting.md, \"A cluster whose certificates expired\")",
-                    view.cluster.as_deref().unwrap_or_default(),
-                )));
-            }
+        let endpoint = direct_endpoint(self.reach, view, node, port).await?;
+        if let Route::Direct { address } = &endpoint.route
+            && let Err(why) = reachable(address, self.reach.config.timeouts.call).await
+        {
+            return Err(Failure::Message(format!(
+                "{cause}, and node {node}'s k8sd cannot be reached directly at {address} either ({why}): the management cluster may not route to the nodes' addresses. {} (docs/troubleshooting.md, \"A cluster whose certificates expired\")",
+                bypass.by_hand()
+            )));
         }
         tracing::info!(
             node,
             route = %endpoint.route,
-            "The workload API server's certificate expired: reaching the control plane's k8sd directly"
+            why = bypass.note(),
+            "Reaching the node's k8sd directly"
         );
         Ok(endpoint)
     }
@@ -301,6 +296,15 @@ impl KubeConnector<'_> {
         let mut transient = false;
         for machine in candidates {
             let node = machine.node_name.as_deref().unwrap_or_default();
+            // Its certificates expired (its admin.conf, which `approve` uses, with them): it
+            // approves once its own refresh renewed them, which comes first.
+            if let Some(ended) = recorded_expiry(&machine).filter(|at| *at <= self.now) {
+                transient = true;
+                tried.push(format!(
+                    "{node} (its certificates expired at {ended}; it approves once refreshed)"
+                ));
+                continue;
+            }
             match approver_on(reach, &client, cluster, &tokens.capi_auth, &machine).await {
                 Ok(session) => {
                     let csrs = WorkerCsrs::new(client, cluster, worker);
@@ -377,6 +381,91 @@ impl RuledOut {
     }
 }
 
+/// The expiry recorded on `machine` (`machine.cluster.x-k8s.io/certificates-expiry`).
+fn recorded_expiry(machine: &MachineView) -> Option<jiff::Timestamp> {
+    machine.annotation(CERTIFICATES_EXPIRY)?.parse().ok()
+}
+
+/// Why a node's k8sd is reached directly instead of through the workload API server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Bypass {
+    /// The API server's own certificate expired (when it ended, if TLS told): nothing goes
+    /// through it until a control plane's refresh renews it.
+    ApiCertificate(Option<jiff::Timestamp>),
+    /// The node's kubelet serving certificate expired: the API server refuses to port-forward
+    /// to it until the node's refresh renews it.
+    KubeletCertificate(Option<jiff::Timestamp>),
+}
+
+impl Bypass {
+    fn cause(self, cluster: &str, node: &str) -> String {
+        let since = |ended: Option<jiff::Timestamp>| {
+            ended.map(|at| format!(" at {at}")).unwrap_or_default()
+        };
+        match self {
+            Self::ApiCertificate(ended) => format!(
+                "the API server of workload cluster {cluster} serves a certificate that expired{}",
+                since(ended)
+            ),
+            Self::KubeletCertificate(ended) => format!(
+                "the API server of workload cluster {cluster} refuses to port-forward to node {node}: its kubelet's serving certificate expired{}",
+                since(ended)
+            ),
+        }
+    }
+
+    /// For the record of the route taken (`op.transport`) and the logs.
+    fn note(self) -> &'static str {
+        match self {
+            Self::ApiCertificate(_) => "the workload API server's certificate expired",
+            Self::KubeletCertificate(_) => "the node's kubelet serving certificate expired",
+        }
+    }
+
+    fn reached_by(self, route: &Route) -> String {
+        format!("{route} ({})", self.note())
+    }
+
+    /// What is left to a person when the node cannot be reached directly either.
+    fn by_hand(self) -> &'static str {
+        match self {
+            Self::ApiCertificate(_) => "Refresh the control planes on the nodes themselves",
+            Self::KubeletCertificate(_) => "Refresh the node on the node itself",
+        }
+    }
+}
+
+/// `view`'s k8sd, directly: at the InternalIP of its Machine (read live: the cache keeps no
+/// addresses; Cluster API copies them from the infrastructure provider, the node cannot
+/// change them).
+async fn direct_endpoint(
+    reach: &Reach,
+    view: &MachineView,
+    node: &str,
+    port: u16,
+) -> Result<endpoint::Endpoint, Failure> {
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        GROUP,
+        reach.capi.as_str(),
+        "Machine",
+    ));
+    let machine =
+        Api::<DynamicObject>::namespaced_with(reach.client.clone(), &view.namespace, &resource)
+            .get(&view.name)
+            .await
+            .map_err(|e| Failure::Api(e.into()))?;
+    endpoint::direct_from_machine(&machine.data, node, port).map_err(Failure::Workload)
+}
+
+/// Whether the management cluster reaches `address` at all: one connection. If it does not,
+/// waiting and trying again would not change that.
+async fn reachable(address: &std::net::SocketAddr, timeout: Duration) -> Result<(), String> {
+    tokio::time::timeout(timeout, tokio::net::TcpStream::connect(address))
+        .await
+        .map_err(|_| format!("no answer within {}", humantime::format_duration(timeout)))
+        .and_then(|connected| connected.map(drop).map_err(|e| e.to_string()))
+}
+
 /// A session to control plane `machine` of `cluster` as approver, once it is Ready, answers a
 /// probe and is verified against its pinned k8sd certificate (pinned now on first use).
 async fn approver_on(
@@ -424,17 +513,33 @@ async fn approver_on(
     if !endpoint.ready {
         return Err(RuledOut::transient("not Ready"));
     }
-    let mut session = Session::new(
-        endpoint.target,
-        endpoint.route,
-        pin,
-        Credential::Approver(token.clone()),
-        reach.config.timeouts,
-        reach.k8sd_metrics.clone(),
-    )
-    .fenced(reach.term.clone());
-    if let Err(err) = session.probe().await {
+    let open = |endpoint: endpoint::Endpoint| {
+        Session::new(
+            endpoint.target,
+            endpoint.route,
+            pin,
+            Credential::Approver(token.clone()),
+            reach.config.timeouts,
+            reach.k8sd_metrics.clone(),
+        )
+        .fenced(reach.term.clone())
+    };
+    let mut session = open(endpoint);
+    let mut probed = session.probe().await;
+    // Its kubelet's serving certificate expired (the API server refuses to port-forward to it):
+    // a pinned control plane still approves, directly.
+    if let Err(K8sdError::KubeletCertificateExpired { .. }) = &probed
+        && pin.is_some()
+    {
+        let endpoint = direct_endpoint(reach, machine, node, port)
+            .await
+            .map_err(|failure| RuledOut::transient(failure.cause()))?;
+        session = open(endpoint);
+        probed = session.probe().await;
+    }
+    if let Err(err) = probed {
         return Err(RuledOut {
+            // An expired kubelet without a pin waits for its own refresh, which renews it.
             transient: !matches!(err, K8sdError::PinMismatch { .. }),
             why: err.to_string(),
         });

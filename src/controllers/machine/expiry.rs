@@ -38,6 +38,7 @@ impl Act<'_> {
                     cluster: &self.cluster,
                     pin,
                     role,
+                    now,
                 };
                 connector.prepare().await
             }

@@ -851,18 +851,20 @@ async fn set_up_cluster(
     for node in &nodes {
         let file_name = format!("kubelet-{}", node.node);
         let common_name = format!("system:node:{}", node.node);
-        let kubelet = pki.ca.issue(
-            dir,
-            Leaf {
-                file_name: &file_name,
-                common_name: &common_name,
-                organization: Some("system:nodes"),
-                ips: &[IpAddr::V4(node.address)],
-                dns: &[&node.node],
-                usage: Usage::Server,
-            },
-        )?;
-        sim_nodes.push(sim::NodeConfig::new(node, &kubelet));
+        let (ips, dns) = ([IpAddr::V4(node.address)], [node.node.as_str()]);
+        let leaf = |file_name| Leaf {
+            file_name,
+            common_name: &common_name,
+            organization: Some("system:nodes"),
+            ips: &ips,
+            dns: &dns,
+            usage: Usage::Server,
+        };
+        let kubelet = pki.ca.issue(dir, leaf(&file_name))?;
+        let expired = pki
+            .ca
+            .issue_expired(dir, leaf(&format!("{file_name}-expired")))?;
+        sim_nodes.push(sim::NodeConfig::new(node, &kubelet, Some(&expired)));
     }
     let sim_cluster = sim::ClusterConfig {
         name: cluster_spec.name.clone(),

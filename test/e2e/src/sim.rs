@@ -59,13 +59,18 @@ pub struct NodeConfig {
     pub proxy_pod: String,
     pub kubelet_cert: PathBuf,
     pub kubelet_key: PathBuf,
+    /// The same kubelet certificate, expired: served while the node's certificates are.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kubelet_expired_cert: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kubelet_expired_key: Option<PathBuf>,
     pub initial_cert_lifetime_seconds: u64,
     pub approve_mode: String,
     pub run_answers_duration: bool,
 }
 
 impl NodeConfig {
-    pub fn new(node: &NodeInfo, kubelet: &CertFiles) -> Self {
+    pub fn new(node: &NodeInfo, kubelet: &CertFiles, expired_kubelet: Option<&CertFiles>) -> Self {
         Self {
             name: node.node.clone(),
             machine: node.machine.clone(),
@@ -76,6 +81,8 @@ impl NodeConfig {
             proxy_pod: node.proxy_pod.clone(),
             kubelet_cert: kubelet.cert.clone(),
             kubelet_key: kubelet.key.clone(),
+            kubelet_expired_cert: expired_kubelet.map(|c| c.cert.clone()),
+            kubelet_expired_key: expired_kubelet.map(|c| c.key.clone()),
             // Initial certificates as if the cluster were 9 months into a 1-year lifetime.
             initial_cert_lifetime_seconds: 90 * 24 * 3600,
             approve_mode: "watch".into(),
@@ -304,6 +311,10 @@ pub struct NodeState {
     /// Seeds of the runs that wrote certificates (answered or not).
     #[serde(default)]
     pub seeds_run: Option<Vec<i64>>,
+    /// The node's certificates are expired and its kubelet serves an expired certificate
+    /// ([`SimControl::set_certificates_expired`]), until a `run` renews them.
+    #[serde(default)]
+    pub certificates_expired: bool,
 }
 
 impl NodeState {
@@ -598,6 +609,30 @@ impl SimControl {
         )
         .await
         .map(drop)
+    }
+
+    /// Lets every certificate of `node` expire (or gives it fresh ones): what k8sd reports and
+    /// serves ends when the node's expired kubelet certificate ended, and its kubelet serves that
+    /// certificate for real, so the workload API server refuses to port-forward to it. A
+    /// delivered `run` renews them. Answers the node's new state.
+    pub async fn set_certificates_expired(
+        &self,
+        node: &NodeInfo,
+        expired: bool,
+    ) -> Result<NodeState, Error> {
+        let response = self
+            .send(
+                self.http
+                    .put(format!(
+                        "{}/nodes/{}/{}/certificates",
+                        self.base_of(&node.cluster),
+                        node.cluster,
+                        node.node
+                    ))
+                    .json(&serde_json::json!({ "expired": expired })),
+            )
+            .await?;
+        response.json().await.map_err(|e| Error::Sim(e.to_string()))
     }
 
     /// Simulates a node reinstall: new k8sd certificate, new initial certificates.
