@@ -278,7 +278,12 @@ pub fn label_values() -> Vec<(&'static str, &'static str, Vec<&'static str>)> {
         (
             "renewal_deferred",
             "reason",
-            vec!["backoff", "outside_window", "staggered"],
+            vec![
+                "backoff",
+                "outside_window",
+                "staggered",
+                "in_place_impossible",
+            ],
         ),
         ("renewal_bypassed", "reason", vec!["expiry_imminent"]),
         ("renewal_config_invalid", "reason", vec!["config_invalid"]),
@@ -467,6 +472,10 @@ impl Default for Metrics {
         ] {
             let _ = renewal_deferred.get_or_create(&reason_label(reason.as_str()));
         }
+        // The verdict's own hold of a Machine that must be replaced (not a policy's deferral).
+        let _ = renewal_deferred.get_or_create(&reason_label(
+            ck8s_certs_api::reasons::condition_reasons::IN_PLACE_IMPOSSIBLE,
+        ));
         let _ = renewal_bypassed.get_or_create(&expiry_imminent());
         for origin in [
             ck8s_certs_api::machine_certificates::Origin::Manual,

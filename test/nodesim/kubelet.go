@@ -48,8 +48,8 @@ func (s *Simulator) newKubeletListener(n *node, cert *tls.Certificate, clientCAs
 				}
 				return cert, nil
 			},
-			ClientAuth:   tls.RequireAndVerifyClientCert,
-			ClientCAs:    clientCAs,
+			ClientAuth: tls.RequireAndVerifyClientCert,
+			ClientCAs:  clientCAs,
 			// HTTP/1.1 only: SPDY and websocket both upgrade an HTTP/1.1 connection.
 			NextProtos: []string{"http/1.1"},
 			MinVersion: tls.VersionTLS12,

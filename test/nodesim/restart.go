@@ -99,13 +99,27 @@ func (s *Simulator) restartNode(n *node) {
 
 // takeExpiredAPI reports whether the cluster's API server serves an expired certificate, and
 // clears it: one control plane's refresh renews the certificate the API server serves (the
-// harness runs one API server per cluster, standing for all its control planes').
+// harness runs one API server per cluster, standing for all its control planes'). A server the
+// harness shares between clusters is renewed for all of them at once.
 func (c *cluster) takeExpiredAPI() bool {
+	sharing := []*cluster{c}
+	if c.server != nil {
+		c.server.renewMu.Lock()
+		defer c.server.renewMu.Unlock()
+		sharing = c.server.clusters
+	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	expired := c.apiCertificateExpired
-	c.apiCertificateExpired = false
-	return expired
+	c.mu.Unlock()
+	if !expired {
+		return false
+	}
+	for _, other := range sharing {
+		other.mu.Lock()
+		other.apiCertificateExpired = false
+		other.mu.Unlock()
+	}
+	return true
 }
 
 func (c *cluster) controlPlanes() int {

@@ -41,6 +41,10 @@ type apiServer struct {
 	// workers at once, so nothing is signed twice.
 	queue workqueue.TypedRateLimitingInterface[string]
 
+	// renewMu: one control plane's refresh at a time renews what the server serves
+	// (cluster.takeExpiredAPI).
+	renewMu sync.Mutex
+
 	mu sync.Mutex
 	// owners maps CSR names to their cluster on a shared server (unused with one cluster).
 	owners map[string]*cluster

@@ -10,7 +10,7 @@ use ck8s_certs_api::machine::MachineView;
 use ck8s_certs_api::machine_certificates::{
     MachineCertificatesStatus, RenewalStatus, WindowBypass,
 };
-use ck8s_certs_api::reasons::{conditions, events};
+use ck8s_certs_api::reasons::{condition_reasons as why, conditions, events};
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -18,7 +18,7 @@ use crate::controllers::governing_policy::{
     CONFIG_INVALID, Governing, PolicyInfo, Verdict, describe_window, with_verdict,
 };
 use crate::policy::spec::ValidPolicy;
-use crate::policy::{Decision, DeferReason, RenewReason, Ttl};
+use crate::policy::{Decision, DeferReason, Deferral, RenewReason, Ttl};
 use crate::refresh::trigger::{renew_now_hint, with_hint};
 
 /// What the verdict amounts to for one Machine at one moment.
@@ -163,6 +163,33 @@ fn decided(
         EventType::Normal
     };
     match &decision {
+        // Its last refresh found it cannot be refreshed in place: renewing it again would fail
+        // the same way (one `plan` and one `run` per backoff step, for ever), and a backoff
+        // would say it will be tried again. Held (and said so) until a
+        // refresh succeeds (a person renewed kubelet.conf on the node, then asked) or the
+        // Machine is replaced (a new Machine has a record of its own).
+        Decision::RenewNow(_)
+        | Decision::Defer(Deferral {
+            reason: DeferReason::Backoff,
+            ..
+        }) if must_be_replaced(status) => {
+            let message = format!(
+                "Not renewed automatically: its last refresh found that the node cannot be refreshed in place (its kubelet.conf expired, so the API server refuses the CSRs it creates). Replace the Machine: `kubectl delete machine -n {} {}` (a Machine of a MachineSet is created again); or renew kubelet.conf on the node by hand, then ask for a refresh",
+                machine.namespace, machine.name
+            );
+            let verdict = Verdict::new(
+                info,
+                why::IN_PLACE_IMPOSSIBLE,
+                None,
+                with_hint(message, &hint(&ttl)),
+                Some(conditions::RENEWAL_DEFERRED),
+            );
+            shown(
+                verdict,
+                Some((EventType::Warning, events::RENEWAL_DEFERRED)),
+                resync,
+            )
+        }
         Decision::NoExpiry { .. } => VerdictPlan {
             status: status.clone(),
             event: None,
@@ -232,6 +259,15 @@ fn decided(
             shown(verdict, Some(invalid_event), resync)
         }
     }
+}
+
+/// Whether the Machine's last refresh ended InPlaceImpossible (`Ready` says so until a refresh
+/// succeeds).
+fn must_be_replaced(status: &MachineCertificatesStatus) -> bool {
+    status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == conditions::READY && c.reason == why::IN_PLACE_IMPOSSIBLE)
 }
 
 /// When the answer of `decision` can change, from `now`, at most `resync` later.

@@ -26,6 +26,7 @@ pub mod controller;
 pub mod controlplane;
 pub mod crds;
 pub mod docsgen;
+pub mod drill;
 pub mod fixtures;
 pub mod k8sd;
 pub mod kubeconfigs;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use ck8s_certs_api::annotations::CERTIFICATES_EXPIRY;
 use ck8s_certs_api::cluster_certificates::ClusterCertificates;
-use ck8s_certs_api::machine_certificates::MachineCertificates;
+use ck8s_certs_e2e::drill::{at, check_recovered, go_dark, wait_pinned, wait_recovered};
 use ck8s_certs_e2e::{EnvSpec, Environment, shared_with};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::Api;
@@ -31,27 +31,6 @@ fn spec() -> EnvSpec {
 
 async fn shared() -> std::sync::Arc<Environment> {
     shared_with(spec).await
-}
-
-/// An instant the simulator recorded (RFC 3339, a varying number of fraction digits: compared
-/// as text they would sort wrong).
-fn at(text: &str) -> jiff::Timestamp {
-    text.parse().unwrap_or_else(|e| panic!("{text}: {e}"))
-}
-
-/// Waits until each node's k8sd certificate is pinned (the cluster was healthy once), then
-/// forgets the calls made so far.
-async fn wait_pinned(env: &Environment, nodes: &[ck8s_certs_e2e::fixtures::NodeInfo]) {
-    for node in nodes {
-        env.wait_for_status(node, TIMEOUT, "the k8sd pin", |s| {
-            s.k8sd_fingerprint.is_some() && s.expiry.is_some()
-        })
-        .await;
-        env.sim
-            .clear_calls(&node.cluster, &node.node)
-            .await
-            .unwrap();
-    }
 }
 
 /// A CA certificate (PEM) ending at `not_after`: what `certificate-authority-data` would hold
@@ -555,268 +534,6 @@ async fn a_control_plane_out_of_reach_past_an_expired_api_fails_at_once_saying_s
     env.sim.clear_faults("gamma").await.unwrap();
 }
 
-/// What a drill cluster went through: every leaf certificate expired, one worker's kubelet.conf
-/// with them.
-struct Dark {
-    /// When the lost worker's certificates ended (the controller's record says so, as it would
-    /// once that instant passed).
-    ended: jiff::Timestamp,
-    /// The worker whose kubelet.conf expired: it cannot be refreshed in place.
-    lost: ck8s_certs_e2e::fixtures::NodeInfo,
-}
-
-/// Switches `cluster` off past its certificates' expiry, as far as anything can tell: its
-/// workload API server serves an expired certificate (the real kube-apiserver, started again
-/// with it), every node's certificates expired (k8sd reports it, and each kubelet serves an
-/// expired certificate, so the API server refuses to port-forward to it), the worker `lost`'s
-/// kubelet.conf expired, and the controller's record of each node is that end (written as it
-/// was recorded while the cluster was up, now passed). The calls made so far are forgotten.
-async fn go_dark(
-    env: &Environment,
-    cluster: &str,
-    nodes: &[ck8s_certs_e2e::fixtures::NodeInfo],
-    lost: &str,
-) -> Dark {
-    env.expire_workload_api(cluster, TIMEOUT).await.unwrap();
-    let records: Api<MachineCertificates> =
-        Api::namespaced(env.management().await.unwrap(), "fleet");
-    let mut ended = None;
-    for node in nodes {
-        let state = env.sim.set_certificates_expired(node, true).await.unwrap();
-        let end = at(&state.cert_not_after);
-        if node.machine == lost {
-            ended = Some(end);
-        }
-        records
-            .patch_status(
-                &node.machine,
-                &PatchParams::default(),
-                &Patch::Merge(json!({ "status": { "expiry": end.to_string() } })),
-            )
-            .await
-            .unwrap();
-        env.patch_machine(
-            node,
-            json!({ "metadata": { "annotations": { CERTIFICATES_EXPIRY: end.to_string() } } }),
-        )
-        .await;
-    }
-    let lost = nodes.iter().find(|n| n.machine == lost).unwrap().clone();
-    env.sim
-        .set_client_certificate_expired(&lost, true)
-        .await
-        .unwrap();
-    for node in nodes {
-        env.sim.clear_calls(cluster, &node.node).await.unwrap();
-    }
-    Dark {
-        ended: ended.unwrap(),
-        lost,
-    }
-}
-
-/// The record of a refreshed node: its operation's transport and its calls.
-struct Recovered {
-    machine: String,
-    control_plane: bool,
-    transport: String,
-    calls: Vec<ck8s_certs_e2e::sim::CallRecord>,
-}
-
-impl Recovered {
-    fn run(&self) -> &ck8s_certs_e2e::sim::CallRecord {
-        ck8s_certs_e2e::sim::runs(&self.calls)
-            .into_iter()
-            .find(|c| c.status == 200)
-            .unwrap_or_else(|| panic!("no answered run on {}: {:#?}", self.machine, self.calls))
-    }
-}
-
-fn ended_at(call: &ck8s_certs_e2e::sim::CallRecord) -> jiff::Timestamp {
-    at(&call.started_at) + jiff::SignedDuration::from_secs_f64(call.duration_ms / 1000.0)
-}
-
-/// What the drill requires of a recovered cluster: the control planes were refreshed one at a
-/// time, each directly (the first past the expired API, the others past their expired
-/// kubelets); the workers after the first control plane, directly past their expired
-/// kubelets, approved by a control plane that was refreshed already; the workload API answers
-/// with a valid certificate; the lost worker is InPlaceImpossible after one `run`, and the
-/// cluster's record names it as what is still expired.
-async fn check_recovered(env: &Environment, cluster: &str, dark: &Dark) {
-    let mut recovered = Vec::new();
-    for node in &env.cluster(cluster).nodes {
-        if node.machine == dark.lost.machine {
-            continue;
-        }
-        let transport = env
-            .machine_certificates(node)
-            .await
-            .and_then(|m| m.status?.operation?.transport)
-            .unwrap_or_default();
-        recovered.push(Recovered {
-            machine: node.machine.clone(),
-            control_plane: node.machine.contains("-cp-"),
-            transport,
-            calls: env.calls(node).await,
-        });
-    }
-    let (mut cps, workers): (Vec<_>, Vec<_>) = recovered.into_iter().partition(|r| r.control_plane);
-    cps.sort_by_key(|r| at(&r.run().started_at));
-    let kubelet = "(the node's kubelet serving certificate expired)";
-    for (i, cp) in cps.iter().enumerate() {
-        let why = match i {
-            0 => "(the workload API server's certificate expired)",
-            _ => kubelet,
-        };
-        assert!(
-            cp.transport.starts_with("direct connection to ") && cp.transport.ends_with(why),
-            "control plane {i} ({}): {}",
-            cp.machine,
-            cp.transport
-        );
-        if let Some(next) = cps.get(i + 1) {
-            assert!(
-                ended_at(cp.run()) <= at(&next.run().started_at),
-                "control planes refreshed at once: {} and {}",
-                cp.machine,
-                next.machine
-            );
-        }
-    }
-    // Every approve a control plane answered, with when it started.
-    let approves: Vec<(&str, jiff::Timestamp, i64)> = cps
-        .iter()
-        .flat_map(|cp| {
-            cp.calls
-                .iter()
-                .filter(|c| c.path == ck8s_certs::k8sd::wire::path::APPROVE && c.status == 200)
-                .map(|c| (cp.machine.as_str(), at(&c.started_at), c.seed()))
-        })
-        .collect();
-    let first_cp_run_end = ended_at(cps[0].run());
-    for worker in &workers {
-        assert!(
-            worker.transport.starts_with("direct connection to ")
-                && worker.transport.ends_with(kubelet),
-            "{}: {}",
-            worker.machine,
-            worker.transport
-        );
-        let first = worker.calls.first().map(|c| at(&c.started_at)).unwrap();
-        assert!(
-            first >= first_cp_run_end,
-            "{} asked at {first}, before the first control plane's run ended ({first_cp_run_end})",
-            worker.machine
-        );
-        let seed = worker.run().seed();
-        let (approver, approved_at, _) = approves
-            .iter()
-            .find(|(_, _, s)| *s == seed)
-            .unwrap_or_else(|| panic!("no approve of {}'s seed: {approves:?}", worker.machine));
-        let approver_run = cps.iter().find(|cp| cp.machine == *approver).unwrap().run();
-        assert!(
-            ended_at(approver_run) <= *approved_at,
-            "{} approved by {approver} before its own refresh",
-            worker.machine
-        );
-    }
-
-    // The workload API answers with a valid certificate again.
-    assert!(
-        !env.sim
-            .cluster(cluster)
-            .await
-            .unwrap()
-            .api_certificate_expired
-    );
-    let client = env.cluster(cluster).client().await.unwrap();
-    assert!(ck8s_certs_e2e::controlplane::is_ready(&client).await);
-
-    // The lost worker: told within its first run, never retried.
-    let status = env
-        .machine_certificates(&dark.lost)
-        .await
-        .and_then(|m| m.status)
-        .unwrap();
-    let ready = status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Ready")
-        .unwrap();
-    assert_eq!(
-        (ready.status.as_str(), ready.reason.as_str()),
-        ("False", "InPlaceImpossible"),
-        "{}",
-        ready.message
-    );
-    assert!(
-        ready.message.contains(&format!(
-            "`kubectl delete machine -n fleet {}`",
-            dark.lost.machine
-        )),
-        "{}",
-        ready.message
-    );
-    let calls = env.calls(&dark.lost).await;
-    assert_eq!(ck8s_certs_e2e::sim::runs(&calls).len(), 1, "{calls:#?}");
-
-    // The cluster's record: what is still expired is the lost worker.
-    let records: Api<ClusterCertificates> =
-        Api::namespaced(env.management().await.unwrap(), "fleet");
-    let start = Instant::now();
-    loop {
-        let condition = records
-            .get_opt(cluster)
-            .await
-            .unwrap()
-            .and_then(|r| r.status)
-            .and_then(|s| {
-                s.conditions
-                    .into_iter()
-                    .find(|c| c.type_ == "CertificatesExpired")
-            });
-        if let Some(c) = &condition
-            && c.reason == "NodeCertificatesExpired"
-            && c.message.starts_with(&format!(
-                "The certificates of Machine {} expired at {}",
-                dark.lost.machine, dark.ended
-            ))
-        {
-            break;
-        }
-        assert!(
-            start.elapsed() < TIMEOUT,
-            "{cluster}'s record does not name the lost worker: {condition:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-/// Waits until every node of `cluster` but the lost one finished its refresh, and the lost one
-/// says InPlaceImpossible; answers how long after `from` each did.
-async fn wait_recovered(
-    env: &Environment,
-    cluster: &str,
-    dark: &Dark,
-    from: Instant,
-) -> Vec<(String, Duration)> {
-    let mut done_after = Vec::new();
-    for node in &env.cluster(cluster).nodes {
-        env.wait_for_status(node, Duration::from_secs(300), "recovered", |s| {
-            s.conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.reason == "InPlaceImpossible")
-                || (node.machine != dark.lost.machine
-                    && s.operation.as_ref().is_some_and(|o| {
-                        o.phase == ck8s_certs_api::machine_certificates::Phase::Succeeded
-                    }))
-        })
-        .await;
-        done_after.push((node.machine.clone(), from.elapsed()));
-    }
-    done_after
-}
-
 /// The expired drill (issue 37) under an Automatic policy, with no annotation at all: trio (3
 /// control planes, 3 workers) switched off past its certificates' expiry, one worker's
 /// kubelet.conf expired with them. Every node is due (its record says expired, whatever
@@ -847,7 +564,22 @@ async fn under_an_automatic_policy_a_dark_cluster_comes_back_by_itself() {
     }
     let done_after = wait_recovered(&env, "trio", &dark, policy_at).await;
     println!("automatic drill, each node after the policy (waited for in turn): {done_after:?}");
-    check_recovered(&env, "trio", &dark).await;
+    check_recovered(&env, "trio", &dark, true).await;
+    // The policy holds the lost worker back from now on (no renewal every backoff step), and
+    // says why.
+    let held = env
+        .wait_for_status(&dark.lost, TIMEOUT, "held as InPlaceImpossible", |s| {
+            s.renewal
+                .as_ref()
+                .is_some_and(|r| r.reason == "InPlaceImpossible")
+        })
+        .await;
+    let message = held.renewal.map(|r| r.message).unwrap_or_default();
+    assert!(
+        message.starts_with("Not renewed automatically: its last refresh found that the node cannot be refreshed in place")
+            && message.contains("`kubectl delete machine -n fleet trio-md-0-w2`"),
+        "{message}"
+    );
 }
 
 /// The drill without a policy: one annotation of the Cluster (a fleet request) recovers it.
@@ -877,5 +609,5 @@ async fn without_a_policy_one_cluster_annotation_recovers_a_dark_cluster() {
         .unwrap();
     let done_after = wait_recovered(&env, "dusk", &dark, annotated).await;
     println!("drill without a policy, each node after the Cluster's annotation: {done_after:?}");
-    check_recovered(&env, "dusk", &dark).await;
+    check_recovered(&env, "dusk", &dark, true).await;
 }

@@ -68,6 +68,19 @@ fn status(days: Option<i64>, failures: Option<i64>) -> MachineCertificatesStatus
     }
 }
 
+/// `status` after a refresh that ended InPlaceImpossible.
+fn must_be_replaced(mut status: MachineCertificatesStatus) -> MachineCertificatesStatus {
+    crate::controllers::patches::set_condition(
+        &mut status,
+        conditions::READY,
+        false,
+        why::IN_PLACE_IMPOSSIBLE,
+        "The node cannot be refreshed in place".into(),
+        now(),
+    );
+    status
+}
+
 /// What a row expects.
 #[derive(Debug, PartialEq)]
 struct Seen {
@@ -248,7 +261,7 @@ fn every_verdict_shape_plans_its_status_announcement_metric_and_next_step() {
             "due after a failure ten minutes ago: backing off",
             true,
             status(Some(10), Some(1)),
-            policy(automatic),
+            policy(automatic.clone()),
             expect(
                 Some("Backoff"),
                 &[conditions::RENEWAL_DEFERRED],
@@ -332,6 +345,34 @@ fn every_verdict_shape_plans_its_status_announcement_metric_and_next_step() {
             expect(
                 Some("NotDue"),
                 &[conditions::WINDOWS_IGNORED],
+                Some((Normal, events::RENEWAL_SCHEDULED)),
+                None,
+                None,
+                true,
+            ),
+        ),
+        (
+            "expired, but its last refresh found it cannot be refreshed in place: held",
+            false,
+            must_be_replaced(status(Some(-1), Some(1))),
+            policy(automatic.clone()),
+            expect(
+                Some(why::IN_PLACE_IMPOSSIBLE),
+                &[conditions::READY, conditions::RENEWAL_DEFERRED],
+                Some((Warning, events::RENEWAL_DEFERRED)),
+                Some(VerdictMetric::Deferred(why::IN_PLACE_IMPOSSIBLE.into())),
+                None,
+                true,
+            ),
+        ),
+        (
+            "not due, and cannot be refreshed in place: nothing to hold yet",
+            false,
+            must_be_replaced(status(Some(300), None)),
+            policy(automatic),
+            expect(
+                Some("NotDue"),
+                &[conditions::READY],
                 Some((Normal, events::RENEWAL_SCHEDULED)),
                 None,
                 None,
