@@ -391,7 +391,7 @@ impl Default for Metrics {
         let renewal_deferred = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "renewal_deferred",
-            "Renewal verdicts that held a due renewal back, by reason (backoff, outside_window, staggered), counted when the verdict changes",
+            "Renewal verdicts that held a due renewal back, by reason (backoff, outside_window, staggered; in_place_impossible: a worker that must be replaced), counted when the verdict changes",
             renewal_deferred.clone(),
         );
         let renewal_bypassed = Family::<ReasonLabels, Counter>::default();
