@@ -372,16 +372,23 @@ func decodeExpired(w http.ResponseWriter, r *http.Request) (expired, ok bool) {
 	return body.Expired, true
 }
 
+// nodeExpired reads the node of the path and an {"expired": bool} body; on a bad one it has
+// answered (404, 400) and reports false.
+func (s *Simulator) nodeExpired(w http.ResponseWriter, r *http.Request) (n *node, expired, ok bool) {
+	n = s.findNode(r.PathValue("cluster"), r.PathValue("node"))
+	if n == nil {
+		writeJSONError(w, http.StatusNotFound, "no node %s/%s", r.PathValue("cluster"), r.PathValue("node"))
+		return nil, false, false
+	}
+	expired, ok = decodeExpired(w, r)
+	return n, expired, ok
+}
+
 // putClientCertificate records whether the node's kubelet.conf client certificate has expired
 // ({"expired": true}): its worker runs then fail as released k8sd's do when the API server
 // refuses that client.
 func (s *Simulator) putClientCertificate(w http.ResponseWriter, r *http.Request) {
-	n := s.findNode(r.PathValue("cluster"), r.PathValue("node"))
-	if n == nil {
-		writeJSONError(w, http.StatusNotFound, "no node %s/%s", r.PathValue("cluster"), r.PathValue("node"))
-		return
-	}
-	expired, ok := decodeExpired(w, r)
+	n, expired, ok := s.nodeExpired(w, r)
 	if !ok {
 		return
 	}
@@ -399,12 +406,7 @@ func (s *Simulator) putClientCertificate(w http.ResponseWriter, r *http.Request)
 // next delivered run renews them. {"expired": false} gives the node fresh certificates of its
 // configured lifetime (its k8sd identity stays).
 func (s *Simulator) putCertificates(w http.ResponseWriter, r *http.Request) {
-	n := s.findNode(r.PathValue("cluster"), r.PathValue("node"))
-	if n == nil {
-		writeJSONError(w, http.StatusNotFound, "no node %s/%s", r.PathValue("cluster"), r.PathValue("node"))
-		return
-	}
-	expired, ok := decodeExpired(w, r)
+	n, expired, ok := s.nodeExpired(w, r)
 	if !ok {
 		return
 	}

@@ -333,6 +333,20 @@ impl KubeConnector<'_> {
     }
 }
 
+/// `view`'s Machine as the API server has it now: its `status.addresses` (which the cache does
+/// not keep) are read from it.
+async fn machine_live(reach: &Reach, view: &MachineView) -> Result<DynamicObject, Failure> {
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        GROUP,
+        reach.capi.as_str(),
+        "Machine",
+    ));
+    Api::<DynamicObject>::namespaced_with(reach.client.clone(), &view.namespace, &resource)
+        .get(&view.name)
+        .await
+        .map_err(|e| Failure::Api(e.into()))
+}
+
 /// The worker's Node name and its Machine's `status.addresses` (read fresh: the cache keeps no
 /// addresses), which a serving CSR's SANs must stay within. Cluster API copies them from the
 /// infrastructure provider; the node itself cannot change them.
@@ -340,16 +354,7 @@ async fn worker_as_capi_knows_it(
     reach: &Reach,
     view: &MachineView,
 ) -> Result<csr::Worker, Failure> {
-    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
-        GROUP,
-        reach.capi.as_str(),
-        "Machine",
-    ));
-    let machine =
-        Api::<DynamicObject>::namespaced_with(reach.client.clone(), &view.namespace, &resource)
-            .get(&view.name)
-            .await
-            .map_err(|e| Failure::Api(e.into()))?;
+    let machine = machine_live(reach, view).await?;
     let addresses = machine
         .data
         .pointer("/status/addresses")
@@ -444,16 +449,7 @@ async fn direct_endpoint(
     node: &str,
     port: u16,
 ) -> Result<endpoint::Endpoint, Failure> {
-    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
-        GROUP,
-        reach.capi.as_str(),
-        "Machine",
-    ));
-    let machine =
-        Api::<DynamicObject>::namespaced_with(reach.client.clone(), &view.namespace, &resource)
-            .get(&view.name)
-            .await
-            .map_err(|e| Failure::Api(e.into()))?;
+    let machine = machine_live(reach, view).await?;
     endpoint::direct_from_machine(&machine.data, node, port).map_err(Failure::Workload)
 }
 
