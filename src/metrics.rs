@@ -330,6 +330,8 @@ pub struct Metrics {
     pub renewal_deferred: Family<ReasonLabels, Counter>,
     /// `reason`: [`expiry_imminent`], the one reason the windows are bypassed.
     pub renewal_bypassed: Family<ReasonLabels, Counter>,
+    /// Machines deleted to be replaced (`inPlaceImpossible: Replace`).
+    pub machines_replaced: Counter,
     pub refresh_duration: Family<RefreshLabels, Histogram>,
     pub in_progress: Gauge,
     pub policy_invalid: Family<ReasonLabels, Counter>,
@@ -399,6 +401,12 @@ impl Default for Metrics {
             "renewal_bypassed",
             "Renewals run outside the maintenance windows, by reason (expiry_imminent: expiry was within the fail-safe margin)",
             renewal_bypassed.clone(),
+        );
+        let machines_replaced = Counter::default();
+        registry.register(
+            "machines_replaced",
+            "Machines deleted so that their MachineSet creates new ones, because they could not be refreshed in place and their renewal policy says inPlaceImpossible: Replace",
+            machines_replaced.clone(),
         );
         let refresh_duration = Family::<RefreshLabels, Histogram>::new_with_constructor(|| {
             // 0.1 s … ~27 min: a control-plane refresh takes about a second, a worker's waits
@@ -499,6 +507,7 @@ impl Default for Metrics {
             renewals_failed,
             renewal_deferred,
             renewal_bypassed,
+            machines_replaced,
             refresh_duration,
             in_progress,
             policy_invalid,

@@ -194,6 +194,42 @@ pub struct CertificateRenewalPolicySpec {
     #[serde(default = "default_spread")]
     #[schemars(extend("default" = "15m"))]
     pub spread: Spread,
+
+    /// What is done with a worker whose last refresh found it cannot be refreshed in place (its
+    /// kubelet.conf expired, so the API server refuses the CSRs it creates). Absent: it is
+    /// reported (Ready=False, reason InPlaceImpossible) and not renewed automatically again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_place_impossible: Option<InPlaceImpossible>,
+}
+
+/// The policy's `inPlaceImpossible`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct InPlaceImpossible {
+    /// Report (default): say so, and leave the Machine to a person. Replace: delete the Machine
+    /// so that its MachineSet creates a new one; only a worker owned by a MachineSet, only once
+    /// every control plane of its cluster was refreshed, one Machine of a cluster at a time and
+    /// within maxUnavailable of its MachineDeployment. Writing Replace needs the right to delete
+    /// Machines in the policy's namespace.
+    #[serde(default)]
+    pub action: InPlaceImpossibleAction,
+
+    /// With Replace: how many Machines of one MachineDeployment may be being deleted at once
+    /// (this one included, and any other deletion counted), as a number or a percentage of its
+    /// Machines rounded down, such as 1 or 25%. 0 (or a percentage that rounds to 0) replaces
+    /// none. Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unavailable: Option<k8s_openapi::apimachinery::pkg::util::intstr::IntOrString>,
+}
+
+/// The policy's `inPlaceImpossible.action`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum InPlaceImpossibleAction {
+    /// Say so (Ready=False, reason InPlaceImpossible, with the command that replaces it).
+    #[default]
+    Report,
+    /// Delete the Machine so that its MachineSet creates a new one.
+    Replace,
 }
 
 fn default_ttl() -> Ttl {

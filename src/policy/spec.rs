@@ -24,9 +24,12 @@ use std::fmt;
 use std::sync::Arc;
 
 use ck8s_certs_api::machine_certificates::{MachineCertificatesStatus, Phase};
-use ck8s_certs_api::renewal_policy::{CertificateRenewalPolicySpec, MAX_WINDOWS};
+use ck8s_certs_api::renewal_policy::{
+    CertificateRenewalPolicySpec, InPlaceImpossibleAction, MAX_WINDOWS,
+};
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::core::{Selector, SelectorExt};
 
 use super::backoff::{Backoff, Failures};
@@ -55,7 +58,47 @@ pub struct ValidPolicy {
     pub windows: Vec<Window>,
     pub fail_safe_margin: FailSafeMargin,
     pub spread: Spread,
+    /// `inPlaceImpossible: {action: Replace}`: the share of a MachineDeployment that may be
+    /// being deleted at once; `None`: such workers are only reported.
+    pub replace: Option<MaxUnavailable>,
     valid_windows: Arc<[ValidWindow]>,
+}
+
+/// How many Machines of one MachineDeployment may be being deleted at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MaxUnavailable {
+    Count(u32),
+    /// Of the MachineDeployment's Machines, rounded down.
+    Percent(u32),
+}
+
+impl Default for MaxUnavailable {
+    fn default() -> Self {
+        Self::Count(1)
+    }
+}
+
+impl MaxUnavailable {
+    /// `value` as the policy states it (`1`, `"25%"`), `None` when it is neither.
+    pub fn parse(value: &IntOrString) -> Option<Self> {
+        match value {
+            IntOrString::Int(count) => u32::try_from(*count).ok().map(Self::Count),
+            IntOrString::String(text) => {
+                let percent = text.strip_suffix('%')?.parse::<u32>().ok()?;
+                (percent <= 100).then_some(Self::Percent(percent))
+            }
+        }
+    }
+
+    /// The Machines that may be being deleted at once in a MachineDeployment of `machines`.
+    pub fn of(self, machines: usize) -> usize {
+        match self {
+            Self::Count(count) => usize::try_from(count).unwrap_or(usize::MAX),
+            Self::Percent(percent) => {
+                machines.saturating_mul(usize::try_from(percent).unwrap_or(0)) / 100
+            }
+        }
+    }
 }
 
 impl ValidPolicy {
@@ -132,8 +175,23 @@ pub fn validate(spec: &CertificateRenewalPolicySpec) -> Result<ValidPolicy, Inva
         windows: spec.windows.clone(),
         fail_safe_margin: spec.fail_safe_margin,
         spread: spec.spread,
+        replace: None,
         valid_windows: Arc::from([]),
     };
+    if let Some(impossible) = &spec.in_place_impossible
+        && impossible.action == InPlaceImpossibleAction::Replace
+    {
+        match &impossible.max_unavailable {
+            None => policy.replace = Some(MaxUnavailable::default()),
+            Some(value) => match MaxUnavailable::parse(value) {
+                Some(max) => policy.replace = Some(max),
+                None => errors.push(PolicyError::MaxUnavailable(match value {
+                    IntOrString::Int(count) => count.to_string(),
+                    IntOrString::String(text) => text.clone(),
+                })),
+            },
+        }
+    }
     // Windows, Scheduled without windows, renewBefore against ttl, the spread's bound: the
     // decision's own checks.
     match policy

@@ -21,7 +21,7 @@ use super::observe::{Observed, role, waiter};
 use super::report::{Reporter, Seen};
 use super::rest::{After, MachineMark, Renewals, Settled, clear_refusal, settle};
 use super::step::Step;
-use super::verdict::VerdictMetric;
+use super::verdict::{self, VerdictMetric};
 use super::{Context, Error, MANAGER};
 use crate::controllers::executor::{self, Accepted, Finished};
 use crate::controllers::patches::MachineChanges;
@@ -270,9 +270,13 @@ impl<'a> Act<'a> {
                 })
                 .await?;
         }
-        if let Some(renewal) = next {
-            return self.start_automatic(status, renewal).await;
-        }
+        let replacement = match next {
+            Some(verdict::Then::Renew(renewal)) => {
+                return self.start_automatic(status, renewal).await;
+            }
+            Some(verdict::Then::Replace(replacement)) => Some(replacement),
+            None => None,
+        };
         self.report.update_status(&current, &status).await?;
         let metrics = &self.ctx.metrics;
         match metric {
@@ -291,6 +295,9 @@ impl<'a> Act<'a> {
                 warn!("Refused a refresh trigger its owner applies again");
             }
             self.report.event(type_, reason, message).await;
+        }
+        if let Some(replacement) = replacement {
+            return self.replace(replacement).await;
         }
         Ok(action(after))
     }

@@ -48,6 +48,7 @@ mod journal;
 pub mod next;
 mod observe;
 mod outcome;
+mod replace;
 mod report;
 mod requests;
 pub mod rest;

@@ -152,6 +152,33 @@ impl Reporter<'_> {
         Ok(())
     }
 
+    /// An Event about the Machine's Cluster (as cached), when it is known.
+    pub async fn cluster_event(
+        &self,
+        clusters: &kube::runtime::reflector::Store<ck8s_certs_api::machine::Cluster>,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
+        let view = self.machine;
+        let Some(cluster) = view.cluster.as_deref().and_then(|name| {
+            crate::controllers::stores::get_capi(clusters, self.capi, &view.namespace, name)
+        }) else {
+            return;
+        };
+        let reference = cluster.object_ref(&self.capi);
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(truncate(note, 1000)),
+            action: "RefreshCertificates".into(),
+            secondary: None,
+        };
+        if let Err(err) = self.recorder.publish(&event, &reference).await {
+            warn!(error = %err, reason, "Publishing an Event failed");
+        }
+    }
+
     pub async fn event(&self, type_: EventType, reason: &str, note: String) {
         let event = Event {
             type_,

@@ -47,8 +47,8 @@ pub struct Settled {
     pub machine: Option<MachineMark>,
     pub event: Option<(EventType, &'static str, String)>,
     pub metric: Option<VerdictMetric>,
-    /// What comes next: a look again, or (the policy says so) a renewal.
-    pub next: Option<verdict::Renewal>,
+    /// What comes next besides a look again: what the policy says (a renewal, a replacement).
+    pub next: Option<verdict::Then>,
     pub after: After,
 }
 
@@ -180,7 +180,10 @@ pub fn settle(
             );
             let (next, after) = match next {
                 VerdictNext::Requeue(after) => (None, After::Requeue(after)),
-                VerdictNext::Renew(renewal) => (Some(renewal), After::Change),
+                VerdictNext::Renew(renewal) => (Some(verdict::Then::Renew(renewal)), After::Change),
+                VerdictNext::Replace(replacement) => {
+                    (Some(verdict::Then::Replace(replacement)), After::Change)
+                }
             };
             Settled {
                 status,

@@ -46,6 +46,23 @@ pub enum VerdictNext {
     Requeue(Duration),
     /// Renew now, as the policy says.
     Renew(Renewal),
+    /// Replace the Machine (it cannot be refreshed in place), as the policy says, when its
+    /// cluster allows it.
+    Replace(Replacement),
+}
+
+/// What the verdict asks for besides a look again.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Then {
+    Renew(Renewal),
+    Replace(Replacement),
+}
+
+/// A replacement the verdict asks for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Replacement {
+    pub policy: String,
+    pub max_unavailable: crate::policy::spec::MaxUnavailable,
 }
 
 /// An automatic renewal the verdict asks for.
@@ -173,10 +190,17 @@ fn decided(
             reason: DeferReason::Backoff,
             ..
         }) if must_be_replaced(status) => {
-            let message = format!(
-                "Not renewed automatically: its last refresh found that the node cannot be refreshed in place (its kubelet.conf expired, so the API server refuses the CSRs it creates). Replace the Machine: `kubectl delete machine -n {} {}` (a Machine of a MachineSet is created again); or renew kubelet.conf on the node by hand, then ask for a refresh",
-                machine.namespace, machine.name
-            );
+            let found = "Not renewed automatically: its last refresh found that the node cannot be refreshed in place (its kubelet.conf expired, so the API server refuses the CSRs it creates)";
+            let message = match policy.replace {
+                Some(_) => format!(
+                    "{found}. CertificateRenewalPolicy {} replaces it (inPlaceImpossible: Replace): the Machine is deleted, so that its MachineSet creates a new one, once the cluster's control planes were refreshed, one Machine of the cluster at a time",
+                    info.name
+                ),
+                None => format!(
+                    "{found}. Replace the Machine: `kubectl delete machine -n {} {}` (a Machine of a MachineSet is created again); or renew kubelet.conf on the node by hand, then ask for a refresh",
+                    machine.namespace, machine.name
+                ),
+            };
             let verdict = Verdict::new(
                 info,
                 why::IN_PLACE_IMPOSSIBLE,
@@ -184,11 +208,15 @@ fn decided(
                 with_hint(message, &hint(&ttl)),
                 Some(conditions::RENEWAL_DEFERRED),
             );
-            shown(
-                verdict,
-                Some((EventType::Warning, events::RENEWAL_DEFERRED)),
-                resync,
-            )
+            let next = match policy.replace {
+                Some(max_unavailable) => VerdictNext::Replace(Replacement {
+                    policy: info.name.clone(),
+                    max_unavailable,
+                }),
+                None => VerdictNext::Requeue(resync),
+            };
+            let announce = Some((EventType::Warning, events::RENEWAL_DEFERRED));
+            self::shown(status, verdict, announce, next, now)
         }
         Decision::NoExpiry { .. } => VerdictPlan {
             status: status.clone(),

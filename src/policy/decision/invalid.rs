@@ -48,6 +48,11 @@ pub enum PolicyError {
         "spread: {0} is too long: at most 7d (Machines that may renew at the same instant start within this span; 0 turns staggering off)"
     )]
     SpreadTooLong(Spread),
+    /// `inPlaceImpossible.maxUnavailable` neither a count nor a percentage from 0% to 100%.
+    #[error(
+        "inPlaceImpossible.maxUnavailable: {0:?} is neither a number of Machines (0 or more) nor a percentage of a MachineDeployment's Machines (0% to 100%)"
+    )]
+    MaxUnavailable(String),
 }
 
 /// Every problem of an invalid policy. Its message is the one users see wherever the policy is

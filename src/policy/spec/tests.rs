@@ -440,3 +440,59 @@ fn a_policy_s_input_carries_its_checked_windows_and_decides_as_a_bare_one() {
         assert_eq!(decide(&input, utc(now)), decide(&bare, utc(now)), "{now}");
     }
 }
+
+#[test]
+fn replacing_workers_is_opted_into_with_a_share_of_a_machine_deployment() {
+    let with = |impossible: serde_json::Value| {
+        validate(&spec(json!({
+            "machineSelector": {}, "policy": "Automatic", "inPlaceImpossible": impossible,
+        })))
+    };
+    let replace = |impossible: serde_json::Value| with(impossible).map(|p| p.replace);
+    assert_eq!(
+        validate(&spec(json!({"machineSelector": {}, "policy": "Automatic"})))
+            .unwrap()
+            .replace,
+        None
+    );
+    assert_eq!(replace(json!({"action": "Report"})).unwrap(), None);
+    assert_eq!(
+        replace(json!({"action": "Replace"})).unwrap(),
+        Some(MaxUnavailable::Count(1))
+    );
+    assert_eq!(
+        replace(json!({"action": "Replace", "maxUnavailable": 0})).unwrap(),
+        Some(MaxUnavailable::Count(0))
+    );
+    assert_eq!(
+        replace(json!({"action": "Replace", "maxUnavailable": "25%"})).unwrap(),
+        Some(MaxUnavailable::Percent(25))
+    );
+    for bad in [
+        json!(-1),
+        json!("25"),
+        json!("101%"),
+        json!("x%"),
+        json!("-5%"),
+    ] {
+        let errors = with(json!({"action": "Replace", "maxUnavailable": bad}))
+            .unwrap_err()
+            .errors;
+        assert!(
+            matches!(errors.as_slice(), [PolicyError::MaxUnavailable(_)]),
+            "{bad}: {errors:?}"
+        );
+    }
+    // Rounded down, as CAPI's maxUnavailable is: 25% of 3 Machines is none.
+    let cases = [
+        (MaxUnavailable::Count(1), 3, 1),
+        (MaxUnavailable::Count(2), 1, 2),
+        (MaxUnavailable::Percent(25), 3, 0),
+        (MaxUnavailable::Percent(25), 4, 1),
+        (MaxUnavailable::Percent(100), 5, 5),
+        (MaxUnavailable::Percent(0), 5, 0),
+    ];
+    for (max, machines, allowed) in cases {
+        assert_eq!(max.of(machines), allowed, "{max:?} of {machines}");
+    }
+}

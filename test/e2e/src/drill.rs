@@ -129,10 +129,17 @@ fn ended_at(call: &CallRecord) -> jiff::Timestamp {
 /// time, each directly (past the expired API or their expired kubelets); the workers directly
 /// past their expired kubelets, approved by a control plane that was refreshed already; the
 /// workload API answers with a valid certificate; the lost worker is InPlaceImpossible after
-/// one `run`, and the cluster's record names it as what is still expired. `own_api`: the
-/// cluster has its workload API server to itself, so its first control plane renewed it (was
-/// reached past it) and its workers waited for that.
-pub async fn check_recovered(env: &Environment, cluster: &str, dark: &Dark, own_api: bool) {
+/// one `run`, and the cluster's record names it as what is still expired (or, `replaced`: its
+/// Machine was deleted to be replaced, and the record says nothing expired any more).
+/// `own_api`: the cluster has its workload API server to itself, so its first control plane
+/// renewed it (was reached past it) and its workers waited for that.
+pub async fn check_recovered(
+    env: &Environment,
+    cluster: &str,
+    dark: &Dark,
+    own_api: bool,
+    replaced: bool,
+) {
     let mut recovered = Vec::new();
     for node in &env.cluster(cluster).nodes {
         if node.machine == dark.lost.machine {
@@ -269,13 +276,17 @@ pub async fn check_recovered(env: &Environment, cluster: &str, dark: &Dark, own_
                     .into_iter()
                     .find(|c| c.type_ == "CertificatesExpired")
             });
-        if let Some(c) = &condition
-            && c.reason == "NodeCertificatesExpired"
-            && c.message.starts_with(&format!(
-                "The certificates of Machine {} expired at {}",
-                dark.lost.machine, dark.ended
-            ))
-        {
+        let told = condition.as_ref().is_some_and(|c| match replaced {
+            true => c.status == "False",
+            false => {
+                c.reason == "NodeCertificatesExpired"
+                    && c.message.starts_with(&format!(
+                        "The certificates of Machine {} expired at {}",
+                        dark.lost.machine, dark.ended
+                    ))
+            }
+        });
+        if told {
             break;
         }
         assert!(
@@ -309,4 +320,59 @@ pub async fn wait_recovered(
         done_after.push((node.machine.clone(), from.elapsed()));
     }
     done_after
+}
+
+/// Makes `node`'s Machine owned (controlled) by a MachineSet `<cluster>-md-0-drill` of its
+/// MachineDeployment, as Cluster API's MachineDeployment controller would have made it (the
+/// environment has no Cluster API manager: nothing reconciles that MachineSet). Answers the
+/// MachineSet's name.
+pub async fn own_by_machine_set(env: &Environment, node: &NodeInfo) -> String {
+    use ck8s_certs_api::capi::{CLUSTER_NAME_LABEL, DEPLOYMENT_NAME_LABEL, GROUP};
+    let client = env.management().await.unwrap();
+    let version = env.spec.capi_version.storage_version();
+    let deployment = format!("{}-md-0", node.cluster);
+    let set = format!("{deployment}-drill");
+    let resource = |kind: &str| {
+        kube::api::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(GROUP, &version, kind))
+    };
+    let sets: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(client.clone(), &node.namespace, &resource("MachineSet"));
+    let machines: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(client, &node.namespace, &resource("Machine"));
+    let machine = machines.get(&node.machine).await.unwrap();
+    let labels = json!({ CLUSTER_NAME_LABEL: node.cluster, DEPLOYMENT_NAME_LABEL: deployment });
+    let created: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": format!("{GROUP}/{version}"), "kind": "MachineSet",
+        "metadata": { "name": set, "namespace": node.namespace, "labels": labels },
+        "spec": {
+            "clusterName": node.cluster,
+            "replicas": 1,
+            "selector": { "matchLabels": labels },
+            "template": {
+                "metadata": { "labels": labels },
+                "spec": machine.data["spec"],
+            }
+        }
+    }))
+    .unwrap();
+    let created = sets
+        .create(&kube::api::PostParams::default(), &created)
+        .await
+        .unwrap();
+    machines
+        .patch(
+            &node.machine,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": {
+                "labels": { DEPLOYMENT_NAME_LABEL: deployment },
+                "ownerReferences": [{
+                    "apiVersion": format!("{GROUP}/{version}"), "kind": "MachineSet",
+                    "name": set, "uid": created.metadata.uid, "controller": true,
+                    "blockOwnerDeletion": true
+                }]
+            } })),
+        )
+        .await
+        .unwrap();
+    set
 }

@@ -285,11 +285,34 @@ async fn only_users_who_may_change_the_target_get_a_refresh_and_they_are_named()
     let (dave, _) = user(
         &env,
         "dave",
-        json!([policies, { "apiGroups": ["cluster.x-k8s.io"], "resources": ["machines"], "verbs": ["patch"] }]),
+        json!([policies.clone(), { "apiGroups": ["cluster.x-k8s.io"], "resources": ["machines"], "verbs": ["patch"] }]),
     )
     .await;
-    Api::<DynamicObject>::namespaced_with(dave, NAMESPACE, &resource)
-        .create(&post, &policy("by-dave"))
+    let dave = Api::<DynamicObject>::namespaced_with(dave, NAMESPACE, &resource);
+    dave.create(&post, &policy("by-dave"))
         .await
         .expect("a user who may patch Machines writes a renewal policy");
+
+    // A policy that replaces Machines makes the controller delete them: it needs that right.
+    let replacing = |name: &str| {
+        let mut policy = policy(name);
+        policy.data["spec"]["inPlaceImpossible"] = json!({ "action": "Replace" });
+        policy
+    };
+    let message = refused(dave.create(&post, &replacing("replace-by-dave")).await);
+    assert!(
+        message.contains("may not ask a CertificateRenewalPolicy in namespace")
+            && message.contains("to replace Machines (inPlaceImpossible: Replace): that needs delete on machines.cluster.x-k8s.io"),
+        "{message}"
+    );
+    let (erin, _) = user(
+        &env,
+        "erin",
+        json!([policies, { "apiGroups": ["cluster.x-k8s.io"], "resources": ["machines"], "verbs": ["patch", "delete"] }]),
+    )
+    .await;
+    Api::<DynamicObject>::namespaced_with(erin, NAMESPACE, &resource)
+        .create(&post, &replacing("replace-by-erin"))
+        .await
+        .expect("a user who may delete Machines writes a policy that replaces them");
 }

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use ck8s_certs_api::annotations::CERTIFICATES_EXPIRY;
 use ck8s_certs_api::cluster_certificates::ClusterCertificates;
-use ck8s_certs_e2e::drill::{at, check_recovered, go_dark, wait_pinned, wait_recovered};
+use ck8s_certs_e2e::drill::{
+    at, check_recovered, go_dark, own_by_machine_set, wait_pinned, wait_recovered,
+};
 use ck8s_certs_e2e::{EnvSpec, Environment, shared_with};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::Api;
@@ -546,13 +548,18 @@ async fn under_an_automatic_policy_a_dark_cluster_comes_back_by_itself() {
     let _controller = env.start_controller("auto-drill", &[]);
     wait_pinned(&env, &nodes).await;
     let dark = go_dark(&env, "trio", &nodes, "trio-md-0-w2").await;
+    let machine_set = own_by_machine_set(&env, &dark.lost).await;
+    let audit_from = ck8s_certs_e2e::controlplane::audited_writes(&env.dir, "management").len();
 
     let policy_at = Instant::now();
     env.create_policy(
         "fleet",
         "auto-drill",
         "auto-drill",
-        json!({ "policy": "Automatic", "ttl": "1y" }),
+        json!({
+            "policy": "Automatic", "ttl": "1y",
+            "inPlaceImpossible": { "action": "Replace" },
+        }),
     )
     .await;
     for node in &nodes {
@@ -564,21 +571,52 @@ async fn under_an_automatic_policy_a_dark_cluster_comes_back_by_itself() {
     }
     let done_after = wait_recovered(&env, "trio", &dark, policy_at).await;
     println!("automatic drill, each node after the policy (waited for in turn): {done_after:?}");
-    check_recovered(&env, "trio", &dark, true).await;
-    // The policy holds the lost worker back from now on (no renewal every backoff step), and
-    // says why.
-    let held = env
-        .wait_for_status(&dark.lost, TIMEOUT, "held as InPlaceImpossible", |s| {
-            s.renewal
-                .as_ref()
-                .is_some_and(|r| r.reason == "InPlaceImpossible")
-        })
-        .await;
-    let message = held.renewal.map(|r| r.message).unwrap_or_default();
+    check_recovered(&env, "trio", &dark, true, true).await;
+    // The policy replaces the lost worker (Replace): its Machine is deleted, once, by the
+    // controller, and that is said on the Machine and the Cluster.
+    let machines = env.machine_api(env.management().await.unwrap(), "fleet");
+    let start = Instant::now();
+    while machines
+        .get_opt(&dark.lost.machine)
+        .await
+        .unwrap()
+        .is_some()
+    {
+        assert!(
+            start.elapsed() < TIMEOUT,
+            "the lost worker was not replaced"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    println!(
+        "the lost worker's Machine was deleted {:?} after the policy",
+        policy_at.elapsed()
+    );
+    // Nothing else of the cluster is deleted meanwhile (one at a time), and it is not deleted
+    // twice.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let deletes: Vec<String> = ck8s_certs_e2e::controlplane::audited_writes(&env.dir, "management")
+        .into_iter()
+        .skip(audit_from)
+        .filter(|w| w.verb == "delete")
+        .filter_map(|w| w.object_ref)
+        .filter(|o| o.resource == "machines")
+        .map(|o| format!("{}/{}", o.namespace, o.name))
+        .collect();
+    assert_eq!(deletes, [format!("fleet/{}", dark.lost.machine)]);
+    let events = env.cluster_events("fleet", "trio").await;
+    let replaced = events
+        .iter()
+        .find(|e| e.reason.as_deref() == Some("InPlaceImpossibleReplaced"))
+        .unwrap_or_else(|| {
+            panic!("no InPlaceImpossibleReplaced Event on the Cluster: {events:#?}")
+        });
+    let note = replaced.note.clone().unwrap_or_default();
     assert!(
-        message.starts_with("Not renewed automatically: its last refresh found that the node cannot be refreshed in place")
-            && message.contains("`kubectl delete machine -n fleet trio-md-0-w2`"),
-        "{message}"
+        note.starts_with(&format!(
+            "Deleted Machine trio-md-0-w2 (owned by MachineSet {machine_set}), so that its MachineSet creates a new one"
+        )) && note.contains("CertificateRenewalPolicy auto-drill replaces such workers"),
+        "{note}"
     );
 }
 
@@ -609,5 +647,5 @@ async fn without_a_policy_one_cluster_annotation_recovers_a_dark_cluster() {
         .unwrap();
     let done_after = wait_recovered(&env, "dusk", &dark, annotated).await;
     println!("drill without a policy, each node after the Cluster's annotation: {done_after:?}");
-    check_recovered(&env, "dusk", &dark, true).await;
+    check_recovered(&env, "dusk", &dark, true, false).await;
 }

@@ -158,7 +158,7 @@ async fn twenty_dark_clusters_come_back_at_once_and_healthy_ones_are_not_held_up
         "healthy clusters' manual refreshes (each cluster's slowest node): alone {before:?}; beside the drill {beside:?}; their workers queued for a fleet-wide place {held_up} times"
     );
     for (name, dark) in &dark {
-        check_recovered(&env, name, dark, false).await;
+        check_recovered(&env, name, dark, false, false).await;
     }
     // The healthy clusters' refreshes went through the API as usual.
     for name in &lit_names {

@@ -90,6 +90,8 @@ struct Seen {
     metric: Option<VerdictMetric>,
     /// `Some((bypassed, in a window))` for a renewal.
     renew: Option<(bool, bool)>,
+    /// A replacement is asked for.
+    replace: bool,
     changed: bool,
 }
 
@@ -106,8 +108,9 @@ fn seen(plan: &VerdictPlan, before: &MachineCertificatesStatus) -> Seen {
         metric: plan.metric.clone(),
         renew: match &plan.next {
             VerdictNext::Renew(r) => Some((r.bypassed_windows, r.matched_window.is_some())),
-            VerdictNext::Requeue(_) => None,
+            VerdictNext::Requeue(_) | VerdictNext::Replace(_) => None,
         },
+        replace: matches!(plan.next, VerdictNext::Replace(_)),
         changed: plan.status != *before,
     }
 }
@@ -126,6 +129,7 @@ fn expect(
         event,
         metric,
         renew,
+        replace: false,
         changed,
     }
 }
@@ -394,7 +398,7 @@ fn every_verdict_shape_plans_its_status_announcement_metric_and_next_step() {
             (&None, &None),
             "{name}: again"
         );
-        let renews = matches!(plan.next, VerdictNext::Renew(_));
+        let renews = matches!(plan.next, VerdictNext::Renew(_) | VerdictNext::Replace(_));
         assert_eq!(again.quiet(&plan.status), !renews, "{name}: quiet");
     }
 }
@@ -421,4 +425,52 @@ fn a_verdict_looks_again_when_its_answer_can_change_within_the_resync_period() {
     };
     let plan = plan(&machine, &soon, &governing, settings, RESYNC, now());
     assert_eq!(plan.next, VerdictNext::Requeue(Duration::from_secs(3_600)));
+}
+
+#[test]
+fn a_worker_that_must_be_replaced_is_replaced_when_its_policy_says_so() {
+    let replacing = json!({
+        "policy": "Automatic", "renewBefore": "30d",
+        "inPlaceImpossible": {"action": "Replace", "maxUnavailable": "50%"},
+    });
+    let lost = must_be_replaced(status(Some(-1), Some(1)));
+    let plan = plan(
+        &machine(false),
+        &lost,
+        &policy(replacing.clone()),
+        Settings::default(),
+        RESYNC,
+        now(),
+    );
+    assert_eq!(
+        plan.next,
+        VerdictNext::Replace(Replacement {
+            policy: "p".into(),
+            max_unavailable: crate::policy::spec::MaxUnavailable::Percent(50),
+        })
+    );
+    let renewal = plan.status.renewal.as_ref().unwrap();
+    assert_eq!(renewal.reason, why::IN_PLACE_IMPOSSIBLE);
+    assert!(
+        renewal
+            .message
+            .contains("CertificateRenewalPolicy p replaces it (inPlaceImpossible: Replace)"),
+        "{}",
+        renewal.message
+    );
+    // Not due: nothing to replace (yet).
+    let far = must_be_replaced(status(Some(300), None));
+    let plan = super::plan(
+        &machine(false),
+        &far,
+        &policy(replacing),
+        Settings::default(),
+        RESYNC,
+        now(),
+    );
+    assert!(
+        matches!(plan.next, VerdictNext::Requeue(_)),
+        "{:?}",
+        plan.next
+    );
 }

@@ -1,0 +1,467 @@
+//! Replacing a worker that cannot be refreshed in place, when its policy says so
+//! (`inPlaceImpossible: {action: Replace}`): the Machine is deleted, so that its MachineSet
+//! creates a new one. Whether it may go now is a pure function of what the cluster's Machines
+//! show ([`may_replace`], table-tested below); the reads and the one delete are in
+//! [`Act::replace`].
+
+use std::time::Duration;
+
+use ck8s_certs_api::annotations::{
+    CERTIFICATES_EXPIRY, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS, RefreshStatus,
+};
+use ck8s_certs_api::capi::{CLUSTER_NAME_LABEL, DEPLOYMENT_NAME_LABEL, GROUP};
+use ck8s_certs_api::machine::MachineView;
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Preconditions};
+use kube::core::GroupVersionKind;
+use kube::runtime::controller::Action;
+use kube::{Api, ResourceExt};
+use tracing::info;
+
+use super::Error;
+use super::act::Act;
+use super::verdict::Replacement;
+use crate::events::EventType;
+use crate::policy::spec::MaxUnavailable;
+
+/// How soon a replacement held back looks again: what holds it (a control plane's refresh,
+/// another Machine's deletion) takes minutes.
+const HELD_RECHECK: Duration = Duration::from_secs(60);
+
+/// The Event reason of a Machine deleted to be replaced.
+pub const REPLACED: &str = "InPlaceImpossibleReplaced";
+
+/// What one Machine of the cluster shows, for [`may_replace`].
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Peer {
+    pub name: String,
+    pub control_plane: bool,
+    pub deleting: bool,
+    /// Its recorded expiry has passed.
+    pub expired: bool,
+    /// A refresh of it is asked for or running.
+    pub refreshing: bool,
+    /// Its MachineDeployment (`cluster.x-k8s.io/deployment-name`).
+    pub deployment: Option<String>,
+}
+
+impl Peer {
+    fn of(machine: &MachineView, now: Timestamp) -> Self {
+        let expiry = machine
+            .annotation(CERTIFICATES_EXPIRY)
+            .and_then(|at| at.parse::<Timestamp>().ok());
+        Self {
+            name: machine.name.clone(),
+            control_plane: machine.control_plane,
+            deleting: machine.deleting,
+            expired: expiry.is_some_and(|at| at <= now),
+            refreshing: machine.annotation(REFRESH_CERTIFICATES).is_some()
+                || machine.annotation(REFRESH_CERTIFICATES_STATUS)
+                    == Some(RefreshStatus::InProgress.as_str()),
+            deployment: machine.labels.get(DEPLOYMENT_NAME_LABEL).cloned(),
+        }
+    }
+}
+
+/// Why a Machine is not replaced now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Hold {
+    /// Never a control plane (its replacement is the control plane provider's business).
+    ControlPlane,
+    /// Only a Machine a MachineSet owns is created again once deleted.
+    NoMachineSet,
+    /// Its recorded expiry has not passed: a refused CSR from a node whose certificates are
+    /// current (an authentication outage of the workload API, say) is not taken for an expired
+    /// kubelet.conf.
+    NotExpired,
+    /// A control plane of the cluster still has expired certificates or is being refreshed:
+    /// the control planes are recovered first.
+    ControlPlanes(String),
+    /// Another Machine of the cluster is being deleted: one at a time per cluster.
+    ClusterBusy(String),
+    /// Its MachineDeployment already has as many Machines being deleted as allowed.
+    Deployment {
+        deployment: String,
+        deleting: usize,
+        allowed: usize,
+    },
+}
+
+impl std::fmt::Display for Hold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::ControlPlane => f.write_str("it is a control plane, which is never replaced"),
+            Self::NoMachineSet => f.write_str(
+                "no MachineSet owns it, so nothing would create it again: replace it by hand",
+            ),
+            Self::NotExpired => f.write_str(
+                "its recorded certificates have not expired, so its kubelet.conf is not known to have: refresh it by hand to see again",
+            ),
+            Self::ControlPlanes(name) => write!(
+                f,
+                "control plane {name} of its cluster is not refreshed yet: the control planes are recovered first"
+            ),
+            Self::ClusterBusy(name) => write!(
+                f,
+                "Machine {name} of its cluster is being deleted: one Machine of a cluster at a time"
+            ),
+            Self::Deployment {
+                deployment,
+                deleting,
+                allowed,
+            } => write!(
+                f,
+                "MachineDeployment {deployment} has {deleting} Machine(s) being deleted and inPlaceImpossible.maxUnavailable allows {allowed}"
+            ),
+        }
+    }
+}
+
+/// Whether `machine` (owned by `owner`, if anyone) may be deleted now, given every Machine of
+/// its cluster (`peers`, itself included) and the share of a MachineDeployment that may be
+/// being deleted at once.
+pub(super) fn may_replace(
+    machine: &Peer,
+    owner: Option<&OwnerReference>,
+    peers: &[Peer],
+    max_unavailable: MaxUnavailable,
+) -> Result<(), Hold> {
+    if machine.control_plane {
+        return Err(Hold::ControlPlane);
+    }
+    if !owner.is_some_and(is_machine_set) {
+        return Err(Hold::NoMachineSet);
+    }
+    if !machine.expired {
+        return Err(Hold::NotExpired);
+    }
+    let others = || peers.iter().filter(|p| p.name != machine.name);
+    if let Some(cp) =
+        others().find(|p| p.control_plane && !p.deleting && (p.expired || p.refreshing))
+    {
+        return Err(Hold::ControlPlanes(cp.name.clone()));
+    }
+    if let Some(busy) = others().find(|p| p.deleting) {
+        return Err(Hold::ClusterBusy(busy.name.clone()));
+    }
+    if let Some(deployment) = &machine.deployment {
+        let members: Vec<&Peer> = peers
+            .iter()
+            .filter(|p| p.deployment.as_ref() == Some(deployment))
+            .collect();
+        let deleting = members.iter().filter(|p| p.deleting).count();
+        let allowed = max_unavailable.of(members.len());
+        if deleting + 1 > allowed {
+            return Err(Hold::Deployment {
+                deployment: deployment.clone(),
+                deleting,
+                allowed,
+            });
+        }
+    } else if max_unavailable.of(1) == 0 {
+        // A Machine of a MachineSet without a MachineDeployment: its MachineSet is its share.
+        return Err(Hold::Deployment {
+            deployment: "(none: its MachineSet)".into(),
+            deleting: 0,
+            allowed: 0,
+        });
+    }
+    Ok(())
+}
+
+/// A Cluster API MachineSet that controls the Machine.
+fn is_machine_set(owner: &OwnerReference) -> bool {
+    owner.kind == "MachineSet"
+        && owner.controller == Some(true)
+        && owner.api_version.split_once('/').map(|(g, _)| g) == Some(GROUP)
+}
+
+impl Act<'_> {
+    /// Deletes the Machine (so that its MachineSet creates a new one) when [`may_replace`]
+    /// allows it, reading the Machine and its cluster's Machines live: a stale cache must not
+    /// let two go at once. Deleted on the condition that it did not change since it was read.
+    pub(super) async fn replace(&self, replacement: Replacement) -> Result<Action, Error> {
+        let view = self.view;
+        let now = self.ctx.clock.now();
+        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+            GROUP,
+            self.ctx.capi().as_str(),
+            "Machine",
+        ));
+        let machines: Api<DynamicObject> =
+            Api::namespaced_with(self.ctx.client().clone(), &view.namespace, &resource);
+        let Some(machine) = machines.get_opt(&view.name).await? else {
+            return Ok(Action::await_change());
+        };
+        if machine.metadata.deletion_timestamp.is_some() {
+            return Ok(Action::await_change());
+        }
+        let cluster = view.cluster.clone().unwrap_or_default();
+        let listed = machines
+            .list(&ListParams::default().labels(&format!("{CLUSTER_NAME_LABEL}={cluster}")))
+            .await?;
+        let peers: Vec<Peer> = listed
+            .items
+            .iter()
+            .map(|m| Peer::of(&MachineView::from_dynamic(m), now))
+            .collect();
+        let this = Peer::of(&MachineView::from_dynamic(&machine), now);
+        let owner = machine
+            .owner_references()
+            .iter()
+            .find(|o| o.controller == Some(true));
+        if let Err(hold) = may_replace(&this, owner, &peers, replacement.max_unavailable) {
+            info!(why = %hold, policy = replacement.policy, "Not replaced yet");
+            return Ok(Action::requeue(HELD_RECHECK));
+        }
+        let owner = owner.map(|o| o.name.clone()).unwrap_or_default();
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: machine.uid(),
+                resource_version: machine.resource_version(),
+            }),
+            ..DeleteParams::default()
+        };
+        match machines.delete(&view.name, &params).await {
+            Ok(_) => {}
+            // Changed since it was read (a person acted meanwhile): looked at again.
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                return Ok(Action::requeue(Duration::from_secs(5)));
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 => {
+                return Ok(Action::await_change());
+            }
+            Err(err) => return Err(err.into()),
+        }
+        let message = format!(
+            "Deleted Machine {} (owned by MachineSet {owner}), so that its MachineSet creates a new one: it could not be refreshed in place (its kubelet.conf expired), and CertificateRenewalPolicy {} replaces such workers (inPlaceImpossible: Replace)",
+            view.name, replacement.policy
+        );
+        info!(
+            policy = replacement.policy,
+            machine_set = owner,
+            "Deleted the Machine to be replaced"
+        );
+        self.ctx.metrics.machines_replaced.inc();
+        self.report
+            .event(EventType::Warning, REPLACED, message.clone())
+            .await;
+        self.report
+            .cluster_event(
+                &self.ctx.stores.clusters,
+                EventType::Warning,
+                REPLACED,
+                message,
+            )
+            .await;
+        Ok(Action::await_change())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(name: &str, control_plane: bool) -> Peer {
+        Peer {
+            name: name.into(),
+            control_plane,
+            deleting: false,
+            expired: false,
+            refreshing: false,
+            deployment: (!control_plane).then(|| "md-0".to_owned()),
+        }
+    }
+
+    fn machine_set(api_version: &str, controller: Option<bool>) -> OwnerReference {
+        OwnerReference {
+            api_version: api_version.into(),
+            kind: "MachineSet".into(),
+            name: "md-0-abc".into(),
+            uid: "u".into(),
+            controller,
+            ..Default::default()
+        }
+    }
+
+    /// What is asked, of which Machine, its owner, its cluster, the share: what is answered.
+    type Row = (
+        &'static str,
+        Peer,
+        Option<OwnerReference>,
+        Vec<Peer>,
+        MaxUnavailable,
+        Result<(), Hold>,
+    );
+
+    #[test]
+    fn only_a_machine_set_worker_goes_and_only_when_its_cluster_and_deployment_allow() {
+        let owned = machine_set("cluster.x-k8s.io/v1beta2", Some(true));
+        let lost = Peer {
+            expired: true,
+            ..peer("w-2", false)
+        };
+        let cluster = || {
+            vec![
+                peer("cp-0", true),
+                peer("cp-1", true),
+                peer("w-0", false),
+                peer("w-1", false),
+                lost.clone(),
+            ]
+        };
+        let with = |change: &dyn Fn(&mut Vec<Peer>)| {
+            let mut peers = cluster();
+            change(&mut peers);
+            peers
+        };
+        let one = MaxUnavailable::Count(1);
+        let rows: Vec<Row> = vec![
+            (
+                "a worker of a MachineSet, all recovered",
+                lost.clone(),
+                Some(owned.clone()),
+                cluster(),
+                one,
+                Ok(()),
+            ),
+            (
+                "a control plane: never",
+                peer("cp-0", true),
+                Some(owned.clone()),
+                cluster(),
+                one,
+                Err(Hold::ControlPlane),
+            ),
+            (
+                "no owner",
+                lost.clone(),
+                None,
+                cluster(),
+                one,
+                Err(Hold::NoMachineSet),
+            ),
+            (
+                "owned, but not controlled, by a MachineSet",
+                lost.clone(),
+                Some(machine_set("cluster.x-k8s.io/v1beta2", None)),
+                cluster(),
+                one,
+                Err(Hold::NoMachineSet),
+            ),
+            (
+                "a MachineSet of another API group",
+                lost.clone(),
+                Some(machine_set("example.com/v1", Some(true))),
+                cluster(),
+                one,
+                Err(Hold::NoMachineSet),
+            ),
+            (
+                "a control plane still expired",
+                lost.clone(),
+                Some(owned.clone()),
+                with(&|p| p[1].expired = true),
+                one,
+                Err(Hold::ControlPlanes("cp-1".into())),
+            ),
+            (
+                "a control plane being refreshed",
+                lost.clone(),
+                Some(owned.clone()),
+                with(&|p| p[0].refreshing = true),
+                one,
+                Err(Hold::ControlPlanes("cp-0".into())),
+            ),
+            (
+                "an expired control plane being deleted: not waited for, but one deletion at a time",
+                lost.clone(),
+                Some(owned.clone()),
+                with(&|p| {
+                    p[1].expired = true;
+                    p[1].deleting = true;
+                }),
+                MaxUnavailable::Count(5),
+                Err(Hold::ClusterBusy("cp-1".into())),
+            ),
+            (
+                "another Machine of the cluster being deleted",
+                lost.clone(),
+                Some(owned.clone()),
+                with(&|p| p[2].deleting = true),
+                MaxUnavailable::Count(5),
+                Err(Hold::ClusterBusy("w-0".into())),
+            ),
+            (
+                "a worker expired too does not hold it (it is next)",
+                lost.clone(),
+                Some(owned.clone()),
+                with(&|p| p[2].expired = true),
+                one,
+                Ok(()),
+            ),
+            (
+                "25% of three workers is none",
+                lost.clone(),
+                Some(owned.clone()),
+                cluster(),
+                MaxUnavailable::Percent(25),
+                Err(Hold::Deployment {
+                    deployment: "md-0".into(),
+                    deleting: 0,
+                    allowed: 0,
+                }),
+            ),
+            (
+                "0 replaces none",
+                lost.clone(),
+                Some(owned.clone()),
+                cluster(),
+                MaxUnavailable::Count(0),
+                Err(Hold::Deployment {
+                    deployment: "md-0".into(),
+                    deleting: 0,
+                    allowed: 0,
+                }),
+            ),
+        ];
+        for (name, machine, owner, peers, max, expected) in rows {
+            assert_eq!(
+                may_replace(&machine, owner.as_ref(), &peers, max),
+                expected,
+                "{name}"
+            );
+        }
+        // Another deployment's deletions count against the cluster, not the deployment: one
+        // Machine of a cluster at a time holds first.
+        let mut peers = cluster();
+        peers.push(Peer {
+            deleting: true,
+            deployment: Some("md-1".into()),
+            ..peer("x-0", false)
+        });
+        assert_eq!(
+            may_replace(&lost, Some(&owned), &peers, MaxUnavailable::Percent(100)),
+            Err(Hold::ClusterBusy("x-0".into()))
+        );
+    }
+
+    #[test]
+    fn what_holds_it_is_said_plainly() {
+        assert_eq!(
+            Hold::Deployment {
+                deployment: "md-0".into(),
+                deleting: 1,
+                allowed: 1
+            }
+            .to_string(),
+            "MachineDeployment md-0 has 1 Machine(s) being deleted and inPlaceImpossible.maxUnavailable allows 1"
+        );
+        assert!(
+            Hold::NoMachineSet
+                .to_string()
+                .contains("replace it by hand")
+        );
+    }
+}
