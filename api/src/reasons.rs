@@ -26,6 +26,10 @@ pub mod events {
     pub const RENEWAL_DISABLED: &str = "CertificatesRenewalDisabled";
     /// The governing policy, or several conflicting ones, cannot be applied (Warning).
     pub const RENEWAL_CONFIG_INVALID: &str = "CertificatesRenewalConfigInvalid";
+    /// A worker that could not be refreshed in place was deleted so that its MachineSet creates
+    /// a new one, as its renewal policy says (`inPlaceImpossible: Replace`); on the Machine and
+    /// its Cluster (Warning).
+    pub const MACHINE_REPLACED: &str = "CertificatesMachineReplaced";
     /// A renewal runs outside the windows because expiry is within the fail-safe margin
     /// (Warning).
     pub const RENEWAL_WINDOW_BYPASSED: &str = "CertificatesRenewalWindowBypassed";

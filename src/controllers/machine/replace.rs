@@ -11,6 +11,7 @@ use ck8s_certs_api::annotations::{
 };
 use ck8s_certs_api::capi::{CLUSTER_NAME_LABEL, DEPLOYMENT_NAME_LABEL, GROUP};
 use ck8s_certs_api::machine::MachineView;
+use ck8s_certs_api::reasons::events;
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Preconditions};
@@ -28,9 +29,6 @@ use crate::policy::spec::MaxUnavailable;
 /// How soon a replacement held back looks again: what holds it (a control plane's refresh,
 /// another Machine's deletion) takes minutes.
 const HELD_RECHECK: Duration = Duration::from_secs(60);
-
-/// The Event reason of a Machine deleted to be replaced.
-pub const REPLACED: &str = "InPlaceImpossibleReplaced";
 
 /// What one Machine of the cluster shows, for [`may_replace`].
 #[derive(Clone, Debug, PartialEq)]
@@ -245,13 +243,17 @@ impl Act<'_> {
         );
         self.ctx.metrics.machines_replaced.inc();
         self.report
-            .event(EventType::Warning, REPLACED, message.clone())
+            .event(
+                EventType::Warning,
+                events::MACHINE_REPLACED,
+                message.clone(),
+            )
             .await;
         self.report
             .cluster_event(
                 &self.ctx.stores.clusters,
                 EventType::Warning,
-                REPLACED,
+                events::MACHINE_REPLACED,
                 message,
             )
             .await;

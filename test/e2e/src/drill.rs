@@ -333,7 +333,7 @@ pub async fn own_by_machine_set(env: &Environment, node: &NodeInfo) -> String {
     let deployment = format!("{}-md-0", node.cluster);
     let set = format!("{deployment}-drill");
     let resource = |kind: &str| {
-        kube::api::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(GROUP, &version, kind))
+        kube::api::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(GROUP, version, kind))
     };
     let sets: Api<kube::api::DynamicObject> =
         Api::namespaced_with(client.clone(), &node.namespace, &resource("MachineSet"));

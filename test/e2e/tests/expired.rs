@@ -607,9 +607,9 @@ async fn under_an_automatic_policy_a_dark_cluster_comes_back_by_itself() {
     let events = env.cluster_events("fleet", "trio").await;
     let replaced = events
         .iter()
-        .find(|e| e.reason.as_deref() == Some("InPlaceImpossibleReplaced"))
+        .find(|e| e.reason.as_deref() == Some("CertificatesMachineReplaced"))
         .unwrap_or_else(|| {
-            panic!("no InPlaceImpossibleReplaced Event on the Cluster: {events:#?}")
+            panic!("no CertificatesMachineReplaced Event on the Cluster: {events:#?}")
         });
     let note = replaced.note.clone().unwrap_or_default();
     assert!(
