@@ -95,6 +95,24 @@ impl CapiManager {
     }
 }
 
+/// An environment of one cluster `name` (two control planes, two workers) in [`NAMESPACE`],
+/// with the manager.
+pub fn spec(name: &str) -> crate::EnvSpec {
+    let mut spec = crate::EnvSpec::standard();
+    spec.clusters = vec![crate::fixtures::ClusterSpec {
+        name: name.into(),
+        namespace: NAMESPACE.into(),
+        machine_prefix: name.into(),
+        control_planes: 2,
+        workers: 2,
+        microcluster_port: None,
+        extra_sans: Vec::new(),
+        endpoint_host: format!("{name}.k8s.example.internal"),
+    }];
+    spec.capi_manager = true;
+    spec
+}
+
 /// The MachineSet [`make_coherent`] creates for `cluster`'s MachineDeployment `<cluster>-md-0`.
 pub fn machine_set_name(cluster: &str) -> String {
     format!("{cluster}-md-0-e2e00")

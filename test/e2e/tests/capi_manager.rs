@@ -14,7 +14,7 @@ use ck8s_certs_api::annotations::{
     CERTIFICATES_EXPIRY, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS,
 };
 use ck8s_certs_e2e::capi_manager::{self, CapiManager, MACHINE_FINALIZER, MACHINE_SET_MANAGER};
-use ck8s_certs_e2e::fixtures::{ClusterSpec, NodeInfo, Role};
+use ck8s_certs_e2e::fixtures::{NodeInfo, Role};
 use ck8s_certs_e2e::sim::runs;
 use ck8s_certs_e2e::{EnvSpec, Environment, shared_with};
 use kube::Api;
@@ -55,19 +55,7 @@ async fn names(api: &Api<DynamicObject>) -> Vec<String> {
 
 /// One cluster (two control planes, two workers) in the manager's namespace, and the manager.
 fn spec() -> EnvSpec {
-    let mut spec = EnvSpec::standard();
-    spec.clusters = vec![ClusterSpec {
-        name: CLUSTER.into(),
-        namespace: capi_manager::NAMESPACE.into(),
-        machine_prefix: CLUSTER.into(),
-        control_planes: 2,
-        workers: 2,
-        microcluster_port: None,
-        extra_sans: Vec::new(),
-        endpoint_host: format!("{CLUSTER}.k8s.example.internal"),
-    }];
-    spec.capi_manager = true;
-    spec
+    capi_manager::spec(CLUSTER)
 }
 
 /// One audited request, with what the audit log says beyond `controlplane::AuditEvent`.
