@@ -152,6 +152,10 @@ pub(super) fn field_problems(spec: &serde_yaml::Value) -> Vec<String> {
     }
     problems.extend(field::<FailSafeMargin>(spec, "failSafeMargin"));
     problems.extend(field::<Spread>(spec, "spread"));
+    problems.extend(field::<ck8s_certs_api::renewal_policy::InPlaceImpossible>(
+        spec,
+        "inPlaceImpossible",
+    ));
     problems
 }
 
