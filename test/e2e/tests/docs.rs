@@ -1073,6 +1073,8 @@ const OTHER_FIELDS: &[&str] = &[
     "controlPlaneEndpoint",
     "extraSANs",
     "certificatesExpiryDate",
+    "nodeDrainTimeout",
+    "nodeDrainTimeoutSeconds",
     "tokenFile",
     "prometheusSpec",
     "podMonitorSelectorNilUsesHelmValues",
