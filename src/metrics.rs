@@ -283,6 +283,10 @@ pub fn label_values() -> Vec<(&'static str, &'static str, Vec<&'static str>)> {
                 "outside_window",
                 "staggered",
                 "in_place_impossible",
+                "machine_deleting",
+                "remediation_requested",
+                "in_place_upgrade",
+                "rolling_out",
             ],
         ),
         ("renewal_bypassed", "reason", vec!["expiry_imminent"]),
@@ -393,7 +397,7 @@ impl Default for Metrics {
         let renewal_deferred = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "renewal_deferred",
-            "Renewal verdicts that held a due renewal back, by reason (backoff, outside_window, staggered; in_place_impossible: a worker that must be replaced), counted when the verdict changes",
+            "Renewal verdicts that held a due renewal back, by reason (backoff, outside_window, staggered; in_place_impossible: a worker that must be replaced; machine_deleting, remediation_requested, in_place_upgrade, rolling_out: a closed pre-flight gate of its cluster), counted when the verdict changes",
             renewal_deferred.clone(),
         );
         let renewal_bypassed = Family::<ReasonLabels, Counter>::default();
@@ -484,6 +488,10 @@ impl Default for Metrics {
         let _ = renewal_deferred.get_or_create(&reason_label(
             ck8s_certs_api::reasons::condition_reasons::IN_PLACE_IMPOSSIBLE,
         ));
+        // And its holds for a closed pre-flight gate.
+        for gate in crate::controllers::machine::gates::Gate::REASONS {
+            let _ = renewal_deferred.get_or_create(&reason_label(gate));
+        }
         let _ = renewal_bypassed.get_or_create(&expiry_imminent());
         for origin in [
             ck8s_certs_api::machine_certificates::Origin::Manual,

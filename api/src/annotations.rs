@@ -12,6 +12,14 @@ pub const REFRESH_CERTIFICATES_STATUS: &str = "v1beta2.k8sd.io/refresh-certifica
 /// `Machine.status.certificatesExpiryDate` for control-plane Machines.
 pub const CERTIFICATES_EXPIRY: &str = "machine.cluster.x-k8s.io/certificates-expiry";
 
+/// The CK8s provider's in-place upgrade of a Machine (canonical/cluster-api-k8s,
+/// `bootstrap/api/v1beta2/inplace_upgrade_consts.go`): `in-progress`, `done` or `failed`. While it
+/// is in progress the upgrade restarts the services a refresh restarts.
+pub const IN_PLACE_UPGRADE_STATUS: &str = "v1beta2.k8sd.io/in-place-upgrade-status";
+
+/// [`IN_PLACE_UPGRADE_STATUS`] while the upgrade runs.
+pub const IN_PLACE_UPGRADE_IN_PROGRESS: &str = "in-progress";
+
 /// Set by ck8s-certs' admission webhook in the same write that sets or changes
 /// [`REFRESH_CERTIFICATES`] (together with `in-progress`): the admission request's UID, which
 /// names that request. The operation record keeps it, so a request re-added with the same TTL

@@ -20,6 +20,9 @@ pub const DEPLOYMENT_NAME_LABEL: &str = "cluster.x-k8s.io/deployment-name";
 /// Label control plane providers set on their Machines: the control plane object's name.
 pub const CONTROL_PLANE_NAME_LABEL: &str = "cluster.x-k8s.io/control-plane-name";
 
+/// Asks Cluster API to remediate a Machine (as a MachineHealthCheck would): its owner replaces it.
+pub const REMEDIATE_MACHINE_ANNOTATION: &str = "cluster.x-k8s.io/remediate-machine";
+
 /// Annotation that pauses reconciliation of a CAPI object (the same as `Cluster.spec.paused`).
 pub const PAUSED_ANNOTATION: &str = "cluster.x-k8s.io/paused";
 

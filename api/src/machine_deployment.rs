@@ -24,6 +24,9 @@ pub struct MachineDeployment {
     pub cluster_name: Option<String>,
     /// The `cluster.x-k8s.io/paused` annotation.
     pub paused: bool,
+    /// A rollout is running, as its status tells: not as many Machines as `spec.replicas`, or
+    /// not all of them up to date. Not judged before the status counts any Machine.
+    pub rolling_out: bool,
 }
 
 capi_resource!(MachineDeployment, "MachineDeployment", "machinedeployments");
@@ -36,14 +39,24 @@ impl<'de> Deserialize<'de> for MachineDeployment {
             metadata: ObjectMeta,
             #[serde(default)]
             spec: Spec,
+            /// Read leniently ([`rolling_out`]): a status of another shape is no rollout.
+            #[serde(default)]
+            status: serde_json::Value,
         }
         #[derive(Default, Deserialize)]
         #[serde(rename_all = "camelCase")]
         struct Spec {
             #[serde(default)]
             cluster_name: Option<String>,
+            #[serde(default)]
+            replicas: Option<i64>,
         }
-        let Wire { metadata, spec } = Wire::deserialize(deserializer)?;
+        let Wire {
+            metadata,
+            spec,
+            status,
+        } = Wire::deserialize(deserializer)?;
+        let rolling_out = rolling_out(spec.replicas, &status);
         let cluster_name = spec.cluster_name.or_else(|| {
             metadata
                 .labels
@@ -57,8 +70,23 @@ impl<'de> Deserialize<'de> for MachineDeployment {
             trigger_manager: meta.trigger_manager,
             cluster_name,
             paused: meta.paused,
+            rolling_out,
         })
     }
+}
+
+/// Whether `status` shows a rollout: fewer or more Machines than `desired`, or some not up to
+/// date (v1beta2 `upToDateReplicas`; v1beta1 `updatedReplicas`, or `v1beta2.upToDateReplicas`
+/// as Cluster API v1.10 serves it).
+fn rolling_out(desired: Option<i64>, status: &serde_json::Value) -> bool {
+    let count = |pointer: &str| status.pointer(pointer).and_then(serde_json::Value::as_i64);
+    let Some(replicas) = count("/replicas") else {
+        return false;
+    };
+    let up_to_date = count("/upToDateReplicas")
+        .or_else(|| count("/v1beta2/upToDateReplicas"))
+        .or_else(|| count("/updatedReplicas"));
+    desired.is_some_and(|d| d != replicas) || up_to_date.is_some_and(|u| u < replicas)
 }
 
 #[cfg(test)]
@@ -90,5 +118,39 @@ mod tests {
         assert!(md.paused);
         assert_eq!(md.metadata.uid.as_deref(), Some("u"));
         assert!(md.metadata.managed_fields.is_none() && md.metadata.annotations.is_none());
+        assert!(!md.rolling_out, "no status: not judged");
+    }
+
+    #[test]
+    fn a_rollout_is_read_from_its_status_in_either_version() {
+        let md = |spec: serde_json::Value, status: serde_json::Value| -> MachineDeployment {
+            serde_json::from_value(json!({
+                "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
+                "metadata": { "name": "md-0", "namespace": "ns" },
+                "spec": spec, "status": status,
+            }))
+            .unwrap()
+        };
+        let three = json!({ "replicas": 3 });
+        let cases = [
+            (json!({ "replicas": 3, "upToDateReplicas": 3 }), false),
+            (json!({ "replicas": 3, "upToDateReplicas": 2 }), true),
+            (json!({ "replicas": 4, "upToDateReplicas": 4 }), true),
+            (json!({ "replicas": 3, "updatedReplicas": 1 }), true),
+            (json!({ "replicas": 3, "updatedReplicas": 3 }), false),
+            (
+                json!({ "replicas": 3, "v1beta2": { "upToDateReplicas": 2 } }),
+                true,
+            ),
+            (json!({}), false),
+            (json!("not a status"), false),
+        ];
+        for (status, rolling) in cases {
+            assert_eq!(
+                md(three.clone(), status.clone()).rolling_out,
+                rolling,
+                "{status}"
+            );
+        }
     }
 }

@@ -223,10 +223,15 @@ impl<'a> Act<'a> {
             Some(&self.cluster.labels),
             &self.view.labels,
         );
+        let gate = || {
+            let cluster = self.view.cluster.as_deref()?;
+            super::gates::of_cluster(&self.ctx.stores, &self.view.namespace, cluster)
+        };
         let renewals = Renewals {
             governing: &governing,
             settings: self.ctx.config().renewal,
             resync: self.ctx.config().resync,
+            gate: &gate,
         };
         let now = self.ctx.clock.now();
         match settle(

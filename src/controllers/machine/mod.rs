@@ -44,6 +44,7 @@ mod act;
 mod conclusion;
 pub mod connector;
 mod expiry;
+pub mod gates;
 mod journal;
 pub mod next;
 mod observe;

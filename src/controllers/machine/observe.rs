@@ -85,10 +85,15 @@ impl Observed {
             ),
             Source::Live | Source::Fresh => crate::controllers::governing_policy::Governing::None,
         };
+        let gate = || {
+            let cluster = self.view.cluster.as_deref()?;
+            super::gates::of_cluster(&ctx.stores, &self.view.namespace, cluster)
+        };
         let renewals = Renewals {
             governing: &governing,
             settings: ctx.config().renewal,
             resync: ctx.config().resync,
+            gate: &gate,
         };
         next::next(
             &Summary {

@@ -35,6 +35,8 @@ pub struct Renewals<'a> {
     pub settings: crate::policy::spec::Settings,
     /// The re-check period of idle Machines.
     pub resync: Duration,
+    /// The cluster's closed pre-flight gate, if any (asked only of a due renewal).
+    pub gate: &'a (dyn Fn() -> Option<super::gates::Gate> + Sync),
 }
 
 /// What settling a Machine at rest writes and says.
@@ -176,6 +178,7 @@ pub fn settle(
                 renewals.governing,
                 renewals.settings,
                 renewals.resync,
+                renewals.gate,
                 now,
             );
             let (next, after) = match next {

@@ -12,6 +12,7 @@ use kube::api::DynamicObject;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, controller};
 
+use super::gates;
 use super::{Config, Context, Error, KeptOutcomes, Reach, error_policy, reconcile};
 use crate::controllers::executor::{self, Admission, Executor, Waiter};
 use crate::controllers::governing_policy::{self, PolicySelections};
@@ -98,6 +99,20 @@ pub fn start(
             machines_of_policy(stores, capi),
             policy_resource(),
         )
+        .watches_stream_with(
+            watches
+                .machines
+                .subscribe_with_deletions(gates::machine_gate_changed),
+            held_by_machine(stores, capi),
+            capi,
+        )
+        .watches_stream_with(
+            watches
+                .deployments
+                .subscribe_changes(gates::deployment_gate_changed),
+            held_by_deployment(stores, capi),
+            capi,
+        )
         .reconcile_on(woken)
         .run(
             |machine, ctx: Arc<Context>| {
@@ -149,6 +164,45 @@ fn machines_of_cluster(
             .filter(|m| {
                 m.namespace() == namespace && m.labels.get(CLUSTER_NAME_LABEL) == Some(&name)
             })
+            .map(|m| ObjectRef::from_obj_with(m.as_ref(), capi))
+            .collect()
+    }
+}
+
+/// A Machine that may have opened (or closed) a gate of its cluster re-checks the Machines a gate
+/// holds there.
+fn held_by_machine(
+    stores: &crate::controllers::stores::Stores,
+    capi: CapiVersion,
+) -> impl Fn(ck8s_certs_api::machine::Machine) -> Vec<ObjectRef<ck8s_certs_api::machine::Machine>> + use<>
+{
+    let stores = stores.clone();
+    move |machine| {
+        let namespace = machine.namespace().unwrap_or_default();
+        let Some(cluster) = machine.cluster() else {
+            return Vec::new();
+        };
+        gates::held_in_cluster(&stores, &namespace, cluster)
+            .map(|m| ObjectRef::from_obj_with(m.as_ref(), capi))
+            .collect()
+    }
+}
+
+/// The same for a MachineDeployment whose rollout began or ended.
+fn held_by_deployment(
+    stores: &crate::controllers::stores::Stores,
+    capi: CapiVersion,
+) -> impl Fn(
+    ck8s_certs_api::machine_deployment::MachineDeployment,
+) -> Vec<ObjectRef<ck8s_certs_api::machine::Machine>>
++ use<> {
+    let stores = stores.clone();
+    move |deployment| {
+        let namespace = deployment.namespace().unwrap_or_default();
+        let Some(cluster) = deployment.cluster_name.as_deref() else {
+            return Vec::new();
+        };
+        gates::held_in_cluster(&stores, &namespace, cluster)
             .map(|m| ObjectRef::from_obj_with(m.as_ref(), capi))
             .collect()
     }

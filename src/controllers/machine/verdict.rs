@@ -14,12 +14,17 @@ use ck8s_certs_api::reasons::{condition_reasons as why, conditions, events};
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use super::gates::Gate;
 use crate::controllers::governing_policy::{
     CONFIG_INVALID, Governing, PolicyInfo, Verdict, describe_window, with_verdict,
 };
 use crate::policy::spec::ValidPolicy;
 use crate::policy::{Decision, DeferReason, Deferral, RenewReason, Ttl};
 use crate::refresh::trigger::{renew_now_hint, with_hint};
+
+/// How soon a renewal held by a closed gate looks again: the gates are other objects' state,
+/// whose changes do not wake this Machine.
+pub const GATE_RECHECK: Duration = Duration::from_secs(30);
 
 /// What the verdict amounts to for one Machine at one moment.
 #[derive(Debug, PartialEq)]
@@ -91,6 +96,7 @@ pub fn plan(
     governing: &Governing,
     settings: crate::policy::spec::Settings,
     resync: Duration,
+    gate: &(dyn Fn() -> Option<Gate> + Sync),
     now: Timestamp,
 ) -> VerdictPlan {
     let default_ttl = ck8s_certs_api::renewal_policy::DEFAULT_TTL.to_string();
@@ -131,10 +137,11 @@ pub fn plan(
         );
         return shown(invalid(message, &default_ttl), Some(invalid_event), resync);
     }
-    decided(machine, status, info, policy, settings, resync, now)
+    decided(machine, status, info, policy, settings, resync, gate, now)
 }
 
 /// The verdict of one usable `policy`: its decision shown, and what comes of it.
+#[allow(clippy::too_many_arguments)]
 fn decided(
     machine: &MachineView,
     status: &MachineCertificatesStatus,
@@ -142,6 +149,7 @@ fn decided(
     policy: &ValidPolicy,
     settings: crate::policy::spec::Settings,
     resync: Duration,
+    gate: &(dyn Fn() -> Option<Gate> + Sync),
     now: Timestamp,
 ) -> VerdictPlan {
     let hint = |ttl: &str| renew_now_hint(machine, ttl);
@@ -224,6 +232,33 @@ fn decided(
             metric: None,
             next: VerdictNext::Requeue(resync),
         },
+        // A closed gate holds a due renewal until it opens, or until the fail-safe point (as a
+        // closed window would): asked only now, since finding it scans the cluster's objects.
+        Decision::RenewNow(renewal)
+            if now < renewal.fail_safe_at
+                && let Some(gate) = gate() =>
+        {
+            let message = format!(
+                "Renewal due, held while {gate} (gate {}): it starts once that ends, and at the fail-safe point {} at the latest",
+                gate.reason(),
+                renewal.fail_safe_at
+            );
+            let verdict = Verdict::new(
+                info,
+                gate.reason(),
+                Some(renewal.fail_safe_at),
+                with_hint(message, &hint(&ttl)),
+                Some(conditions::RENEWAL_DEFERRED),
+            );
+            let after = Duration::try_from(renewal.fail_safe_at.duration_since(now))
+                .unwrap_or_default()
+                .clamp(Duration::from_secs(1), GATE_RECHECK);
+            shown(
+                windows_ignored(verdict),
+                Some((EventType::Normal, events::RENEWAL_DEFERRED)),
+                after,
+            )
+        }
         Decision::RenewNow(renewal) => {
             let verdict = Verdict::new(info, "RenewNow", Some(now), message.clone(), None);
             let bypassed_windows = renewal.reason == RenewReason::FailSafeBypass;

@@ -82,6 +82,7 @@ fn renewals(governing: &Governing) -> Renewals<'_> {
         governing,
         settings: crate::policy::spec::Settings::default(),
         resync: RESYNC,
+        gate: &|| None,
     }
 }
 

@@ -388,10 +388,26 @@ fn every_verdict_shape_plans_its_status_announcement_metric_and_next_step() {
     let settings = Settings::default();
     for (name, control_plane, before, governing, expected) in rows {
         let machine = machine(control_plane);
-        let plan = plan(&machine, &before, &governing, settings, RESYNC, now());
+        let plan = plan(
+            &machine,
+            &before,
+            &governing,
+            settings,
+            RESYNC,
+            &|| None,
+            now(),
+        );
         assert_eq!(seen(&plan, &before), expected, "{name}");
         // Shown once, the same verdict again writes and says nothing.
-        let again = super::plan(&machine, &plan.status, &governing, settings, RESYNC, now());
+        let again = super::plan(
+            &machine,
+            &plan.status,
+            &governing,
+            settings,
+            RESYNC,
+            &|| None,
+            now(),
+        );
         assert_eq!(again.status, plan.status, "{name}: again");
         assert_eq!(
             (&again.event, &again.metric),
@@ -415,6 +431,7 @@ fn a_verdict_looks_again_when_its_answer_can_change_within_the_resync_period() {
         &governing,
         settings,
         RESYNC,
+        &|| None,
         now(),
     );
     assert_eq!(far.next, VerdictNext::Requeue(RESYNC));
@@ -423,7 +440,15 @@ fn a_verdict_looks_again_when_its_answer_can_change_within_the_resync_period() {
         expiry: Some(Time(now() + jiff::SignedDuration::from_hours(30 * 24 + 1))),
         ..Default::default()
     };
-    let plan = plan(&machine, &soon, &governing, settings, RESYNC, now());
+    let plan = plan(
+        &machine,
+        &soon,
+        &governing,
+        settings,
+        RESYNC,
+        &|| None,
+        now(),
+    );
     assert_eq!(plan.next, VerdictNext::Requeue(Duration::from_secs(3_600)));
 }
 
@@ -440,6 +465,7 @@ fn a_worker_that_must_be_replaced_is_replaced_when_its_policy_says_so() {
         &policy(replacing.clone()),
         Settings::default(),
         RESYNC,
+        &|| None,
         now(),
     );
     assert_eq!(
@@ -466,6 +492,7 @@ fn a_worker_that_must_be_replaced_is_replaced_when_its_policy_says_so() {
         &policy(replacing),
         Settings::default(),
         RESYNC,
+        &|| None,
         now(),
     );
     assert!(
@@ -473,4 +500,108 @@ fn a_worker_that_must_be_replaced_is_replaced_when_its_policy_says_so() {
         "{:?}",
         plan.next
     );
+}
+
+#[test]
+fn a_closed_gate_holds_a_due_renewal_until_the_fail_safe_point() {
+    use super::super::gates::Gate;
+    let automatic = policy(json!({"policy": "Automatic", "renewBefore": "30d"}));
+    let upgrading = || Some(Gate::InPlaceUpgrade("w-1".into()));
+    let settings = Settings::default();
+    // Due in 10 days' time: held, and said so.
+    let due = status(Some(10), None);
+    let held = plan(
+        &machine(true),
+        &due,
+        &automatic,
+        settings,
+        RESYNC,
+        &upgrading,
+        now(),
+    );
+    let renewal = held.status.renewal.as_ref().unwrap();
+    assert_eq!(renewal.reason, "InPlaceUpgrade");
+    assert!(
+        renewal.message.starts_with(
+            "Renewal due, held while Machine w-1 of the cluster is being upgraded in place (gate InPlaceUpgrade): it starts once that ends, and at the fail-safe point "
+        ),
+        "{}",
+        renewal.message
+    );
+    assert_eq!(
+        held.metric,
+        Some(VerdictMetric::Deferred("InPlaceUpgrade".into()))
+    );
+    assert_eq!(held.next, VerdictNext::Requeue(GATE_RECHECK));
+    assert!(
+        held.status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == conditions::RENEWAL_DEFERRED && c.reason == "InPlaceUpgrade")
+    );
+    // Held again: nothing to write or say.
+    let again = plan(
+        &machine(true),
+        &held.status,
+        &automatic,
+        settings,
+        RESYNC,
+        &upgrading,
+        now(),
+    );
+    assert!(again.quiet(&held.status));
+    // The gate opens: renewed.
+    let open = plan(
+        &machine(true),
+        &held.status,
+        &automatic,
+        settings,
+        RESYNC,
+        &|| None,
+        now(),
+    );
+    assert!(
+        matches!(open.next, VerdictNext::Renew(_)),
+        "{:?}",
+        open.next
+    );
+    // Inside the fail-safe margin (and so for certificates that expired): the gate is passed.
+    for days in [0, -3] {
+        let near = MachineCertificatesStatus {
+            expiry: Some(Time(
+                now() + jiff::SignedDuration::from_hours(days * 24 + 12),
+            )),
+            ..Default::default()
+        };
+        let plan = plan(
+            &machine(true),
+            &near,
+            &automatic,
+            settings,
+            RESYNC,
+            &upgrading,
+            now(),
+        );
+        assert!(
+            matches!(plan.next, VerdictNext::Renew(_)),
+            "{days}: {:?}",
+            plan.next
+        );
+    }
+    // Not due: the gate is not even asked.
+    let asked = std::sync::atomic::AtomicBool::new(false);
+    let asking = || {
+        asked.store(true, std::sync::atomic::Ordering::Relaxed);
+        upgrading()
+    };
+    let _ = plan(
+        &machine(true),
+        &status(Some(300), None),
+        &automatic,
+        settings,
+        RESYNC,
+        &asking,
+        now(),
+    );
+    assert!(!asked.load(std::sync::atomic::Ordering::Relaxed));
 }
