@@ -312,6 +312,8 @@ const OTHER_TERMS: &[&str] = &[
     "SelfSubjectReview",
     "LastTransitionTime",
     "RuntimeDefault",
+    // Cluster API's Machine condition a MachineHealthCheck sets.
+    "OwnerRemediated",
 ];
 
 #[test]
@@ -1075,6 +1077,8 @@ const OTHER_FIELDS: &[&str] = &[
     "certificatesExpiryDate",
     "nodeDrainTimeout",
     "nodeDrainTimeoutSeconds",
+    "upToDateReplicas",
+    "updatedReplicas",
     "tokenFile",
     "prometheusSpec",
     "podMonitorSelectorNilUsesHelmValues",
