@@ -650,7 +650,9 @@ async fn clusterctl_generates_components_that_the_management_cluster_accepts() {
     let user = format!("system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}");
     for (group, resource, verb, namespace, allowed) in [
         ("cluster.x-k8s.io", "machines", "patch", None, true),
-        ("cluster.x-k8s.io", "machines", "delete", None, false),
+        // Only under a renewal policy with inPlaceImpossible: Replace, which only a user who
+        // may delete Machines can write (docs/security.md).
+        ("cluster.x-k8s.io", "machines", "delete", None, true),
         ("", "secrets", "get", Some("fleet"), true),
         ("", "secrets", "list", Some("fleet"), false),
         (

@@ -312,25 +312,31 @@ async fn a_requester_s_lifetime_outside_the_band_is_refused_at_admission_and_by_
             && !annotations.contains_key(FLEET_REQUEST_PENDING),
         "{annotations:#?}"
     );
+    // The Event is published after the annotation is written: looked for until it is there.
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(admin, &namespace);
-    let notes: Vec<String> = events
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| {
-            e.reason.as_deref() == Some("CertificatesRefreshFailed")
-                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(&cp.cluster)
-        })
-        .filter_map(|e| e.note)
-        .collect();
-    assert!(
-        notes
+    let start = Instant::now();
+    let notes = loop {
+        let notes: Vec<String> = events
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.reason.as_deref() == Some("CertificatesRefreshFailed")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(&cp.cluster)
+            })
+            .filter_map(|e| e.note)
+            .collect();
+        if notes
             .iter()
-            .any(|n| n.contains("TTL 1m is below the minimum 1d (--min-ttl)")),
-        "{notes:#?}"
-    );
+            .any(|n| n.contains("TTL 1m is below the minimum 1d (--min-ttl)"))
+        {
+            break notes;
+        }
+        assert!(start.elapsed() < TIMEOUT, "{notes:#?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     println!("fleet trigger refused: {notes:?}");
     tokio::time::sleep(Duration::from_secs(6)).await;
     let log = controller.log();
