@@ -167,19 +167,20 @@ impl Reporter<'_> {
             return;
         };
         let reference = cluster.object_ref(&self.capi);
-        let event = Event {
-            type_,
-            reason: reason.to_owned(),
-            note: Some(truncate(note, 1000)),
-            action: "RefreshCertificates".into(),
-            secondary: None,
-        };
-        if let Err(err) = self.recorder.publish(&event, &reference).await {
-            warn!(error = %err, reason, "Publishing an Event failed");
-        }
+        self.publish(&reference, type_, reason, note).await;
     }
 
     pub async fn event(&self, type_: EventType, reason: &str, note: String) {
+        self.publish(self.reference, type_, reason, note).await;
+    }
+
+    async fn publish(
+        &self,
+        regarding: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
         let event = Event {
             type_,
             reason: reason.to_owned(),
@@ -187,7 +188,7 @@ impl Reporter<'_> {
             action: "RefreshCertificates".into(),
             secondary: None,
         };
-        if let Err(err) = self.recorder.publish(&event, self.reference).await {
+        if let Err(err) = self.recorder.publish(&event, regarding).await {
             warn!(error = %err, reason, "Publishing an Event failed");
         }
     }

@@ -176,16 +176,8 @@ fn held_by_machine(
     capi: CapiVersion,
 ) -> impl Fn(ck8s_certs_api::machine::Machine) -> Vec<ObjectRef<ck8s_certs_api::machine::Machine>> + use<>
 {
-    let stores = stores.clone();
-    move |machine| {
-        let namespace = machine.namespace().unwrap_or_default();
-        let Some(cluster) = machine.cluster() else {
-            return Vec::new();
-        };
-        gates::held_in_cluster(&stores, &namespace, cluster)
-            .map(|m| ObjectRef::from_obj_with(m.as_ref(), capi))
-            .collect()
-    }
+    let held = held_in(stores, capi);
+    move |machine| held(machine.namespace(), machine.cluster())
 }
 
 /// The same for a MachineDeployment whose rollout began or ended.
@@ -196,10 +188,19 @@ fn held_by_deployment(
     ck8s_certs_api::machine_deployment::MachineDeployment,
 ) -> Vec<ObjectRef<ck8s_certs_api::machine::Machine>>
 + use<> {
+    let held = held_in(stores, capi);
+    move |deployment| held(deployment.namespace(), deployment.cluster_name.as_deref())
+}
+
+/// The Machines a gate holds in a cluster (none without one).
+fn held_in(
+    stores: &crate::controllers::stores::Stores,
+    capi: CapiVersion,
+) -> impl Fn(Option<String>, Option<&str>) -> Vec<ObjectRef<ck8s_certs_api::machine::Machine>> + use<>
+{
     let stores = stores.clone();
-    move |deployment| {
-        let namespace = deployment.namespace().unwrap_or_default();
-        let Some(cluster) = deployment.cluster_name.as_deref() else {
+    move |namespace, cluster| {
+        let (Some(namespace), Some(cluster)) = (namespace, cluster) else {
             return Vec::new();
         };
         gates::held_in_cluster(&stores, &namespace, cluster)
