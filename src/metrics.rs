@@ -489,7 +489,7 @@ impl Default for Metrics {
             ck8s_certs_api::reasons::condition_reasons::IN_PLACE_IMPOSSIBLE,
         ));
         // And its holds for a closed pre-flight gate.
-        for gate in crate::controllers::machine::gates::Gate::REASONS {
+        for gate in ck8s_certs_api::reasons::condition_reasons::GATES {
             let _ = renewal_deferred.get_or_create(&reason_label(gate));
         }
         let _ = renewal_bypassed.get_or_create(&expiry_imminent());

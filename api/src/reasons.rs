@@ -102,6 +102,22 @@ pub mod condition_reasons {
     /// `Ready` False: a worker cannot be refreshed in place (the API server refused its own
     /// client certificate, `kubelet.conf`, which has expired): replace the Machine.
     pub const IN_PLACE_IMPOSSIBLE: &str = "InPlaceImpossible";
+    /// `RenewalDeferred` True: a due renewal waits while a Machine of its cluster is being
+    /// deleted (a pre-flight gate).
+    pub const GATE_MACHINE_DELETING: &str = "MachineDeleting";
+    /// `RenewalDeferred` True: … while a Machine of its cluster is to be remediated.
+    pub const GATE_REMEDIATION_REQUESTED: &str = "RemediationRequested";
+    /// `RenewalDeferred` True: … while a Machine of its cluster is upgraded in place.
+    pub const GATE_IN_PLACE_UPGRADE: &str = "InPlaceUpgrade";
+    /// `RenewalDeferred` True: … while a MachineDeployment of its cluster rolls out.
+    pub const GATE_ROLLING_OUT: &str = "RollingOut";
+    /// The pre-flight gates, in the order they are told.
+    pub const GATES: [&str; 4] = [
+        GATE_MACHINE_DELETING,
+        GATE_REMEDIATION_REQUESTED,
+        GATE_IN_PLACE_UPGRADE,
+        GATE_ROLLING_OUT,
+    ];
     /// `Refreshing` True: a refresh runs or waits.
     pub const REFRESH_IN_PROGRESS: &str = "RefreshInProgress";
     /// `Refreshing` False: no refresh in flight.

@@ -11,6 +11,7 @@ use ck8s_certs_api::annotations::{IN_PLACE_UPGRADE_IN_PROGRESS, IN_PLACE_UPGRADE
 use ck8s_certs_api::capi::REMEDIATE_MACHINE_ANNOTATION;
 use ck8s_certs_api::machine::Machine;
 use ck8s_certs_api::machine_deployment::MachineDeployment;
+use ck8s_certs_api::reasons::condition_reasons as why;
 
 use crate::controllers::stores::Stores;
 
@@ -32,20 +33,12 @@ impl Gate {
     /// The verdict's reason (and, in snake case, the metric's label).
     pub fn reason(&self) -> &'static str {
         match self {
-            Self::MachineDeleting(_) => "MachineDeleting",
-            Self::RemediationRequested(_) => "RemediationRequested",
-            Self::InPlaceUpgrade(_) => "InPlaceUpgrade",
-            Self::RollingOut(_) => "RollingOut",
+            Self::MachineDeleting(_) => why::GATE_MACHINE_DELETING,
+            Self::RemediationRequested(_) => why::GATE_REMEDIATION_REQUESTED,
+            Self::InPlaceUpgrade(_) => why::GATE_IN_PLACE_UPGRADE,
+            Self::RollingOut(_) => why::GATE_ROLLING_OUT,
         }
     }
-
-    /// Every reason, for the metric's label values.
-    pub const REASONS: [&'static str; 4] = [
-        "MachineDeleting",
-        "RemediationRequested",
-        "InPlaceUpgrade",
-        "RollingOut",
-    ];
 }
 
 impl fmt::Display for Gate {
@@ -100,7 +93,7 @@ pub fn closed<'a>(
             .map(|md| Gate::RollingOut(md.metadata.name.clone().unwrap_or_default())),
     );
     found.into_iter().min_by(|a, b| {
-        let rank = |g: &Gate| Gate::REASONS.iter().position(|r| *r == g.reason());
+        let rank = |g: &Gate| why::GATES.iter().position(|r| *r == g.reason());
         rank(a)
             .cmp(&rank(b))
             .then_with(|| a.to_string().cmp(&b.to_string()))
@@ -174,7 +167,7 @@ pub fn held_in_cluster<'a>(
                 .get(namespace, name)
                 .and_then(|cached| cached.status().ok().flatten())
                 .and_then(|status| status.renewal)
-                .is_some_and(|renewal| Gate::REASONS.contains(&renewal.reason.as_str()))
+                .is_some_and(|renewal| why::GATES.contains(&renewal.reason.as_str()))
         })
 }
 
