@@ -232,16 +232,7 @@ pub async fn check_recovered(
     assert!(crate::controlplane::is_ready(&client).await);
 
     // The lost worker: told within its first run, never retried.
-    let status = env
-        .machine_certificates(&dark.lost)
-        .await
-        .and_then(|m| m.status)
-        .unwrap();
-    let ready = status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Ready")
-        .unwrap();
+    let ready = ready_condition(env, &dark.lost).await;
     assert_eq!(
         (ready.status.as_str(), ready.reason.as_str()),
         ("False", "InPlaceImpossible"),
@@ -375,4 +366,16 @@ pub async fn own_by_machine_set(env: &Environment, node: &NodeInfo) -> String {
         .await
         .unwrap();
     set
+}
+
+/// The `Ready` condition of `node`'s MachineCertificates.
+pub async fn ready_condition(
+    env: &Environment,
+    node: &NodeInfo,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    env.machine_certificates(node)
+        .await
+        .and_then(|m| m.status)
+        .and_then(|s| s.conditions.into_iter().find(|c| c.type_ == "Ready"))
+        .unwrap_or_else(|| panic!("no Ready condition on {}", node.machine))
 }

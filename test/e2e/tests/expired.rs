@@ -8,7 +8,7 @@ use base64::Engine;
 use ck8s_certs_api::annotations::CERTIFICATES_EXPIRY;
 use ck8s_certs_api::cluster_certificates::ClusterCertificates;
 use ck8s_certs_e2e::drill::{
-    at, check_recovered, go_dark, own_by_machine_set, wait_pinned, wait_recovered,
+    at, check_recovered, go_dark, own_by_machine_set, ready_condition, wait_pinned, wait_recovered,
 };
 use ck8s_certs_e2e::{EnvSpec, Environment, shared_with};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -471,17 +471,7 @@ async fn a_worker_whose_kubelet_conf_expired_is_told_to_be_replaced_after_one_ru
             && error.contains("Replace the Machine: `kubectl delete machine -n fleet beta-md-0-w1`"),
         "{error}"
     );
-    let status = env
-        .machine_certificates(&worker)
-        .await
-        .unwrap()
-        .status
-        .unwrap();
-    let ready = status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Ready")
-        .unwrap();
+    let ready = ready_condition(&env, &worker).await;
     assert_eq!(
         (ready.status.as_str(), ready.reason.as_str()),
         ("False", "InPlaceImpossible")
