@@ -347,13 +347,6 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
     let now = ctx.clock.now();
     let secret = format!("{namespace}/{}", kubeconfig_secret_name(&name));
     let key = (namespace.clone(), name.clone());
-    let recent = ctx.readings.lock().ok().and_then(|readings| {
-        readings
-            .get(&key)
-            // A shorter check interval asks for fresher readings.
-            .filter(|(at, _)| at.elapsed() < RECHECK_AFTER.min(ctx.config.interval))
-            .map(|(_, reading)| reading.clone())
-    });
     let record = ctx
         .records
         .get(&kube::runtime::reflector::ObjectRef::new(&name).within(&namespace));
@@ -361,17 +354,7 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         .as_ref()
         .and_then(|r| r.status.clone())
         .unwrap_or_default();
-    let mut reading = match recent {
-        Some(reading) => reading,
-        None => {
-            let recorded_ca = old
-                .kubeconfig
-                .as_ref()
-                .and_then(|k| k.client_certificate_authority_expiry.as_ref())
-                .map(|t| t.0);
-            fresh_reading(&ctx, &key, recorded_ca, now).await?
-        }
-    };
+    let mut reading = reading(&ctx, &key, &old, now).await?;
     let (report, retry) = renew_if_due(&ctx, &key, &mut reading, &secret, now).await?;
     export(&ctx.metrics, &namespace, &name, &reading);
 
@@ -406,38 +389,17 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
     let status = status_for(&old, &reading, &secret, &checks, report.as_ref(), now);
     let renewal_was = reason_of(&old, KUBECONFIG_RENEWAL);
     if status != old {
-        let api: Api<ClusterCertificates> = Api::namespaced(ctx.client.clone(), &namespace);
-        if record.is_none() {
-            create(&api, &cluster, &ctx.capi).await?;
-        }
-        let apply = json!({
-            "apiVersion": ClusterCertificates::api_version(&()),
-            "kind": ClusterCertificates::kind(&()),
-            "status": status,
-        });
-        api.patch_status(
-            &name,
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(apply),
+        let warning = warn.map(|event| (event, reason, message));
+        show(
+            &ctx,
+            &cluster,
+            record.is_none(),
+            &old,
+            &status,
+            &checks,
+            warning,
         )
         .await?;
-        let was = old.conditions.first().map(|c| c.reason.as_str());
-        if let Some(event) = warn
-            && was != Some(reason)
-        {
-            publish(
-                &ctx,
-                &cluster,
-                EventType::Warning,
-                event,
-                message,
-                "CheckKubeconfig",
-            )
-            .await;
-        }
-        for (kind, event, note) in condition_events(&old, &checks) {
-            publish(&ctx, &cluster, kind, event, note, "CheckCertificates").await;
-        }
     }
     if let Some(report) = &report
         && let Some((kind, event, note)) = &report.event
@@ -453,29 +415,125 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         )
         .await;
     }
-    let mut next = next_check(
+    let next = next_check(
         &reading,
         ctx.config.warning,
         ctx.config.interval,
         cluster.uid().as_deref().unwrap_or(&name),
         now,
     );
-    if let Some(due) = report.as_ref().and_then(|r| r.next)
-        && let Ok(until) = Duration::try_from(due.duration_since(now))
+    let renewal_due = report.as_ref().and_then(|r| r.next);
+    // A recorded expiry passing or the CA crossing the horizon changes a condition by the
+    // clock alone.
+    let changes = expired::next_change(&nodes, ca_end, ctx.config.ca_runway, now);
+    Ok(Action::requeue(sooner(
+        next,
+        renewal_due,
+        retry,
+        changes,
+        now,
+    )))
+}
+
+/// The reading of the Cluster's kubeconfig: a recent one kept, else read now (`old`, the
+/// status shown, gives the client CA's end recorded).
+async fn reading(
+    ctx: &Context,
+    key: &(String, String),
+    old: &ClusterCertificatesStatus,
+    now: Timestamp,
+) -> Result<Reading, Error> {
+    let recent = ctx.readings.lock().ok().and_then(|readings| {
+        readings
+            .get(key)
+            // A shorter check interval asks for fresher readings.
+            .filter(|(at, _)| at.elapsed() < RECHECK_AFTER.min(ctx.config.interval))
+            .map(|(_, reading)| reading.clone())
+    });
+    match recent {
+        Some(reading) => Ok(reading),
+        None => {
+            let recorded_ca = old
+                .kubeconfig
+                .as_ref()
+                .and_then(|k| k.client_certificate_authority_expiry.as_ref())
+                .map(|t| t.0);
+            fresh_reading(ctx, key, recorded_ca, now).await
+        }
+    }
+}
+
+/// Writes `status` (creating the record when there is `none` yet) and announces what changed
+/// from `old`: the kubeconfig's `warning` (Event, the reason it shows, its message) when its
+/// reason is new, and each check's changed condition.
+async fn show(
+    ctx: &Context,
+    cluster: &Cluster,
+    none: bool,
+    old: &ClusterCertificatesStatus,
+    status: &ClusterCertificatesStatus,
+    checks: &Checks,
+    warning: Option<(&'static str, &'static str, String)>,
+) -> Result<(), Error> {
+    let name = cluster.name_any();
+    let api: Api<ClusterCertificates> =
+        Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default());
+    if none {
+        create(&api, cluster, &ctx.capi).await?;
+    }
+    let apply = json!({
+        "apiVersion": ClusterCertificates::api_version(&()),
+        "kind": ClusterCertificates::kind(&()),
+        "status": status,
+    });
+    api.patch_status(
+        &name,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(apply),
+    )
+    .await?;
+    let was = old.conditions.first().map(|c| c.reason.as_str());
+    if let Some((event, reason, message)) = warning
+        && was != Some(reason)
     {
+        publish(
+            ctx,
+            cluster,
+            EventType::Warning,
+            event,
+            message,
+            "CheckKubeconfig",
+        )
+        .await;
+    }
+    for (kind, event, note) in condition_events(old, checks) {
+        publish(ctx, cluster, kind, event, note, "CheckCertificates").await;
+    }
+    Ok(())
+}
+
+/// The soonest of the next check, the kubeconfig renewal's due time (at least a minute away),
+/// a failed step's retry and the next change of a condition by the clock (at least a second
+/// away).
+fn sooner(
+    next: Duration,
+    renewal_due: Option<Timestamp>,
+    retry: Option<Duration>,
+    changes: Option<Timestamp>,
+    now: Timestamp,
+) -> Duration {
+    let until = |at: Timestamp| Duration::try_from(at.duration_since(now)).ok();
+    let mut next = next;
+    if let Some(until) = renewal_due.and_then(until) {
         next = next.min(until.max(Duration::from_secs(60)));
     }
     if let Some(retry) = retry {
         next = next.min(retry);
     }
-    // A recorded expiry passing or the CA crossing the horizon changes a condition by the
-    // clock alone.
-    if let Some(at) = expired::next_change(&nodes, ca_end, ctx.config.ca_runway, now)
-        && let Ok(until) = Duration::try_from(at.duration_since(now))
-    {
+    if let Some(until) = changes.and_then(until) {
         next = next.min(until.max(Duration::from_secs(1)));
     }
-    Ok(Action::requeue(next))
+    next
 }
 
 /// The management kubeconfig's renewal, when it is due: its report (`None`: nothing to say),

@@ -170,40 +170,9 @@ async fn renew_with(
     let ca_secret = format!("{namespace}/{ca_name}");
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
     // Read again: what is replaced is what is there now, guarded by its resourceVersion.
-    let object = match secrets.get(&name).await {
-        Ok(object) => object,
-        Err(err) => {
-            return Report::not_renewed(
-                why::FAILED,
-                format!("Reading Secret {secret} failed, tried again at the next check: {err}"),
-            );
-        }
-    };
-    // Only what Cluster API writes (the admission policy holds the same where it is installed).
-    let labelled = object
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(ck8s_certs_api::capi::CLUSTER_NAME_LABEL))
-        .is_some_and(|c| c == cluster);
-    if object.type_.as_deref() != Some(CAPI_SECRET_TYPE) || !labelled {
-        let refusal = Refusal::Shape(format!(
-            "it is not a Cluster API kubeconfig Secret (type {CAPI_SECRET_TYPE}, label {}={cluster})",
-            ck8s_certs_api::capi::CLUSTER_NAME_LABEL
-        ));
-        return Report::refused(&secret, &refusal);
-    }
-    let Some(version) = object.metadata.resource_version.clone() else {
-        return Report::not_renewed(
-            why::FAILED,
-            format!("Secret {secret} has no resourceVersion"),
-        );
-    };
-    let yaml = match text_of(&object, ck8s_certs_api::capi::KUBECONFIG_SECRET_KEY) {
-        Some(yaml) => yaml,
-        None => {
-            return Report::refused(&secret, &Refusal::Shape("it has no `value`".into()));
-        }
+    let (version, yaml) = match kubeconfig(&secrets, &name, &secret, cluster).await {
+        Ok(current) => current,
+        Err(report) => return report,
     };
     let held = match client_certificate::held(&yaml, cluster) {
         Ok(held) => held,
@@ -255,16 +224,9 @@ async fn renew_with(
         );
         return Report::would_renew(message);
     }
-    let patch = json!({
-        "metadata": { "resourceVersion": version },
-        "stringData": { ck8s_certs_api::capi::KUBECONFIG_SECRET_KEY: renewed },
-    });
-    let params = PatchParams {
-        field_manager: Some(MANAGER.into()),
-        ..PatchParams::default()
-    };
-    match secrets.patch(&name, &params, &Patch::Merge(&patch)).await {
-        Ok(_) => Report {
+    let written = write(&secrets, &name, &secret, &version, renewed).await;
+    match written {
+        Ok(()) => Report {
             event: Some((
                 EventType::Normal,
                 events::KUBECONFIG_RENEWED,
@@ -276,16 +238,85 @@ async fn renew_with(
             renewed: Some(now),
             ..Report::not_due(&secret, &renewed_held, due)
         },
-        Err(kube::Error::Api(status)) if status.code == 409 => Report::not_renewed(
+        Err(report) => report,
+    }
+}
+
+/// The kubeconfig Secret `name` (`secret`: its namespace/name) as it is now: its
+/// resourceVersion and kubeconfig; the report of why it is not renewed otherwise.
+async fn kubeconfig(
+    secrets: &Api<Secret>,
+    name: &str,
+    secret: &str,
+    cluster: &str,
+) -> Result<(String, String), Report> {
+    let object = match secrets.get(name).await {
+        Ok(object) => object,
+        Err(err) => {
+            return Err(Report::not_renewed(
+                why::FAILED,
+                format!("Reading Secret {secret} failed, tried again at the next check: {err}"),
+            ));
+        }
+    };
+    // Only what Cluster API writes (the admission policy holds the same where it is installed).
+    let labelled = object
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(ck8s_certs_api::capi::CLUSTER_NAME_LABEL))
+        .is_some_and(|c| c == cluster);
+    if object.type_.as_deref() != Some(CAPI_SECRET_TYPE) || !labelled {
+        let refusal = Refusal::Shape(format!(
+            "it is not a Cluster API kubeconfig Secret (type {CAPI_SECRET_TYPE}, label {}={cluster})",
+            ck8s_certs_api::capi::CLUSTER_NAME_LABEL
+        ));
+        return Err(Report::refused(secret, &refusal));
+    }
+    let Some(version) = object.metadata.resource_version.clone() else {
+        return Err(Report::not_renewed(
+            why::FAILED,
+            format!("Secret {secret} has no resourceVersion"),
+        ));
+    };
+    match text_of(&object, ck8s_certs_api::capi::KUBECONFIG_SECRET_KEY) {
+        Some(yaml) => Ok((version, yaml)),
+        None => Err(Report::refused(
+            secret,
+            &Refusal::Shape("it has no `value`".into()),
+        )),
+    }
+}
+
+/// Writes the `renewed` kubeconfig into Secret `name` as long as it is still at `version`;
+/// the report of why not otherwise.
+async fn write(
+    secrets: &Api<Secret>,
+    name: &str,
+    secret: &str,
+    version: &str,
+    renewed: String,
+) -> Result<(), Report> {
+    let patch = json!({
+        "metadata": { "resourceVersion": version },
+        "stringData": { ck8s_certs_api::capi::KUBECONFIG_SECRET_KEY: renewed },
+    });
+    let params = PatchParams {
+        field_manager: Some(MANAGER.into()),
+        ..PatchParams::default()
+    };
+    match secrets.patch(name, &params, &Patch::Merge(&patch)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 409 => Err(Report::not_renewed(
             why::FAILED,
             format!(
                 "Secret {secret} changed while its client certificate was renewed; nothing was written, tried again at the next check"
             ),
-        ),
-        Err(err) => Report::not_renewed(
+        )),
+        Err(err) => Err(Report::not_renewed(
             why::FAILED,
             format!("Writing Secret {secret} failed, tried again at the next check: {err}"),
-        ),
+        )),
     }
 }
 

@@ -422,69 +422,8 @@ fn start_next(plan: &mut Plan, spec: &CertificateRefreshSpec, world: &World, now
         ));
         return;
     }
-    // Every hand-over is allowed by the requester's rights as they are now.
-    match &world.authority {
-        None => {
-            plan.needs_authority = true;
-            return;
-        }
-        Some(Err(why)) => {
-            let running = count(&plan.status.machines, MachinePhase::Running);
-            if running == 0 {
-                skip_pending(plan, &format!("Not started: {why}"), now.clone());
-                plan.notes.push(note(true, reasons::REFUSED, why.clone()));
-                let message = format!("Stopped: {why}; the Machines not started were skipped");
-                finish(plan, RequestPhase::Failed, message, now);
-            } else {
-                plan.status.message = Some(format!(
-                    "Stopping: {why}; waiting for the {running} running to finish"
-                ));
-            }
-            return;
-        }
-        Some(Ok(())) => {}
-    }
-    // Every start waits for the cluster API to answer: after a control plane's refresh k8sd
-    // restarts its services, and workers need a control plane to approve them.
-    // An expired API certificate does not hold a control plane back: it is reached directly,
-    // and its refresh is what renews the certificate.
-    let api = match (world.api_answers, next_cp) {
-        (Some(Api::CertificateExpired), Some(_)) => Some(Api::Answers),
-        (Some(Api::CertificateExpired), None) => Some(Api::Down),
-        (api, _) => api,
-    };
-    match api {
-        None => {
-            plan.needs_api = true;
-            return;
-        }
-        Some(Api::Down | Api::CertificateExpired) => {
-            let since = machines
-                .iter()
-                .filter(|m| m.role == Role::ControlPlane)
-                .filter_map(|m| m.finished_at.as_ref())
-                .max()
-                .or(plan.status.started_at.as_ref())
-                .map(|t| t.0)
-                .unwrap_or(world.now);
-            let waited = world.now.duration_since(since);
-            if waited > jiff::SignedDuration::try_from(world.wait_timeout).unwrap_or_default() {
-                let message = format!(
-                    "Stopped: the cluster API did not answer within {} ; the Machines not started were skipped",
-                    humantime::format_duration(world.wait_timeout)
-                );
-                skip_pending(
-                    plan,
-                    "Not started: the cluster API did not answer",
-                    now.clone(),
-                );
-                finish(plan, RequestPhase::Failed, message, now);
-            } else {
-                plan.status.message = Some("Waiting for the cluster API to answer".into());
-            }
-            return;
-        }
-        Some(Api::Answers) => {}
+    if !authority_allows(plan, world, &now) || !api_allows(plan, world, next_cp.is_some(), &now) {
+        return;
     }
     for i in candidates {
         let entry = &mut plan.status.machines[i];
@@ -497,6 +436,82 @@ fn start_next(plan: &mut Plan, spec: &CertificateRefreshSpec, world: &World, now
     } else {
         "Refreshing workers".into()
     });
+}
+
+/// Whether the requester's rights, as they are now, allow a hand-over; when not, the plan says
+/// what happens instead (read the rights first, or stop).
+fn authority_allows(plan: &mut Plan, world: &World, now: &Time) -> bool {
+    match &world.authority {
+        None => {
+            plan.needs_authority = true;
+            false
+        }
+        Some(Err(why)) => {
+            let running = count(&plan.status.machines, MachinePhase::Running);
+            if running == 0 {
+                skip_pending(plan, &format!("Not started: {why}"), now.clone());
+                plan.notes.push(note(true, reasons::REFUSED, why.clone()));
+                let message = format!("Stopped: {why}; the Machines not started were skipped");
+                finish(plan, RequestPhase::Failed, message, now.clone());
+            } else {
+                plan.status.message = Some(format!(
+                    "Stopping: {why}; waiting for the {running} running to finish"
+                ));
+            }
+            false
+        }
+        Some(Ok(())) => true,
+    }
+}
+
+/// Whether the cluster API answers, as every start needs; when not, the plan says what happens
+/// instead (look first, wait, or stop after the wait timeout). `control_plane`: the next start
+/// is a control plane's.
+fn api_allows(plan: &mut Plan, world: &World, control_plane: bool, now: &Time) -> bool {
+    // Every start waits for the cluster API to answer: after a control plane's refresh k8sd
+    // restarts its services, and workers need a control plane to approve them.
+    // An expired API certificate does not hold a control plane back: it is reached directly,
+    // and its refresh is what renews the certificate.
+    let api = match (world.api_answers, control_plane) {
+        (Some(Api::CertificateExpired), true) => Some(Api::Answers),
+        (Some(Api::CertificateExpired), false) => Some(Api::Down),
+        (api, _) => api,
+    };
+    match api {
+        None => {
+            plan.needs_api = true;
+            false
+        }
+        Some(Api::Down | Api::CertificateExpired) => {
+            let since = plan
+                .status
+                .machines
+                .iter()
+                .filter(|m| m.role == Role::ControlPlane)
+                .filter_map(|m| m.finished_at.as_ref())
+                .max()
+                .or(plan.status.started_at.as_ref())
+                .map(|t| t.0)
+                .unwrap_or(world.now);
+            let waited = world.now.duration_since(since);
+            if waited > jiff::SignedDuration::try_from(world.wait_timeout).unwrap_or_default() {
+                let message = format!(
+                    "Stopped: the cluster API did not answer within {}; the Machines not started were skipped",
+                    humantime::format_duration(world.wait_timeout)
+                );
+                skip_pending(
+                    plan,
+                    "Not started: the cluster API did not answer",
+                    now.clone(),
+                );
+                finish(plan, RequestPhase::Failed, message, now.clone());
+            } else {
+                plan.status.message = Some("Waiting for the cluster API to answer".into());
+            }
+            false
+        }
+        Some(Api::Answers) => true,
+    }
 }
 
 fn skip_pending(plan: &mut Plan, why: &str, now: Time) {

@@ -152,12 +152,11 @@ fn decided(
     gate: &(dyn Fn() -> Option<Gate> + Sync),
     now: Timestamp,
 ) -> VerdictPlan {
-    let hint = |ttl: &str| renew_now_hint(machine, ttl);
-    let invalid_event = (EventType::Warning, events::RENEWAL_CONFIG_INVALID);
+    let ttl = policy.ttl.to_string();
+    let hinted = |message: String| with_hint(message, &renew_now_hint(machine, &ttl));
     let shown = |verdict: Verdict, announce: Option<(EventType, &'static str)>, after| {
         shown(status, verdict, announce, VerdictNext::Requeue(after), now)
     };
-    let ttl = policy.ttl.to_string();
     let failures = crate::policy::Failures {
         count: status.failed_attempts,
         last_failure: status.last_failure_time.as_ref().map(|t| t.0),
@@ -171,17 +170,7 @@ fn decided(
     let decision = crate::policy::decide(&input, now);
     let requeue = requeue_after(&decision, now, resync);
     let message = decision.to_string();
-    let windows_ignored = |verdict: Verdict| {
-        if decision.windows_ignored() {
-            verdict.with(
-                conditions::WINDOWS_IGNORED,
-                "Automatic",
-                crate::policy::decision::WINDOWS_IGNORED_MESSAGE.to_owned(),
-            )
-        } else {
-            verdict
-        }
-    };
+    let windows_ignored = |verdict: Verdict| windows_ignored(&decision, verdict);
     let severity = if decision.is_warning() {
         EventType::Warning
     } else {
@@ -190,41 +179,13 @@ fn decided(
     match &decision {
         // Its last refresh found it cannot be refreshed in place: renewing it again would fail
         // the same way (one `plan` and one `run` per backoff step, for ever), and a backoff
-        // would say it will be tried again. Held (and said so) until a
-        // refresh succeeds (a person renewed kubelet.conf on the node, then asked) or the
-        // Machine is replaced (a new Machine has a record of its own).
+        // would say it will be tried again.
         Decision::RenewNow(_)
         | Decision::Defer(Deferral {
             reason: DeferReason::Backoff,
             ..
         }) if must_be_replaced(status) => {
-            let found = "Not renewed automatically: its last refresh found that the node cannot be refreshed in place (its kubelet.conf expired, so the API server refuses the CSRs it creates)";
-            let message = match policy.replace {
-                Some(_) => format!(
-                    "{found}. CertificateRenewalPolicy {} replaces it (inPlaceImpossible: Replace): the Machine is deleted, so that its MachineSet creates a new one, once the cluster's control planes were refreshed, one Machine of the cluster at a time",
-                    info.name
-                ),
-                None => format!(
-                    "{found}. Replace the Machine: `kubectl delete machine -n {} {}` (a Machine of a MachineSet is created again); or renew kubelet.conf on the node by hand, then ask for a refresh",
-                    machine.namespace, machine.name
-                ),
-            };
-            let verdict = Verdict::new(
-                info,
-                why::IN_PLACE_IMPOSSIBLE,
-                None,
-                with_hint(message, &hint(&ttl)),
-                Some(conditions::RENEWAL_DEFERRED),
-            );
-            let next = match policy.replace {
-                Some(max_unavailable) => VerdictNext::Replace(Replacement {
-                    policy: info.name.clone(),
-                    max_unavailable,
-                }),
-                None => VerdictNext::Requeue(resync),
-            };
-            let announce = Some((EventType::Warning, events::RENEWAL_DEFERRED));
-            self::shown(status, verdict, announce, next, now)
+            in_place_impossible(machine, status, info, policy, resync, now)
         }
         Decision::NoExpiry { .. } => VerdictPlan {
             status: status.clone(),
@@ -238,21 +199,7 @@ fn decided(
             if now < renewal.fail_safe_at
                 && let Some(gate) = gate() =>
         {
-            let message = format!(
-                "Renewal due, held while {gate} (gate {}): it starts once that ends, and at the fail-safe point {} at the latest",
-                gate.reason(),
-                renewal.fail_safe_at
-            );
-            let verdict = Verdict::new(
-                info,
-                gate.reason(),
-                Some(renewal.fail_safe_at),
-                with_hint(message, &hint(&ttl)),
-                Some(conditions::RENEWAL_DEFERRED),
-            );
-            let after = Duration::try_from(renewal.fail_safe_at.duration_since(now))
-                .unwrap_or_default()
-                .clamp(Duration::from_secs(1), GATE_RECHECK);
+            let (verdict, after) = held(info, &gate, renewal.fail_safe_at, &hinted, now);
             shown(
                 windows_ignored(verdict),
                 Some((EventType::Normal, events::RENEWAL_DEFERRED)),
@@ -260,31 +207,14 @@ fn decided(
             )
         }
         Decision::RenewNow(renewal) => {
-            let verdict = Verdict::new(info, "RenewNow", Some(now), message.clone(), None);
-            let bypassed_windows = renewal.reason == RenewReason::FailSafeBypass;
-            let mut current = status.clone();
-            if bypassed_windows {
-                // Kept (with its condition) until a later refresh succeeds. Announced (Event,
-                // metric) once the renewal is taken up.
-                current.last_window_bypass = Some(WindowBypass {
-                    time: Time(now),
-                    expiry: status.expiry.clone(),
-                    message,
-                });
-            }
-            VerdictPlan {
-                status: with_verdict(&current, &windows_ignored(verdict), now),
-                event: None,
-                metric: None,
-                next: VerdictNext::Renew(Renewal {
-                    policy: info.name.clone(),
-                    ttl: policy.ttl,
-                    matched_window: renewal
-                        .window
-                        .map(|index| describe_window(&policy.windows, index)),
-                    bypassed_windows,
-                }),
-            }
+            let verdict = windows_ignored(Verdict::new(
+                info,
+                "RenewNow",
+                Some(now),
+                message.clone(),
+                None,
+            ));
+            renew_now(status, info, policy, renewal, verdict, message, now)
         }
         Decision::Defer(deferral) => {
             // Not due is the healthy steady state: no condition, and a Normal Event saying when
@@ -301,7 +231,7 @@ fn decided(
                 info,
                 deferral.reason.as_str(),
                 Some(deferral.until),
-                with_hint(message, &hint(&ttl)),
+                hinted(message),
                 condition,
             );
             shown(windows_ignored(verdict), Some(announce), requeue)
@@ -311,7 +241,7 @@ fn decided(
                 info,
                 "Disabled",
                 None,
-                with_hint(message, &hint(&ttl)),
+                hinted(message),
                 Some(conditions::RENEWAL_DISABLED),
             );
             let announce = (severity, events::RENEWAL_DISABLED);
@@ -319,9 +249,125 @@ fn decided(
         }
         Decision::Invalid { .. } => {
             let verdict = invalid(info, machine, message, &ttl);
-            shown(verdict, Some(invalid_event), resync)
+            let announce = (EventType::Warning, events::RENEWAL_CONFIG_INVALID);
+            shown(verdict, Some(announce), resync)
         }
     }
+}
+
+/// `verdict`, with the condition saying the policy's windows are ignored when `decision` says so.
+fn windows_ignored(decision: &Decision, verdict: Verdict) -> Verdict {
+    if decision.windows_ignored() {
+        verdict.with(
+            conditions::WINDOWS_IGNORED,
+            "Automatic",
+            crate::policy::decision::WINDOWS_IGNORED_MESSAGE.to_owned(),
+        )
+    } else {
+        verdict
+    }
+}
+
+/// A due renewal held by a closed `gate` until it opens or the fail-safe point comes: its
+/// verdict (`hinted` adds how to renew now) and how soon to look again.
+fn held(
+    info: &PolicyInfo,
+    gate: &Gate,
+    fail_safe_at: Timestamp,
+    hinted: &dyn Fn(String) -> String,
+    now: Timestamp,
+) -> (Verdict, Duration) {
+    let message = format!(
+        "Renewal due, held while {gate} (gate {}): it starts once that ends, and at the fail-safe point {fail_safe_at} at the latest",
+        gate.reason(),
+    );
+    let verdict = Verdict::new(
+        info,
+        gate.reason(),
+        Some(fail_safe_at),
+        hinted(message),
+        Some(conditions::RENEWAL_DEFERRED),
+    );
+    let after = Duration::try_from(fail_safe_at.duration_since(now))
+        .unwrap_or_default()
+        .clamp(Duration::from_secs(1), GATE_RECHECK);
+    (verdict, after)
+}
+
+/// A renewal due now: `verdict` shown, and the renewal asked for. A fail-safe bypass of the
+/// windows is kept in the status (with its condition) until a later refresh succeeds, and
+/// announced (Event, metric) once the renewal is taken up.
+fn renew_now(
+    status: &MachineCertificatesStatus,
+    info: &PolicyInfo,
+    policy: &ValidPolicy,
+    renewal: &crate::policy::Renewal,
+    verdict: Verdict,
+    message: String,
+    now: Timestamp,
+) -> VerdictPlan {
+    let bypassed_windows = renewal.reason == RenewReason::FailSafeBypass;
+    let mut current = status.clone();
+    if bypassed_windows {
+        current.last_window_bypass = Some(WindowBypass {
+            time: Time(now),
+            expiry: status.expiry.clone(),
+            message,
+        });
+    }
+    VerdictPlan {
+        status: with_verdict(&current, &verdict, now),
+        event: None,
+        metric: None,
+        next: VerdictNext::Renew(Renewal {
+            policy: info.name.clone(),
+            ttl: policy.ttl,
+            matched_window: renewal
+                .window
+                .map(|index| describe_window(&policy.windows, index)),
+            bypassed_windows,
+        }),
+    }
+}
+
+/// A worker whose last refresh found it cannot be refreshed in place: held (and said so) until
+/// a refresh succeeds (a person renewed kubelet.conf on the node, then asked) or the Machine is
+/// replaced (a new Machine has a record of its own), by the policy when it says Replace.
+fn in_place_impossible(
+    machine: &MachineView,
+    status: &MachineCertificatesStatus,
+    info: &PolicyInfo,
+    policy: &ValidPolicy,
+    resync: Duration,
+    now: Timestamp,
+) -> VerdictPlan {
+    let found = "Not renewed automatically: its last refresh found that the node cannot be refreshed in place (its kubelet.conf expired, so the API server refuses the CSRs it creates)";
+    let message = match policy.replace {
+        Some(_) => format!(
+            "{found}. CertificateRenewalPolicy {} replaces it (inPlaceImpossible: Replace): the Machine is deleted, so that its MachineSet creates a new one, once the cluster's control planes were refreshed, one Machine of the cluster at a time",
+            info.name
+        ),
+        None => format!(
+            "{found}. Replace the Machine: `kubectl delete machine -n {} {}` (a Machine of a MachineSet is created again); or renew kubelet.conf on the node by hand, then ask for a refresh",
+            machine.namespace, machine.name
+        ),
+    };
+    let verdict = Verdict::new(
+        info,
+        why::IN_PLACE_IMPOSSIBLE,
+        None,
+        with_hint(message, &renew_now_hint(machine, &policy.ttl.to_string())),
+        Some(conditions::RENEWAL_DEFERRED),
+    );
+    let next = match policy.replace {
+        Some(max_unavailable) => VerdictNext::Replace(Replacement {
+            policy: info.name.clone(),
+            max_unavailable,
+        }),
+        None => VerdictNext::Requeue(resync),
+    };
+    let announce = Some((EventType::Warning, events::RENEWAL_DEFERRED));
+    shown(status, verdict, announce, next, now)
 }
 
 /// Whether the Machine's last refresh ended InPlaceImpossible (`Ready` says so until a refresh
