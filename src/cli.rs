@@ -228,6 +228,22 @@ pub struct Args {
     )]
     pub request_policy: String,
 
+    /// The ValidatingAdmissionPolicy (and its binding, of the same name) that checks who may
+    /// write a CertificateRenewalPolicy, and that only a user who may delete Machines asks one
+    /// to replace them (`inPlaceImpossible: Replace`). Before such a policy makes the controller
+    /// delete a Machine, the controller checks that both exist and are older than the policy's
+    /// last write (one written while they were missing was never checked: nothing is deleted,
+    /// and a Warning Event says how to have it checked). Empty: no such check, only where
+    /// another admission control enforces the same rule. The shipped ClusterRole may `get` only
+    /// the policy and binding named `ck8s-certs-renewal-policies`: another name needs that rule
+    /// changed too.
+    #[arg(
+        long,
+        env = "CK8S_CERTS_RENEWAL_ADMISSION_POLICY",
+        default_value = "ck8s-certs-renewal-policies"
+    )]
+    pub renewal_admission_policy: String,
+
     /// Serve the admission webhooks (every replica serves them): the trigger webhook marks a new
     /// `v1beta2.k8sd.io/refresh-certificates` request in-progress in the same write, so the CK8s
     /// bootstrap provider's reconciler stands aside; the fleet-trigger and request webhooks write

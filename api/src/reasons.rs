@@ -30,6 +30,10 @@ pub mod events {
     /// a new one, as its renewal policy says (`inPlaceImpossible: Replace`); on the Machine and
     /// its Cluster (Warning).
     pub const MACHINE_REPLACED: &str = "CertificatesMachineReplaced";
+    /// A worker's renewal policy asks to replace it, but the admission policy that lets only
+    /// a user who may delete Machines ask that did not check the policy's last write (missing,
+    /// or installed after it): nothing is deleted; once per reason (Warning).
+    pub const MACHINE_REPLACE_REFUSED: &str = "CertificatesMachineReplaceRefused";
     /// A renewal runs outside the windows because expiry is within the fail-safe margin
     /// (Warning).
     pub const RENEWAL_WINDOW_BYPASSED: &str = "CertificatesRenewalWindowBypassed";

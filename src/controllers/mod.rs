@@ -6,6 +6,7 @@
 //! management kubeconfig, `fleet` carries out refreshes of whole clusters. Each has a `start`
 //! beside it that subscribes it to the shared [`watches`]; [`run`] starts them all.
 
+pub mod admission_policy;
 pub mod cluster_credentials;
 pub mod executor;
 pub mod fleet;

@@ -52,6 +52,7 @@ impl Settings {
                     renewal,
                     history: args.refresh_history,
                     band,
+                    renewal_admission_policy: named(&args.renewal_admission_policy),
                 },
                 executor: executor::Settings {
                     wait_timeout: args.refresh_wait_timeout,
@@ -80,7 +81,7 @@ impl Settings {
                 },
             },
             fleet_wait_timeout: args.refresh_wait_timeout,
-            request_policy: Some(args.request_policy.trim().to_owned()).filter(|p| !p.is_empty()),
+            request_policy: named(&args.request_policy),
             history: args.refresh_history,
             resync: args.resync_period,
             instance,
@@ -111,4 +112,9 @@ impl Settings {
             control_planes: Default::default(),
         }
     }
+}
+
+/// A flag naming an object, unless empty.
+fn named(flag: &str) -> Option<String> {
+    Some(flag.trim().to_owned()).filter(|name| !name.is_empty())
 }

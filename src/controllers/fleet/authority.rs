@@ -19,9 +19,6 @@
 use ck8s_certs_api::capi::{CK8S_CONTROL_PLANE_PLURAL, CONTROL_PLANE_GROUP, GROUP};
 use ck8s_certs_api::certificate_refresh::CertificateRefresh;
 use ck8s_certs_api::machine_certificates::Requester;
-use k8s_openapi::api::admissionregistration::v1::{
-    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
@@ -29,6 +26,7 @@ use kube::api::PostParams;
 use kube::{Api, Client, ResourceExt};
 
 use super::scope::Scope;
+use crate::controllers::admission_policy::{NotInForce, in_force};
 
 /// What a request asks to change: the group, resource and name (empty: every Machine of the
 /// namespace, for a selector) the policy checks the author's rights on.
@@ -102,36 +100,15 @@ async fn policy_in_force(
     policy: &str,
     request: &CertificateRefresh,
 ) -> Result<Result<(), String>, kube::Error> {
-    let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
-    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
-    let (found, bound) = futures::try_join!(policies.get_opt(policy), bindings.get_opt(policy))?;
-    let missing = match (&found, &bound) {
-        (None, _) => Some("ValidatingAdmissionPolicy"),
-        (_, None) => Some("ValidatingAdmissionPolicyBinding"),
-        _ => None,
-    };
-    if let Some(kind) = missing {
-        return Ok(Err(format!(
-            "Refused: the {kind} {policy}, which checks who may ask for a refresh and that a request names its real author, is not installed, so nothing checked this request; reinstall ck8s-certs' admission policies (config/policy), then create the request again"
-        )));
-    }
     let created = request.creation_timestamp().map(|t| t.0);
-    let since = [
-        found.and_then(|p| p.creation_timestamp()),
-        bound.and_then(|b| b.creation_timestamp()),
-    ]
-    .into_iter()
-    .flatten()
-    .map(|t| t.0)
-    .max();
-    if let (Some(created), Some(since)) = (created, since)
-        && created < since
-    {
-        return Ok(Err(format!(
-            "Refused: the request was created at {created}, before the admission policy {policy} that checks its author was in force (since {since}), so nothing checked it; create it again"
-        )));
-    }
-    Ok(Ok(()))
+    Ok(in_force(client, policy, created).await?.map_err(|why| match why {
+        NotInForce::Missing(kind) => format!(
+            "Refused: the {kind} {policy}, which checks who may ask for a refresh and that a request names its real author, is not installed, so nothing checked this request; reinstall ck8s-certs' admission policies (config/policy), then create the request again"
+        ),
+        NotInForce::Younger { written, since } => format!(
+            "Refused: the request was created at {written}, before the admission policy {policy} that checks its author was in force (since {since}), so nothing checked it; create it again"
+        ),
+    }))
 }
 
 /// Whether `requester` may `verb` the resource, as the API server's authorizer says.

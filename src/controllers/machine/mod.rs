@@ -80,6 +80,9 @@ pub struct Config {
     pub history: usize,
     /// The lifetimes a manual refresh may ask for (`--min-ttl`, `--max-ttl`).
     pub band: crate::refresh::band::TtlBand,
+    /// The admission policy a renewal policy that replaces Machines must be older than
+    /// (`--renewal-admission-policy`).
+    pub renewal_admission_policy: Option<String>,
 }
 
 /// Everything the reconciler touches.
@@ -94,6 +97,8 @@ pub struct Context {
     pub executor: crate::controllers::executor::Executor,
     /// Outcomes of `run`s whose write to their request failed, written before anything else.
     pub outcomes: KeptOutcomes,
+    /// Why Machines were not replaced, as already said.
+    pub replace_refusals: replace::Refusals,
     /// Our identity among the --watch-filter shards, and what we saw of the others' Leases.
     pub shard: crate::controllers::shard::Shard,
     pub metrics: Arc<crate::metrics::Metrics>,

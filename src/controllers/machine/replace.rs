@@ -18,13 +18,15 @@ use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Preconditi
 use kube::core::GroupVersionKind;
 use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
-use tracing::info;
+use tracing::{info, warn};
 
 use super::Error;
 use super::act::Act;
 use super::verdict::Replacement;
+use crate::controllers::admission_policy::{self, NotInForce};
 use crate::events::EventType;
 use crate::policy::spec::MaxUnavailable;
+use ck8s_certs_api::renewal_policy::CertificateRenewalPolicy;
 
 /// How soon a replacement held back looks again: what holds it (a control plane's refresh,
 /// another Machine's deletion) takes minutes.
@@ -213,6 +215,9 @@ impl Act<'_> {
             info!(why = %hold, policy = replacement.policy, "Not replaced yet");
             return Ok(Action::requeue(HELD_RECHECK));
         }
+        if let Err(why) = self.policy_checked(&replacement).await? {
+            return Ok(self.refused(why).await);
+        }
         let owner = owner.map(|o| o.name.clone()).unwrap_or_default();
         let params = DeleteParams {
             preconditions: Some(Preconditions {
@@ -241,6 +246,9 @@ impl Act<'_> {
             machine_set = owner,
             "Deleted the Machine to be replaced"
         );
+        self.ctx
+            .replace_refusals
+            .forget(&view.namespace, &view.name);
         self.ctx.metrics.machines_replaced.inc();
         self.report
             .event(
@@ -258,6 +266,95 @@ impl Act<'_> {
             )
             .await;
         Ok(Action::await_change())
+    }
+
+    /// Whether the admission policy that lets only a user who may delete Machines ask for
+    /// Replace checked the renewal policy's last write (`--renewal-admission-policy`): a
+    /// policy written while it was missing makes nothing deleted. `Err`: an API error, retried.
+    async fn policy_checked(&self, replacement: &Replacement) -> Result<Result<(), String>, Error> {
+        let Some(admission) = self.ctx.config().renewal_admission_policy.as_deref() else {
+            return Ok(Ok(()));
+        };
+        let namespace = &self.view.namespace;
+        let policies: Api<CertificateRenewalPolicy> =
+            Api::namespaced(self.ctx.client().clone(), namespace);
+        // Read live: the cache keeps no managed fields, and it is the policy as it is now that
+        // must have been checked.
+        let Some(policy) = policies.get_opt(&replacement.policy).await? else {
+            return Ok(Err(format!(
+                "CertificateRenewalPolicy {} no longer exists",
+                replacement.policy
+            )));
+        };
+        let again = format!(
+            "write it again as a user who may delete Machines in namespace {namespace}, e.g. `kubectl annotate certificaterenewalpolicies.certificates.ck8s.io -n {namespace} {} reviewed=$(date -u +%FT%TZ) --overwrite`",
+            replacement.policy
+        );
+        let Some(written) = admission_policy::last_written(&policy.metadata) else {
+            return Ok(Err(format!(
+                "when CertificateRenewalPolicy {} was last written is not known (its managed fields were cleared), so whether the admission policy {admission} checked its writer is not known: {again}",
+                replacement.policy
+            )));
+        };
+        let client = self.ctx.client();
+        Ok(
+            match admission_policy::in_force(client, admission, Some(written)).await? {
+                Ok(()) => Ok(()),
+                Err(NotInForce::Missing(kind)) => Err(format!(
+                    "the {kind} {admission}, which lets only a user who may delete Machines ask a CertificateRenewalPolicy to replace them, is not installed, so nothing checked who wrote CertificateRenewalPolicy {}: reinstall ck8s-certs' admission policies (config/policy), then {again}",
+                    replacement.policy
+                )),
+                Err(NotInForce::Younger { written, since }) => Err(format!(
+                    "CertificateRenewalPolicy {} was last written at {written}, before the admission policy {admission} that checks who asks for Replace was in force (since {since}), so nothing checked its writer: {again}",
+                    replacement.policy
+                )),
+            },
+        )
+    }
+
+    /// Says once (Warning Event, log) why the Machine is not replaced; looked at again at the
+    /// resync period (what changes it, a policy installed or written again, wakes nothing).
+    async fn refused(&self, why: String) -> Action {
+        let view = self.view;
+        let message = format!("Machine {} is not replaced: {why}", view.name);
+        if self
+            .ctx
+            .replace_refusals
+            .first(&view.namespace, &view.name, &message)
+        {
+            warn!(why, "Not replaced: the renewal policy was not checked");
+            self.report
+                .event(EventType::Warning, events::MACHINE_REPLACE_REFUSED, message)
+                .await;
+        }
+        Action::requeue(self.ctx.config().resync)
+    }
+}
+
+/// The refusals to replace a Machine already announced, by Machine: each is said once, not at
+/// every look again.
+#[derive(Default)]
+pub struct Refusals(std::sync::Mutex<std::collections::HashMap<(String, String), String>>);
+
+impl Refusals {
+    /// Whether `message` is new for the Machine (and so to be said); remembered.
+    fn first(&self, namespace: &str, name: &str, message: &str) -> bool {
+        let Ok(mut said) = self.0.lock() else {
+            return true;
+        };
+        let key = (namespace.to_owned(), name.to_owned());
+        if said.get(&key).map(String::as_str) == Some(message) {
+            return false;
+        }
+        said.insert(key, message.to_owned());
+        true
+    }
+
+    /// The Machine is gone: nothing to remember of it.
+    fn forget(&self, namespace: &str, name: &str) {
+        if let Ok(mut said) = self.0.lock() {
+            said.remove(&(namespace.to_owned(), name.to_owned()));
+        }
     }
 }
 

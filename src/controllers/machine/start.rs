@@ -71,6 +71,7 @@ pub fn start(
             clock.clone(),
         ),
         outcomes: KeptOutcomes::default(),
+        replace_refusals: Default::default(),
         shard: Shard::new(client.clone(), carrier, clock.clone()),
         stores: stores.clone(),
         recorder: shared.recorder.clone(),

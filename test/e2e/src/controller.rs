@@ -308,8 +308,10 @@ impl Environment {
             // band (1d to 1y) is tested by tests/ttl_band.rs, which sets it.
             "--max-ttl=10y",
             // The admission policies are installed only where a test installs them
-            // (`install_admission_policies`); tests/request_checks.rs sets it.
+            // (`install_admission_policies`); tests/request_checks.rs and
+            // tests/capi_replace.rs set them.
             "--request-policy=",
+            "--renewal-admission-policy=",
         ] {
             let name = default.split('=').next().unwrap_or(default);
             if !extra.iter().any(|arg| arg.split('=').next() == Some(name)) {

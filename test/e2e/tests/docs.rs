@@ -1062,6 +1062,7 @@ const OTHER_FIELDS: &[&str] = &[
     "caBundle",
     "clientConfig",
     "failurePolicy",
+    "managedFields",
     "matchConditions",
     "objectSelector",
     "resourceNames",

@@ -50,7 +50,8 @@ async fn main() -> anyhow::Result<()> {
                 .arg("--webhook-hosts=127.0.0.1")
                 // The provider's admission policies are not installed here: they know the
                 // controller by its ServiceAccount, and this one runs as the admin.
-                .arg("--request-policy=");
+                .arg("--request-policy=")
+                .arg("--renewal-admission-policy=");
             Some(
                 Process::spawn_foreground("ck8s-certs", command)
                     .with_context(|| format!("starting {}", path.display()))?,
