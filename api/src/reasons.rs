@@ -115,12 +115,19 @@ pub mod condition_reasons {
     pub const GATE_IN_PLACE_UPGRADE: &str = "InPlaceUpgrade";
     /// `RenewalDeferred` True: … while a MachineDeployment of its cluster rolls out.
     pub const GATE_ROLLING_OUT: &str = "RollingOut";
+    /// `RenewalDeferred` True: … while another control-plane Node of its cluster is not Ready
+    /// (or a control-plane Machine has no Node yet), as the workload API shows it.
+    pub const GATE_CONTROL_PLANE_NOT_READY: &str = "ControlPlaneNotReady";
+    /// `RenewalDeferred` True: … while the workload API server's `/readyz` does not answer ok.
+    pub const GATE_API_NOT_READY: &str = "ApiNotReady";
     /// The pre-flight gates, in the order they are told.
-    pub const GATES: [&str; 4] = [
+    pub const GATES: [&str; 6] = [
         GATE_MACHINE_DELETING,
         GATE_REMEDIATION_REQUESTED,
         GATE_IN_PLACE_UPGRADE,
         GATE_ROLLING_OUT,
+        GATE_API_NOT_READY,
+        GATE_CONTROL_PLANE_NOT_READY,
     ];
     /// `Refreshing` True: a refresh runs or waits.
     pub const REFRESH_IN_PROGRESS: &str = "RefreshInProgress";

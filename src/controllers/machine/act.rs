@@ -15,6 +15,8 @@ use kube::runtime::controller::Action;
 use tracing::{info, warn};
 
 use super::connector::{KubeConnector, control_planes_pending, pin_of};
+use super::gates::Gate;
+use super::gates::workload::ControlPlane;
 use super::journal::{RequestJournal, Requests};
 use super::next::Certificates;
 use super::observe::{Observed, role, waiter};
@@ -223,17 +225,14 @@ impl<'a> Act<'a> {
             Some(&self.cluster.labels),
             &self.view.labels,
         );
-        let gate = || {
-            let cluster = self.view.cluster.as_deref()?;
-            super::gates::of_cluster(&self.ctx.stores, &self.view.namespace, cluster)
-        };
+        let now = self.ctx.clock.now();
+        let gate = || self.ctx.gate(self.view, now);
         let renewals = Renewals {
             governing: &governing,
             settings: self.ctx.config().renewal,
             resync: self.ctx.config().resync,
             gate: &gate,
         };
-        let now = self.ctx.clock.now();
         match settle(
             step,
             self.view,
@@ -277,6 +276,11 @@ impl<'a> Act<'a> {
         }
         let replacement = match next {
             Some(verdict::Then::Renew(renewal)) => {
+                // Right before it starts: what the workload cluster shows. A closed gate is
+                // remembered, so the verdict shown again now is the held one.
+                if renewal.gated && self.workload_gate().await.is_some() {
+                    return Box::pin(self.rest(current, &Step::Idle)).await;
+                }
                 return self.start_automatic(status, renewal).await;
             }
             Some(verdict::Then::Replace(replacement)) => Some(replacement),
@@ -402,4 +406,43 @@ fn scopeguard<F: FnOnce()>(f: F) -> impl Drop {
         }
     }
     Guard(Some(f))
+}
+
+impl Act<'_> {
+    /// The gate the workload cluster shows closed now (a fresh look's, else a new look's).
+    async fn workload_gate(&self) -> Option<Gate> {
+        let view = self.view;
+        let cluster = view.cluster.as_deref()?;
+        let client = self
+            .ctx
+            .reach
+            .workload
+            .get(&view.namespace, cluster)
+            .await
+            .map_err(|err| err.to_string());
+        let control_planes: Vec<ControlPlane> = self
+            .ctx
+            .stores
+            .machines
+            .state()
+            .iter()
+            .map(|m| MachineView::of(m))
+            .filter(|m| {
+                m.namespace == view.namespace
+                    && m.cluster.as_deref() == Some(cluster)
+                    && m.control_plane
+                    && !m.deleting
+                    && m.name != view.name
+            })
+            .map(|m| ControlPlane {
+                machine: m.name,
+                node: m.node_name,
+            })
+            .collect();
+        let now = self.ctx.clock.now();
+        let looks = &self.ctx.workload_gates;
+        looks
+            .look(&view.namespace, cluster, client, &control_planes, now)
+            .await
+    }
 }

@@ -1,9 +1,10 @@
 //! Pre-flight gates of an automatic renewal (issue 38): what the management cluster's caches
-//! show of a cluster busy with something that restarts or replaces its nodes. A due renewal waits
-//! while a gate is closed, unless its certificates are within the fail-safe margin: then, as with
-//! a closed window, it goes anyway (and so does every renewal of a cluster whose certificates
-//! expired). Pure over the cached objects; the verdict shows which gate, and the condition's
-//! transition time since when.
+//! show of a cluster busy with something that restarts or replaces its nodes, and what the
+//! workload cluster itself shows of its health ([`workload`]: its control-plane Nodes Ready, its
+//! API server ready). A due renewal waits while a gate is closed, unless its certificates are
+//! within the fail-safe margin: then, as with a closed window, it goes anyway (and so does every
+//! renewal of a cluster whose certificates expired). Pure over the cached objects; the verdict
+//! shows which gate, and the condition's transition time since when.
 
 use std::fmt;
 
@@ -14,6 +15,8 @@ use ck8s_certs_api::machine_deployment::MachineDeployment;
 use ck8s_certs_api::reasons::condition_reasons as why;
 
 use crate::controllers::stores::Stores;
+
+pub mod workload;
 
 /// What holds a cluster's automatic renewals back.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -27,6 +30,10 @@ pub enum Gate {
     InPlaceUpgrade(String),
     /// A MachineDeployment of the cluster rolls out (replaces its Machines).
     RollingOut(String),
+    /// Another control plane of the cluster is not Ready (what of it, said whole).
+    ControlPlaneNotReady(String),
+    /// The workload API server is not ready (what it answered, said whole).
+    ApiNotReady(String),
 }
 
 impl Gate {
@@ -37,6 +44,8 @@ impl Gate {
             Self::RemediationRequested(_) => why::GATE_REMEDIATION_REQUESTED,
             Self::InPlaceUpgrade(_) => why::GATE_IN_PLACE_UPGRADE,
             Self::RollingOut(_) => why::GATE_ROLLING_OUT,
+            Self::ControlPlaneNotReady(_) => why::GATE_CONTROL_PLANE_NOT_READY,
+            Self::ApiNotReady(_) => why::GATE_API_NOT_READY,
         }
     }
 }
@@ -59,6 +68,7 @@ impl fmt::Display for Gate {
             Self::RollingOut(name) => {
                 write!(f, "MachineDeployment {name} of the cluster is rolling out")
             }
+            Self::ControlPlaneNotReady(what) | Self::ApiNotReady(what) => f.write_str(what),
         }
     }
 }

@@ -99,6 +99,8 @@ pub struct Context {
     pub outcomes: KeptOutcomes,
     /// Why Machines were not replaced, as already said.
     pub replace_refusals: replace::Refusals,
+    /// The last look at each workload cluster's gates.
+    pub workload_gates: gates::workload::Looks,
     /// Our identity among the --watch-filter shards, and what we saw of the others' Leases.
     pub shard: crate::controllers::shard::Shard,
     pub metrics: Arc<crate::metrics::Metrics>,
@@ -120,6 +122,14 @@ impl Context {
 
     fn config(&self) -> &Config {
         &self.reach.config
+    }
+
+    /// The first closed gate of `machine`'s cluster: the caches' first, then the one the
+    /// workload cluster showed at a look still fresh.
+    fn gate(&self, machine: &MachineView, now: jiff::Timestamp) -> Option<gates::Gate> {
+        let cluster = machine.cluster.as_deref()?;
+        gates::of_cluster(&self.stores, &machine.namespace, cluster)
+            .or_else(|| self.workload_gates.closed(&machine.namespace, cluster, now))
     }
 }
 

@@ -85,10 +85,7 @@ impl Observed {
             ),
             Source::Live | Source::Fresh => crate::controllers::governing_policy::Governing::None,
         };
-        let gate = || {
-            let cluster = self.view.cluster.as_deref()?;
-            super::gates::of_cluster(&ctx.stores, &self.view.namespace, cluster)
-        };
+        let gate = || ctx.gate(&self.view, now);
         let renewals = Renewals {
             governing: &governing,
             settings: ctx.config().renewal,

@@ -229,6 +229,7 @@ impl Act<'_> {
             ttl: wanted,
             matched_window,
             bypassed_windows,
+            gated: _,
         } = renewal;
         // A policy's ttl outside the band, or past the cluster CA's end, is brought into it,
         // and said so: refusing would leave the certificates to expire.

@@ -79,6 +79,9 @@ pub struct Renewal {
     pub matched_window: Option<String>,
     /// Its windows were bypassed by the fail-safe (announced once it is taken up).
     pub bypassed_windows: bool,
+    /// Before the fail-safe point: the pre-flight gates the workload cluster shows still hold
+    /// it (asked right before it starts).
+    pub gated: bool,
 }
 
 impl VerdictPlan {
@@ -326,6 +329,7 @@ fn renew_now(
                 .window
                 .map(|index| describe_window(&policy.windows, index)),
             bypassed_windows,
+            gated: now < renewal.fail_safe_at,
         }),
     }
 }

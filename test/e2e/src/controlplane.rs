@@ -197,6 +197,8 @@ impl ApiServer {
             // Several API servers share one etcd: don't let them fight over the kubernetes endpoint.
             "--endpoint-reconciler-type=none".into(),
             "--profiling=false".into(),
+            // Only a SIGTERM waits (`drain-apiserver`); restarts kill.
+            format!("--shutdown-delay-duration={}s", SHUTDOWN_DELAY.as_secs()),
             // Writes are audited so tests can count what the controller writes (benchmarks
             // count every request).
             format!(
@@ -434,6 +436,20 @@ impl RestartCount {
     }
 }
 
+/// How long a kube-apiserver stopped by SIGTERM keeps serving while its /readyz fails
+/// (`--shutdown-delay-duration`; a kill is not delayed).
+pub const SHUTDOWN_DELAY: Duration = Duration::from_secs(20);
+
+/// How a restart stops the kube-apiserver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stop {
+    Kill,
+    /// Killed, then started serving an expired certificate.
+    Expire,
+    /// SIGTERM: not ready for [`SHUTDOWN_DELAY`], serving on, then gone.
+    Drain,
+}
+
 /// Restarts workload clusters' kube-apiservers when the node simulator asks: a lone control
 /// plane's `run` restarts its services, kube-apiserver included, and the whole workload API is
 /// gone meanwhile. The hook is `POST /clusters/<name>/restart-apiserver` on loopback; the
@@ -497,16 +513,16 @@ impl ApiServerRestarts {
         expired
     }
 
-    /// Kills the cluster's kube-apiserver, waits, starts it again with the same flags (port
-    /// included) or, `expired`, serving an expired certificate. Runs on the hook's thread: the
-    /// new child dies with that thread.
-    async fn restart(self: Arc<Self>, cluster: String, expired: bool) {
+    /// Stops the cluster's kube-apiserver (`how`), waits, starts it again with the same flags
+    /// (port included) or, [`Stop::Expire`], serving an expired certificate. Runs on the hook's
+    /// thread: the new child dies with that thread.
+    async fn restart(self: Arc<Self>, cluster: String, how: Stop) {
         let Some(launch) = self.launches.get(&cluster) else {
             return;
         };
-        let launch = match expired {
-            true => &self.expired(launch),
-            false => launch,
+        let launch = match how {
+            Stop::Expire => &self.expired(launch),
+            Stop::Kill | Stop::Drain => launch,
         };
         let first = self.update(&cluster, |c| {
             c.requested += 1;
@@ -521,8 +537,16 @@ impl ApiServerRestarts {
             return;
         }
         tracing::info!(%cluster, down = ?self.down, "restarting the workload cluster's kube-apiserver");
+        let process = self.processes.take(&launch.name);
+        if let (Stop::Drain, Some(mut process)) = (how, process) {
+            // SIGTERM: it fails /readyz for --shutdown-delay-duration while it serves on, as an
+            // API server taken out of a load balancer does, then exits.
+            let drained = tokio::task::spawn_blocking(move || {
+                process.terminate(SHUTDOWN_DELAY + Duration::from_secs(30));
+            });
+            let _ = drained.await;
+        }
         // Dropping the process kills it (SIGKILL to its group) and reaps it.
-        drop(self.processes.take(&launch.name));
         tokio::time::sleep(self.down).await;
         if !self.processes.is_stopped() {
             match launch.respawn() {
@@ -597,8 +621,9 @@ impl ApiServerRestarts {
     }
 
     /// One hook request: HTTP/1.1, `POST /clusters/<name>/restart-apiserver` (or
-    /// `expire-apiserver`: started again serving an expired certificate), answered 202 at once
-    /// (the restart goes on in the background).
+    /// `expire-apiserver`: started again serving an expired certificate; `drain-apiserver`:
+    /// stopped by SIGTERM, so not ready for [`SHUTDOWN_DELAY`] first), answered 202 at once (the
+    /// restart goes on in the background).
     async fn handle(self: Arc<Self>, mut stream: tokio::net::TcpStream) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut buffer = Vec::new();
@@ -642,11 +667,15 @@ impl ApiServerRestarts {
                     "",
                     "clusters",
                     cluster,
-                    action @ ("restart-apiserver" | "expire-apiserver"),
+                    action @ ("restart-apiserver" | "expire-apiserver" | "drain-apiserver"),
                 ],
             ) if self.launches.contains_key(*cluster) => {
-                let expired = *action == "expire-apiserver";
-                tokio::spawn(Arc::clone(&self).restart((*cluster).to_owned(), expired));
+                let how = match *action {
+                    "expire-apiserver" => Stop::Expire,
+                    "drain-apiserver" => Stop::Drain,
+                    _ => Stop::Kill,
+                };
+                tokio::spawn(Arc::clone(&self).restart((*cluster).to_owned(), how));
                 (
                     "202 Accepted",
                     serde_json::json!({ "cluster": cluster, "downSeconds": self.down.as_secs_f64() }),

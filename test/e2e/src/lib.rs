@@ -761,6 +761,33 @@ impl Environment {
         Ok(())
     }
 
+    /// Stops workload cluster `cluster`'s kube-apiserver as a node's shutdown does: SIGTERM,
+    /// after which it serves on for [`controlplane::SHUTDOWN_DELAY`] with /readyz failing, then
+    /// exits, and is started again (see [`Self::wait_for_workload_api`]). Returns once /readyz
+    /// fails while the API still answers.
+    pub async fn drain_workload_api(&self, cluster: &str, deadline: Duration) -> Result<(), Error> {
+        self.call_restart_hook(cluster, "drain-apiserver").await?;
+        let start = Instant::now();
+        let client = self.cluster(cluster).client().await?;
+        loop {
+            let readyz = http::Request::get("/readyz")
+                .body(Vec::new())
+                .map_err(|e| Error::Setup(e.to_string()))?;
+            if let Err(kube::Error::Api(status)) = client.request_text(readyz).await
+                && status.code == 500
+            {
+                return Ok(());
+            }
+            if start.elapsed() > deadline {
+                return Err(Error::Timeout {
+                    what: format!("the kube-apiserver of {cluster} to fail /readyz"),
+                    log: String::new(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// `POST /clusters/<server>/<action>` on the restart hook (it answers at once; the restart
     /// goes on in the background).
     async fn call_restart_hook(&self, server: &str, action: &str) -> Result<(), Error> {

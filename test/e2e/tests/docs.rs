@@ -156,6 +156,7 @@ const OTHER_TOOLS_FLAGS: &[&str] = &[
     "--timeout",
     "--server",
     "--enable-priority-and-fairness",
+    "--shutdown-delay-duration",
     // The CK8s node CLI (`k8s refresh-certs`).
     "--expires-in",
 ];

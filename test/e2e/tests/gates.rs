@@ -177,3 +177,65 @@ async fn a_machine_deployment_rollout_holds_the_cluster_s_renewals() {
         "{message}"
     );
 }
+
+#[tokio::test]
+async fn another_control_plane_not_ready_holds_the_cluster_s_renewals() {
+    let env = shared().await;
+    // As the node lifecycle controller marks a Node whose kubelet stopped posting.
+    let ready = async |env: &Environment, nodes: &[NodeInfo], status: &str, reason: &str| {
+        let other = nodes.iter().find(|n| n.machine == "trio-cp-1").unwrap();
+        let api: kube::Api<k8s_openapi::api::core::v1::Node> =
+            kube::Api::all(env.cluster("trio").client().await.unwrap());
+        let now = jiff::Timestamp::now().to_string();
+        api.patch_status(
+            &other.node,
+            &PatchParams::default(),
+            &Patch::Strategic(json!({ "status": { "conditions": [{
+                "type": "Ready", "status": status, "reason": reason,
+                "lastHeartbeatTime": now, "lastTransitionTime": now,
+            }] } })),
+        )
+        .await
+        .unwrap();
+    };
+    let message = held_then_refreshed(
+        &env,
+        "trio",
+        "trio-cp-0",
+        "ControlPlaneNotReady",
+        async |env, nodes| ready(env, nodes, "Unknown", "NodeStatusUnknown").await,
+        async |env, nodes| ready(env, nodes, "True", "KubeletReady").await,
+    )
+    .await;
+    assert!(
+        message.starts_with("Renewal due, held while control plane trio-cp-1's Node ")
+            && message.contains(
+                " is not Ready (Ready=Unknown, NodeStatusUnknown) (gate ControlPlaneNotReady)"
+            ),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn a_workload_api_that_is_not_ready_holds_the_cluster_s_renewals() {
+    let env = shared().await;
+    let message = held_then_refreshed(
+        &env,
+        "solo",
+        "solo-cp-0",
+        "ApiNotReady",
+        // SIGTERM: it serves on with /readyz failing (as while a node shuts down), then exits
+        // and is started again.
+        async |env, _| {
+            env.drain_workload_api("solo", TIMEOUT).await.unwrap();
+        },
+        async |env, _| env.wait_for_workload_api("solo", TIMEOUT).await.unwrap(),
+    )
+    .await;
+    assert!(
+        message.starts_with(
+            "Renewal due, held while the workload API server is not ready (GET /readyz answered 500: [-]shutdown failed: reason withheld) (gate ApiNotReady)"
+        ),
+        "{message}"
+    );
+}
