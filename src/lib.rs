@@ -25,6 +25,8 @@ pub mod refresh;
 pub mod serving;
 pub mod shutdown;
 pub mod telemetry;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod text;
 pub mod workload;
 

@@ -229,22 +229,27 @@ mod tests {
         }
     }
 
+    /// A JSON patch: the test of the Machine's uid that each one starts with, then `ops`.
+    fn json_patch(ops: serde_json::Value) -> MachinePatch {
+        let uid = json!({ "op": "test", "path": "/metadata/uid", "value": "u-1" });
+        let ops = ops.as_array().unwrap().iter().cloned();
+        MachinePatch::Json(std::iter::once(uid).chain(ops).collect())
+    }
+
     #[test]
     fn the_final_patch_is_guarded_by_uid_and_trigger_value() {
         let expiry = Time(Timestamp::from_second(1_900_000_000).unwrap());
-        let patch = machine_patch(
-            &view(&[(REFRESH_CERTIFICATES, "1y")]),
-            &MachineChanges {
-                status: Some(RefreshStatus::Done),
-                expiry: Some(&expiry),
-                remove_trigger: Some("1y"),
-                ..Default::default()
-            },
-        );
         assert_eq!(
-            patch,
-            MachinePatch::Json(json!([
-                { "op": "test", "path": "/metadata/uid", "value": "u-1" },
+            machine_patch(
+                &view(&[(REFRESH_CERTIFICATES, "1y")]),
+                &MachineChanges {
+                    status: Some(RefreshStatus::Done),
+                    expiry: Some(&expiry),
+                    remove_trigger: Some("1y"),
+                    ..Default::default()
+                },
+            ),
+            json_patch(json!([
                 { "op": "add", "path": "/metadata/annotations/machine.cluster.x-k8s.io~1certificates-expiry", "value": "2030-03-17T17:46:40Z" },
                 { "op": "add", "path": "/metadata/annotations/v1beta2.k8sd.io~1refresh-certificates-status", "value": "done" },
                 { "op": "test", "path": "/metadata/annotations/v1beta2.k8sd.io~1refresh-certificates", "value": "1y" },
@@ -263,8 +268,7 @@ mod tests {
         };
         assert_eq!(
             machine_patch(&view(&[(REFRESH_CERTIFICATES, "1y")]), &announce),
-            MachinePatch::Json(json!([
-                { "op": "test", "path": "/metadata/uid", "value": "u-1" },
+            json_patch(json!([
                 { "op": "test", "path": "/metadata/resourceVersion", "value": "42" },
                 { "op": "add", "path": "/metadata/annotations/certificates.ck8s.io~1certificate-refresh", "value": "m-1800000000" },
                 { "op": "add", "path": "/metadata/annotations/clusterctl.cluster.x-k8s.io~1block-move", "value": "ck8s-certs" },
@@ -310,34 +314,31 @@ mod tests {
 
     #[test]
     fn block_move_is_set_with_in_progress_and_released_with_the_outcome_when_ours() {
-        let started = machine_patch(
-            &view(&[(REFRESH_CERTIFICATES, "1y")]),
-            &MachineChanges {
-                status: Some(RefreshStatus::InProgress),
-                ..Default::default()
-            },
-        );
         assert_eq!(
-            started,
-            MachinePatch::Json(json!([
-                { "op": "test", "path": "/metadata/uid", "value": "u-1" },
+            machine_patch(
+                &view(&[(REFRESH_CERTIFICATES, "1y")]),
+                &MachineChanges {
+                    status: Some(RefreshStatus::InProgress),
+                    ..Default::default()
+                },
+            ),
+            json_patch(json!([
                 { "op": "add", "path": "/metadata/annotations/clusterctl.cluster.x-k8s.io~1block-move", "value": "ck8s-certs" },
                 { "op": "add", "path": "/metadata/annotations/v1beta2.k8sd.io~1refresh-certificates-status", "value": "in-progress" }
             ]))
         );
-        let release = json!([
-            { "op": "test", "path": "/metadata/uid", "value": "u-1" },
+        let release = json_patch(json!([
             { "op": "add", "path": "/metadata/annotations/v1beta2.k8sd.io~1refresh-certificates-status", "value": "failed" },
             { "op": "test", "path": "/metadata/annotations/clusterctl.cluster.x-k8s.io~1block-move", "value": "ck8s-certs" },
             { "op": "remove", "path": "/metadata/annotations/clusterctl.cluster.x-k8s.io~1block-move" }
-        ]);
+        ]));
         let failed = MachineChanges {
             status: Some(RefreshStatus::Failed),
             ..Default::default()
         };
         assert_eq!(
             machine_patch(&view(&[(BLOCK_MOVE_ANNOTATION, BLOCK_MOVE_OWNER)]), &failed),
-            MachinePatch::Json(release)
+            release
         );
         // In one reconcile, the final patch sees what the announcement set.
         let announced = patched(
@@ -363,8 +364,7 @@ mod tests {
         // Another provider's block-move is not ours to remove.
         assert_eq!(
             machine_patch(&view(&[(BLOCK_MOVE_ANNOTATION, "capd")]), &failed),
-            MachinePatch::Json(json!([
-                { "op": "test", "path": "/metadata/uid", "value": "u-1" },
+            json_patch(json!([
                 { "op": "add", "path": "/metadata/annotations/v1beta2.k8sd.io~1refresh-certificates-status", "value": "failed" }
             ]))
         );
@@ -377,8 +377,7 @@ mod tests {
                     ..Default::default()
                 }
             ),
-            MachinePatch::Json(json!([
-                { "op": "test", "path": "/metadata/uid", "value": "u-1" },
+            json_patch(json!([
                 { "op": "test", "path": "/metadata/annotations/clusterctl.cluster.x-k8s.io~1block-move", "value": "ck8s-certs" },
                 { "op": "remove", "path": "/metadata/annotations/clusterctl.cluster.x-k8s.io~1block-move" }
             ]))
@@ -388,15 +387,14 @@ mod tests {
     #[test]
     fn a_machine_seen_without_annotations_is_merge_patched_so_a_new_trigger_survives() {
         let expiry = Time(Timestamp::from_second(0).unwrap());
-        let patch = machine_patch(
-            &view(&[]),
-            &MachineChanges {
-                expiry: Some(&expiry),
-                ..Default::default()
-            },
-        );
         assert_eq!(
-            patch,
+            machine_patch(
+                &view(&[]),
+                &MachineChanges {
+                    expiry: Some(&expiry),
+                    ..Default::default()
+                },
+            ),
             MachinePatch::Merge(
                 json!({ "metadata": { "uid": "u-1", "annotations": { CERTIFICATES_EXPIRY: "1970-01-01T00:00:00Z" } } })
             )

@@ -1,6 +1,18 @@
 use super::*;
 use crate::policy::DeferReason;
 
+/// Asserts that each of `lines` is a whole line of the exposition `text`.
+#[track_caller]
+fn assert_lines<L: AsRef<str>>(text: &str, lines: impl IntoIterator<Item = L>) {
+    for line in lines {
+        let line = line.as_ref();
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing {line:?} in\n{text}"
+        );
+    }
+}
+
 #[test]
 fn deferral_and_bypass_counters_have_conventional_names_and_labels() {
     let metrics = Metrics::default();
@@ -20,20 +32,18 @@ fn deferral_and_bypass_counters_have_conventional_names_and_labels() {
         .get_or_create(&expiry_imminent())
         .inc();
     let text = metrics.encode().unwrap();
-    for line in [
-        "# TYPE ck8s_certs_renewal_deferred counter",
-        "ck8s_certs_renewal_deferred_total{reason=\"not_due\"} 1",
-        "ck8s_certs_renewal_deferred_total{reason=\"backoff\"} 1",
-        "ck8s_certs_renewal_deferred_total{reason=\"outside_window\"} 1",
-        "ck8s_certs_renewal_deferred_total{reason=\"staggered\"} 1",
-        "# TYPE ck8s_certs_renewal_bypassed counter",
-        "ck8s_certs_renewal_bypassed_total{reason=\"expiry_imminent\"} 1",
-    ] {
-        assert!(
-            text.lines().any(|l| l == line),
-            "missing {line:?} in\n{text}"
-        );
-    }
+    assert_lines(
+        &text,
+        [
+            "# TYPE ck8s_certs_renewal_deferred counter",
+            "ck8s_certs_renewal_deferred_total{reason=\"not_due\"} 1",
+            "ck8s_certs_renewal_deferred_total{reason=\"backoff\"} 1",
+            "ck8s_certs_renewal_deferred_total{reason=\"outside_window\"} 1",
+            "ck8s_certs_renewal_deferred_total{reason=\"staggered\"} 1",
+            "# TYPE ck8s_certs_renewal_bypassed counter",
+            "ck8s_certs_renewal_bypassed_total{reason=\"expiry_imminent\"} 1",
+        ],
+    );
     // Nothing of the old names is left.
     assert!(!text.contains("renewals_deferred"), "{text}");
     assert!(!text.contains("window_bypass"), "{text}");
@@ -129,21 +139,19 @@ fn k8sd_calls_are_counted_by_endpoint_and_outcome_and_timed_by_endpoint() {
     // A caller that stopped waiting: counted, not timed.
     drop(metrics.k8sd.start(K8sdEndpoint::Approve));
     let text = metrics.encode().unwrap();
-    for line in [
-        "# TYPE ck8s_certs_k8sd_requests counter",
-        "ck8s_certs_k8sd_requests_total{endpoint=\"plan\",outcome=\"success\"} 1",
-        "ck8s_certs_k8sd_requests_total{endpoint=\"plan\",outcome=\"timeout\"} 1",
-        "ck8s_certs_k8sd_requests_total{endpoint=\"run\",outcome=\"success\"} 1",
-        "ck8s_certs_k8sd_requests_total{endpoint=\"approve\",outcome=\"cancelled\"} 1",
-        "# TYPE ck8s_certs_k8sd_request_duration_seconds histogram",
-        "ck8s_certs_k8sd_request_duration_seconds_count{endpoint=\"plan\"} 2",
-        "ck8s_certs_k8sd_request_duration_seconds_count{endpoint=\"run\"} 1",
-    ] {
-        assert!(
-            text.lines().any(|l| l == line),
-            "missing {line:?} in\n{text}"
-        );
-    }
+    assert_lines(
+        &text,
+        [
+            "# TYPE ck8s_certs_k8sd_requests counter",
+            "ck8s_certs_k8sd_requests_total{endpoint=\"plan\",outcome=\"success\"} 1",
+            "ck8s_certs_k8sd_requests_total{endpoint=\"plan\",outcome=\"timeout\"} 1",
+            "ck8s_certs_k8sd_requests_total{endpoint=\"run\",outcome=\"success\"} 1",
+            "ck8s_certs_k8sd_requests_total{endpoint=\"approve\",outcome=\"cancelled\"} 1",
+            "# TYPE ck8s_certs_k8sd_request_duration_seconds histogram",
+            "ck8s_certs_k8sd_request_duration_seconds_count{endpoint=\"plan\"} 2",
+            "ck8s_certs_k8sd_request_duration_seconds_count{endpoint=\"run\"} 1",
+        ],
+    );
     assert!(
         !text.contains("k8sd_request_duration_seconds_count{endpoint=\"approve\"}"),
         "{text}"
@@ -157,42 +165,35 @@ fn reconciles_are_timed_by_controller_and_errors_counted_by_category() {
     metrics.reconciled(Controller::Machine, Duration::from_secs(2), Some("kube"));
     metrics.reconciled(Controller::Policy, Duration::from_millis(1), Some("kube"));
     let text = metrics.encode().unwrap();
-    for line in [
-        "# TYPE ck8s_certs_reconcile_duration_seconds histogram",
-        "ck8s_certs_reconcile_duration_seconds_count{controller=\"machine\"} 2",
-        "ck8s_certs_reconcile_duration_seconds_count{controller=\"policy\"} 1",
-        "# TYPE ck8s_certs_reconcile_errors counter",
-        "ck8s_certs_reconcile_errors_total{controller=\"machine\",category=\"kube\"} 1",
-        "ck8s_certs_reconcile_errors_total{controller=\"policy\",category=\"kube\"} 1",
-    ] {
-        assert!(
-            text.lines().any(|l| l == line),
-            "missing {line:?} in\n{text}"
-        );
-    }
+    assert_lines(
+        &text,
+        [
+            "# TYPE ck8s_certs_reconcile_duration_seconds histogram",
+            "ck8s_certs_reconcile_duration_seconds_count{controller=\"machine\"} 2",
+            "ck8s_certs_reconcile_duration_seconds_count{controller=\"policy\"} 1",
+            "# TYPE ck8s_certs_reconcile_errors counter",
+            "ck8s_certs_reconcile_errors_total{controller=\"machine\",category=\"kube\"} 1",
+            "ck8s_certs_reconcile_errors_total{controller=\"policy\",category=\"kube\"} 1",
+        ],
+    );
 }
 
 #[test]
 fn counters_with_known_labels_start_at_zero_so_that_the_first_event_shows_in_increase() {
     let text = Metrics::default().encode().unwrap();
-    for line in [
-        "ck8s_certs_renewal_deferred_total{reason=\"backoff\"} 0",
-        "ck8s_certs_renewal_deferred_total{reason=\"outside_window\"} 0",
-        "ck8s_certs_renewal_deferred_total{reason=\"staggered\"} 0",
-        "ck8s_certs_renewal_bypassed_total{reason=\"expiry_imminent\"} 0",
-    ] {
-        assert!(
-            text.lines().any(|l| l == line),
-            "missing {line:?} in\n{text}"
-        );
-    }
+    assert_lines(
+        &text,
+        [
+            "ck8s_certs_renewal_deferred_total{reason=\"backoff\"} 0",
+            "ck8s_certs_renewal_deferred_total{reason=\"outside_window\"} 0",
+            "ck8s_certs_renewal_deferred_total{reason=\"staggered\"} 0",
+            "ck8s_certs_renewal_bypassed_total{reason=\"expiry_imminent\"} 0",
+        ],
+    );
     for name in ["started", "succeeded", "failed"] {
         for origin in ["manual", "policy"] {
             let line = format!("ck8s_certs_renewals_{name}_total{{origin=\"{origin}\"}} 0");
-            assert!(
-                text.lines().any(|l| l == line),
-                "missing {line:?} in\n{text}"
-            );
+            assert_lines(&text, [line]);
         }
     }
 }
@@ -241,12 +242,7 @@ fn expiry_series_encode_like_the_family_of_gauges() {
     let text = metrics.encode().unwrap();
     let expected: Vec<&str> = expected.lines().filter(|l| *l != "# EOF").collect();
     assert_eq!(expected.len(), 4, "{expected:?}");
-    for line in expected {
-        assert!(
-            text.lines().any(|l| l == line),
-            "missing {line:?} in\n{text}"
-        );
-    }
+    assert_lines(&text, expected);
     metrics.expiry.read_from(Vec::new());
     assert!(!metrics.encode().unwrap().contains("certificate_expiry"));
 }

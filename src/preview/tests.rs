@@ -11,6 +11,7 @@ use super::load::field_problems;
 use super::*;
 use crate::policy::decision::WINDOWS_IGNORED_MESSAGE;
 use crate::policy::testing::utc;
+use crate::testing::{assert_contains, assert_ends_with};
 use serde_json::json;
 
 const SCHEDULED: &str = include_str!(
@@ -202,11 +203,9 @@ fn window_starts_are_in_summer_time_when_london_is() {
         ]
     );
     let text = render_text(&report);
-    assert!(
-        text.contains(
-            "  windows[1]  Wed 2026-06-24 01:00 BST     Europe/London        2026-06-24T00:00:00Z\n"
-        ),
-        "{text}"
+    assert_contains(
+        &text,
+        "  windows[1]  Wed 2026-06-24 01:00 BST     Europe/London        2026-06-24T00:00:00Z\n",
     );
 }
 
@@ -220,24 +219,20 @@ fn schedule_windows_show_their_next_openings() {
     let report = report(&text, &scenario("2026-11-20T12:00:00Z"));
     assert_eq!(report.exit_code(), 0, "{:?}", report.decision.errors);
     let text = render_text(&report);
-    assert!(
-        text.contains(
-            "Decision:      Defer until 2026-11-21T03:00:00Z (OutsideWindow)\n               Renewal deferred until the next maintenance window opens at 2026-11-20 22:00 America/New_York (2026-11-21T03:00:00Z)\n"
-        ),
-        "{text}"
+    assert_contains(
+        &text,
+        "Decision:      Defer until 2026-11-21T03:00:00Z (OutsideWindow)\n               Renewal deferred until the next maintenance window opens at 2026-11-20 22:00 America/New_York (2026-11-21T03:00:00Z)\n",
     );
-    assert!(
-        text.ends_with(
-            "\
+    assert_ends_with(
+        &text,
+        "\
 Next window starts after 2026-11-20T12:00:00Z:
   windows[0]  Fri 2026-11-20 22:00 EST     America/New_York     2026-11-21T03:00:00Z
   windows[1]  Sun 2026-11-22 03:00 UTC     UTC                  2026-11-22T03:00:00Z
   windows[0]  Mon 2026-11-23 22:00 EST     America/New_York     2026-11-24T03:00:00Z
   windows[0]  Tue 2026-11-24 22:00 EST     America/New_York     2026-11-25T03:00:00Z
   windows[0]  Wed 2026-11-25 22:00 EST     America/New_York     2026-11-26T03:00:00Z
-"
-        ),
-        "{text}"
+",
     );
 }
 
@@ -252,15 +247,13 @@ fn schedule_windows_across_the_repeated_hour_open_once() {
         ..scenario("2026-10-30T12:00:00Z")
     };
     let text = render_text(&report(&text, &scenario));
-    assert!(
-        text.ends_with(
-            "\
+    assert_ends_with(
+        &text,
+        "\
   windows[0]  Sat 2026-10-31 01:30 EDT     America/New_York     2026-10-31T05:30:00Z
   windows[0]  Sun 2026-11-01 01:30 EDT     America/New_York     2026-11-01T05:30:00Z
   windows[0]  Mon 2026-11-02 01:30 EST     America/New_York     2026-11-02T06:30:00Z
-"
-        ),
-        "{text}"
+",
     );
 }
 
@@ -312,15 +305,10 @@ fn within_the_fail_safe_margin_windows_are_bypassed_unless_strict() {
     assert_eq!(deferred.decision.reason, Some("OutsideWindow"));
     assert!(deferred.decision.warning);
     let text = render_text(&deferred);
-    assert!(
-        text.contains("Strict:        yes (windows are never bypassed)\n"),
-        "{text}"
-    );
-    assert!(
-        text.contains(
-            "Decision:      Defer until 2026-12-18T22:00:00Z (OutsideWindow) [Warning]\n"
-        ),
-        "{text}"
+    assert_contains(&text, "Strict:        yes (windows are never bypassed)\n");
+    assert_contains(
+        &text,
+        "Decision:      Defer until 2026-12-18T22:00:00Z (OutsideWindow) [Warning]\n",
     );
     // Without strict windows, the same instant bypasses them.
     let bypass = report(SCHEDULED, &scenario("2026-12-18T12:00:00Z"));

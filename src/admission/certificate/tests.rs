@@ -23,6 +23,18 @@ fn fresh(at: Timestamp) -> Stored {
     Stored::from_data(Some(&rotated(None, &names(), at).unwrap()))
 }
 
+/// A fresh Secret issued at `now`, then changed by `change`.
+fn fresh_but(now: Timestamp, change: impl FnOnce(&mut Stored)) -> Stored {
+    let mut stored = fresh(now);
+    change(&mut stored);
+    stored
+}
+
+/// What the controller plans for `stored` (serving the usual names) at `now`.
+fn planned(stored: &Stored, now: Timestamp) -> Plan {
+    plan(stored, &names(), now)
+}
+
 fn kept(plan: Plan) -> Current {
     match plan {
         Plan::Keep(current) => current,
@@ -45,7 +57,7 @@ fn signed_by(leaf: &str, ca: &str) -> bool {
 fn a_fresh_secret_is_served_and_its_ca_alone_is_the_bundle() {
     let now = Timestamp::now();
     let stored = fresh(now);
-    let current = kept(plan(&stored, &names(), now));
+    let current = kept(planned(&stored, now));
     assert_eq!(Some(&current.pem.ca), stored.ca_cert.as_ref());
     assert_eq!(Some(&current.pem.cert), stored.cert.as_ref());
     // Byte for byte the CA: what a configuration set before this release holds stays right.
@@ -58,15 +70,15 @@ fn a_fresh_secret_is_served_and_its_ca_alone_is_the_bundle() {
 fn a_serving_certificate_is_used_until_a_month_before_it_ends() {
     let now = Timestamp::now();
     let stored = fresh(days_ago(now, SERVING_DAYS as i32 - 40));
-    kept(plan(&stored, &names(), now));
+    kept(planned(&stored, now));
     let stored = fresh(days_ago(now, SERVING_DAYS as i32 - 20));
     assert!(matches!(
-        plan(&stored, &names(), now),
+        planned(&stored, now),
         Plan::Reissue(Why::ServingEnding(_))
     ));
     // Re-issued by the same CA: the bundle does not change.
     let renewed = Stored::from_data(Some(&reissued(&stored, &names(), now).unwrap()));
-    let current = kept(plan(&renewed, &names(), now));
+    let current = kept(planned(&renewed, now));
     assert_eq!(renewed.ca_cert, stored.ca_cert);
     assert_eq!(renewed.ca_key, stored.ca_key);
     assert_ne!(renewed.cert, stored.cert);
@@ -87,10 +99,10 @@ fn a_name_missing_is_added_and_no_name_is_dropped() {
     );
     // Re-issued for both sets: the replica with fewer names does not re-issue in turn.
     let renewed = Stored::from_data(Some(&reissued(&stored, &names()[..1], now).unwrap()));
-    kept(plan(&renewed, &names(), now));
+    kept(planned(&renewed, now));
     let renewed = Stored::from_data(Some(&reissued(&stored, &more, now).unwrap()));
     kept(plan(&renewed, &more, now));
-    kept(plan(&renewed, &names(), now));
+    kept(planned(&renewed, now));
     // DNS names compare case-insensitively, as certificates are checked.
     kept(plan(&renewed, &["WEBHOOK.example.com".into()], now));
 }
@@ -113,12 +125,12 @@ fn the_ca_is_replaced_when_a_third_of_its_life_is_left() {
     // The controller's CA (ten years) is replaced a bit over six and a half years in; before
     // that only its serving certificates are.
     assert!(matches!(
-        plan(&fresh(days_ago(now, 2400)), &names(), now),
+        planned(&fresh(days_ago(now, 2400)), now),
         Plan::Reissue(Why::ServingEnding(_))
     ));
     let old = fresh(days_ago(now, 2500));
-    let Plan::Rotate(Why::CaEnding(until)) = plan(&old, &names(), now) else {
-        panic!("not rotated: {:?}", plan(&old, &names(), now));
+    let Plan::Rotate(Why::CaEnding(until)) = planned(&old, now) else {
+        panic!("not rotated: {:?}", planned(&old, now));
     };
     assert!(until > now, "still valid when it is replaced");
 }
@@ -131,7 +143,7 @@ fn a_rotation_keeps_the_replaced_ca_in_the_bundle_for_a_day() {
     let previous = previous_ca(Some(&held), &old, now);
     assert_eq!(previous.as_deref(), Some(held.as_str()));
     let rotated = Stored::from_data(Some(&rotated(previous.as_deref(), &names(), now).unwrap()));
-    let current = kept(plan(&rotated, &names(), now));
+    let current = kept(planned(&rotated, now));
     assert_ne!(current.pem.ca, held);
     assert_eq!(current.bundle, format!("{}{}", current.pem.ca, held));
     assert!(signed_by(&current.pem.cert, &current.pem.ca));
@@ -139,14 +151,10 @@ fn a_rotation_keeps_the_replaced_ca_in_the_bundle_for_a_day() {
     assert_eq!(until, now.saturating_add(PREVIOUS_CA_KEPT).unwrap());
 
     // Kept until then; the first check after it removes the old CA, and only that changes.
-    kept(plan(
-        &rotated,
-        &names(),
-        until.saturating_sub(DAY / 24).unwrap(),
-    ));
-    assert_eq!(plan(&rotated, &names(), until), Plan::DropPrevious);
+    kept(planned(&rotated, until.saturating_sub(DAY / 24).unwrap()));
+    assert_eq!(planned(&rotated, until), Plan::DropPrevious);
     let dropped = Stored::from_data(Some(&rotated.without_previous()));
-    let after = kept(plan(&dropped, &names(), until));
+    let after = kept(planned(&dropped, until));
     assert_eq!(after.pem, current.pem);
     assert_eq!(after.bundle, current.pem.ca);
     // A serving certificate re-issued once the day is over drops it in the same write.
@@ -174,7 +182,7 @@ fn the_ca_kept_is_the_one_served_else_the_secrets_own_if_still_valid() {
     // An expired CA is no use to anyone.
     let expired = fresh(days_ago(now, CA_DAYS as i32 + 5));
     assert!(matches!(
-        plan(&expired, &names(), now),
+        planned(&expired, now),
         Plan::Rotate(Why::CaEnding(_))
     ));
     assert_eq!(previous_ca(expired.ca_cert.as_deref(), &expired, now), None);
@@ -187,37 +195,28 @@ fn a_previous_ca_that_cannot_be_read_is_dropped_and_never_in_the_bundle() {
     stored.previous = Some("not a certificate".into());
     stored.previous_until = Some(now.saturating_add(DAY).unwrap().to_string());
     assert_eq!(stored.bundle(), stored.ca_cert.clone());
-    assert_eq!(plan(&stored, &names(), now), Plan::DropPrevious);
+    assert_eq!(planned(&stored, now), Plan::DropPrevious);
     let mut stored = fresh(now);
     stored.previous = fresh(now).ca_cert;
     stored.previous_until = Some("soon".into());
-    assert_eq!(plan(&stored, &names(), now), Plan::DropPrevious);
+    assert_eq!(planned(&stored, now), Plan::DropPrevious);
     stored.previous_until = None;
-    assert_eq!(plan(&stored, &names(), now), Plan::DropPrevious);
+    assert_eq!(planned(&stored, now), Plan::DropPrevious);
 }
 
 #[test]
 fn a_key_that_is_not_its_certificates_is_caught() {
     let now = Timestamp::now();
     let other = fresh(now);
-    let mut stored = fresh(now);
-    stored.ca_key = other.ca_key.clone();
+    let stored = fresh_but(now, |s| s.ca_key = other.ca_key.clone());
+    assert_eq!(planned(&stored, now), Plan::Rotate(Why::CaKeyMismatch));
+    let stored = fresh_but(now, |s| s.key = other.key.clone());
     assert_eq!(
-        plan(&stored, &names(), now),
-        Plan::Rotate(Why::CaKeyMismatch)
-    );
-    let mut stored = fresh(now);
-    stored.key = other.key.clone();
-    assert_eq!(
-        plan(&stored, &names(), now),
+        planned(&stored, now),
         Plan::Reissue(Why::ServingKeyMismatch)
     );
-    let mut stored = fresh(now);
-    stored.key = Some("garbage".into());
-    assert_eq!(
-        plan(&stored, &names(), now),
-        Plan::Reissue(Why::ServingUnreadable)
-    );
+    let stored = fresh_but(now, |s| s.key = Some("garbage".into()));
+    assert_eq!(planned(&stored, now), Plan::Reissue(Why::ServingUnreadable));
 }
 
 #[test]
@@ -227,12 +226,9 @@ fn a_serving_certificate_of_another_ca_is_reissued_by_the_secrets_ca() {
     let mut stored = fresh(now);
     stored.cert = other.cert.clone();
     stored.key = other.key.clone();
-    assert_eq!(
-        plan(&stored, &names(), now),
-        Plan::Reissue(Why::NotSignedByCa)
-    );
+    assert_eq!(planned(&stored, now), Plan::Reissue(Why::NotSignedByCa));
     let renewed = Stored::from_data(Some(&reissued(&stored, &names(), now).unwrap()));
-    let current = kept(plan(&renewed, &names(), now));
+    let current = kept(planned(&renewed, now));
     assert_eq!(Some(&current.pem.ca), stored.ca_cert.as_ref());
     assert!(signed_by(&current.pem.cert, &current.pem.ca));
 }
@@ -245,7 +241,7 @@ fn a_ca_this_controller_did_not_issue_is_replaced() {
     let mut stored = fresh(now);
     stored.ca_cert = Some(leaf.cert.pem());
     stored.ca_key = Some(leaf.signing_key.serialize_pem());
-    assert_eq!(plan(&stored, &names(), now), Plan::Rotate(Why::NotOurCa));
+    assert_eq!(planned(&stored, now), Plan::Rotate(Why::NotOurCa));
     // A CA of another name: its certificates would name another issuer than ours.
     let key = KeyPair::generate().unwrap();
     let mut params = ca_params(now).unwrap();
@@ -256,22 +252,18 @@ fn a_ca_this_controller_did_not_issue_is_replaced() {
     let mut stored = fresh(now);
     stored.ca_cert = Some(params.self_signed(&key).unwrap().pem());
     stored.ca_key = Some(key.serialize_pem());
-    assert_eq!(plan(&stored, &names(), now), Plan::Rotate(Why::NotOurCa));
+    assert_eq!(planned(&stored, now), Plan::Rotate(Why::NotOurCa));
 }
 
 #[test]
 fn an_unreadable_secret_gets_a_new_ca() {
     let now = Timestamp::now();
     assert_eq!(
-        plan(&Stored::default(), &names(), now),
+        planned(&Stored::default(), now),
         Plan::Rotate(Why::CaUnreadable)
     );
-    let mut stored = fresh(now);
-    stored.ca_key = None;
-    assert_eq!(
-        plan(&stored, &names(), now),
-        Plan::Rotate(Why::CaUnreadable)
-    );
+    let stored = fresh_but(now, |s| s.ca_key = None);
+    assert_eq!(planned(&stored, now), Plan::Rotate(Why::CaUnreadable));
 }
 
 #[test]

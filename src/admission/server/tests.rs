@@ -19,6 +19,8 @@ use super::*;
 
 /// Bounds on what must happen; far above the limits under test.
 const SOON: Duration = Duration::from_secs(15);
+/// A limit under test: short enough to wait out.
+const SHORT: Duration = Duration::from_millis(300);
 
 struct Server {
     address: SocketAddr,
@@ -41,6 +43,13 @@ fn relaxed() -> Limits {
         request_timeout: Duration::from_secs(60),
         ..Limits::default()
     }
+}
+
+/// [`relaxed`] limits, but for what `set` changes.
+fn relaxed_but(set: impl FnOnce(&mut Limits)) -> Limits {
+    let mut limits = relaxed();
+    set(&mut limits);
+    limits
 }
 
 async fn start(limits: Limits) -> Server {
@@ -285,11 +294,7 @@ async fn garbage_is_answered_with_a_4xx() {
 
 #[tokio::test]
 async fn an_oversize_body_is_refused_without_being_read() {
-    let server = start(Limits {
-        max_body_bytes: 64 * 1024,
-        ..relaxed()
-    })
-    .await;
+    let server = start(relaxed_but(|limits| limits.max_body_bytes = 64 * 1024)).await;
     // Declared: refused from the headers alone, though no byte of the body was sent.
     let mut stream = connect(&server).await;
     let head = format!(
@@ -378,11 +383,10 @@ async fn first_record(server: &Server, version: u16) -> [u8; 7] {
 
 #[tokio::test]
 async fn a_client_that_sends_nothing_is_dropped() {
-    let server = start(Limits {
-        handshake_timeout: Duration::from_millis(300),
-        header_read_timeout: Duration::from_millis(300),
-        ..relaxed()
-    })
+    let server = start(relaxed_but(|limits| {
+        limits.handshake_timeout = SHORT;
+        limits.header_read_timeout = SHORT;
+    }))
     .await;
     // After the handshake: dropped once the headers do not come.
     let mut silent = connect(&server).await;
@@ -401,11 +405,7 @@ async fn a_client_that_sends_nothing_is_dropped() {
 
 #[tokio::test]
 async fn a_request_whose_body_does_not_come_times_out() {
-    let server = start(Limits {
-        request_timeout: Duration::from_millis(300),
-        ..relaxed()
-    })
-    .await;
+    let server = start(relaxed_but(|limits| limits.request_timeout = SHORT)).await;
     let mut stream = connect(&server).await;
     let head = format!(
         "POST {PATH} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{"
@@ -417,11 +417,7 @@ async fn a_request_whose_body_does_not_come_times_out() {
 
 #[tokio::test]
 async fn a_connection_on_which_nothing_moves_is_closed() {
-    let server = start(Limits {
-        idle_timeout: Duration::from_millis(300),
-        ..relaxed()
-    })
-    .await;
+    let server = start(relaxed_but(|limits| limits.idle_timeout = SHORT)).await;
     // The handshake done, then nothing: the header timeout is a minute away.
     let mut silent = connect(&server).await;
     assert_closed(&mut silent).await;
@@ -431,11 +427,7 @@ async fn a_connection_on_which_nothing_moves_is_closed() {
 
 #[tokio::test]
 async fn a_slow_body_holds_no_place_where_requests_are_decided() {
-    let server = start(Limits {
-        max_requests: 1,
-        ..relaxed()
-    })
-    .await;
+    let server = start(relaxed_but(|limits| limits.max_requests = 1)).await;
     // A body on its way, for a minute if it likes: it is read before a place is taken.
     let body = review_json("1y");
     let (first, rest) = body.split_at(10);
@@ -461,11 +453,7 @@ async fn a_slow_body_holds_no_place_where_requests_are_decided() {
 
 #[tokio::test]
 async fn a_new_connection_takes_the_place_of_the_oldest_idle_one() {
-    let server = start(Limits {
-        max_connections: 2,
-        ..relaxed()
-    })
-    .await;
+    let server = start(relaxed_but(|limits| limits.max_connections = 2)).await;
     // Two idle connections take both places; a third is served, and the oldest is closed.
     let mut first = connect(&server).await;
     let _second = connect(&server).await;
@@ -477,11 +465,7 @@ async fn a_new_connection_takes_the_place_of_the_oldest_idle_one() {
 
     // One peer holds at most its share: its own oldest idle connection makes room, though
     // there are places overall.
-    let server = start(Limits {
-        max_connections_per_peer: 2,
-        ..relaxed()
-    })
-    .await;
+    let server = start(relaxed_but(|limits| limits.max_connections_per_peer = 2)).await;
     let mut first = connect(&server).await;
     let _second = connect(&server).await;
     response_of(&exchange(&server, &review_request("1y")).await);
@@ -489,11 +473,7 @@ async fn a_new_connection_takes_the_place_of_the_oldest_idle_one() {
 
     // Silent clients (no handshake, or nothing after it) are idle too: a well-behaved request
     // gets through at once however many there are.
-    let server = start(Limits {
-        max_connections: 2,
-        ..relaxed()
-    })
-    .await;
+    let server = start(relaxed_but(|limits| limits.max_connections = 2)).await;
     let mut silent = Vec::new();
     for _ in 0..4 {
         silent.push(TcpStream::connect(server.address).await.unwrap());
@@ -506,11 +486,7 @@ async fn a_new_connection_takes_the_place_of_the_oldest_idle_one() {
 
 #[tokio::test]
 async fn a_connection_is_closed_at_its_age_once_its_request_is_answered() {
-    let server = start(Limits {
-        max_connection_age: Duration::from_millis(300),
-        ..relaxed()
-    })
-    .await;
+    let server = start(relaxed_but(|limits| limits.max_connection_age = SHORT)).await;
     let mut kept = connect(&server).await;
     // Kept alive (no Connection: close), and used before its age.
     let mut request = review_request("1y");

@@ -209,6 +209,7 @@ pub fn next_change(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{assert_contains, assert_starts_with};
 
     fn at(text: &str) -> Timestamp {
         text.parse().unwrap()
@@ -280,12 +281,9 @@ mod tests {
             (verdict.status, verdict.reason),
             ("True", "NodeCertificatesExpired")
         );
-        assert!(
-            verdict.message.starts_with(
-                "The certificates of Machine cp-1 expired at 2027-01-30T12:00:00Z (2 Machines of this cluster in all)"
-            ),
-            "{}",
-            verdict.message
+        assert_starts_with(
+            &verdict.message,
+            "The certificates of Machine cp-1 expired at 2027-01-30T12:00:00Z (2 Machines of this cluster in all)",
         );
         let status = nodes.status();
         assert_eq!(status.earliest_machine.as_deref(), Some("cp-1"));
@@ -301,22 +299,16 @@ mod tests {
             (verdict.status, verdict.reason),
             ("True", "APIServerCertificateExpired")
         );
-        assert!(
-            verdict.message.starts_with(
-                "The workload API server serves a certificate that expired at 2027-02-20T00:00:00Z, although no Machine records"
-            ),
-            "{}",
-            verdict.message
+        assert_starts_with(
+            &verdict.message,
+            "The workload API server serves a certificate that expired at 2027-02-20T00:00:00Z, although no Machine records",
         );
         let dark = Nodes::of(&[machine("cp-0", Some("2027-02-01T00:00:00Z"))], at(NOW));
         let verdict = expired_verdict(&dark, api);
         assert_eq!(verdict.reason, "NodeCertificatesExpired");
-        assert!(
-            verdict.message.contains(
-                "expired at 2027-02-01T00:00:00Z; the workload API server serves a certificate that expired at 2027-02-20T00:00:00Z:"
-            ),
-            "{}",
-            verdict.message
+        assert_contains(
+            &verdict.message,
+            "expired at 2027-02-01T00:00:00Z; the workload API server serves a certificate that expired at 2027-02-20T00:00:00Z:",
         );
         for api in [Api::Unknown, Api::Valid] {
             assert_eq!(expired_verdict(&healthy, api).status, "False");

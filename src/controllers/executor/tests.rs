@@ -10,16 +10,19 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::scripted::{Journal, Link, Log, Node, api, entries, journal, no_answer, node, refused};
 use super::*;
+use crate::testing::{assert_contains, assert_starts_with};
 
 const EXPIRY: i64 = 1_900_000_000;
 const YEAR: i64 = 365 * 86_400;
 const RUN_TIMEOUT: Duration = Duration::from_secs(300);
 
-fn executor() -> (Executor, mpsc::UnboundedReceiver<Waiter>) {
-    executor_in(crate::leader::Term::always())
+/// A log of what the scripted nodes and journals see, and a leading executor whose wakings come
+/// out of the receiver.
+fn bench() -> (Log, Executor, mpsc::UnboundedReceiver<Waiter>) {
+    bench_in(crate::leader::Term::always())
 }
 
-fn executor_in(term: crate::leader::Term) -> (Executor, mpsc::UnboundedReceiver<Waiter>) {
+fn bench_in(term: crate::leader::Term) -> (Log, Executor, mpsc::UnboundedReceiver<Waiter>) {
     let (tx, rx) = mpsc::unbounded();
     let executor = Executor::new(
         Admission::new(2, 10, Some(tx)),
@@ -36,7 +39,7 @@ fn executor_in(term: crate::leader::Term) -> (Executor, mpsc::UnboundedReceiver<
             Timestamp::from_second(EXPIRY - YEAR).unwrap(),
         )),
     );
-    (executor, rx)
+    (Log::default(), executor, rx)
 }
 
 fn operation(seed: Option<i64>, run_attempts: u32) -> Operation {
@@ -82,6 +85,18 @@ async fn go(
     journal: &mut Journal,
 ) -> Finished<Node> {
     go_with(executor, machine, role, operation(None, 0), link, journal).await
+}
+
+/// Runs a first operation of control plane `machine` through `executor`, with a journal of
+/// its own.
+async fn control_plane(
+    executor: &Executor,
+    machine: &str,
+    link: &Link,
+    log: &Log,
+) -> Finished<Node> {
+    let mut journal = journal(log);
+    go(executor, machine, Role::ControlPlane, link, &mut journal).await
 }
 
 /// Runs `op` of `machine` (in cluster `c`) through `executor`.
@@ -143,17 +158,9 @@ fn said<N>(finished: &Finished<N>) -> String {
 
 #[tokio::test(start_paused = true)]
 async fn a_control_plane_is_refreshed_and_keeps_its_cluster_until_it_answers_again() {
-    let log = Log::default();
-    let (executor, mut rx) = executor();
+    let (log, executor, mut rx) = bench();
     let link = node(&log, "cp-0", vec![Ok(42)], vec![Ok(EXPIRY)]);
-    let finished = go(
-        &executor,
-        "cp-0",
-        Role::ControlPlane,
-        &link,
-        &mut journal(&log),
-    )
-    .await;
+    let finished = control_plane(&executor, "cp-0", &link, &log).await;
     assert_eq!(
         said(&finished),
         format!("ran Succeeded expiry={EXPIRY} settle=true")
@@ -178,14 +185,7 @@ async fn a_control_plane_is_refreshed_and_keeps_its_cluster_until_it_answers_aga
     // While it settles, the cluster is taken: a second control plane and a worker wait.
     settle.spawn();
     let other = node(&log, "cp-1", vec![Ok(7)], vec![Ok(EXPIRY)]);
-    let waiting = go(
-        &executor,
-        "cp-1",
-        Role::ControlPlane,
-        &other,
-        &mut journal(&log),
-    )
-    .await;
+    let waiting = control_plane(&executor, "cp-1", &other, &log).await;
     assert_eq!(
         said(&waiting),
         "wait: another control plane of the cluster is being refreshed"
@@ -200,25 +200,13 @@ async fn a_control_plane_is_refreshed_and_keeps_its_cluster_until_it_answers_aga
         3
     );
     assert_eq!(woken(&mut rx), ["cp-1"]);
-    let finished = go(
-        &executor,
-        "cp-1",
-        Role::ControlPlane,
-        &other,
-        &mut journal(&log),
-    )
-    .await;
-    assert!(
-        said(&finished).starts_with("ran Succeeded"),
-        "{}",
-        said(&finished)
-    );
+    let finished = control_plane(&executor, "cp-1", &other, &log).await;
+    assert_starts_with(&said(&finished), "ran Succeeded");
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_worker_runs_while_a_control_plane_approves_and_an_approve_error_is_noted() {
-    let log = Log::default();
-    let (executor, _rx) = executor();
+    let (log, executor, _rx) = bench();
     let mut link = node(&log, "w-0", vec![Ok(9)], vec![Ok(EXPIRY)]);
     // k8sd's auto-approver approved the CSRs: every approve answers 500, run succeeds.
     link.approver.get_mut().unwrap().as_mut().unwrap().answers =
@@ -251,22 +239,14 @@ async fn a_worker_runs_while_a_control_plane_approves_and_an_approve_error_is_no
 
 #[tokio::test(start_paused = true)]
 async fn a_lost_answer_is_followed_by_a_new_plan_and_a_restart_counts_the_runs_sent() {
-    let log = Log::default();
-    let (executor, _rx) = executor();
+    let (log, executor, _rx) = bench();
     let link = node(
         &log,
         "cp-0",
         vec![Ok(1), Ok(2)],
         vec![Err(no_answer("run")), Ok(EXPIRY)],
     );
-    let finished = go(
-        &executor,
-        "cp-0",
-        Role::ControlPlane,
-        &link,
-        &mut journal(&log),
-    )
-    .await;
+    let finished = control_plane(&executor, "cp-0", &link, &log).await;
     assert!(said(&finished).starts_with("ran Succeeded"));
     // Its settle is not started: the cluster is free.
     drop(finished);
@@ -295,11 +275,7 @@ async fn a_lost_answer_is_followed_by_a_new_plan_and_a_restart_counts_the_runs_s
             &mut journal(&log),
         )
         .await;
-    assert!(
-        said(&finished).contains("run was sent 3 times without an answer"),
-        "{}",
-        said(&finished)
-    );
+    assert_contains(&said(&finished), "run was sent 3 times without an answer");
     let runs: Vec<_> = entries(&log)
         .into_iter()
         .filter(|e| e.contains(" run "))
@@ -312,8 +288,7 @@ async fn a_lost_answer_is_followed_by_a_new_plan_and_a_restart_counts_the_runs_s
 
 #[tokio::test(start_paused = true)]
 async fn a_journal_that_cannot_record_the_seed_stops_the_operation_before_run() {
-    let log = Log::default();
-    let (executor, _rx) = executor();
+    let (log, executor, _rx) = bench();
     let link = node(&log, "cp-0", vec![Ok(42)], vec![Ok(EXPIRY)]);
     let mut journal = Journal {
         refuse: Some(|| Failure::Api("the API server refused the write".into())),
@@ -324,38 +299,19 @@ async fn a_journal_that_cannot_record_the_seed_stops_the_operation_before_run() 
     assert!(!entries(&log).iter().any(|e| e.contains(" run ")));
     // The cluster is free again at once.
     let next = node(&log, "cp-1", vec![Ok(1)], vec![Ok(EXPIRY)]);
-    let finished = go(
-        &executor,
-        "cp-1",
-        Role::ControlPlane,
-        &next,
-        &mut self::journal(&log),
-    )
-    .await;
-    assert!(said(&finished).starts_with("ran"), "{}", said(&finished));
+    let finished = control_plane(&executor, "cp-1", &next, &log).await;
+    assert_starts_with(&said(&finished), "ran");
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_hung_worker_gives_its_cluster_back_between_tries_so_a_control_plane_goes_in_between() {
-    let log = Log::default();
-    let (executor, _rx) = executor();
+    let (log, executor, _rx) = bench();
     let worker = node(&log, "w-0", vec![Err(no_answer("plan"))], vec![]);
     let first = go(&executor, "w-0", Role::Worker, &worker, &mut journal(&log)).await;
-    assert!(
-        said(&first).starts_with("wait: the node's k8sd"),
-        "{}",
-        said(&first)
-    );
+    assert_starts_with(&said(&first), "wait: the node's k8sd");
     // Between the worker's tries, a control plane of its cluster refreshes.
     let cp = node(&log, "cp-0", vec![Ok(3)], vec![Ok(EXPIRY)]);
-    let finished = go(
-        &executor,
-        "cp-0",
-        Role::ControlPlane,
-        &cp,
-        &mut journal(&log),
-    )
-    .await;
+    let finished = control_plane(&executor, "cp-0", &cp, &log).await;
     let Finished::Ran { settle, .. } = finished else {
         panic!("the control plane waited for the hung worker");
     };
@@ -377,8 +333,7 @@ async fn a_hung_worker_gives_its_cluster_back_between_tries_so_a_control_plane_g
 
 #[tokio::test(start_paused = true)]
 async fn workers_wait_for_their_cluster_s_control_planes_and_for_a_place() {
-    let log = Log::default();
-    let (executor, mut rx) = executor();
+    let (log, executor, mut rx) = bench();
     // A control plane is pending: the worker waits without touching anything.
     let link = node(&log, "w-0", vec![Ok(1)], vec![Ok(EXPIRY)]);
     let mut journal = journal(&log);
@@ -409,22 +364,14 @@ async fn workers_wait_for_their_cluster_s_control_planes_and_for_a_place() {
     );
     // The control plane's refresh wakes it.
     let cp = node(&log, "cp-0", vec![Ok(3)], vec![Ok(EXPIRY)]);
-    let Finished::Ran { settle, .. } = go(
-        &executor,
-        "cp-0",
-        Role::ControlPlane,
-        &cp,
-        &mut self::journal(&log),
-    )
-    .await
-    else {
+    let Finished::Ran { settle, .. } = control_plane(&executor, "cp-0", &cp, &log).await else {
         panic!("the control plane did not run");
     };
     drop(settle);
     assert_eq!(woken(&mut rx), ["w-0"]);
     // Woken, it goes (its place was kept for it).
     let finished = go(&executor, "w-0", Role::Worker, &link, &mut journal).await;
-    assert!(said(&finished).starts_with("ran"), "{}", said(&finished));
+    assert_starts_with(&said(&finished), "ran");
 
     // Two places per cluster: a third worker waits, and is woken when one leaves.
     let link = node(&log, "w-3", vec![Ok(4)], vec![Ok(EXPIRY)]);
@@ -435,23 +382,22 @@ async fn workers_wait_for_their_cluster_s_control_planes_and_for_a_place() {
     // Queued for a place: nothing written.
     assert!(journal.shown.is_empty(), "{:?}", journal.shown);
     let again = go(&executor, "w-3", Role::Worker, &link, &mut journal).await;
-    assert!(said(&again).starts_with("wait"), "{}", said(&again));
+    assert_starts_with(&said(&again), "wait");
     assert!(journal.shown.is_empty(), "{:?}", journal.shown);
     drop(a);
     assert_eq!(woken(&mut rx), ["w-3"]);
     let finished = go(&executor, "w-3", Role::Worker, &link, &mut journal).await;
-    assert!(said(&finished).starts_with("ran"), "{}", said(&finished));
+    assert_starts_with(&said(&finished), "ran");
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_queued_worker_that_only_looks_again_keeps_its_place_in_line() {
-    let log = Log::default();
-    let (executor, mut rx) = executor();
+    let (log, executor, mut rx) = bench();
     let (a, _b) = both_places_of_c_taken(&executor);
     let link = node(&log, "w-3", vec![Ok(4)], vec![Ok(EXPIRY)]);
     let mut journal = journal(&log);
     let queued = go(&executor, "w-3", Role::Worker, &link, &mut journal).await;
-    assert!(said(&queued).starts_with("wait"), "{}", said(&queued));
+    assert_starts_with(&said(&queued), "wait");
     // Its note in the queue lapses (WAITER_TTL without a new try) while it still waits.
     executor.admission.forget("ns", "c", &who("w-3"));
     // Looking again (the cheap recheck, nothing read) notes it as waiting again ...
@@ -473,8 +419,7 @@ fn blocked(executor: &Executor, machine: &str) -> bool {
 
 #[tokio::test(start_paused = true)]
 async fn a_restarting_workload_api_is_waited_for_then_given_up_on() {
-    let log = Log::default();
-    let (executor, _rx) = executor();
+    let (log, executor, _rx) = bench();
     let mut link = node(&log, "cp-0", vec![], vec![]);
     *link.connects.get_mut().unwrap() = (0..20)
         .map(|_| Failure::Unavailable("the tunnel cannot be opened".into()))
@@ -504,8 +449,7 @@ async fn a_restarting_workload_api_is_waited_for_then_given_up_on() {
 /// waits for that (saying so), and goes on once the API answers again.
 #[tokio::test(start_paused = true)]
 async fn a_worker_waits_for_a_control_plane_to_renew_an_expired_workload_api() {
-    let log = Log::default();
-    let (executor, _rx) = executor();
+    let (log, executor, _rx) = bench();
     let mut link = node(&log, "w-0", vec![Ok(5)], vec![Ok(EXPIRY)]);
     *link.connects.get_mut().unwrap() = (0..2)
         .map(|_| {
@@ -550,26 +494,17 @@ async fn a_worker_waits_for_a_control_plane_to_renew_an_expired_workload_api() {
 
 #[tokio::test(start_paused = true)]
 async fn a_stopping_process_starts_nothing_new() {
-    let log = Log::default();
-    let (executor, _rx) = executor();
+    let (log, executor, _rx) = bench();
     executor.stop.cancel();
     let link = node(&log, "cp-0", vec![Ok(1)], vec![Ok(EXPIRY)]);
-    let finished = go(
-        &executor,
-        "cp-0",
-        Role::ControlPlane,
-        &link,
-        &mut journal(&log),
-    )
-    .await;
+    let finished = control_plane(&executor, "cp-0", &link, &log).await;
     assert_eq!(said(&finished), "stopping");
     assert!(entries(&log).is_empty());
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_run_sent_before_a_handover_is_waited_out_from_when_it_was_taken_over() {
-    let log = Log::default();
-    let (executor, _rx) = executor();
+    let (log, executor, _rx) = bench();
     let now = Timestamp::from_second(EXPIRY - YEAR).unwrap();
     // Recorded an hour ago by the wall clock of the replica that sent it, which may be ahead
     // of ours by any amount: the run may still be running on the node, so this replica waits
@@ -613,11 +548,7 @@ async fn a_run_sent_before_a_handover_is_waited_out_from_when_it_was_taken_over(
     // The run timeout has passed since it was taken over: a new plan, a new seed.
     tokio::time::advance(Duration::from_secs(10)).await;
     let finished = look(&sent).await;
-    assert!(
-        said(&finished).starts_with("ran Succeeded"),
-        "{}",
-        said(&finished)
-    );
+    assert_starts_with(&said(&finished), "ran Succeeded");
     assert!(
         entries(&log).contains(&"record seed=8 attempts=2".to_owned()),
         "{:?}",
@@ -633,8 +564,7 @@ async fn a_run_sent_before_a_handover_is_waited_out_from_when_it_was_taken_over(
 
 #[tokio::test(start_paused = true)]
 async fn a_replica_that_does_not_lead_sends_nothing_even_for_a_journaled_operation() {
-    let log = Log::default();
-    let (executor, _rx) = executor_in(crate::leader::Term::none());
+    let (log, executor, _rx) = bench_in(crate::leader::Term::none());
     let link = node(&log, "cp-0", vec![Ok(2)], vec![Ok(EXPIRY)]);
     // A run of seed 1 with no known outcome: the next leader goes on with it, not this one.
     let finished = go_with(
@@ -675,8 +605,7 @@ fn an_operation_without_a_valid_lifetime_is_refused_before_anything_is_sent() {
 
 #[tokio::test(start_paused = true)]
 async fn a_node_that_is_slow_to_reach_holds_no_place_and_is_given_up_on_at_the_connect_timeout() {
-    let log = Log::default();
-    let (executor, _) = executor();
+    let (log, executor, _) = bench();
     // A tenant's workload API that answers every read slowly: reaching the worker takes an hour.
     let mut link = node(&log, "w-1", vec![Ok(11)], vec![Ok(EXPIRY)]);
     link.connect_takes = Duration::from_secs(3600);

@@ -45,6 +45,11 @@ fn disabled() -> Verdict {
     )
 }
 
+/// A Machine's first status: `verdict`, shown at 100.
+fn fresh(verdict: &Verdict) -> MachineCertificatesStatus {
+    with_verdict(&MachineCertificatesStatus::default(), verdict, at(100))
+}
+
 fn types(status: &MachineCertificatesStatus) -> Vec<&str> {
     status.conditions.iter().map(|c| c.type_.as_str()).collect()
 }
@@ -59,7 +64,7 @@ fn an_unchanged_verdict_gives_an_equal_status_for_every_shape() {
         Verdict::conflict(vec!["a".into(), "b".into()], "conflict".into()),
     ];
     for verdict in verdicts {
-        let first = with_verdict(&MachineCertificatesStatus::default(), &verdict, at(100));
+        let first = fresh(&verdict);
         let again = with_verdict(&first, &verdict, at(200));
         assert_eq!(first, again, "{verdict:?}");
     }
@@ -67,11 +72,7 @@ fn an_unchanged_verdict_gives_an_equal_status_for_every_shape() {
 
 #[test]
 fn the_renewal_status_names_the_policy_its_generation_mode_and_windows() {
-    let status = with_verdict(
-        &MachineCertificatesStatus::default(),
-        &deferred("NotDue", None),
-        at(100),
-    );
+    let status = fresh(&deferred("NotDue", None));
     let renewal = status.renewal.unwrap();
     assert_eq!(
         renewal.policy_ref,
@@ -104,11 +105,7 @@ fn the_renewal_status_names_the_policy_its_generation_mode_and_windows() {
 
 #[test]
 fn not_due_is_healthy_and_shows_no_renewal_condition() {
-    let status = with_verdict(
-        &MachineCertificatesStatus::default(),
-        &deferred("NotDue", None),
-        at(100),
-    );
+    let status = fresh(&deferred("NotDue", None));
     assert!(status.conditions.is_empty(), "{:?}", status.conditions);
     assert_eq!(status.renewal.unwrap().reason, "NotDue");
 }
@@ -140,11 +137,7 @@ fn a_new_verdict_replaces_the_old_conditions_and_keeps_other_ones() {
 
 #[test]
 fn a_deferral_whose_reason_changes_keeps_its_transition_time() {
-    let first = with_verdict(
-        &MachineCertificatesStatus::default(),
-        &deferred_with_windows_ignored(),
-        at(100),
-    );
+    let first = fresh(&deferred_with_windows_ignored());
     let outside = deferred("OutsideWindow", Some(conditions::RENEWAL_DEFERRED));
     let second = with_verdict(&first, &outside, at(200));
     let deferred = second

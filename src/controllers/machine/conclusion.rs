@@ -148,6 +148,16 @@ mod tests {
             .unwrap_or_else(|| panic!("no {type_} in {:?}", status.conditions))
     }
 
+    /// The Ready condition's status, reason and message.
+    fn ready(status: &MachineCertificatesStatus) -> (&str, &str, &str) {
+        let ready = condition(status, conditions::READY);
+        (
+            ready.status.as_str(),
+            ready.reason.as_str(),
+            ready.message.as_str(),
+        )
+    }
+
     fn conclude_at_now(status: &mut MachineCertificatesStatus, op: &mut Operation, ending: Ending) {
         conclude(status, op, ending, Timestamp::from_second(NOW).unwrap());
     }
@@ -166,18 +176,11 @@ mod tests {
             assert_eq!(status.expiry, Some(at(NEW_EXPIRY)));
             assert_eq!(status.failed_attempts, None, "{origin:?}");
             assert_eq!(status.last_failure_time, None);
-            let ready = condition(&status, conditions::READY);
-            assert_eq!(
-                (ready.status.as_str(), ready.reason.as_str()),
-                ("True", why::REFRESHED)
+            let message = format!(
+                "Certificates refreshed; they expire at {}",
+                rfc3339(&at(NEW_EXPIRY))
             );
-            assert_eq!(
-                ready.message,
-                format!(
-                    "Certificates refreshed; they expire at {}",
-                    rfc3339(&at(NEW_EXPIRY))
-                )
-            );
+            assert_eq!(ready(&status), ("True", why::REFRESHED, message.as_str()));
             let refreshing = condition(&status, conditions::REFRESHING);
             assert_eq!(refreshing.status, "False");
             assert_eq!(refreshing.reason, why::IDLE);
@@ -229,13 +232,8 @@ mod tests {
             assert_eq!(status.failed_attempts, attempts, "{origin:?}");
             assert_eq!(status.last_failure_time, last_failure, "{origin:?}");
             assert_eq!(status.expiry, expiry, "a failure keeps the known expiry");
-            let ready = condition(&status, conditions::READY);
             assert_eq!(
-                (
-                    ready.status.as_str(),
-                    ready.reason.as_str(),
-                    ready.message.as_str()
-                ),
+                ready(&status),
                 ("False", why::REFRESH_FAILED, "k8sd refused")
             );
             assert_eq!(condition(&status, conditions::REFRESHING).status, "False");
@@ -253,13 +251,8 @@ mod tests {
         );
         assert_eq!(op.phase, Phase::Failed);
         assert_eq!(status.failed_attempts, Some(3));
-        let ready = condition(&status, conditions::READY);
         assert_eq!(
-            (
-                ready.status.as_str(),
-                ready.reason.as_str(),
-                ready.message.as_str()
-            ),
+            ready(&status),
             ("False", why::IN_PLACE_IMPOSSIBLE, "replace it")
         );
     }

@@ -384,15 +384,11 @@ mod tests {
         }
     }
 
-    /// What is asked, of which Machine, its owner, its cluster, the share: what is answered.
-    type Row = (
-        &'static str,
-        Peer,
-        Option<OwnerReference>,
-        Vec<Peer>,
-        MaxUnavailable,
-        Result<(), Hold>,
-    );
+    /// What is asked, of which Machine and its owner: what is answered.
+    type OwnerRow = (&'static str, Peer, Option<OwnerReference>, Result<(), Hold>);
+
+    /// What is asked, of which cluster and share: what is answered.
+    type ClusterRow = (&'static str, Vec<Peer>, MaxUnavailable, Result<(), Hold>);
 
     #[test]
     fn only_a_machine_set_worker_goes_and_only_when_its_cluster_and_deployment_allow() {
@@ -410,73 +406,68 @@ mod tests {
                 lost.clone(),
             ]
         };
-        let with = |change: &dyn Fn(&mut Vec<Peer>)| {
-            let mut peers = cluster();
-            change(&mut peers);
-            peers
-        };
         let one = MaxUnavailable::Count(1);
-        let rows: Vec<Row> = vec![
+        // Which Machine, owned how, in a recovered cluster.
+        let rows: [OwnerRow; 5] = [
             (
                 "a worker of a MachineSet, all recovered",
                 lost.clone(),
                 Some(owned.clone()),
-                cluster(),
-                one,
                 Ok(()),
             ),
             (
                 "a control plane: never",
                 peer("cp-0", true),
                 Some(owned.clone()),
-                cluster(),
-                one,
                 Err(Hold::ControlPlane),
             ),
-            (
-                "no owner",
-                lost.clone(),
-                None,
-                cluster(),
-                one,
-                Err(Hold::NoMachineSet),
-            ),
+            ("no owner", lost.clone(), None, Err(Hold::NoMachineSet)),
             (
                 "owned, but not controlled, by a MachineSet",
                 lost.clone(),
                 Some(machine_set("cluster.x-k8s.io/v1beta2", None)),
-                cluster(),
-                one,
                 Err(Hold::NoMachineSet),
             ),
             (
                 "a MachineSet of another API group",
                 lost.clone(),
                 Some(machine_set("example.com/v1", Some(true))),
-                cluster(),
-                one,
                 Err(Hold::NoMachineSet),
             ),
+        ];
+        for (name, machine, owner, expected) in rows {
+            assert_eq!(
+                may_replace(&machine, owner.as_ref(), &cluster(), one),
+                expected,
+                "{name}"
+            );
+        }
+        // The worker of a MachineSet, in a cluster as `with` changes it, under a share.
+        let with = |change: &dyn Fn(&mut Vec<Peer>)| {
+            let mut peers = cluster();
+            change(&mut peers);
+            peers
+        };
+        let no_deletion = Err(Hold::Deployment {
+            deployment: "md-0".into(),
+            deleting: 0,
+            allowed: 0,
+        });
+        let rows: [ClusterRow; 7] = [
             (
                 "a control plane still expired",
-                lost.clone(),
-                Some(owned.clone()),
                 with(&|p| p[1].expired = true),
                 one,
                 Err(Hold::ControlPlanes("cp-1".into())),
             ),
             (
                 "a control plane being refreshed",
-                lost.clone(),
-                Some(owned.clone()),
                 with(&|p| p[0].refreshing = true),
                 one,
                 Err(Hold::ControlPlanes("cp-0".into())),
             ),
             (
                 "an expired control plane being deleted: not waited for, but one deletion at a time",
-                lost.clone(),
-                Some(owned.clone()),
                 with(&|p| {
                     p[1].expired = true;
                     p[1].deleting = true;
@@ -486,48 +477,32 @@ mod tests {
             ),
             (
                 "another Machine of the cluster being deleted",
-                lost.clone(),
-                Some(owned.clone()),
                 with(&|p| p[2].deleting = true),
                 MaxUnavailable::Count(5),
                 Err(Hold::ClusterBusy("w-0".into())),
             ),
             (
                 "a worker expired too does not hold it (it is next)",
-                lost.clone(),
-                Some(owned.clone()),
                 with(&|p| p[2].expired = true),
                 one,
                 Ok(()),
             ),
             (
                 "25% of three workers is none",
-                lost.clone(),
-                Some(owned.clone()),
                 cluster(),
                 MaxUnavailable::Percent(25),
-                Err(Hold::Deployment {
-                    deployment: "md-0".into(),
-                    deleting: 0,
-                    allowed: 0,
-                }),
+                no_deletion.clone(),
             ),
             (
                 "0 replaces none",
-                lost.clone(),
-                Some(owned.clone()),
                 cluster(),
                 MaxUnavailable::Count(0),
-                Err(Hold::Deployment {
-                    deployment: "md-0".into(),
-                    deleting: 0,
-                    allowed: 0,
-                }),
+                no_deletion,
             ),
         ];
-        for (name, machine, owner, peers, max, expected) in rows {
+        for (name, peers, max, expected) in rows {
             assert_eq!(
-                may_replace(&machine, owner.as_ref(), &peers, max),
+                may_replace(&lost, Some(&owned), &peers, max),
                 expected,
                 "{name}"
             );

@@ -28,13 +28,18 @@ fn lease(holder: &str, seconds: i32) -> LeaseSpec {
 const A: &str = "sys/ck8s-certs-a";
 const B: &str = "sys/ck8s-certs-b";
 
+/// What `b-1` of shard B decides for an operation `a-1` of shard A carries, with A's Lease as
+/// `lease`, unchanged for `unchanged_for`.
+fn seen_from_b(lease: Option<&LeaseSpec>, unchanged_for: Duration) -> Verdict {
+    let theirs = op(Some(carrier(A, "a-1")));
+    verdict(&theirs, Some(&carrier(B, "b-1")), lease, unchanged_for)
+}
+
 #[test]
 fn an_operation_of_a_live_instance_of_another_shard_is_left_to_it() {
-    let theirs = op(Some(carrier(A, "a-1")));
-    let ours = carrier(B, "b-1");
     let held = lease("a-1", 15);
     assert_eq!(
-        verdict(&theirs, Some(&ours), Some(&held), Duration::from_secs(3)),
+        seen_from_b(Some(&held), Duration::from_secs(3)),
         Verdict::Leave {
             carrier: carrier(A, "a-1"),
             retry: RECHECK
@@ -42,12 +47,7 @@ fn an_operation_of_a_live_instance_of_another_shard_is_left_to_it() {
     );
     // Close to expiry: look again just then.
     assert_eq!(
-        verdict(
-            &theirs,
-            Some(&ours),
-            Some(&held),
-            Duration::from_millis(14_500)
-        ),
+        seen_from_b(Some(&held), Duration::from_millis(14_500)),
         Verdict::Leave {
             carrier: carrier(A, "a-1"),
             retry: Duration::from_millis(500)
@@ -57,31 +57,19 @@ fn an_operation_of_a_live_instance_of_another_shard_is_left_to_it() {
 
 #[test]
 fn an_operation_whose_carrier_is_gone_is_resumed() {
-    let theirs = op(Some(carrier(A, "a-1")));
-    let ours = carrier(B, "b-1");
     // Expired on our clock, released, taken over by a standby, or deleted.
-    let held = lease("a-1", 15);
-    assert_eq!(
-        verdict(&theirs, Some(&ours), Some(&held), Duration::from_secs(15)),
-        Verdict::Proceed
-    );
-    assert_eq!(
-        verdict(&theirs, Some(&ours), Some(&lease("", 15)), Duration::ZERO),
-        Verdict::Proceed
-    );
-    assert_eq!(
-        verdict(
-            &theirs,
-            Some(&ours),
-            Some(&lease("a-2", 15)),
-            Duration::ZERO
-        ),
-        Verdict::Proceed
-    );
-    assert_eq!(
-        verdict(&theirs, Some(&ours), None, Duration::ZERO),
-        Verdict::Proceed
-    );
+    for (lease, unchanged_for) in [
+        (Some(lease("a-1", 15)), Duration::from_secs(15)),
+        (Some(lease("", 15)), Duration::ZERO),
+        (Some(lease("a-2", 15)), Duration::ZERO),
+        (None, Duration::ZERO),
+    ] {
+        assert_eq!(
+            seen_from_b(lease.as_ref(), unchanged_for),
+            Verdict::Proceed,
+            "{lease:?}"
+        );
+    }
 }
 
 #[test]

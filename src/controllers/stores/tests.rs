@@ -158,6 +158,17 @@ fn passed<K: Resource, C: Cache<K>>(cache: &mut C, events: Vec<watcher::Event<K>
         .collect()
 }
 
+/// The events of a (re)list of `objects`.
+fn listed<K>(objects: impl IntoIterator<Item = K>) -> Vec<watcher::Event<K>> {
+    use watcher::Event;
+    let applied = objects.into_iter().map(Event::InitApply);
+    [Event::Init]
+        .into_iter()
+        .chain(applied)
+        .chain([Event::InitDone])
+        .collect()
+}
+
 fn machine(name: &str, version: &str) -> ck8s_certs_api::machine::Machine {
     let mut machine = ck8s_certs_api::machine::Machine::default();
     machine.metadata.name = Some(name.into());
@@ -175,13 +186,7 @@ fn a_relist_passes_on_only_what_changed() {
     let store = cache.reader();
     let first = passed(
         &mut cache,
-        vec![
-            Event::Init,
-            Event::InitApply(machine("m1", "1")),
-            Event::InitApply(machine("m2", "1")),
-            Event::InitApply(machine("m3", "1")),
-            Event::InitDone,
-        ],
+        listed([machine("m1", "1"), machine("m2", "1"), machine("m3", "1")]),
     );
     assert_eq!(first, ["m1@1", "m2@1", "m3@1"]);
     assert_eq!(
@@ -203,13 +208,7 @@ fn a_relist_passes_on_only_what_changed() {
     // After a gap: m1 unchanged since, m2 changed, m3 deleted, m4 new.
     let relist = passed(
         &mut cache,
-        vec![
-            Event::Init,
-            Event::InitApply(machine("m1", "2")),
-            Event::InitApply(machine("m2", "5")),
-            Event::InitApply(machine("m4", "6")),
-            Event::InitDone,
-        ],
+        listed([machine("m1", "2"), machine("m2", "5"), machine("m4", "6")]),
     );
     assert_eq!(relist, ["m2@5", "m4@6"]);
     let mut names: Vec<String> = store
@@ -222,41 +221,24 @@ fn a_relist_passes_on_only_what_changed() {
     // A relist of objects without a resourceVersion passes them on (nothing to compare).
     let mut bare = machine("m1", "2");
     bare.metadata.resource_version = None;
-    assert_eq!(
-        passed(
-            &mut cache,
-            vec![Event::Init, Event::InitApply(bare), Event::InitDone]
-        ),
-        ["m1@"]
-    );
+    assert_eq!(passed(&mut cache, listed([bare])), ["m1@"]);
 }
 
 /// The certificate cache compares statuses (all it keeps), and a relisted status equal to the
 /// cached one is the cached one, not a second copy.
 #[test]
 fn a_certificate_relist_passes_on_only_changed_statuses_and_shares_the_rest() {
-    use watcher::Event;
     let mut writer = CertificateWriter::new();
     let store = writer.reader();
     let first = passed(
         &mut writer,
-        vec![
-            Event::Init,
-            Event::InitApply(certificates("a", "m1", "n1")),
-            Event::InitApply(certificates("a", "m2", "n2")),
-            Event::InitDone,
-        ],
+        listed([certificates("a", "m1", "n1"), certificates("a", "m2", "n2")]),
     );
     assert_eq!(first, ["m1@1", "m2@1"]);
     let before = store.get("a", "m1").expect("cached");
     let relist = passed(
         &mut writer,
-        vec![
-            Event::Init,
-            Event::InitApply(certificates("a", "m1", "n1")),
-            Event::InitApply(certificates("a", "m2", "n9")),
-            Event::InitDone,
-        ],
+        listed([certificates("a", "m1", "n1"), certificates("a", "m2", "n9")]),
     );
     assert_eq!(relist, ["m2@1"]);
     let after = store.get("a", "m1").expect("cached");

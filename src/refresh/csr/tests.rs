@@ -93,6 +93,11 @@ fn genuine(kind: Kind) -> CertificateSigningRequest {
     }
 }
 
+/// The check of a CSR of worker `w0`, for the usual lifetime.
+fn checked(kind: Kind, csr: &CertificateSigningRequest) -> Result<(), Mismatch> {
+    check(kind, csr, &worker(), TTL)
+}
+
 fn field(result: Result<(), Mismatch>) -> &'static str {
     result.expect_err("a mismatch").field
 }
@@ -131,11 +136,7 @@ fn the_worker_is_its_node_name_and_the_machines_addresses() {
 #[test]
 fn the_three_csrs_of_the_workers_own_run_pass() {
     for kind in Kind::ALL {
-        assert_eq!(
-            check(kind, &genuine(kind), &worker(), TTL),
-            Ok(()),
-            "{kind:?}"
-        );
+        assert_eq!(checked(kind, &genuine(kind)), Ok(()), "{kind:?}");
     }
 }
 
@@ -143,7 +144,7 @@ fn the_three_csrs_of_the_workers_own_run_pass() {
 fn a_csr_not_made_by_the_node_is_refused() {
     let mut csr = genuine(Kind::KubeletServing);
     csr.spec.username = Some("system:serviceaccount:tenant:builder".into());
-    let mismatch = check(Kind::KubeletServing, &csr, &worker(), TTL).unwrap_err();
+    let mismatch = checked(Kind::KubeletServing, &csr).unwrap_err();
     assert_eq!(
         mismatch.to_string(),
         format!(
@@ -153,22 +154,13 @@ fn a_csr_not_made_by_the_node_is_refused() {
     );
     // Another node is not this one.
     csr.spec.username = Some("system:node:w1".into());
-    assert_eq!(
-        field(check(Kind::KubeletServing, &csr, &worker(), TTL)),
-        "spec.username"
-    );
+    assert_eq!(field(checked(Kind::KubeletServing, &csr)), "spec.username");
     csr.spec.username = None;
-    assert_eq!(
-        field(check(Kind::KubeletServing, &csr, &worker(), TTL)),
-        "spec.username"
-    );
+    assert_eq!(field(checked(Kind::KubeletServing, &csr)), "spec.username");
 
     let mut csr = genuine(Kind::KubeletClient);
     csr.spec.groups = Some(vec!["system:authenticated".into()]);
-    assert_eq!(
-        field(check(Kind::KubeletClient, &csr, &worker(), TTL)),
-        "spec.groups"
-    );
+    assert_eq!(field(checked(Kind::KubeletClient, &csr)), "spec.groups");
 }
 
 #[test]
@@ -177,7 +169,7 @@ fn signer_usages_and_lifetime_are_the_ones_of_its_name() {
     let mut csr = genuine(Kind::KubeletServing);
     csr.spec.signer_name = Kind::KubeletClient.signer().into();
     assert_eq!(
-        field(check(Kind::KubeletServing, &csr, &worker(), TTL)),
+        field(checked(Kind::KubeletServing, &csr)),
         "spec.signerName"
     );
 
@@ -188,32 +180,26 @@ fn signer_usages_and_lifetime_are_the_ones_of_its_name() {
         "client auth".into(),
         "server auth".into(),
     ]);
-    assert_eq!(
-        field(check(Kind::KubeletClient, &csr, &worker(), TTL)),
-        "spec.usages"
-    );
+    assert_eq!(field(checked(Kind::KubeletClient, &csr)), "spec.usages");
     csr.spec.usages = Some(vec!["client auth".into()]);
-    assert_eq!(
-        field(check(Kind::KubeletClient, &csr, &worker(), TTL)),
-        "spec.usages"
-    );
+    assert_eq!(field(checked(Kind::KubeletClient, &csr)), "spec.usages");
     // Order does not matter.
     csr.spec.usages = Some(vec![
         "client auth".into(),
         "key encipherment".into(),
         "digital signature".into(),
     ]);
-    assert_eq!(check(Kind::KubeletClient, &csr, &worker(), TTL), Ok(()));
+    assert_eq!(checked(Kind::KubeletClient, &csr), Ok(()));
 
     let mut csr = genuine(Kind::KubeProxyClient);
     csr.spec.expiration_seconds = Some(600);
     assert_eq!(
-        field(check(Kind::KubeProxyClient, &csr, &worker(), TTL)),
+        field(checked(Kind::KubeProxyClient, &csr)),
         "spec.expirationSeconds"
     );
     csr.spec.expiration_seconds = None;
     assert_eq!(
-        field(check(Kind::KubeProxyClient, &csr, &worker(), TTL)),
+        field(checked(Kind::KubeProxyClient, &csr)),
         "spec.expirationSeconds"
     );
 }
@@ -222,10 +208,7 @@ fn signer_usages_and_lifetime_are_the_ones_of_its_name() {
 fn a_request_that_is_not_one_or_not_signed_by_its_key_is_refused() {
     let mut csr = genuine(Kind::KubeletClient);
     csr.spec.request = ByteString(b"hello".to_vec());
-    assert_eq!(
-        field(check(Kind::KubeletClient, &csr, &worker(), TTL)),
-        "spec.request"
-    );
+    assert_eq!(field(checked(Kind::KubeletClient, &csr)), "spec.request");
 
     // A valid request with its signature's last byte changed.
     let pem = request("system:node:w0", Some("system:nodes"), vec![]);
@@ -238,7 +221,7 @@ fn a_request_that_is_not_one_or_not_signed_by_its_key_is_refused() {
             .into_bytes(),
     );
     assert_eq!(
-        field(check(Kind::KubeletClient, &csr, &worker(), TTL)),
+        field(checked(Kind::KubeletClient, &csr)),
         "spec.request signature"
     );
 }
@@ -248,7 +231,7 @@ fn the_subject_is_the_nodes() {
     let with_subject = |kind: Kind, cn: &str, org: Option<&str>| {
         let mut csr = genuine(kind);
         csr.spec.request = ByteString(request(cn, org, vec![]));
-        check(kind, &csr, &worker(), TTL)
+        checked(kind, &csr)
     };
     assert_eq!(
         field(with_subject(
@@ -298,7 +281,7 @@ fn the_subject_is_the_nodes() {
             .unwrap()
             .into_bytes(),
     );
-    let mismatch = check(Kind::KubeProxyClient, &csr, &worker(), TTL).unwrap_err();
+    let mismatch = checked(Kind::KubeProxyClient, &csr).unwrap_err();
     assert_eq!(mismatch.field, "subject");
     assert!(mismatch.found.contains("2.5.4.11=extra"), "{mismatch}");
 }
@@ -306,17 +289,12 @@ fn the_subject_is_the_nodes() {
 #[test]
 fn a_serving_certificate_names_only_what_the_machine_owns() {
     // The attack: the cluster's API server name on a node's CSR.
-    let mismatch = check(
-        Kind::KubeletServing,
-        &serving_with(vec![
-            dns("w0"),
-            dns("kubernetes.default.svc"),
-            ip("10.0.0.7"),
-        ]),
-        &worker(),
-        TTL,
-    )
-    .unwrap_err();
+    let attack = serving_with(vec![
+        dns("w0"),
+        dns("kubernetes.default.svc"),
+        ip("10.0.0.7"),
+    ]);
+    let mismatch = checked(Kind::KubeletServing, &attack).unwrap_err();
     assert_eq!(mismatch.field, "subject alternative names");
     assert_eq!(mismatch.found, "DNS:kubernetes.default.svc");
     assert_eq!(
@@ -324,23 +302,13 @@ fn a_serving_certificate_names_only_what_the_machine_owns() {
         "only the worker's own names and addresses (w0, w0.example, 10.0.0.7, 203.0.113.7)"
     );
     // Someone else's address.
-    let mismatch = check(
-        Kind::KubeletServing,
-        &serving_with(vec![dns("w0"), ip("10.0.0.8"), ip("::1")]),
-        &worker(),
-        TTL,
-    )
-    .unwrap_err();
+    let theirs = serving_with(vec![dns("w0"), ip("10.0.0.8"), ip("::1")]);
+    let mismatch = checked(Kind::KubeletServing, &theirs).unwrap_err();
     assert_eq!(mismatch.found, "IP:10.0.0.8, IP:::1");
     // A URI is nothing a node has.
     let uri = SanType::URI("spiffe://cluster/ns/x".try_into().unwrap());
     assert_eq!(
-        field(check(
-            Kind::KubeletServing,
-            &serving_with(vec![uri]),
-            &worker(),
-            TTL
-        )),
+        field(checked(Kind::KubeletServing, &serving_with(vec![uri]))),
         "subject alternative names"
     );
     // Every name and address of the Machine, in any case, and none at all, pass.
@@ -350,14 +318,8 @@ fn a_serving_certificate_names_only_what_the_machine_owns() {
         ip("203.0.113.7"),
         ip("10.0.0.7"),
     ];
-    assert_eq!(
-        check(Kind::KubeletServing, &serving_with(own), &worker(), TTL),
-        Ok(())
-    );
-    assert_eq!(
-        check(Kind::KubeletServing, &serving_with(vec![]), &worker(), TTL),
-        Ok(())
-    );
+    assert_eq!(checked(Kind::KubeletServing, &serving_with(own)), Ok(()));
+    assert_eq!(checked(Kind::KubeletServing, &serving_with(vec![])), Ok(()));
 }
 
 #[test]
@@ -368,7 +330,7 @@ fn a_client_certificate_names_nothing() {
         Some("system:nodes"),
         vec![dns("w0")],
     ));
-    let mismatch = check(Kind::KubeletClient, &csr, &worker(), TTL).unwrap_err();
+    let mismatch = checked(Kind::KubeletClient, &csr).unwrap_err();
     assert_eq!(mismatch.field, "subject alternative names");
     assert_eq!(mismatch.wanted, "none (a client certificate)");
 }

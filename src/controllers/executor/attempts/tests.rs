@@ -11,6 +11,7 @@ use crate::controllers::executor::scripted::foreign_san;
 use crate::controllers::executor::scripted::{self, Approver, Log, api, entries, push, refused};
 use crate::k8sd::K8sdError;
 use crate::k8sd::wire::{PlanResponse, RunResponse};
+use crate::testing::{assert_contains, assert_starts_with};
 
 const EXPIRY: i64 = 1_900_000_000;
 
@@ -164,6 +165,35 @@ async fn control_plane(
     .await
 }
 
+/// A control plane's node answering as scripted, with its journal and a fresh one-year
+/// operation: each may be changed before [`ControlPlane::attempt`].
+struct ControlPlane {
+    log: Log,
+    node: Node,
+    journal: Journal,
+    op: Operation,
+}
+
+impl ControlPlane {
+    fn new(plans: Vec<Result<i64, K8sdError>>, runs: Vec<Result<i64, K8sdError>>) -> Self {
+        let log = Log::default();
+        Self {
+            node: node(&log, plans, runs),
+            journal: journal(&log),
+            op: pending(31_536_000),
+            log,
+        }
+    }
+
+    async fn attempt(&mut self) -> Result<(), Failure> {
+        control_plane(&mut self.node, &mut self.op, &mut self.journal).await
+    }
+
+    fn entries(&self) -> Vec<String> {
+        entries(&self.log)
+    }
+}
+
 /// A worker whose `run` takes 3 s (it waits for its CSRs) beside a control plane answering
 /// `approvals` (then approving).
 async fn worker(
@@ -217,14 +247,12 @@ fn error_text(result: Result<(), Failure>) -> String {
 
 #[tokio::test(start_paused = true)]
 async fn the_seed_is_recorded_before_run_and_the_answer_is_the_new_expiry() {
-    let log = Log::default();
-    let mut node = node(&log, vec![Ok(42)], vec![Ok(EXPIRY)]);
-    let mut journal = journal(&log);
-    let mut op = pending(31_536_000);
-    control_plane(&mut node, &mut op, &mut journal).await.ok();
+    let mut cp = ControlPlane::new(vec![Ok(42)], vec![Ok(EXPIRY)]);
+    cp.attempt().await.ok();
+    let ControlPlane { journal, op, .. } = &cp;
 
     assert_eq!(
-        entries(&log),
+        cp.entries(),
         [
             "plan 42",
             "record seed=42 attempts=1",
@@ -244,15 +272,10 @@ async fn the_seed_is_recorded_before_run_and_the_answer_is_the_new_expiry() {
 
 #[tokio::test(start_paused = true)]
 async fn a_run_without_an_answer_is_followed_by_a_new_plan_never_the_same_seed() {
-    let log = Log::default();
-    let mut node = node(&log, vec![Ok(1), Ok(2)], vec![Err(no_answer()), Ok(EXPIRY)]);
-    let mut journal = journal(&log);
-    let mut op = pending(31_536_000);
-    let result = control_plane(&mut node, &mut op, &mut journal).await;
-
-    assert_eq!(error_text(result), "succeeded");
+    let mut cp = ControlPlane::new(vec![Ok(1), Ok(2)], vec![Err(no_answer()), Ok(EXPIRY)]);
+    assert_eq!(error_text(cp.attempt().await), "succeeded");
     assert_eq!(
-        entries(&log),
+        cp.entries(),
         [
             "plan 1",
             "record seed=1 attempts=1",
@@ -262,26 +285,21 @@ async fn a_run_without_an_answer_is_followed_by_a_new_plan_never_the_same_seed()
             r#"run 2 sans=Some(["cp.example"])"#
         ]
     );
-    assert_eq!((op.seed, op.run_attempts), (Some(2), 2));
+    assert_eq!((cp.op.seed, cp.op.run_attempts), (Some(2), 2));
 }
 
 #[tokio::test(start_paused = true)]
 async fn run_is_sent_at_most_three_times_per_operation() {
-    let log = Log::default();
-    let mut node = node(
-        &log,
+    let mut cp = ControlPlane::new(
         vec![Ok(1), Ok(2), Ok(3), Ok(4)],
         vec![Err(no_answer()), Err(no_answer()), Err(no_answer())],
     );
-    let mut journal = journal(&log);
-    let mut op = pending(31_536_000);
-    let result = control_plane(&mut node, &mut op, &mut journal).await;
-
     assert_eq!(
-        error_text(result),
+        error_text(cp.attempt().await),
         "run was sent 3 times without an answer (last seed 3); the node may hold new certificates that it does not serve yet"
     );
-    let runs = entries(&log)
+    let runs = cp
+        .entries()
         .into_iter()
         .filter(|e| e.starts_with("run "))
         .count();
@@ -291,17 +309,14 @@ async fn run_is_sent_at_most_three_times_per_operation() {
 #[tokio::test(start_paused = true)]
 async fn a_resumed_operation_counts_the_runs_sent_before_the_restart() {
     // Two runs were sent before a crash; the last one's outcome is unknown.
-    let log = Log::default();
-    let mut op = pending(31_536_000);
-    op.seed = Some(7);
-    op.phase = Phase::Running;
-    op.run_attempts = 2;
-    let mut node = node(&log, vec![Ok(8)], vec![Err(no_answer())]);
-    let mut journal = journal(&log);
-    let result = control_plane(&mut node, &mut op, &mut journal).await;
+    let mut cp = ControlPlane::new(vec![Ok(8)], vec![Err(no_answer())]);
+    cp.op.seed = Some(7);
+    cp.op.phase = Phase::Running;
+    cp.op.run_attempts = 2;
+    let result = cp.attempt().await;
 
     assert_eq!(
-        entries(&log),
+        cp.entries(),
         [
             "plan 8",
             "record seed=8 attempts=3",
@@ -313,92 +328,58 @@ async fn a_resumed_operation_counts_the_runs_sent_before_the_restart() {
 
 #[tokio::test(start_paused = true)]
 async fn nothing_reaches_the_node_when_the_seed_cannot_be_recorded() {
-    let log = Log::default();
-    let mut node = node(&log, vec![Ok(42)], vec![Ok(EXPIRY)]);
-    let mut journal = Journal {
-        refuse: true,
-        ..self::journal(&log)
-    };
-    let mut op = pending(31_536_000);
-    let result = control_plane(&mut node, &mut op, &mut journal).await;
-
-    assert_eq!(error_text(result), "superseded");
-    assert_eq!(entries(&log), ["plan 42", "record seed=42 attempts=1"]);
+    let mut cp = ControlPlane::new(vec![Ok(42)], vec![Ok(EXPIRY)]);
+    cp.journal.refuse = true;
+    assert_eq!(error_text(cp.attempt().await), "superseded");
+    assert_eq!(cp.entries(), ["plan 42", "record seed=42 attempts=1"]);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_stopping_process_sends_nothing_new_but_finishes_what_it_started() {
-    let log = Log::default();
-    let mut node = node(&log, vec![Ok(42)], vec![Ok(EXPIRY)]);
-    let mut journal = Journal {
-        stopping: true,
-        ..self::journal(&log)
-    };
-    let mut op = pending(31_536_000);
-    let result = control_plane(&mut node, &mut op, &mut journal).await;
-    assert_eq!(error_text(result), "stopping");
-    assert_eq!(entries(&log), ["plan 42"]);
+    let mut cp = ControlPlane::new(vec![Ok(42)], vec![Ok(EXPIRY)]);
+    cp.journal.stopping = true;
+    assert_eq!(error_text(cp.attempt().await), "stopping");
+    assert_eq!(cp.entries(), ["plan 42"]);
 
     // A seed recorded already: the node may hold it, so the operation is carried on.
-    let log = Log::default();
-    let mut node = self::node(&log, vec![Ok(43)], vec![Ok(EXPIRY)]);
-    let mut journal = Journal {
-        stopping: true,
-        ..self::journal(&log)
+    let mut again = ControlPlane::new(vec![Ok(43)], vec![Ok(EXPIRY)]);
+    again.journal.stopping = true;
+    again.op = Operation {
+        seed: Some(42),
+        phase: Phase::Running,
+        run_attempts: 1,
+        ..cp.op
     };
-    op.seed = Some(42);
-    op.phase = Phase::Running;
-    op.run_attempts = 1;
-    let result = control_plane(&mut node, &mut op, &mut journal).await;
-    assert_eq!(error_text(result), "succeeded");
-    assert_eq!(op.seed, Some(43));
+    assert_eq!(error_text(again.attempt().await), "succeeded");
+    assert_eq!(again.op.seed, Some(43));
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_replica_whose_term_ended_sends_nothing_more() {
     // Over before the first seed: nothing recorded, nothing run.
-    let log = Log::default();
-    let mut node = node(&log, vec![Ok(42)], vec![Ok(EXPIRY)]);
-    let mut journal = Journal {
-        term_records: Some(0),
-        ..self::journal(&log)
-    };
-    let mut op = pending(31_536_000);
-    let result = control_plane(&mut node, &mut op, &mut journal).await;
-    assert_eq!(error_text(result), "stopping");
-    assert_eq!(entries(&log), ["plan 42"]);
+    let mut cp = ControlPlane::new(vec![Ok(42)], vec![Ok(EXPIRY)]);
+    cp.journal.term_records = Some(0);
+    assert_eq!(error_text(cp.attempt().await), "stopping");
+    assert_eq!(cp.entries(), ["plan 42"]);
 
     // Over while the seed was recorded (a pause, a suspend): its run is never sent.
-    let log = Log::default();
-    let mut node = self::node(&log, vec![Ok(43)], vec![Ok(EXPIRY)]);
-    let mut journal = Journal {
-        term_records: Some(1),
-        ..self::journal(&log)
-    };
-    let mut op = pending(31_536_000);
-    let result = control_plane(&mut node, &mut op, &mut journal).await;
-    assert_eq!(error_text(result), "stopping");
-    assert_eq!(entries(&log), ["plan 43", "record seed=43 attempts=1"]);
-    assert_eq!((op.seed, op.run_attempts), (Some(43), 1));
+    let mut cp = ControlPlane::new(vec![Ok(43)], vec![Ok(EXPIRY)]);
+    cp.journal.term_records = Some(1);
+    assert_eq!(error_text(cp.attempt().await), "stopping");
+    assert_eq!(cp.entries(), ["plan 43", "record seed=43 attempts=1"]);
+    assert_eq!((cp.op.seed, cp.op.run_attempts), (Some(43), 1));
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_k8sd_that_does_not_answer_plan_is_waited_for_then_given_up_on() {
-    let log = Log::default();
     // Each plan is one call, waited for after it fails.
-    let mut node = node(
-        &log,
+    let mut cp = ControlPlane::new(
         vec![Err(refused()), Err(refused()), Ok(42)],
         vec![Ok(EXPIRY)],
     );
-    let mut journal = Journal {
-        waits: 2,
-        ..self::journal(&log)
-    };
-    let mut op = pending(31_536_000);
-    let result = control_plane(&mut node, &mut op, &mut journal).await;
-    assert_eq!(error_text(result), "succeeded");
-    let log_entries = entries(&log);
+    cp.journal.waits = 2;
+    assert_eq!(error_text(cp.attempt().await), "succeeded");
+    let log_entries = cp.entries();
     assert!(
         log_entries[0].starts_with("wait (plan: opening a connection"),
         "{log_entries:?}"
@@ -406,13 +387,12 @@ async fn a_k8sd_that_does_not_answer_plan_is_waited_for_then_given_up_on() {
     assert!(log_entries[1].starts_with("wait (plan:"), "{log_entries:?}");
     assert_eq!(log_entries[2], "plan 42");
 
-    let log = Log::default();
-    let mut node = self::node(&log, vec![Err(refused()), Err(refused())], vec![]);
-    let mut journal = self::journal(&log);
-    let mut op = pending(31_536_000);
-    let result = control_plane(&mut node, &mut op, &mut journal).await;
-    assert_eq!(error_text(result), "the node's k8sd did not answer");
-    assert!(!entries(&log).iter().any(|e| e.starts_with("record")));
+    let mut cp = ControlPlane::new(vec![Err(refused()), Err(refused())], vec![]);
+    assert_eq!(
+        error_text(cp.attempt().await),
+        "the node's k8sd did not answer"
+    );
+    assert!(!cp.entries().iter().any(|e| e.starts_with("record")));
 }
 
 #[tokio::test(start_paused = true)]
@@ -422,21 +402,18 @@ async fn an_answered_error_fails_at_once() {
         (vec![Ok(42)], vec![Err(api(500, "failed to sign"))], "run"),
         (vec![Ok(42)], vec![Ok(0)], "run"),
     ] {
-        let log = Log::default();
-        let mut node = node(&log, plans, runs);
-        let mut journal = journal(&log);
-        let mut op = pending(31_536_000);
-        let result = control_plane(&mut node, &mut op, &mut journal).await;
-        let text = error_text(result);
+        let mut cp = ControlPlane::new(plans, runs);
+        let text = error_text(cp.attempt().await);
         assert!(text.starts_with(&format!("{failed_at}: ")), "{text}");
-        let plans_sent = entries(&log)
+        let plans_sent = cp
+            .entries()
             .iter()
             .filter(|e| e.starts_with("plan"))
             .count();
         assert!(
             plans_sent <= 1,
             "no new plan after an answer: {:?}",
-            entries(&log)
+            cp.entries()
         );
     }
 }
@@ -485,10 +462,9 @@ async fn a_worker_whose_csrs_nobody_approves_fails_with_the_cause_and_no_new_pla
         &mut op,
     )
     .await;
-    let text = error_text(result);
-    assert!(
-        text.starts_with("Approving the worker's CSRs failed (k8sd answered x with HTTP 401: invalid token), and run then failed"),
-        "{text}"
+    assert_starts_with(
+        &error_text(result),
+        "Approving the worker's CSRs failed (k8sd answered x with HTTP 401: invalid token), and run then failed",
     );
     assert_eq!(
         entries(&log)
@@ -552,10 +528,9 @@ async fn csrs_that_never_pass_fail_the_refresh_as_unverified_after_the_last_run(
         &mut op,
     )
     .await;
-    let text = error_text(result);
-    assert!(
-        text.starts_with("UnverifiedCSR: CSR k8sd-3-worker-kubelet-serving: subject alternative names is DNS:kubernetes.default.svc"),
-        "{text}"
+    assert_starts_with(
+        &error_text(result),
+        "UnverifiedCSR: CSR k8sd-3-worker-kubelet-serving: subject alternative names is DNS:kubernetes.default.svc",
     );
     let log = entries(&log);
     assert!(!log.iter().any(|e| e.starts_with("approve")), "{log:?}");
@@ -565,36 +540,24 @@ async fn csrs_that_never_pass_fail_the_refresh_as_unverified_after_the_last_run(
 
 #[tokio::test(start_paused = true)]
 async fn a_lifetime_answered_in_seconds_or_far_from_the_ttl_is_noted() {
-    let log = Log::default();
     // An older k8sd answers the lifetime, not the expiry.
-    let mut node = node(&log, vec![Ok(1)], vec![Ok(31_536_000)]);
-    let mut journal = journal(&log);
-    let mut op = pending(31_536_000);
-    control_plane(&mut node, &mut op, &mut journal).await.ok();
+    let mut cp = ControlPlane::new(vec![Ok(1)], vec![Ok(31_536_000)]);
+    cp.attempt().await.ok();
     assert_eq!(
-        op.new_expiry,
+        cp.op.new_expiry,
         Some(Time(Timestamp::from_second(EXPIRY).unwrap()))
     );
-    assert!(
-        op.note
-            .as_deref()
-            .is_some_and(|n| n.starts_with("k8sd answered the certificate lifetime")),
-        "{:?}",
-        op.note
+    assert_starts_with(
+        cp.op.note.as_deref().unwrap_or_default(),
+        "k8sd answered the certificate lifetime",
     );
 
     // Ten years for a one-year request (published k8sd's worker certificates).
-    let log = Log::default();
-    let mut node = self::node(&log, vec![Ok(1)], vec![Ok(EXPIRY + 9 * 365 * 86_400)]);
-    let mut journal = self::journal(&log);
-    let mut op = pending(31_536_000);
-    control_plane(&mut node, &mut op, &mut journal).await.ok();
-    assert!(
-        op.note
-            .as_deref()
-            .is_some_and(|n| n.contains("although 365 days were requested")),
-        "{:?}",
-        op.note
+    let mut cp = ControlPlane::new(vec![Ok(1)], vec![Ok(EXPIRY + 9 * 365 * 86_400)]);
+    cp.attempt().await.ok();
+    assert_contains(
+        cp.op.note.as_deref().unwrap_or_default(),
+        "although 365 days were requested",
     );
 }
 
@@ -622,33 +585,22 @@ async fn run_asks_for_the_operation_s_lifetime_also_when_the_journal_has_no_seco
 
 #[tokio::test(start_paused = true)]
 async fn a_plan_that_times_out_is_waited_for_not_failed_at_once() {
-    let log = Log::default();
-    let mut node = node(&log, vec![Err(no_answer()), Ok(5)], vec![Ok(EXPIRY)]);
-    let mut journal = Journal {
-        waits: 1,
-        ..self::journal(&log)
-    };
-    let mut op = pending(31_536_000);
-    let result = control_plane(&mut node, &mut op, &mut journal).await;
-    assert_eq!(error_text(result), "succeeded");
-    let log_entries = entries(&log);
+    let mut cp = ControlPlane::new(vec![Err(no_answer()), Ok(5)], vec![Ok(EXPIRY)]);
+    cp.journal.waits = 1;
+    assert_eq!(error_text(cp.attempt().await), "succeeded");
+    let log_entries = cp.entries();
     assert!(log_entries[0].starts_with("wait (plan:"), "{log_entries:?}");
     assert_eq!(log_entries[1], "plan 5");
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_wait_for_later_ends_the_attempts_with_nothing_sent() {
-    let log = Log::default();
-    let mut node = node(&log, vec![Err(refused()), Ok(5)], vec![Ok(EXPIRY)]);
-    let mut journal = Journal {
-        later: Some(Duration::from_secs(2)),
-        ..self::journal(&log)
-    };
-    let mut op = pending(31_536_000);
-    let result = control_plane(&mut node, &mut op, &mut journal).await;
+    let mut cp = ControlPlane::new(vec![Err(refused()), Ok(5)], vec![Ok(EXPIRY)]);
+    cp.journal.later = Some(Duration::from_secs(2));
+    let result = cp.attempt().await;
     assert!(matches!(result, Err(Failure::Wait(d)) if d == Duration::from_secs(2)));
-    assert_eq!(entries(&log).len(), 1, "{:?}", entries(&log));
-    assert_eq!((op.seed, op.run_attempts), (None, 0));
+    assert_eq!(cp.entries().len(), 1, "{:?}", cp.entries());
+    assert_eq!((cp.op.seed, cp.op.run_attempts), (None, 0));
 }
 
 /// A worker whose own client (kubelet.conf) the API server refuses cannot make its CSRs: the

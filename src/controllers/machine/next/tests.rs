@@ -121,6 +121,28 @@ fn row(
     }
 }
 
+/// A row of a refresh parked as `parked`, its Machine as the cache shows it.
+fn parked(
+    parked: Parked,
+    name: &'static str,
+    machine: MachineView,
+    certificates: Certificates,
+    next: Next,
+) -> Row {
+    Row {
+        parked: Some(parked),
+        ..row(name, Source::Cache, machine, certificates, next)
+    }
+}
+
+/// A row of `request`, in flight for a Machine asked for `1y` whose status is known.
+fn requested(request: Operation, name: &'static str, source: Source, next: Next) -> Row {
+    Row {
+        request: Some(request),
+        ..row(name, source, asked("1y"), read(known()), next)
+    }
+}
+
 /// What the caches' pass plans for a Machine at rest in `step` that shows `status`.
 fn planned(
     step: Step,
@@ -152,6 +174,15 @@ fn every_case_of_the_next_step() {
         seen: None,
         blocked: false,
     };
+    let blocked = Parked {
+        blocked: true,
+        ..waiting.clone()
+    };
+    // Woken, having seen the status whose digest is `seen`.
+    let woken = |seen| Parked {
+        seen: Some(seen),
+        ..waiting.clone()
+    };
     let asked_status = known();
     let digest = crate::controllers::stores::status_digest(Some(&asked_status));
     let nodeless = MachineView {
@@ -182,81 +213,49 @@ fn every_case_of_the_next_step() {
     // What the caches' pass plans for the Machine with no node yet, its status known.
     let nodeless_plan = planned(Step::WaitForNode, &nodeless, Some(&cluster), &known());
     let rows = vec![
-        Row {
-            parked: Some(Parked {
-                blocked: true,
-                ..waiting.clone()
-            }),
-            ..row(
-                "parked, still asked for and still blocked: nothing is read",
-                Source::Cache,
-                asked("1y"),
-                Certificates::Missing,
-                Next::Rest(After::Requeue(WAITING_RECHECK)),
-            )
-        },
-        Row {
-            parked: Some(Parked {
-                blocked: true,
+        parked(
+            blocked.clone(),
+            "parked, still asked for and still blocked: nothing is read",
+            asked("1y"),
+            Certificates::Missing,
+            Next::Rest(After::Requeue(WAITING_RECHECK)),
+        ),
+        parked(
+            Parked {
                 op: None,
-                seen: None,
-            }),
-            ..row(
-                "parked after its seed and blocked: nothing is read",
-                Source::Cache,
-                asked("1y"),
-                Certificates::Missing,
-                Next::Rest(After::Requeue(WAITING_RECHECK)),
-            )
-        },
+                ..blocked.clone()
+            },
+            "parked after its seed and blocked: nothing is read",
+            asked("1y"),
+            Certificates::Missing,
+            Next::Rest(After::Requeue(WAITING_RECHECK)),
+        ),
+        parked(
+            blocked,
+            "parked and blocked, but another TTL is asked now: read live",
+            asked("30d"),
+            read(known()),
+            live.clone(),
+        ),
+        parked(
+            woken(digest),
+            "woken, the caches showing what it left: it goes on",
+            asked("1y"),
+            read(asked_status.clone()),
+            Next::Act(Step::Continue(op(Phase::Pending, "1y"))),
+        ),
+        parked(
+            woken(digest ^ 1),
+            "woken, the status changed since it parked: read live",
+            asked("1y"),
+            read(asked_status.clone()),
+            live.clone(),
+        ),
         Row {
-            parked: Some(Parked {
-                blocked: true,
-                ..waiting.clone()
-            }),
-            ..row(
-                "parked and blocked, but another TTL is asked now: read live",
-                Source::Cache,
-                asked("30d"),
-                read(known()),
-                live.clone(),
-            )
-        },
-        Row {
-            parked: Some(Parked {
-                seen: Some(digest),
-                ..waiting.clone()
-            }),
-            ..row(
-                "woken, the caches showing what it left: it goes on",
-                Source::Cache,
-                asked("1y"),
-                read(asked_status.clone()),
-                Next::Act(Step::Continue(op(Phase::Pending, "1y"))),
-            )
-        },
-        Row {
-            parked: Some(Parked {
-                seen: Some(digest ^ 1),
-                ..waiting.clone()
-            }),
-            ..row(
-                "woken, the status changed since it parked: read live",
-                Source::Cache,
-                asked("1y"),
-                read(asked_status.clone()),
-                live.clone(),
-            )
-        },
-        Row {
-            parked: Some(Parked {
-                seen: Some(digest),
-                ..waiting.clone()
-            }),
             kept_outcome: true,
-            ..row(
+            ..parked(
+                woken(digest),
                 "woken, an outcome is kept to be written first: read live",
-                Source::Cache,
                 asked("1y"),
                 read(asked_status),
                 live.clone(),
@@ -413,36 +412,24 @@ fn every_case_of_the_next_step() {
             Certificates::Missing,
             Next::Rest(After::Change),
         ),
-        Row {
-            request: Some(op(Phase::Succeeded, "1y")),
-            ..row(
-                "live: an outcome to show on the Machine is shown from the Machine read fresh",
-                Source::Live,
-                asked("1y"),
-                read(known()),
-                Next::Read(Source::Fresh),
-            )
-        },
-        Row {
-            request: Some(op(Phase::Succeeded, "1y")),
-            ..row(
-                "fresh: the outcome is recorded",
-                Source::Fresh,
-                asked("1y"),
-                read(known()),
-                Next::Act(Step::Record(op(Phase::Succeeded, "1y"))),
-            )
-        },
-        Row {
-            request: Some(op(Phase::Running, "1y")),
-            ..row(
-                "live: a request Running is resumed",
-                Source::Live,
-                asked("1y"),
-                read(known()),
-                Next::Act(Step::Resume(op(Phase::Running, "1y"))),
-            )
-        },
+        requested(
+            op(Phase::Succeeded, "1y"),
+            "live: an outcome to show on the Machine is shown from the Machine read fresh",
+            Source::Live,
+            Next::Read(Source::Fresh),
+        ),
+        requested(
+            op(Phase::Succeeded, "1y"),
+            "fresh: the outcome is recorded",
+            Source::Fresh,
+            Next::Act(Step::Record(op(Phase::Succeeded, "1y"))),
+        ),
+        requested(
+            op(Phase::Running, "1y"),
+            "live: a request Running is resumed",
+            Source::Live,
+            Next::Act(Step::Resume(op(Phase::Running, "1y"))),
+        ),
         Row {
             parked: Some(waiting.clone()),
             ..row(

@@ -10,6 +10,7 @@ use serde_json::json;
 use super::*;
 use crate::controllers::governing_policy::{PolicyInfo, windows_status};
 use crate::policy::spec::{Settings, validate};
+use crate::testing::{assert_contains, assert_starts_with};
 
 const DAY: i64 = 86_400;
 /// A Wednesday, 12:00 UTC.
@@ -81,6 +82,33 @@ fn must_be_replaced(mut status: MachineCertificatesStatus) -> MachineCertificate
     status
 }
 
+/// The plan at [`NOW`], with the default settings and resync period, no gate closed.
+fn planned(
+    machine: &MachineView,
+    status: &MachineCertificatesStatus,
+    governing: &Governing,
+) -> VerdictPlan {
+    gated(machine, status, governing, &|| None)
+}
+
+/// [`planned`], with `gate` telling which pre-flight gate is closed.
+fn gated(
+    machine: &MachineView,
+    status: &MachineCertificatesStatus,
+    governing: &Governing,
+    gate: &(dyn Fn() -> Option<super::super::gates::Gate> + Sync),
+) -> VerdictPlan {
+    plan(
+        machine,
+        status,
+        governing,
+        Settings::default(),
+        RESYNC,
+        gate,
+        now(),
+    )
+}
+
 /// What a row expects.
 #[derive(Debug, PartialEq)]
 struct Seen {
@@ -134,11 +162,62 @@ fn expect(
     }
 }
 
+/// Nothing shown, announced or counted; `changed`: a verdict shown before is taken away.
+fn nothing(changed: bool) -> Seen {
+    expect(None, &[], None, None, None, changed)
+}
+
+/// The policy cannot be used: shown, warned of and counted.
+fn config_invalid() -> Seen {
+    expect(
+        Some(CONFIG_INVALID),
+        &[conditions::RENEWAL_CONFIG_INVALID],
+        Some((EventType::Warning, events::RENEWAL_CONFIG_INVALID)),
+        Some(VerdictMetric::Invalid(CONFIG_INVALID.into())),
+        None,
+        true,
+    )
+}
+
+/// Not due, with `conditions`: the renewal is scheduled.
+fn not_due(conditions: &[&str]) -> Seen {
+    let scheduled = Some((EventType::Normal, events::RENEWAL_SCHEDULED));
+    expect(Some("NotDue"), conditions, scheduled, None, None, true)
+}
+
+/// Renewed now, announced when taken up: `(bypassed, in a window)`.
+fn renew_now(conditions: &[&str], renew: (bool, bool)) -> Seen {
+    expect(Some("RenewNow"), conditions, None, None, Some(renew), true)
+}
+
+/// A due renewal held back for `reason`, announced as `kind`.
+fn deferred(reason: &str, kind: EventType) -> Seen {
+    expect(
+        Some(reason),
+        &[conditions::RENEWAL_DEFERRED],
+        Some((kind, events::RENEWAL_DEFERRED)),
+        Some(VerdictMetric::Deferred(reason.into())),
+        None,
+        true,
+    )
+}
+
+/// Disabled, announced as `kind`.
+fn disabled(kind: EventType) -> Seen {
+    let disabled = Some((kind, events::RENEWAL_DISABLED));
+    expect(
+        Some("Disabled"),
+        &[conditions::RENEWAL_DISABLED],
+        disabled,
+        None,
+        None,
+        true,
+    )
+}
+
 #[test]
 fn every_verdict_shape_plans_its_status_announcement_metric_and_next_step() {
     use EventType::{Normal, Warning};
-    let invalid = Some(VerdictMetric::Invalid(CONFIG_INVALID.into()));
-    let config_invalid = [conditions::RENEWAL_CONFIG_INVALID];
     let automatic = json!({"policy": "Automatic", "renewBefore": "30d"});
     let scheduled_sunday = json!({
         "policy": "Scheduled", "renewBefore": "30d", "failSafeMargin": "2d",
@@ -148,6 +227,11 @@ fn every_verdict_shape_plans_its_status_announcement_metric_and_next_step() {
         "policy": "Scheduled", "renewBefore": "30d",
         "windows": [{"start": "11:00", "end": "13:00"}],
     });
+    let short_ttl = json!({"policy": "Automatic", "ttl": "5m", "renewBefore": "1m"});
+    let ignored_windows = json!({
+        "policy": "Automatic", "renewBefore": "30d",
+        "windows": [{"start": "01:00", "end": "02:00"}],
+    });
     let shown_renewal = MachineCertificatesStatus {
         renewal: Some(RenewalStatus {
             reason: "NotDue".into(),
@@ -155,205 +239,120 @@ fn every_verdict_shape_plans_its_status_announcement_metric_and_next_step() {
         }),
         ..status(Some(300), None)
     };
+    let not_due_far = status(Some(300), None);
+    let due = status(Some(10), None);
     let rows: Vec<(&str, bool, MachineCertificatesStatus, Governing, Seen)> = vec![
         (
             "no policy, nothing shown",
             true,
-            status(Some(300), None),
+            not_due_far.clone(),
             Governing::None,
-            expect(None, &[], None, None, None, false),
+            nothing(false),
         ),
         (
             "no policy any more: the old verdict goes, unannounced",
             true,
             shown_renewal,
             Governing::None,
-            expect(None, &[], None, None, None, true),
+            nothing(true),
         ),
         (
             "two policies select the Machine",
             true,
-            status(Some(300), None),
+            not_due_far.clone(),
             Governing::Conflict(vec!["a".into(), "b".into()]),
-            expect(
-                Some(CONFIG_INVALID),
-                &config_invalid,
-                Some((Warning, events::RENEWAL_CONFIG_INVALID)),
-                invalid.clone(),
-                None,
-                true,
-            ),
+            config_invalid(),
         ),
         (
             "a policy that cannot be read",
             true,
-            status(Some(300), None),
+            not_due_far.clone(),
             unreadable(),
-            expect(
-                Some(CONFIG_INVALID),
-                &config_invalid,
-                Some((Warning, events::RENEWAL_CONFIG_INVALID)),
-                invalid.clone(),
-                None,
-                true,
-            ),
+            config_invalid(),
         ),
         (
             "a TTL no worker CSR can carry",
             false,
-            status(Some(300), None),
-            policy(json!({"policy": "Automatic", "ttl": "5m", "renewBefore": "1m"})),
-            expect(
-                Some(CONFIG_INVALID),
-                &config_invalid,
-                Some((Warning, events::RENEWAL_CONFIG_INVALID)),
-                invalid,
-                None,
-                true,
-            ),
+            not_due_far.clone(),
+            policy(short_ttl.clone()),
+            config_invalid(),
         ),
         (
             "the same TTL on a control plane is fine",
             true,
-            status(Some(300), None),
-            policy(json!({"policy": "Automatic", "ttl": "5m", "renewBefore": "1m"})),
-            expect(
-                Some("NotDue"),
-                &[],
-                Some((Normal, events::RENEWAL_SCHEDULED)),
-                None,
-                None,
-                true,
-            ),
+            not_due_far.clone(),
+            policy(short_ttl),
+            not_due(&[]),
         ),
         (
             "not due: scheduled, no condition",
             true,
-            status(Some(300), None),
+            not_due_far.clone(),
             policy(automatic.clone()),
-            expect(
-                Some("NotDue"),
-                &[],
-                Some((Normal, events::RENEWAL_SCHEDULED)),
-                None,
-                None,
-                true,
-            ),
+            not_due(&[]),
         ),
         (
             "due: renew now, announced when taken up",
             true,
-            status(Some(10), None),
+            due.clone(),
             policy(automatic.clone()),
-            expect(
-                Some("RenewNow"),
-                &[],
-                None,
-                None,
-                Some((false, false)),
-                true,
-            ),
+            renew_now(&[], (false, false)),
         ),
         (
             "expiry not known yet: nothing to show",
             true,
             status(None, None),
             policy(automatic.clone()),
-            expect(None, &[], None, None, None, false),
+            nothing(false),
         ),
         (
             "due after a failure ten minutes ago: backing off",
             true,
             status(Some(10), Some(1)),
             policy(automatic.clone()),
-            expect(
-                Some("Backoff"),
-                &[conditions::RENEWAL_DEFERRED],
-                Some((Normal, events::RENEWAL_DEFERRED)),
-                Some(VerdictMetric::Deferred("Backoff".into())),
-                None,
-                true,
-            ),
+            deferred("Backoff", Normal),
         ),
         (
             "disabled",
             true,
-            status(Some(300), None),
+            not_due_far.clone(),
             policy(json!({"policy": "Disabled"})),
-            expect(
-                Some("Disabled"),
-                &[conditions::RENEWAL_DISABLED],
-                Some((Normal, events::RENEWAL_DISABLED)),
-                None,
-                None,
-                true,
-            ),
+            disabled(Normal),
         ),
         (
             "disabled inside the fail-safe margin: a warning",
             true,
             status(Some(0), None),
             policy(json!({"policy": "Disabled"})),
-            expect(
-                Some("Disabled"),
-                &[conditions::RENEWAL_DISABLED],
-                Some((Warning, events::RENEWAL_DISABLED)),
-                None,
-                None,
-                true,
-            ),
+            disabled(Warning),
         ),
         (
             "due outside its window: deferred until it opens",
             true,
-            status(Some(10), None),
+            due.clone(),
             policy(scheduled_sunday.clone()),
-            expect(
-                Some("OutsideWindow"),
-                &[conditions::RENEWAL_DEFERRED],
-                Some((Normal, events::RENEWAL_DEFERRED)),
-                Some(VerdictMetric::Deferred("OutsideWindow".into())),
-                None,
-                true,
-            ),
+            deferred("OutsideWindow", Normal),
         ),
         (
             "outside its window inside the fail-safe: the windows are bypassed",
             true,
             status(Some(1), None),
             policy(scheduled_sunday),
-            expect(
-                Some("RenewNow"),
-                &[conditions::RENEWAL_WINDOW_BYPASSED],
-                None,
-                None,
-                Some((true, false)),
-                true,
-            ),
+            renew_now(&[conditions::RENEWAL_WINDOW_BYPASSED], (true, false)),
         ),
         (
             "due inside its window: renewed in it",
             true,
-            status(Some(10), None),
+            due,
             policy(scheduled_now),
-            expect(Some("RenewNow"), &[], None, None, Some((false, true)), true),
+            renew_now(&[], (false, true)),
         ),
         (
             "Automatic with windows: they are ignored, and said so",
             true,
-            status(Some(300), None),
-            policy(json!({
-                "policy": "Automatic", "renewBefore": "30d",
-                "windows": [{"start": "01:00", "end": "02:00"}],
-            })),
-            expect(
-                Some("NotDue"),
-                &[conditions::WINDOWS_IGNORED],
-                Some((Normal, events::RENEWAL_SCHEDULED)),
-                None,
-                None,
-                true,
-            ),
+            not_due_far.clone(),
+            policy(ignored_windows),
+            not_due(&[conditions::WINDOWS_IGNORED]),
         ),
         (
             "expired, but its last refresh found it cannot be refreshed in place: held",
@@ -372,42 +371,18 @@ fn every_verdict_shape_plans_its_status_announcement_metric_and_next_step() {
         (
             "not due, and cannot be refreshed in place: nothing to hold yet",
             false,
-            must_be_replaced(status(Some(300), None)),
+            must_be_replaced(not_due_far),
             policy(automatic),
-            expect(
-                Some("NotDue"),
-                &[conditions::READY],
-                Some((Normal, events::RENEWAL_SCHEDULED)),
-                None,
-                None,
-                true,
-            ),
+            not_due(&[conditions::READY]),
         ),
     ];
     assert!(rows.len() >= 15);
-    let settings = Settings::default();
     for (name, control_plane, before, governing, expected) in rows {
         let machine = machine(control_plane);
-        let plan = plan(
-            &machine,
-            &before,
-            &governing,
-            settings,
-            RESYNC,
-            &|| None,
-            now(),
-        );
+        let plan = planned(&machine, &before, &governing);
         assert_eq!(seen(&plan, &before), expected, "{name}");
         // Shown once, the same verdict again writes and says nothing.
-        let again = super::plan(
-            &machine,
-            &plan.status,
-            &governing,
-            settings,
-            RESYNC,
-            &|| None,
-            now(),
-        );
+        let again = planned(&machine, &plan.status, &governing);
         assert_eq!(again.status, plan.status, "{name}: again");
         assert_eq!(
             (&again.event, &again.metric),
@@ -423,32 +398,15 @@ fn every_verdict_shape_plans_its_status_announcement_metric_and_next_step() {
 fn a_verdict_looks_again_when_its_answer_can_change_within_the_resync_period() {
     let machine = machine(true);
     let governing = policy(json!({"policy": "Automatic", "renewBefore": "30d"}));
-    let settings = Settings::default();
     // Due in 270 days: looked at again after the resync period.
-    let far = plan(
-        &machine,
-        &status(Some(300), None),
-        &governing,
-        settings,
-        RESYNC,
-        &|| None,
-        now(),
-    );
+    let far = planned(&machine, &status(Some(300), None), &governing);
     assert_eq!(far.next, VerdictNext::Requeue(RESYNC));
     // Due in an hour: looked at again then.
     let soon = MachineCertificatesStatus {
         expiry: Some(Time(now() + jiff::SignedDuration::from_hours(30 * 24 + 1))),
         ..Default::default()
     };
-    let plan = plan(
-        &machine,
-        &soon,
-        &governing,
-        settings,
-        RESYNC,
-        &|| None,
-        now(),
-    );
+    let plan = planned(&machine, &soon, &governing);
     assert_eq!(plan.next, VerdictNext::Requeue(Duration::from_secs(3_600)));
 }
 
@@ -459,15 +417,7 @@ fn a_worker_that_must_be_replaced_is_replaced_when_its_policy_says_so() {
         "inPlaceImpossible": {"action": "Replace", "maxUnavailable": "50%"},
     });
     let lost = must_be_replaced(status(Some(-1), Some(1)));
-    let plan = plan(
-        &machine(false),
-        &lost,
-        &policy(replacing.clone()),
-        Settings::default(),
-        RESYNC,
-        &|| None,
-        now(),
-    );
+    let plan = planned(&machine(false), &lost, &policy(replacing.clone()));
     assert_eq!(
         plan.next,
         VerdictNext::Replace(Replacement {
@@ -477,24 +427,13 @@ fn a_worker_that_must_be_replaced_is_replaced_when_its_policy_says_so() {
     );
     let renewal = plan.status.renewal.as_ref().unwrap();
     assert_eq!(renewal.reason, why::IN_PLACE_IMPOSSIBLE);
-    assert!(
-        renewal
-            .message
-            .contains("CertificateRenewalPolicy p replaces it (inPlaceImpossible: Replace)"),
-        "{}",
-        renewal.message
+    assert_contains(
+        &renewal.message,
+        "CertificateRenewalPolicy p replaces it (inPlaceImpossible: Replace)",
     );
     // Not due: nothing to replace (yet).
     let far = must_be_replaced(status(Some(300), None));
-    let plan = super::plan(
-        &machine(false),
-        &far,
-        &policy(replacing),
-        Settings::default(),
-        RESYNC,
-        &|| None,
-        now(),
-    );
+    let plan = planned(&machine(false), &far, &policy(replacing));
     assert!(
         matches!(plan.next, VerdictNext::Requeue(_)),
         "{:?}",
@@ -507,26 +446,14 @@ fn a_closed_gate_holds_a_due_renewal_until_the_fail_safe_point() {
     use super::super::gates::Gate;
     let automatic = policy(json!({"policy": "Automatic", "renewBefore": "30d"}));
     let upgrading = || Some(Gate::InPlaceUpgrade("w-1".into()));
-    let settings = Settings::default();
     // Due in 10 days' time: held, and said so.
     let due = status(Some(10), None);
-    let held = plan(
-        &machine(true),
-        &due,
-        &automatic,
-        settings,
-        RESYNC,
-        &upgrading,
-        now(),
-    );
+    let held = gated(&machine(true), &due, &automatic, &upgrading);
     let renewal = held.status.renewal.as_ref().unwrap();
     assert_eq!(renewal.reason, "InPlaceUpgrade");
-    assert!(
-        renewal.message.starts_with(
-            "Renewal due, held while Machine w-1 of the cluster is being upgraded in place (gate InPlaceUpgrade): it starts once that ends, and at the fail-safe point "
-        ),
-        "{}",
-        renewal.message
+    assert_starts_with(
+        &renewal.message,
+        "Renewal due, held while Machine w-1 of the cluster is being upgraded in place (gate InPlaceUpgrade): it starts once that ends, and at the fail-safe point ",
     );
     assert_eq!(
         held.metric,
@@ -540,26 +467,10 @@ fn a_closed_gate_holds_a_due_renewal_until_the_fail_safe_point() {
             .any(|c| c.type_ == conditions::RENEWAL_DEFERRED && c.reason == "InPlaceUpgrade")
     );
     // Held again: nothing to write or say.
-    let again = plan(
-        &machine(true),
-        &held.status,
-        &automatic,
-        settings,
-        RESYNC,
-        &upgrading,
-        now(),
-    );
+    let again = gated(&machine(true), &held.status, &automatic, &upgrading);
     assert!(again.quiet(&held.status));
     // The gate opens: renewed.
-    let open = plan(
-        &machine(true),
-        &held.status,
-        &automatic,
-        settings,
-        RESYNC,
-        &|| None,
-        now(),
-    );
+    let open = planned(&machine(true), &held.status, &automatic);
     assert!(
         matches!(open.next, VerdictNext::Renew(_)),
         "{:?}",
@@ -573,15 +484,7 @@ fn a_closed_gate_holds_a_due_renewal_until_the_fail_safe_point() {
             )),
             ..Default::default()
         };
-        let plan = plan(
-            &machine(true),
-            &near,
-            &automatic,
-            settings,
-            RESYNC,
-            &upgrading,
-            now(),
-        );
+        let plan = gated(&machine(true), &near, &automatic, &upgrading);
         assert!(
             matches!(plan.next, VerdictNext::Renew(_)),
             "{days}: {:?}",
@@ -594,14 +497,11 @@ fn a_closed_gate_holds_a_due_renewal_until_the_fail_safe_point() {
         asked.store(true, std::sync::atomic::Ordering::Relaxed);
         upgrading()
     };
-    let _ = plan(
+    let _ = gated(
         &machine(true),
         &status(Some(300), None),
         &automatic,
-        settings,
-        RESYNC,
         &asking,
-        now(),
     );
     assert!(!asked.load(std::sync::atomic::Ordering::Relaxed));
 }
