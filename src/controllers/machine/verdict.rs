@@ -446,4 +446,6 @@ fn shown(
 }
 
 #[cfg(test)]
+mod gates_property;
+#[cfg(test)]
 mod tests;
