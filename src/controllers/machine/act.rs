@@ -278,7 +278,7 @@ impl<'a> Act<'a> {
             Some(verdict::Then::Renew(renewal)) => {
                 // Right before it starts: what the workload cluster shows. A closed gate is
                 // remembered, so the verdict shown again now is the held one.
-                if renewal.gated && self.workload_gate().await.is_some() {
+                if renewal.gated && workload_gate(self.ctx, self.view).await.is_some() {
                     return Box::pin(self.rest(current, &Step::Idle)).await;
                 }
                 return self.start_automatic(status, renewal).await;
@@ -408,41 +408,35 @@ fn scopeguard<F: FnOnce()>(f: F) -> impl Drop {
     Guard(Some(f))
 }
 
-impl Act<'_> {
-    /// The gate the workload cluster shows closed now (a fresh look's, else a new look's).
-    async fn workload_gate(&self) -> Option<Gate> {
-        let view = self.view;
-        let cluster = view.cluster.as_deref()?;
-        let client = self
-            .ctx
-            .reach
-            .workload
-            .get(&view.namespace, cluster)
-            .await
-            .map_err(|err| err.to_string());
-        let control_planes: Vec<ControlPlane> = self
-            .ctx
-            .stores
-            .machines
-            .state()
-            .iter()
-            .map(|m| MachineView::of(m))
-            .filter(|m| {
-                m.namespace == view.namespace
-                    && m.cluster.as_deref() == Some(cluster)
-                    && m.control_plane
-                    && !m.deleting
-                    && m.name != view.name
-            })
-            .map(|m| ControlPlane {
-                machine: m.name,
-                node: m.node_name,
-            })
-            .collect();
-        let now = self.ctx.clock.now();
-        let looks = &self.ctx.workload_gates;
-        looks
-            .look(&view.namespace, cluster, client, &control_planes, now)
-            .await
-    }
+/// The gate `view`'s workload cluster shows closed now (a fresh look's, else a new look's).
+async fn workload_gate(ctx: &Context, view: &MachineView) -> Option<Gate> {
+    let cluster = view.cluster.as_deref()?;
+    let client = ctx
+        .reach
+        .workload
+        .get(&view.namespace, cluster)
+        .await
+        .map_err(|err| err.to_string());
+    let control_planes: Vec<ControlPlane> = ctx
+        .stores
+        .machines
+        .state()
+        .iter()
+        .map(|m| MachineView::of(m))
+        .filter(|m| {
+            m.namespace == view.namespace
+                && m.cluster.as_deref() == Some(cluster)
+                && m.control_plane
+                && !m.deleting
+                && m.name != view.name
+        })
+        .map(|m| ControlPlane {
+            machine: m.name,
+            node: m.node_name,
+        })
+        .collect();
+    let now = ctx.clock.now();
+    ctx.workload_gates
+        .look(&view.namespace, cluster, client, &control_planes, now)
+        .await
 }

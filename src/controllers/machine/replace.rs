@@ -20,9 +20,10 @@ use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
 use tracing::{info, warn};
 
-use super::Error;
 use super::act::Act;
+use super::report::Reporter;
 use super::verdict::Replacement;
+use super::{Context, Error};
 use crate::controllers::admission_policy::{self, NotInForce};
 use crate::events::EventType;
 use crate::policy::spec::MaxUnavailable;
@@ -215,8 +216,8 @@ impl Act<'_> {
             info!(why = %hold, policy = replacement.policy, "Not replaced yet");
             return Ok(Action::requeue(HELD_RECHECK));
         }
-        if let Err(why) = self.policy_checked(&replacement).await? {
-            return Ok(self.refused(why).await);
+        if let Err(why) = policy_checked(self.ctx, view, &replacement).await? {
+            return Ok(refused(self.ctx, &self.report, view, why).await);
         }
         let owner = owner.map(|o| o.name.clone()).unwrap_or_default();
         let params = DeleteParams {
@@ -267,68 +268,69 @@ impl Act<'_> {
             .await;
         Ok(Action::await_change())
     }
+}
 
-    /// Whether the admission policy that lets only a user who may delete Machines ask for
-    /// Replace checked the renewal policy's last write (`--renewal-admission-policy`): a
-    /// policy written while it was missing makes nothing deleted. `Err`: an API error, retried.
-    async fn policy_checked(&self, replacement: &Replacement) -> Result<Result<(), String>, Error> {
-        let Some(admission) = self.ctx.config().renewal_admission_policy.as_deref() else {
-            return Ok(Ok(()));
-        };
-        let namespace = &self.view.namespace;
-        let policies: Api<CertificateRenewalPolicy> =
-            Api::namespaced(self.ctx.client().clone(), namespace);
-        // Read live: the cache keeps no managed fields, and it is the policy as it is now that
-        // must have been checked.
-        let Some(policy) = policies.get_opt(&replacement.policy).await? else {
-            return Ok(Err(format!(
-                "CertificateRenewalPolicy {} no longer exists",
-                replacement.policy
-            )));
-        };
-        let again = format!(
-            "write it again as a user who may delete Machines in namespace {namespace}, e.g. `kubectl annotate certificaterenewalpolicies.certificates.ck8s.io -n {namespace} {} reviewed=$(date -u +%FT%TZ) --overwrite`",
+/// Whether the admission policy that lets only a user who may delete Machines ask for
+/// Replace checked the renewal policy's last write (`--renewal-admission-policy`): a
+/// policy written while it was missing makes nothing deleted. `Err`: an API error, retried.
+async fn policy_checked(
+    ctx: &Context,
+    view: &MachineView,
+    replacement: &Replacement,
+) -> Result<Result<(), String>, Error> {
+    let Some(admission) = ctx.config().renewal_admission_policy.as_deref() else {
+        return Ok(Ok(()));
+    };
+    let namespace = &view.namespace;
+    let policies: Api<CertificateRenewalPolicy> = Api::namespaced(ctx.client().clone(), namespace);
+    // Read live: the cache keeps no managed fields, and it is the policy as it is now that
+    // must have been checked.
+    let Some(policy) = policies.get_opt(&replacement.policy).await? else {
+        return Ok(Err(format!(
+            "CertificateRenewalPolicy {} no longer exists",
             replacement.policy
-        );
-        let Some(written) = admission_policy::last_written(&policy.metadata) else {
-            return Ok(Err(format!(
-                "when CertificateRenewalPolicy {} was last written is not known (its managed fields were cleared), so whether the admission policy {admission} checked its writer is not known: {again}",
+        )));
+    };
+    let again = format!(
+        "write it again as a user who may delete Machines in namespace {namespace}, e.g. `kubectl annotate certificaterenewalpolicies.certificates.ck8s.io -n {namespace} {} reviewed=$(date -u +%FT%TZ) --overwrite`",
+        replacement.policy
+    );
+    let Some(written) = admission_policy::last_written(&policy.metadata) else {
+        return Ok(Err(format!(
+            "when CertificateRenewalPolicy {} was last written is not known (its managed fields were cleared), so whether the admission policy {admission} checked its writer is not known: {again}",
+            replacement.policy
+        )));
+    };
+    let client = ctx.client();
+    Ok(
+        match admission_policy::in_force(client, admission, Some(written)).await? {
+            Ok(()) => Ok(()),
+            Err(NotInForce::Missing(kind)) => Err(format!(
+                "the {kind} {admission}, which lets only a user who may delete Machines ask a CertificateRenewalPolicy to replace them, is not installed, so nothing checked who wrote CertificateRenewalPolicy {}: reinstall ck8s-certs' admission policies (config/policy), then {again}",
                 replacement.policy
-            )));
-        };
-        let client = self.ctx.client();
-        Ok(
-            match admission_policy::in_force(client, admission, Some(written)).await? {
-                Ok(()) => Ok(()),
-                Err(NotInForce::Missing(kind)) => Err(format!(
-                    "the {kind} {admission}, which lets only a user who may delete Machines ask a CertificateRenewalPolicy to replace them, is not installed, so nothing checked who wrote CertificateRenewalPolicy {}: reinstall ck8s-certs' admission policies (config/policy), then {again}",
-                    replacement.policy
-                )),
-                Err(NotInForce::Younger { written, since }) => Err(format!(
-                    "CertificateRenewalPolicy {} was last written at {written}, before the admission policy {admission} that checks who asks for Replace was in force (since {since}), so nothing checked its writer: {again}",
-                    replacement.policy
-                )),
-            },
-        )
-    }
+            )),
+            Err(NotInForce::Younger { written, since }) => Err(format!(
+                "CertificateRenewalPolicy {} was last written at {written}, before the admission policy {admission} that checks who asks for Replace was in force (since {since}), so nothing checked its writer: {again}",
+                replacement.policy
+            )),
+        },
+    )
+}
 
-    /// Says once (Warning Event, log) why the Machine is not replaced; looked at again at the
-    /// resync period (what changes it, a policy installed or written again, wakes nothing).
-    async fn refused(&self, why: String) -> Action {
-        let view = self.view;
-        let message = format!("Machine {} is not replaced: {why}", view.name);
-        if self
-            .ctx
-            .replace_refusals
-            .first(&view.namespace, &view.name, &message)
-        {
-            warn!(why, "Not replaced: the renewal policy was not checked");
-            self.report
-                .event(EventType::Warning, events::MACHINE_REPLACE_REFUSED, message)
-                .await;
-        }
-        Action::requeue(self.ctx.config().resync)
+/// Says once (Warning Event, log) why the Machine is not replaced; looked at again at the
+/// resync period (what changes it, a policy installed or written again, wakes nothing).
+async fn refused(ctx: &Context, report: &Reporter<'_>, view: &MachineView, why: String) -> Action {
+    let message = format!("Machine {} is not replaced: {why}", view.name);
+    if ctx
+        .replace_refusals
+        .first(&view.namespace, &view.name, &message)
+    {
+        warn!(why, "Not replaced: the renewal policy was not checked");
+        report
+            .event(EventType::Warning, events::MACHINE_REPLACE_REFUSED, message)
+            .await;
     }
+    Action::requeue(ctx.config().resync)
 }
 
 /// The refusals to replace a Machine already announced, by Machine: each is said once, not at
