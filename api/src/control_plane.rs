@@ -17,6 +17,7 @@ use crate::capi::{
     GROUP,
 };
 use crate::machine::{Pairs, TriggerMeta};
+use crate::machine_deployment::rolling_out;
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ControlPlane {
@@ -31,6 +32,9 @@ pub struct ControlPlane {
     pub cluster_name: Option<String>,
     /// The `cluster.x-k8s.io/paused` annotation.
     pub paused: bool,
+    /// A rollout is running (it replaces control-plane Machines), as its status tells under the
+    /// Cluster API control plane contract ([`rolling_out`]).
+    pub rolling_out: bool,
 }
 
 /// The served version of the control plane kind, e.g. `v1beta2`.
@@ -67,8 +71,23 @@ impl<'de> Deserialize<'de> for ControlPlane {
         struct Wire {
             #[serde(default)]
             metadata: ObjectMeta,
+            #[serde(default)]
+            spec: Spec,
+            /// Read leniently: a status of another shape is no rollout.
+            #[serde(default)]
+            status: serde_json::Value,
         }
-        let Wire { metadata } = Wire::deserialize(deserializer)?;
+        #[derive(Default, Deserialize)]
+        struct Spec {
+            #[serde(default)]
+            replicas: Option<i64>,
+        }
+        let Wire {
+            metadata,
+            spec,
+            status,
+        } = Wire::deserialize(deserializer)?;
+        let rolling_out = rolling_out(spec.replicas, &status);
         let owning_cluster = || {
             metadata.owner_references.as_ref()?.iter().find_map(|o| {
                 let group = o.api_version.split_once('/').map(|(g, _)| g);
@@ -87,6 +106,7 @@ impl<'de> Deserialize<'de> for ControlPlane {
             trigger_manager: meta.trigger_manager,
             cluster_name,
             paused: meta.paused,
+            rolling_out,
         })
     }
 }
@@ -138,5 +158,23 @@ mod tests {
         assert_eq!(cp.cluster_name.as_deref(), Some("c"));
         assert!(cp.paused);
         assert!(cp.metadata.owner_references.is_none());
+    }
+
+    #[test]
+    fn a_rollout_is_read_from_the_contract_s_counts() {
+        let cp = |status: serde_json::Value| -> ControlPlane {
+            serde_json::from_value(json!({
+                "metadata": { "name": "cp", "namespace": "ns" },
+                "spec": { "replicas": 3 },
+                "status": status,
+            }))
+            .unwrap()
+        };
+        assert!(!cp(json!({})).rolling_out);
+        assert!(!cp(json!({ "replicas": 3, "updatedReplicas": 3 })).rolling_out);
+        // A new Machine beside the old ones, or one not yet up to date.
+        assert!(cp(json!({ "replicas": 4, "updatedReplicas": 1 })).rolling_out);
+        assert!(cp(json!({ "replicas": 3, "upToDateReplicas": 2 })).rolling_out);
+        assert!(!cp(json!("not an object")).rolling_out);
     }
 }

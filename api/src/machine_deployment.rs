@@ -77,8 +77,9 @@ impl<'de> Deserialize<'de> for MachineDeployment {
 
 /// Whether `status` shows a rollout: fewer or more Machines than `desired`, or some not up to
 /// date (v1beta2 `upToDateReplicas`; v1beta1 `updatedReplicas`, or `v1beta2.upToDateReplicas`
-/// as Cluster API v1.10 serves it).
-fn rolling_out(desired: Option<i64>, status: &serde_json::Value) -> bool {
+/// as Cluster API v1.10 serves it). The Cluster API control plane contract has a control plane
+/// provider report the same counts.
+pub fn rolling_out(desired: Option<i64>, status: &serde_json::Value) -> bool {
     let count = |pointer: &str| status.pointer(pointer).and_then(serde_json::Value::as_i64);
     let Some(replicas) = count("/replicas") else {
         return false;

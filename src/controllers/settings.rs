@@ -109,7 +109,6 @@ impl Settings {
             history: self.history,
             watch_filter: self.scope.watch_filter.clone(),
             synced,
-            control_planes: Default::default(),
         }
     }
 }

@@ -13,6 +13,7 @@ use std::future::Future;
 use std::sync::{Arc, PoisonError, RwLock};
 
 use ck8s_certs_api::cluster_certificates::ClusterCertificates;
+use ck8s_certs_api::control_plane::{ControlPlane, ControlPlaneVersion};
 use ck8s_certs_api::machine::{CapiVersion, Cluster, Machine};
 use ck8s_certs_api::machine_certificates::{MachineCertificates, MachineCertificatesStatus};
 use ck8s_certs_api::machine_deployment::MachineDeployment;
@@ -39,6 +40,9 @@ pub struct Stores {
     pub policies: Store<DynamicObject>,
     /// The policies decoded and validated, once per generation.
     pub policy_readings: Arc<super::governing_policy::PolicyReadings>,
+    /// The CK8s control plane kind's version and cache, once it is served (for its refresh
+    /// trigger and its rollouts).
+    pub control_planes: ControlPlanes,
 }
 
 impl Stores {
@@ -658,6 +662,35 @@ impl Cache<CachedCertificates> for CertificateWriter {
 
 pub fn trim_policy(policy: &mut DynamicObject) {
     trim_metadata(&mut policy.metadata);
+}
+
+/// The CK8s control plane kind, set once it is discovered (it may be installed after we start).
+#[derive(Clone, Default)]
+pub struct ControlPlanes(Arc<std::sync::OnceLock<(ControlPlaneVersion, Store<ControlPlane>)>>);
+
+impl ControlPlanes {
+    pub fn set(&self, version: ControlPlaneVersion, store: Store<ControlPlane>) {
+        // Set once, by the one task that discovers the kind.
+        let _ = self.0.set((version, store));
+    }
+
+    pub fn version(&self) -> Option<&ControlPlaneVersion> {
+        self.0.get().map(|(version, _)| version)
+    }
+
+    /// A cached control plane object.
+    pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<ControlPlane>> {
+        let (version, store) = self.0.get()?;
+        store.get(&ObjectRef::new_with(name, version.clone()).within(namespace))
+    }
+
+    /// Every cached control plane object (none before the kind is served).
+    pub fn state(&self) -> Vec<Arc<ControlPlane>> {
+        self.0
+            .get()
+            .map(|(_, store)| store.state())
+            .unwrap_or_default()
+    }
 }
 
 #[cfg(test)]

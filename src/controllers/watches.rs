@@ -95,6 +95,7 @@ impl Watches {
             cluster_records: self.cluster_records.store.clone(),
             policies: self.policies.store.clone(),
             policy_readings: Default::default(),
+            control_planes: Default::default(),
         }
     }
 

@@ -34,6 +34,10 @@ pub struct Machine {
     /// Whether that manager owns the trigger through server-side apply (an owner that asserts it:
     /// Cluster API's MachineSet controller copying a machine template, a GitOps tool).
     pub trigger_applied: bool,
+    /// A MachineHealthCheck found it unhealthy and left it to its owner to remediate: condition
+    /// `OwnerRemediated` False (in `status.conditions`, or `status.v1beta2.conditions` as Cluster
+    /// API's v1beta1 serves it), until the owner deletes it.
+    pub owner_remediation: bool,
 }
 
 impl Machine {
@@ -229,6 +233,7 @@ impl<'de> Deserialize<'de> for Machine {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let wire = wire::Machine::deserialize(deserializer)?;
         let spec = wire.spec.0.unwrap_or_default();
+        let status = wire.status.0.unwrap_or_default();
         let config_ref = spec
             .bootstrap
             .0
@@ -254,11 +259,8 @@ impl<'de> Deserialize<'de> for Machine {
                 kind: config_ref.kind.0,
                 name: config_ref.name.0,
             },
-            node_name: wire
-                .status
-                .0
-                .and_then(|s| s.node_ref.0)
-                .and_then(|n| n.name.0),
+            owner_remediation: status.owner_remediation(),
+            node_name: status.node_ref.0.and_then(|n| n.name.0),
             trigger_manager,
             trigger_applied,
         })
@@ -336,6 +338,26 @@ mod wire {
     pub struct MachineStatus {
         #[serde(default)]
         pub node_ref: Lenient<NodeRef>,
+        /// Any JSON: only `OwnerRemediated` is looked for, whatever the rest holds.
+        #[serde(default)]
+        pub conditions: serde_json::Value,
+        #[serde(default)]
+        pub v1beta2: serde_json::Value,
+    }
+
+    impl MachineStatus {
+        /// Condition `OwnerRemediated` is False in either list.
+        pub fn owner_remediation(&self) -> bool {
+            let listed = |conditions: &serde_json::Value| {
+                conditions.as_array().is_some_and(|list| {
+                    list.iter().any(|c| {
+                        c.get("type").and_then(|t| t.as_str()) == Some("OwnerRemediated")
+                            && c.get("status").and_then(|s| s.as_str()) == Some("False")
+                    })
+                })
+            };
+            listed(&self.conditions) || listed(&self.v1beta2["conditions"])
+        }
     }
 
     #[derive(Default, Deserialize)]

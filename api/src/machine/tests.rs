@@ -241,3 +241,35 @@ fn the_trigger_s_owner_is_the_manager_that_last_set_it_and_how() {
         (Some("kubectl-annotate"), false)
     );
 }
+
+#[test]
+fn a_remediation_left_to_the_owner_is_read_from_either_list_of_conditions() {
+    let decoded = |status: serde_json::Value| -> bool {
+        let machine: Machine =
+            serde_json::from_value(json!({ "metadata": { "name": "x" }, "status": status }))
+                .unwrap();
+        machine.owner_remediation
+    };
+    let waiting =
+        json!({ "type": "OwnerRemediated", "status": "False", "reason": "WaitingForRemediation" });
+    // v1beta2, as Cluster API v1.11 and later store it.
+    assert!(decoded(
+        json!({ "conditions": [{ "type": "Ready", "status": "True" }, waiting] })
+    ));
+    // v1beta1, as Cluster API v1.10 serves it: its own list, and the v1beta2 one beside it.
+    assert!(decoded(
+        json!({ "conditions": [], "v1beta2": { "conditions": [waiting] } })
+    ));
+    assert!(!decoded(
+        json!({ "conditions": [{ "type": "OwnerRemediated", "status": "True" }] })
+    ));
+    assert!(!decoded(
+        json!({ "conditions": [{ "type": "HealthCheckSucceeded", "status": "False" }] })
+    ));
+    // Odd shapes are no remediation, and take nothing else with them.
+    assert!(!decoded(json!({ "conditions": "x" })));
+    assert!(decoded(
+        json!({ "conditions": [1, "y", { "type": 3 }, waiting] })
+    ));
+    assert!(!decoded(json!({ "v1beta2": [waiting] })));
+}

@@ -28,7 +28,6 @@ use ck8s_certs_api::annotations::{
     FLEET_REQUEST, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS, RefreshStatus,
 };
 use ck8s_certs_api::certificate_refresh::{CertificateRefresh, MachinePhase, RequestPhase, Role};
-use ck8s_certs_api::control_plane::{ControlPlane, ControlPlaneVersion};
 use ck8s_certs_api::machine::{CapiVersion, ClusterView, Machine, MachineView};
 use ck8s_certs_api::machine_certificates::{MachineCertificates, Phase};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -75,31 +74,8 @@ pub struct Context {
     pub watch_filter: Option<String>,
     /// True once every cache holds a full list: a request is planned on complete information.
     pub synced: tokio::sync::watch::Receiver<bool>,
-    /// The CK8s control plane kind's version and cache, once it is served (its trigger).
-    pub control_planes: ControlPlanes,
     /// The time decisions are taken at.
     pub clock: crate::clock::SharedClock,
-}
-
-/// The CK8s control plane kind, set once it is discovered (it may be installed after we start).
-#[derive(Clone, Default)]
-pub struct ControlPlanes(Arc<std::sync::OnceLock<(ControlPlaneVersion, Store<ControlPlane>)>>);
-
-impl ControlPlanes {
-    pub fn set(&self, version: ControlPlaneVersion, store: Store<ControlPlane>) {
-        // Set once, by the one task that discovers the kind.
-        let _ = self.0.set((version, store));
-    }
-
-    pub fn version(&self) -> Option<&ControlPlaneVersion> {
-        self.0.get().map(|(version, _)| version)
-    }
-
-    /// A cached control plane object.
-    pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<ControlPlane>> {
-        let (version, store) = self.0.get()?;
-        store.get(&ObjectRef::new_with(name, version.clone()).within(namespace))
-    }
 }
 
 /// Until the caches are synced, a reconcile comes back later.

@@ -81,6 +81,7 @@ pub(super) async fn mirror_on_trigger(
         "MachineDeployment" => get_capi(&ctx.stores.deployments, ctx.capi, namespace, &owner.name)
             .map(|d| d.annotations.clone()),
         CK8S_CONTROL_PLANE_KIND => ctx
+            .stores
             .control_planes
             .get(namespace, &owner.name)
             .map(|c| c.annotations.clone()),

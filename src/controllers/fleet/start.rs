@@ -102,7 +102,9 @@ pub async fn control_plane_triggers(
     };
     let mut watch = SharedWatch::<ControlPlane>::with(version.clone());
     let events = watch.subscribe();
-    ctx.control_planes.set(version.clone(), watch.store.clone());
+    ctx.stores
+        .control_planes
+        .set(version.clone(), watch.store.clone());
     let api: Api<ControlPlane> = match &namespace {
         Some(ns) => Api::namespaced_with(client, ns, &version),
         None => Api::all_with(client, &version),

@@ -180,7 +180,7 @@ triggering!(Cluster, "Cluster", GROUP, served: |ctx| Some(ctx.capi),
 triggering!(MachineDeployment, "MachineDeployment", GROUP, served: |ctx| Some(ctx.capi),
     version: |v| v.as_str(), cluster: |o| o.cluster_name.clone(), target: machine_deployment);
 triggering!(ControlPlane, CK8S_CONTROL_PLANE_KIND, CONTROL_PLANE_GROUP,
-    served: |ctx| ctx.control_planes.version().cloned(),
+    served: |ctx| ctx.stores.control_planes.version().cloned(),
     version: |v| &v.0, cluster: |o| o.cluster_name.clone(), target: control_plane);
 
 /// Handles the trigger on `object`, once the caches are synced.

@@ -378,6 +378,7 @@ fn stores_of(policies: Vec<DynamicObject>) -> crate::controllers::stores::Stores
             policies,
         ),
         policy_readings: Default::default(),
+        control_planes: Default::default(),
     }
 }
 

@@ -9,10 +9,12 @@
 use std::fmt;
 
 use ck8s_certs_api::annotations::{IN_PLACE_UPGRADE_IN_PROGRESS, IN_PLACE_UPGRADE_STATUS};
-use ck8s_certs_api::capi::REMEDIATE_MACHINE_ANNOTATION;
+use ck8s_certs_api::capi::{CK8S_CONTROL_PLANE_KIND, REMEDIATE_MACHINE_ANNOTATION};
+use ck8s_certs_api::control_plane::ControlPlane;
 use ck8s_certs_api::machine::Machine;
 use ck8s_certs_api::machine_deployment::MachineDeployment;
 use ck8s_certs_api::reasons::condition_reasons as why;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::controllers::stores::Stores;
 
@@ -23,13 +25,15 @@ pub mod workload;
 pub enum Gate {
     /// A Machine of the cluster is being deleted (a scale-down, a remediation, a replacement).
     MachineDeleting(String),
-    /// A Machine of the cluster is asked to be remediated (`cluster.x-k8s.io/remediate-machine`).
+    /// A Machine of the cluster is to be remediated: asked by `cluster.x-k8s.io/remediate-machine`,
+    /// or left to its owner by a MachineHealthCheck (condition `OwnerRemediated` False).
     RemediationRequested(String),
     /// The CK8s provider upgrades a Machine of the cluster in place, which restarts the services
     /// a refresh restarts.
     InPlaceUpgrade(String),
-    /// A MachineDeployment of the cluster rolls out (replaces its Machines).
-    RollingOut(String),
+    /// A MachineDeployment or the CK8sControlPlane of the cluster rolls out (replaces its
+    /// Machines): its kind and name.
+    RollingOut(&'static str, String),
     /// Another control plane of the cluster is not Ready (what of it, said whole).
     ControlPlaneNotReady(String),
     /// The workload API server is not ready (what it answered, said whole).
@@ -43,7 +47,7 @@ impl Gate {
             Self::MachineDeleting(_) => why::GATE_MACHINE_DELETING,
             Self::RemediationRequested(_) => why::GATE_REMEDIATION_REQUESTED,
             Self::InPlaceUpgrade(_) => why::GATE_IN_PLACE_UPGRADE,
-            Self::RollingOut(_) => why::GATE_ROLLING_OUT,
+            Self::RollingOut(..) => why::GATE_ROLLING_OUT,
             Self::ControlPlaneNotReady(_) => why::GATE_CONTROL_PLANE_NOT_READY,
             Self::ApiNotReady(_) => why::GATE_API_NOT_READY,
         }
@@ -65,20 +69,21 @@ impl fmt::Display for Gate {
                     "Machine {name} of the cluster is being upgraded in place"
                 )
             }
-            Self::RollingOut(name) => {
-                write!(f, "MachineDeployment {name} of the cluster is rolling out")
+            Self::RollingOut(kind, name) => {
+                write!(f, "{kind} {name} of the cluster is rolling out")
             }
             Self::ControlPlaneNotReady(what) | Self::ApiNotReady(what) => f.write_str(what),
         }
     }
 }
 
-/// The first closed gate among a cluster's `machines` and `deployments`, in a fixed order
-/// (deletions, remediations, in-place upgrades, rollouts; by name within each), so that the
-/// same cluster always names the same gate.
+/// The first closed gate among a cluster's `machines`, `deployments` and `control_planes`, in a
+/// fixed order (deletions, remediations, in-place upgrades, rollouts; by name within each), so
+/// that the same cluster always names the same gate.
 pub fn closed<'a>(
     machines: impl IntoIterator<Item = &'a Machine>,
     deployments: impl IntoIterator<Item = &'a MachineDeployment>,
+    control_planes: impl IntoIterator<Item = &'a ControlPlane>,
 ) -> Option<Gate> {
     let mut found: Vec<Gate> = Vec::new();
     for machine in machines {
@@ -88,6 +93,7 @@ pub fn closed<'a>(
         } else if machine
             .annotations
             .contains_key(REMEDIATE_MACHINE_ANNOTATION)
+            || machine.owner_remediation
         {
             found.push(Gate::RemediationRequested(name()));
         } else if machine.annotations.get(IN_PLACE_UPGRADE_STATUS)
@@ -96,11 +102,18 @@ pub fn closed<'a>(
             found.push(Gate::InPlaceUpgrade(name()));
         }
     }
+    let name = |meta: &ObjectMeta| meta.name.clone().unwrap_or_default();
     found.extend(
         deployments
             .into_iter()
             .filter(|md| md.rolling_out)
-            .map(|md| Gate::RollingOut(md.metadata.name.clone().unwrap_or_default())),
+            .map(|md| Gate::RollingOut("MachineDeployment", name(&md.metadata))),
+    );
+    found.extend(
+        control_planes
+            .into_iter()
+            .filter(|cp| cp.rolling_out)
+            .map(|cp| Gate::RollingOut(CK8S_CONTROL_PLANE_KIND, name(&cp.metadata))),
     );
     found.into_iter().min_by(|a, b| {
         let rank = |g: &Gate| why::GATES.iter().position(|r| *r == g.reason());
@@ -118,6 +131,7 @@ pub fn of_cluster(stores: &Stores, namespace: &str, cluster: &str) -> Option<Gat
     };
     let machines = stores.machines.state();
     let deployments = stores.deployments.state();
+    let control_planes = stores.control_planes.state();
     closed(
         machines
             .iter()
@@ -126,6 +140,10 @@ pub fn of_cluster(stores: &Stores, namespace: &str, cluster: &str) -> Option<Gat
         deployments
             .iter()
             .filter(|md| ours(md.metadata.namespace.as_ref(), md.cluster_name.as_deref()))
+            .map(AsRef::as_ref),
+        control_planes
+            .iter()
+            .filter(|cp| ours(cp.metadata.namespace.as_ref(), cp.cluster_name.as_deref()))
             .map(AsRef::as_ref),
     )
 }
@@ -136,7 +154,8 @@ fn gate_state(machine: &Machine) -> (bool, bool, bool) {
         machine.metadata.deletion_timestamp.is_some(),
         machine
             .annotations
-            .contains_key(REMEDIATE_MACHINE_ANNOTATION),
+            .contains_key(REMEDIATE_MACHINE_ANNOTATION)
+            || machine.owner_remediation,
         machine.annotations.get(IN_PLACE_UPGRADE_STATUS) == Some(IN_PLACE_UPGRADE_IN_PROGRESS),
     )
 }
@@ -199,22 +218,36 @@ mod tests {
         .unwrap()
     }
 
-    fn deployment(name: &str, rolling_out: bool) -> MachineDeployment {
-        MachineDeployment {
-            rolling_out,
-            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
-                name: Some(name.into()),
-                ..Default::default()
-            },
+    fn named(name: &str) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name.into()),
             ..Default::default()
         }
     }
 
-    /// What is asked, the cluster's Machines and MachineDeployments: the gate found.
+    fn deployment(name: &str, rolling_out: bool) -> MachineDeployment {
+        MachineDeployment {
+            rolling_out,
+            metadata: named(name),
+            ..Default::default()
+        }
+    }
+
+    fn control_plane(name: &str, rolling_out: bool) -> ControlPlane {
+        ControlPlane {
+            rolling_out,
+            metadata: named(name),
+            ..Default::default()
+        }
+    }
+
+    /// What is asked, the cluster's Machines, MachineDeployments and control planes: the gate
+    /// found.
     type Row<'a> = (
         &'static str,
         Vec<&'a Machine>,
         Vec<&'a MachineDeployment>,
+        Vec<&'a ControlPlane>,
         Option<Gate>,
     );
 
@@ -231,51 +264,83 @@ mod tests {
         let deleting = machine("w-3", json!({}), true);
         let quiet = deployment("md-0", false);
         let rolling = deployment("md-1", true);
+        let steady = control_plane("c-cp", false);
+        let replacing = control_plane("c-cp", true);
+        // Left by a MachineHealthCheck to its MachineSet, which has not deleted it yet.
+        let unhealthy: Machine = serde_json::from_value(json!({
+            "metadata": { "name": "w-4", "namespace": "ns" }, "spec": { "clusterName": "c" },
+            "status": { "conditions": [{ "type": "OwnerRemediated", "status": "False" }] },
+        }))
+        .unwrap();
         let rows: Vec<Row> = vec![
             (
                 "nothing going on",
                 vec![&idle, &upgraded],
                 vec![&quiet],
+                vec![&steady],
                 None,
             ),
             (
                 "an in-place upgrade in progress",
                 vec![&idle, &upgrading],
                 vec![&quiet],
+                vec![],
                 Some(Gate::InPlaceUpgrade("w-1".into())),
             ),
             (
                 "a remediation asked for",
                 vec![&remediate, &upgrading],
                 vec![],
+                vec![],
                 Some(Gate::RemediationRequested("cp-1".into())),
+            ),
+            (
+                "a remediation left to the owner",
+                vec![&idle, &unhealthy, &upgrading],
+                vec![],
+                vec![],
+                Some(Gate::RemediationRequested("w-4".into())),
             ),
             (
                 "a deletion comes first",
                 vec![&upgrading, &remediate, &deleting],
                 vec![&rolling],
+                vec![&replacing],
                 Some(Gate::MachineDeleting("w-3".into())),
             ),
             (
                 "a rollout",
                 vec![&idle],
                 vec![&quiet, &rolling],
-                Some(Gate::RollingOut("md-1".into())),
+                vec![&steady],
+                Some(Gate::RollingOut("MachineDeployment", "md-1".into())),
+            ),
+            (
+                "a control-plane rollout",
+                vec![&idle],
+                vec![&quiet],
+                vec![&replacing],
+                Some(Gate::RollingOut("CK8sControlPlane", "c-cp".into())),
             ),
         ];
-        for (name, machines, deployments, expected) in rows {
-            assert_eq!(closed(machines, deployments), expected, "{name}");
+        for (name, machines, deployments, control_planes, expected) in rows {
+            assert_eq!(
+                closed(machines, deployments, control_planes),
+                expected,
+                "{name}"
+            );
         }
         // The order of the cache does not change the answer.
         let a = machine("a", json!({}), true);
         let b = machine("b", json!({}), true);
-        assert_eq!(closed([&b, &a], []), closed([&a, &b], []));
+        assert_eq!(closed([&b, &a], [], []), closed([&a, &b], [], []));
         // What wakes the held Machines: a gate that may have opened or closed, nothing else.
         assert!(machine_gate_changed(Some(&upgrading), &upgraded));
         assert!(machine_gate_changed(Some(&idle), &deleting));
         assert!(!machine_gate_changed(Some(&idle), &upgraded));
         assert!(!machine_gate_changed(None, &idle));
         assert!(machine_gate_changed(None, &remediate));
+        assert!(machine_gate_changed(Some(&idle), &unhealthy));
         assert!(deployment_gate_changed(Some(&rolling), &quiet));
         assert!(!deployment_gate_changed(Some(&quiet), &quiet));
         assert!(!deployment_gate_changed(None, &quiet));

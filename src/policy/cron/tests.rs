@@ -286,6 +286,11 @@ fn cron_semantics_are_pinned() {
         starts(&valid("0 0 29 2 *", "1h", None), after, 2),
         ["2028-02-29T00:00:00Z", "2032-02-29T00:00:00Z"]
     );
+    // 2100 is no leap year: eight years to the next one (cert-manager once searched less far).
+    assert_eq!(
+        starts(&valid("0 0 29 2 *", "1h", None), "2096-03-01T00:00:00Z", 1),
+        ["2104-02-29T00:00:00Z"]
+    );
 }
 
 #[test]

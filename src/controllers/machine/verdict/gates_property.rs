@@ -140,7 +140,7 @@ proptest! {
                 if t < machine.next_at && !woken {
                     continue;
                 }
-                let gate = || gate_closed.then(|| Gate::RollingOut("md-0".into()));
+                let gate = || gate_closed.then(|| Gate::RollingOut("MachineDeployment", "md-0".into()));
                 let plan = plan(
                     &machine.view,
                     &machine.status,
