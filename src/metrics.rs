@@ -263,6 +263,11 @@ pub fn label_values() -> Vec<(&'static str, &'static str, Vec<&'static str>)> {
             ROLES.to_vec(),
         ),
         (
+            "renewal_overdue_since_timestamp_seconds",
+            "role",
+            ROLES.to_vec(),
+        ),
+        (
             "kubeconfig_expiry_timestamp_seconds",
             "certificate",
             vec!["client", "ca", "client_ca"],

@@ -34,6 +34,12 @@ pub const REFRESH_REQUEST: &str = "certificates.ck8s.io/refresh-request";
 /// refuses any other write of it that names someone else than the writer. Ours.
 pub const REQUESTER: &str = "certificates.ck8s.io/requester";
 
+/// On a Machine, beside [`REFRESH_CERTIFICATES`]: `"true"` starts the refresh even while a
+/// pre-flight gate of its cluster is closed (a Machine being deleted, a rollout, a control plane
+/// not Ready…), which otherwise holds a manual refresh until it opens. The operation's note
+/// records the gate it was forced past; removed with the trigger. Ours.
+pub const FORCE_REFRESH: &str = "certificates.ck8s.io/force-refresh";
+
 /// On a Machine: the fleet `CertificateRefresh` its trigger was set by (the refresh is then of
 /// origin Fleet and reported to that request); removed with the trigger. On a Cluster: the
 /// request the Cluster's own trigger last created. Ours, not shared with CK8s tooling.

@@ -85,6 +85,11 @@ pub mod conditions {
     pub const RENEWAL_WINDOW_BYPASSED: &str = "RenewalWindowBypassed";
     /// The policy is Automatic but has windows, which Automatic ignores.
     pub const WINDOWS_IGNORED: &str = "WindowsIgnored";
+    /// A due renewal is more than a day past the instant its policy planned it for (its due
+    /// time, moved into the windows and the spread), whatever holds it (failures and backoff,
+    /// a pre-flight gate, a worker that cannot be refreshed in place); its reason is the
+    /// verdict's, its transition time since when.
+    pub const RENEWAL_OVERDUE: &str = "RenewalOverdue";
     /// The Machine's trigger is refused: its owner applies it again after each refresh.
     pub const TRIGGER_REFUSED: &str = "TriggerRefused";
 }

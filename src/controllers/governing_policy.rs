@@ -390,8 +390,9 @@ pub const CONFIG_INVALID: &str = "ConfigInvalid";
 
 /// Renewal conditions that show the current verdict only. `RenewalWindowBypassed` is not one of
 /// them: it lasts as long as `lastWindowBypass` ([`show_window_bypass`]).
-pub const RENEWAL_CONDITIONS: [&str; 4] = [
+pub const RENEWAL_CONDITIONS: [&str; 5] = [
     conditions::RENEWAL_DEFERRED,
+    conditions::RENEWAL_OVERDUE,
     conditions::RENEWAL_DISABLED,
     conditions::RENEWAL_CONFIG_INVALID,
     conditions::WINDOWS_IGNORED,

@@ -20,16 +20,19 @@ pub(super) struct CachedExpiries {
 }
 
 impl CachedExpiries {
-    fn series(&self) -> impl Iterator<Item = (Arc<Machine>, f64)> + '_ {
+    /// Each Machine with a known expiry: the expiry, and since when its renewal is overdue.
+    fn series(&self) -> impl Iterator<Item = (Arc<Machine>, f64, Option<f64>)> + '_ {
+        let seconds = |at: jiff::Timestamp| at.as_millisecond() as f64 / 1000.0;
         self.machines
             .state()
             .into_iter()
             .filter(|machine| machine.is_ck8s())
-            .filter_map(|machine| {
+            .filter_map(move |machine| {
                 let meta = &machine.metadata;
                 let (namespace, name) = (meta.namespace.as_deref()?, meta.name.as_deref()?);
-                let expiry = self.certificates.get(namespace, name)?.expiry()?;
-                Some((machine, expiry.as_millisecond() as f64 / 1000.0))
+                let cached = self.certificates.get(namespace, name)?;
+                let expiry = seconds(cached.expiry()?);
+                Some((machine, expiry, cached.overdue_since().map(seconds)))
             })
     }
 }
@@ -47,7 +50,7 @@ impl crate::metrics::ExpirySource for CachedExpiries {
 
     fn for_each(&self, each: &mut dyn FnMut(crate::metrics::MachineExpiry<'_>)) {
         use ck8s_certs_api::machine_certificates::Role;
-        for (machine, expiry) in self.series() {
+        for (machine, expiry, overdue_since) in self.series() {
             let meta = &machine.metadata;
             // As the Machine's view has it (`MachineView::of`).
             let cluster = machine
@@ -64,6 +67,7 @@ impl crate::metrics::ExpirySource for CachedExpiries {
                 machine: meta.name.as_deref().unwrap_or_default(),
                 role: role_label(role),
                 expiry,
+                overdue_since,
             });
         }
     }

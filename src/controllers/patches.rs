@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use ck8s_certs_api::annotations::{
-    CERTIFICATES_EXPIRY, FLEET_REQUEST, IN_FLIGHT_REFRESH, REFRESH_CERTIFICATES,
+    CERTIFICATES_EXPIRY, FLEET_REQUEST, FORCE_REFRESH, IN_FLIGHT_REFRESH, REFRESH_CERTIFICATES,
     REFRESH_CERTIFICATES_STATUS, REQUESTER, RefreshStatus,
 };
 use ck8s_certs_api::capi::{BLOCK_MOVE_ANNOTATION, BLOCK_MOVE_OWNER};
@@ -110,6 +110,10 @@ pub fn machine_patch(machine: &MachineView, changes: &MachineChanges<'_>) -> Mac
         if machine.annotation(REQUESTER).is_some() {
             ops.push(json!({ "op": "remove", "path": pointer(REQUESTER) }));
         }
+        // So is a force: the next request is held by a closed gate again.
+        if machine.annotation(FORCE_REFRESH).is_some() {
+            ops.push(json!({ "op": "remove", "path": pointer(FORCE_REFRESH) }));
+        }
     }
     if changes.remove_fleet && machine.annotation(FLEET_REQUEST).is_some() {
         ops.push(json!({ "op": "remove", "path": pointer(FLEET_REQUEST) }));
@@ -165,6 +169,7 @@ pub fn patched(machine: &MachineView, changes: &MachineChanges<'_>) -> MachineVi
     {
         annotations.remove(REFRESH_CERTIFICATES);
         annotations.remove(REQUESTER);
+        annotations.remove(FORCE_REFRESH);
     }
     if changes.remove_fleet {
         annotations.remove(FLEET_REQUEST);

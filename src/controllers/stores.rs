@@ -17,6 +17,7 @@ use ck8s_certs_api::control_plane::{ControlPlane, ControlPlaneVersion};
 use ck8s_certs_api::machine::{CapiVersion, Cluster, Machine};
 use ck8s_certs_api::machine_certificates::{MachineCertificates, MachineCertificatesStatus};
 use ck8s_certs_api::machine_deployment::MachineDeployment;
+use ck8s_certs_api::reasons::conditions;
 use futures::{Stream, StreamExt};
 use k8s_openapi::NamespaceResourceScope;
 use kube::api::DynamicObject;
@@ -426,6 +427,8 @@ pub struct CachedStatus {
     json: Option<Box<str>>,
     /// `status.expiry`, Unix milliseconds.
     expiry_ms: Option<i64>,
+    /// Since when condition `RenewalOverdue` is True, Unix milliseconds (its metric).
+    overdue_since_ms: Option<i64>,
 }
 
 impl CachedStatus {
@@ -442,6 +445,12 @@ impl CachedStatus {
     /// `status.expiry`, when known.
     pub fn expiry(&self) -> Option<jiff::Timestamp> {
         self.expiry_ms
+            .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
+    }
+
+    /// Since when its renewal is overdue (condition `RenewalOverdue`), if it is.
+    pub fn overdue_since(&self) -> Option<jiff::Timestamp> {
+        self.overdue_since_ms
             .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
     }
 }
@@ -484,6 +493,13 @@ impl<'de> Deserialize<'de> for CachedCertificates {
             .as_ref()
             .and_then(|status| status.expiry.as_ref())
             .map(|expiry| expiry.0.as_millisecond());
+        let overdue_since_ms = wire.status.as_ref().and_then(|status| {
+            status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == conditions::RENEWAL_OVERDUE && c.status == "True")
+                .map(|c| c.last_transition_time.0.as_millisecond())
+        });
         let json = wire
             .status
             .map(|status| serde_json::to_string(&status).map(String::into_boxed_str))
@@ -497,7 +513,11 @@ impl<'de> Deserialize<'de> for CachedCertificates {
                 resource_version: meta.resource_version,
                 ..ObjectMeta::default()
             },
-            status: Arc::new(CachedStatus { json, expiry_ms }),
+            status: Arc::new(CachedStatus {
+                json,
+                expiry_ms,
+                overdue_since_ms,
+            }),
         })
     }
 }

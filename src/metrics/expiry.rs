@@ -1,5 +1,6 @@
-//! The per-Machine certificate expiry gauge: one series per CK8s Machine, read from a source
-//! (the controller's caches) when scraped rather than kept in the registry.
+//! The per-Machine gauges read from a source (the controller's caches) when scraped rather than
+//! kept in the registry: the certificate expiry, one series per CK8s Machine, and since when a
+//! renewal is overdue, one series per Machine whose renewal is.
 
 use std::sync::{Arc, PoisonError, RwLock};
 
@@ -34,6 +35,8 @@ pub struct MachineExpiry<'a> {
     pub role: &'a str,
     /// NotAfter, Unix seconds.
     pub expiry: f64,
+    /// Since when its renewal is overdue (condition `RenewalOverdue`), Unix seconds.
+    pub overdue_since: Option<f64>,
 }
 
 /// Where [`MachineExpiries`] reads its series from.
@@ -41,6 +44,26 @@ pub trait ExpirySource: std::fmt::Debug + Send + Sync + 'static {
     /// Whether there is no series at all (the family is then left out, like an empty one).
     fn is_empty(&self) -> bool;
     fn for_each(&self, series: &mut dyn FnMut(MachineExpiry<'_>));
+}
+
+/// Fixed series, with since when each is overdue: for tests and examples.
+impl ExpirySource for Vec<(MachineLabels, f64, Option<f64>)> {
+    fn is_empty(&self) -> bool {
+        <[_]>::is_empty(self)
+    }
+
+    fn for_each(&self, series: &mut dyn FnMut(MachineExpiry<'_>)) {
+        for (labels, expiry, overdue_since) in self {
+            series(MachineExpiry {
+                namespace: &labels.namespace,
+                cluster: &labels.cluster,
+                machine: &labels.machine,
+                role: &labels.role,
+                expiry: *expiry,
+                overdue_since: *overdue_since,
+            });
+        }
+    }
 }
 
 /// Fixed series: for tests and examples.
@@ -57,6 +80,7 @@ impl ExpirySource for Vec<(MachineLabels, f64)> {
                 machine: &labels.machine,
                 role: &labels.role,
                 expiry: *expiry,
+                overdue_since: None,
             });
         }
     }
@@ -85,30 +109,54 @@ impl Collector for MachineExpiries {
         if source.is_empty() {
             return Ok(());
         }
-        let mut metric = encoder.encode_descriptor(
+        // The registry ends the help of the metrics it holds with a period; collectors write
+        // theirs as given.
+        encode_family(
+            &mut encoder,
+            source.as_ref(),
             "certificate_expiry_timestamp_seconds",
-            // The registry ends the help of the metrics it holds with a period; collectors
-            // write theirs as given.
             "NotAfter of a node's certificates, as a Unix timestamp.",
-            None,
-            MetricType::Gauge,
+            |series| Some(series.expiry),
         )?;
-        let mut result = Ok(());
-        source.for_each(&mut |series| {
-            if result.is_err() {
-                return;
-            }
-            // The label names and order of `MachineLabels`.
-            let labels = [
-                ("namespace", series.namespace),
-                ("cluster", series.cluster),
-                ("machine", series.machine),
-                ("role", series.role),
-            ];
-            result = metric
-                .encode_family(&labels)
-                .and_then(|mut gauge| gauge.encode_gauge(&series.expiry));
-        });
-        result
+        let mut overdue = false;
+        source.for_each(&mut |series| overdue |= series.overdue_since.is_some());
+        if !overdue {
+            return Ok(());
+        }
+        encode_family(
+            &mut encoder,
+            source.as_ref(),
+            "renewal_overdue_since_timestamp_seconds",
+            "Since when a Machine's automatic renewal is more than a day past its planned instant (condition RenewalOverdue), as a Unix timestamp; only overdue Machines have a series.",
+            |series| series.overdue_since,
+        )
     }
+}
+
+/// One gauge family: a series for each Machine `value` gives a value for.
+fn encode_family(
+    encoder: &mut DescriptorEncoder,
+    source: &dyn ExpirySource,
+    name: &str,
+    help: &str,
+    value: fn(&MachineExpiry<'_>) -> Option<f64>,
+) -> Result<(), std::fmt::Error> {
+    let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    let mut result = Ok(());
+    source.for_each(&mut |series| {
+        let Some(value) = value(&series).filter(|_| result.is_ok()) else {
+            return;
+        };
+        // The label names and order of `MachineLabels`.
+        let labels = [
+            ("namespace", series.namespace),
+            ("cluster", series.cluster),
+            ("machine", series.machine),
+            ("role", series.role),
+        ];
+        result = metric
+            .encode_family(&labels)
+            .and_then(|mut gauge| gauge.encode_gauge(&value));
+    });
+    result
 }

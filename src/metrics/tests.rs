@@ -243,8 +243,29 @@ fn expiry_series_encode_like_the_family_of_gauges() {
     let expected: Vec<&str> = expected.lines().filter(|l| *l != "# EOF").collect();
     assert_eq!(expected.len(), 4, "{expected:?}");
     assert_lines(&text, expected);
-    metrics.expiry.read_from(Vec::new());
+    metrics.expiry.read_from(Vec::<(MachineLabels, f64)>::new());
     assert!(!metrics.encode().unwrap().contains("certificate_expiry"));
+    assert!(!text.contains("renewal_overdue"), "{text}");
+    // An overdue Machine has a series of its own in the second family; the others none.
+    let labels = |machine: &str| MachineLabels {
+        namespace: "fleet".into(),
+        cluster: "alpha".into(),
+        machine: machine.into(),
+        role: "worker".into(),
+    };
+    metrics.expiry.read_from(vec![
+        (labels("w-0"), 1_798_761_600.0, Some(1_790_000_000.0)),
+        (labels("w-1"), 1_798_761_600.0, None),
+    ]);
+    let text = metrics.encode().unwrap();
+    assert_lines(
+        &text,
+        vec![
+            "# TYPE ck8s_certs_renewal_overdue_since_timestamp_seconds gauge",
+            r#"ck8s_certs_renewal_overdue_since_timestamp_seconds{namespace="fleet",cluster="alpha",machine="w-0",role="worker"} 1790000000.0"#,
+        ],
+    );
+    assert!(!text.contains(r#"renewal_overdue_since_timestamp_seconds{namespace="fleet",cluster="alpha",machine="w-1""#), "{text}");
 }
 
 /// The values the code produces are the ones [`label_values`] lists (and so the docs).

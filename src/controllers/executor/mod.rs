@@ -34,6 +34,7 @@ use std::future::Future;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use ck8s_certs_api::annotations::FORCE_REFRESH;
 use ck8s_certs_api::machine_certificates::{Operation, Role};
 use jiff::Timestamp;
 use tokio_util::sync::CancellationToken;
@@ -60,6 +61,10 @@ pub const MAX_RUN_SENDS: u32 = 3;
 /// A waiting refresh that was not woken is looked at again after this long (a wake-up can be
 /// lost, and some waits have no one to wake them: a control plane pending but not started).
 pub const WAITING_RECHECK: Duration = Duration::from_secs(10);
+
+/// A refresh a pre-flight gate holds is looked at again after this long: the gates are other
+/// objects' state, whose changes do not wake it.
+const GATE_RECHECK: Duration = Duration::from_secs(30);
 
 /// How the executor waits, from the command line.
 #[derive(Clone, Debug)]
@@ -95,6 +100,9 @@ pub struct Accepted {
     pub op: Operation,
     /// For a worker: a control plane of its cluster is being refreshed or asked to be.
     pub control_planes_pending: bool,
+    /// A pre-flight gate of its cluster that holds it (a manual refresh not forced), said
+    /// whole: it waits, before anything is sent to its node.
+    pub gate: Option<String>,
 }
 
 /// What came of [`Executor::execute`].
@@ -338,10 +346,18 @@ impl Executor {
             request,
             mut op,
             control_planes_pending: pending,
+            gate,
         } = accepted;
         let who = Waiter { namespace, machine };
         let mut parked = self.unpark(&who, &request, &cluster);
 
+        // Held by a closed pre-flight gate, before anything was sent to its node.
+        if let Some(gate) = gate.filter(|_| op.seed.is_none()) {
+            let why = format!(
+                "{gate} (a pre-flight gate): it starts once that ends, or now with {FORCE_REFRESH}=true on the Machine"
+            );
+            return self.park(who, parked, op, journal, why, GATE_RECHECK).await;
+        }
         let held = self.held(&who, &mut parked, &op, role, &cluster, pending);
         if let Some((after, why)) = held {
             return self.park(who, parked, op, journal, why, after).await;

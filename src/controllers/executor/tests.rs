@@ -73,6 +73,7 @@ fn accepted(machine: &str, role: Role, op: Operation) -> Accepted {
         request: format!("{machine}-1"),
         op,
         control_planes_pending: false,
+        gate: None,
     }
 }
 
@@ -329,6 +330,42 @@ async fn a_hung_worker_gives_its_cluster_back_between_tries_so_a_control_plane_g
         .filter(|e| e.starts_with("w-0 plan"))
         .count();
     assert_eq!(plans, 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refresh_a_gate_holds_waits_before_its_node_is_touched() {
+    let (log, executor, _rx) = bench();
+    let link = node(&log, "cp-0", vec![Ok(1)], vec![Ok(EXPIRY)]);
+    let mut journal = journal(&log);
+    let gate = Some("Machine w-3 of the cluster is being deleted (gate MachineDeleting)".into());
+    let held = executor
+        .execute(
+            Accepted {
+                gate: gate.clone(),
+                ..accepted("cp-0", Role::ControlPlane, operation(None, 0))
+            },
+            &link,
+            &mut journal,
+        )
+        .await;
+    assert_eq!(
+        said(&held),
+        "wait: Machine w-3 of the cluster is being deleted (gate MachineDeleting) (a pre-flight gate): it starts once that ends, or now with certificates.ck8s.io/force-refresh=true on the Machine"
+    );
+    assert!(
+        entries(&log).iter().all(|e| !e.starts_with("cp-0 ")),
+        "{:?}",
+        entries(&log)
+    );
+    // The gate opened: it goes on.
+    let ran = executor
+        .execute(
+            accepted("cp-0", Role::ControlPlane, operation(None, 0)),
+            &link,
+            &mut journal,
+        )
+        .await;
+    assert!(said(&ran).starts_with("ran Succeeded"), "{}", said(&ran));
 }
 
 #[tokio::test(start_paused = true)]

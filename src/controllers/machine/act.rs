@@ -5,9 +5,9 @@
 //! ([`outcome`](super::outcome)).
 
 use crate::events::EventType;
-use ck8s_certs_api::annotations::RefreshStatus;
+use ck8s_certs_api::annotations::{CERTIFICATES_EXPIRY, FORCE_REFRESH, RefreshStatus};
 use ck8s_certs_api::machine::{ClusterView, Machine, MachineView};
-use ck8s_certs_api::machine_certificates::{MachineCertificatesStatus, Operation, Role};
+use ck8s_certs_api::machine_certificates::{MachineCertificatesStatus, Operation, Origin, Role};
 use ck8s_certs_api::reasons::events;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Resource;
@@ -336,6 +336,25 @@ impl Act<'_> {
             Err(failure) => return self.finish(status, op, Err(failure)).await,
         };
         let ctx = self.ctx;
+        let mut op = op;
+        // A manual refresh not yet begun waits while a gate of its cluster is closed, unless
+        // forced (automatic renewals were held by their verdict already).
+        let gate = match op.origin != Origin::Policy && op.seed.is_none() {
+            true => match manual_gate(ctx, view, &status).await {
+                ManualGate::Open => None,
+                ManualGate::Held(gate) => Some(gate),
+                ManualGate::Forced(note) => {
+                    if !op.note.as_deref().is_some_and(|n| n.contains(&note)) {
+                        op.note = Some(match op.note.take() {
+                            Some(earlier) => format!("{earlier}; {note}"),
+                            None => note,
+                        });
+                    }
+                    None
+                }
+            },
+            false => None,
+        };
         let accepted = Accepted {
             namespace: view.namespace.clone(),
             machine: view.name.clone(),
@@ -348,6 +367,7 @@ impl Act<'_> {
                 && op.seed.is_none()
                 && control_planes_pending(&ctx.stores.machines, view),
             op,
+            gate,
         };
         status.role = Some(role);
         status.node_name = view.node_name.clone();
@@ -439,4 +459,58 @@ async fn workload_gate(ctx: &Context, view: &MachineView) -> Option<Gate> {
     ctx.workload_gates
         .look(&view.namespace, cluster, client, &control_planes, now)
         .await
+}
+
+/// What the pre-flight gates say of a manual refresh.
+enum ManualGate {
+    Open,
+    /// Held by this gate (said whole).
+    Held(String),
+    /// Forced past this gate: the operation's note.
+    Forced(String),
+}
+
+/// The pre-flight gates for a manual refresh of `view` (its record `status`). Recovery is never
+/// held: not a Machine whose certificates expire within a day (the default fail-safe margin) or
+/// have expired, nor any Machine of a cluster one of whose Machines records expired
+/// certificates (its API, its Nodes are then expected to fail the gates).
+async fn manual_gate(
+    ctx: &Context,
+    view: &MachineView,
+    status: &MachineCertificatesStatus,
+) -> ManualGate {
+    let now = ctx.clock.now();
+    let soon = now + jiff::SignedDuration::from_hours(24);
+    if status.expiry.as_ref().is_some_and(|e| e.0 <= soon) || cluster_expired(ctx, view, now) {
+        return ManualGate::Open;
+    }
+    let gate = match ctx.gate(view, now) {
+        Some(gate) => Some(gate),
+        None => workload_gate(ctx, view).await,
+    };
+    let Some(gate) = gate else {
+        return ManualGate::Open;
+    };
+    let gate = format!("{gate} (gate {})", gate.reason());
+    match view.annotation(FORCE_REFRESH) == Some("true") {
+        true => ManualGate::Forced(format!(
+            "forced past a closed pre-flight gate ({FORCE_REFRESH}): {gate}"
+        )),
+        false => ManualGate::Held(gate),
+    }
+}
+
+/// Whether a Machine of `view`'s cluster records certificates that expired by `now`.
+fn cluster_expired(ctx: &Context, view: &MachineView, now: jiff::Timestamp) -> bool {
+    let Some(cluster) = view.cluster.as_deref() else {
+        return false;
+    };
+    ctx.stores.machines.state().iter().any(|m| {
+        m.metadata.namespace.as_deref() == Some(view.namespace.as_str())
+            && m.cluster() == Some(cluster)
+            && m.annotations
+                .get(CERTIFICATES_EXPIRY)
+                .and_then(|at| at.parse::<jiff::Timestamp>().ok())
+                .is_some_and(|at| at <= now)
+    })
 }

@@ -157,20 +157,41 @@ fn decided(
 ) -> VerdictPlan {
     let ttl = policy.ttl.to_string();
     let hinted = |message: String| with_hint(message, &renew_now_hint(machine, &ttl));
+    let input = |failures| {
+        policy
+            .input(status.expiry.as_ref().map(|t| t.0), failures, settings)
+            // For renewBeforePercentage: when the certificates now served were issued.
+            .with_lifetime_start(crate::policy::lifetime_start(status))
+            // Its place in the policy's spread: the UID stays the same for the Machine's life.
+            .with_stagger_key(machine.uid.as_deref())
+    };
+    let decision = crate::policy::decide(
+        &input(crate::policy::Failures {
+            count: status.failed_attempts,
+            last_failure: status.last_failure_time.as_ref().map(|t| t.0),
+        }),
+        now,
+    );
+    // When the renewal turns overdue: a day after the instant the policy alone planned it for
+    // (its due time into the windows and the spread, as if nothing had failed or held it).
+    let overdue_at = due_at(&decision).filter(|due| *due <= now).map(|due| {
+        let planned = match crate::policy::decide(&input(Default::default()), due) {
+            Decision::Defer(deferral) => deferral.until,
+            _ => due,
+        };
+        planned + OVERDUE_AFTER
+    });
     let shown = |verdict: Verdict, announce: Option<(EventType, &'static str)>, after| {
+        let verdict = overdue(verdict, overdue_at, now);
+        // Looked at again when it turns overdue.
+        let after = match overdue_at.map(|at| at.duration_since(now)) {
+            Some(until) if until.is_positive() => {
+                std::cmp::min(after, Duration::try_from(until).unwrap_or(after))
+            }
+            _ => after,
+        };
         shown(status, verdict, announce, VerdictNext::Requeue(after), now)
     };
-    let failures = crate::policy::Failures {
-        count: status.failed_attempts,
-        last_failure: status.last_failure_time.as_ref().map(|t| t.0),
-    };
-    let input = policy
-        .input(status.expiry.as_ref().map(|t| t.0), failures, settings)
-        // For renewBeforePercentage: when the certificates now served were issued.
-        .with_lifetime_start(crate::policy::lifetime_start(status))
-        // Its place in the policy's spread: the UID stays the same for the Machine's life.
-        .with_stagger_key(machine.uid.as_deref());
-    let decision = crate::policy::decide(&input, now);
     let requeue = requeue_after(&decision, now, resync);
     let message = decision.to_string();
     let windows_ignored = |verdict: Verdict| windows_ignored(&decision, verdict);
@@ -188,7 +209,7 @@ fn decided(
             reason: DeferReason::Backoff,
             ..
         }) if must_be_replaced(status) => {
-            in_place_impossible(machine, status, info, policy, resync, now)
+            in_place_impossible(machine, status, info, policy, resync, overdue_at, now)
         }
         Decision::NoExpiry { .. } => VerdictPlan {
             status: status.clone(),
@@ -343,6 +364,7 @@ fn in_place_impossible(
     info: &PolicyInfo,
     policy: &ValidPolicy,
     resync: Duration,
+    overdue_at: Option<Timestamp>,
     now: Timestamp,
 ) -> VerdictPlan {
     let found = "Not renewed automatically: its last refresh found that the node cannot be refreshed in place (its kubelet.conf expired, so the API server refuses the CSRs it creates)";
@@ -371,7 +393,44 @@ fn in_place_impossible(
         None => VerdictNext::Requeue(resync),
     };
     let announce = Some((EventType::Warning, events::RENEWAL_DEFERRED));
-    shown(status, verdict, announce, next, now)
+    shown(
+        status,
+        overdue(verdict, overdue_at, now),
+        announce,
+        next,
+        now,
+    )
+}
+
+/// How late a renewal may be, past the instant its policy planned it for, before it is said
+/// to be overdue.
+pub const OVERDUE_AFTER: jiff::SignedDuration = jiff::SignedDuration::from_hours(24);
+
+/// When `decision` found the renewal due.
+fn due_at(decision: &Decision) -> Option<Timestamp> {
+    match decision {
+        Decision::RenewNow(renewal) => Some(renewal.due_at),
+        Decision::Defer(deferral) => Some(deferral.due_at),
+        Decision::NoExpiry { .. } | Decision::Disabled { .. } | Decision::Invalid { .. } => None,
+    }
+}
+
+/// `verdict`, with the condition saying the renewal is overdue once `now` reached `overdue_at`
+/// (its reason the verdict's: what holds it).
+fn overdue(verdict: Verdict, overdue_at: Option<Timestamp>, now: Timestamp) -> Verdict {
+    let Some(at) = overdue_at.filter(|at| *at <= now) else {
+        return verdict;
+    };
+    let reason = verdict
+        .renewal
+        .as_ref()
+        .map(|r| r.reason.clone())
+        .unwrap_or_default();
+    let message = format!(
+        "The renewal planned for {} has not happened: more than a day late, held by {reason}",
+        at - OVERDUE_AFTER
+    );
+    verdict.with(conditions::RENEWAL_OVERDUE, &reason, message)
 }
 
 /// Whether the Machine's last refresh ended InPlaceImpossible (`Ready` says so until a refresh

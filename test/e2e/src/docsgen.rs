@@ -274,20 +274,23 @@ fn exhibited() -> Result<String, DocsError> {
             .unwrap_or_else(|| vec![ANY.to_owned()])
     };
     let m = Metrics::default();
-    let machines: Vec<(MachineLabels, f64)> = of("certificate_expiry_timestamp_seconds", "role")
-        .into_iter()
-        .map(|role| {
-            (
-                MachineLabels {
-                    namespace: ANY.into(),
-                    cluster: ANY.into(),
-                    machine: ANY.into(),
-                    role,
-                },
-                0.0,
-            )
-        })
-        .collect();
+    // Every Machine shown overdue too, so that both families are listed.
+    let machines: Vec<(MachineLabels, f64, Option<f64>)> =
+        of("certificate_expiry_timestamp_seconds", "role")
+            .into_iter()
+            .map(|role| {
+                (
+                    MachineLabels {
+                        namespace: ANY.into(),
+                        cluster: ANY.into(),
+                        machine: ANY.into(),
+                        role,
+                    },
+                    0.0,
+                    Some(0.0),
+                )
+            })
+            .collect();
     m.expiry.read_from(machines);
     for certificate in of("kubeconfig_expiry_timestamp_seconds", "certificate") {
         let _ = m.kubeconfig_expiry.get_or_create(&KubeconfigLabels {

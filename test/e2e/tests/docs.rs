@@ -204,17 +204,12 @@ fn every_flag_in_the_docs_exists_and_every_controller_flag_is_documented() {
 /// names they may carry. Read from the source: a family with labels shows no sample until it
 /// has one.
 fn our_metrics() -> (BTreeSet<String>, BTreeSet<String>) {
-    let metrics = root().join("src/metrics.rs");
-    let collector = root().join("src/metrics/expiry.rs");
-    let mut families = BTreeSet::new();
-    for (path, call) in [(metrics, "register("), (collector, "encode_descriptor(")] {
-        let text = std::fs::read_to_string(path).unwrap();
-        for after in text.split(call).skip(1) {
-            if let Some(name) = after.split('"').nth(1) {
-                families.insert(format!("ck8s_certs_{name}"));
-            }
-        }
-    }
+    // Every family the controller exports, as the generated reference lists them.
+    let families: BTreeSet<String> = ck8s_certs_e2e::docsgen::families()
+        .unwrap()
+        .into_iter()
+        .map(|family| family.name)
+        .collect();
     let samples = families
         .iter()
         .flat_map(|f| {

@@ -112,6 +112,73 @@ async fn a_machine_being_deleted_holds_the_cluster_s_renewals() {
         ),
         "{message}"
     );
+
+    // A manual refresh waits for the same gate, before anything reaches its node, until forced.
+    let filter = "gates-alpha";
+    let [cp, worker] = env.nodes("alpha", ["alpha-cp-1", "alpha-md-0-w0"]);
+    let (cp, worker) = (&cp, &worker);
+    let _controller = env.start_controller(filter, &[]);
+    env.patch_machine(worker, json!({ "metadata": { "finalizers": [finalizer] } }))
+        .await;
+    env.machine_api(env.management().await.unwrap(), "fleet")
+        .delete(&worker.machine, &DeleteParams::default())
+        .await
+        .unwrap();
+    env.sim.clear_calls("alpha", &cp.node).await.unwrap();
+    env.annotate_refresh(cp, "1y").await;
+    let refreshing = |s: &ck8s_certs_api::machine_certificates::MachineCertificatesStatus| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == "Refreshing")
+            .map(|c| c.message.clone())
+            .unwrap_or_default()
+    };
+    let waiting = env
+        .wait_for_status(cp, TIMEOUT, "the manual refresh held", |s| {
+            refreshing(s).contains("(a pre-flight gate)")
+        })
+        .await;
+    assert!(
+        refreshing(&waiting).contains(
+            "Waiting: Machine alpha-md-0-w0 of the cluster is being deleted (gate MachineDeleting) (a pre-flight gate): it starts once that ends, or now with certificates.ck8s.io/force-refresh=true on the Machine"
+        ),
+        "{}",
+        refreshing(&waiting)
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(env.calls(cp).await.is_empty(), "calls while held");
+    let forced_at = jiff::Timestamp::now();
+    env.patch_machine(
+        cp,
+        json!({ "metadata": { "annotations": { ck8s_certs_api::annotations::FORCE_REFRESH: "true" } } }),
+    )
+    .await;
+    env.wait_for_done(cp, TIMEOUT).await;
+    let calls = env.calls(cp).await;
+    assert_eq!(runs(&calls).len(), 1, "{calls:#?}");
+    let first: jiff::Timestamp = calls[0].started_at.parse().unwrap();
+    assert!(
+        first >= forced_at,
+        "a call at {first}, before the force at {forced_at}"
+    );
+    let note = env.operation(cp).await.note.unwrap_or_default();
+    assert!(
+        note.contains("forced past a closed pre-flight gate (certificates.ck8s.io/force-refresh): Machine alpha-md-0-w0 of the cluster is being deleted (gate MachineDeleting)"),
+        "{note}"
+    );
+    // The force went with the trigger.
+    let machine = env
+        .machine_api(env.management().await.unwrap(), "fleet")
+        .get(&cp.machine)
+        .await
+        .unwrap();
+    let annotations = machine.metadata.annotations.unwrap_or_default();
+    assert!(
+        !annotations.contains_key(ck8s_certs_api::annotations::FORCE_REFRESH),
+        "{annotations:?}"
+    );
+    env.patch_machine(worker, json!({ "metadata": { "finalizers": null } }))
+        .await;
 }
 
 #[tokio::test]

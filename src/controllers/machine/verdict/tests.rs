@@ -306,11 +306,17 @@ fn every_verdict_shape_plans_its_status_announcement_metric_and_next_step() {
             nothing(false),
         ),
         (
-            "due after a failure ten minutes ago: backing off",
+            "due 20 days ago, a failure ten minutes ago: backing off, and overdue",
             true,
             status(Some(10), Some(1)),
             policy(automatic.clone()),
-            deferred("Backoff", Normal),
+            Seen {
+                conditions: vec![
+                    conditions::RENEWAL_DEFERRED.into(),
+                    conditions::RENEWAL_OVERDUE.into(),
+                ],
+                ..deferred("Backoff", Normal)
+            },
         ),
         (
             "disabled",
@@ -327,9 +333,9 @@ fn every_verdict_shape_plans_its_status_announcement_metric_and_next_step() {
             disabled(Warning),
         ),
         (
-            "due outside its window: deferred until it opens",
+            "due since yesterday, outside its window: deferred until it opens",
             true,
-            due.clone(),
+            status(Some(29), None),
             policy(scheduled_sunday.clone()),
             deferred("OutsideWindow", Normal),
         ),
@@ -355,13 +361,17 @@ fn every_verdict_shape_plans_its_status_announcement_metric_and_next_step() {
             not_due(&[conditions::WINDOWS_IGNORED]),
         ),
         (
-            "expired, but its last refresh found it cannot be refreshed in place: held",
+            "expired, but its last refresh found it cannot be refreshed in place: held, overdue",
             false,
             must_be_replaced(status(Some(-1), Some(1))),
             policy(automatic.clone()),
             expect(
                 Some(why::IN_PLACE_IMPOSSIBLE),
-                &[conditions::READY, conditions::RENEWAL_DEFERRED],
+                &[
+                    conditions::READY,
+                    conditions::RENEWAL_DEFERRED,
+                    conditions::RENEWAL_OVERDUE,
+                ],
                 Some((Warning, events::RENEWAL_DEFERRED)),
                 Some(VerdictMetric::Deferred(why::IN_PLACE_IMPOSSIBLE.into())),
                 None,
@@ -504,4 +514,77 @@ fn a_closed_gate_holds_a_due_renewal_until_the_fail_safe_point() {
         &asking,
     );
     assert!(!asked.load(std::sync::atomic::Ordering::Relaxed));
+}
+
+#[test]
+fn a_renewal_more_than_a_day_past_its_planned_instant_is_overdue() {
+    use super::super::gates::Gate;
+    let automatic = policy(json!({"policy": "Automatic", "renewBefore": "30d"}));
+    let overdue = |plan: &VerdictPlan| {
+        plan.status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == conditions::RENEWAL_OVERDUE)
+            .map(|c| (c.reason.clone(), c.message.clone()))
+    };
+    let hours = |h: i64| jiff::SignedDuration::from_hours(h);
+    // Due 20 hours ago, six failures (the next try 32 hours after the last): not overdue yet,
+    // and looked at again when it turns so (in 4 hours), not at the end of the backoff.
+    let failing = |due_ago: i64| MachineCertificatesStatus {
+        expiry: Some(Time(now() + hours(30 * 24 - due_ago))),
+        failed_attempts: Some(6),
+        last_failure_time: Some(Time(now() - jiff::SignedDuration::from_mins(10))),
+        ..Default::default()
+    };
+    let plan = planned(&machine(true), &failing(20), &automatic);
+    assert_eq!(overdue(&plan), None);
+    assert_eq!(
+        plan.next,
+        VerdictNext::Requeue(Duration::from_secs(4 * 3600))
+    );
+    // Due 20 days ago: overdue, held by its backoff, since the day after it was due.
+    let plan = planned(&machine(true), &failing(20 * 24), &automatic);
+    let due = now() - hours(20 * 24);
+    assert_eq!(
+        overdue(&plan),
+        Some((
+            "Backoff".into(),
+            format!(
+                "The renewal planned for {due} has not happened: more than a day late, held by Backoff"
+            )
+        ))
+    );
+    // Held by a gate: the gate is what holds it.
+    let upgrading = || Some(Gate::InPlaceUpgrade("w-1".into()));
+    let held = gated(
+        &machine(true),
+        &status(Some(10), None),
+        &automatic,
+        &upgrading,
+    );
+    assert_eq!(
+        overdue(&held).map(|(reason, _)| reason).as_deref(),
+        Some("InPlaceUpgrade")
+    );
+    // Renewing now: no longer overdue.
+    let renewing = planned(&machine(true), &held.status, &automatic);
+    assert!(matches!(renewing.next, VerdictNext::Renew(_)));
+    assert_eq!(overdue(&renewing), None);
+    // With windows the plan is the first window after the due time: due 30 hours ago (Tuesday
+    // 06:00 UTC) under a daily 02:00-04:00 window, planned for Wednesday 02:00, overdue only
+    // from Thursday 02:00.
+    let nightly = policy(json!({
+        "policy": "Scheduled", "renewBefore": "30d",
+        "windows": [{ "start": "02:00", "end": "04:00", "timezone": "UTC" }],
+    }));
+    let missed = MachineCertificatesStatus {
+        expiry: Some(Time(now() + hours(30 * 24 - 30))),
+        ..Default::default()
+    };
+    let plan = planned(&machine(true), &missed, &nightly);
+    assert_eq!(
+        plan.status.renewal.as_ref().map(|r| r.reason.as_str()),
+        Some("OutsideWindow")
+    );
+    assert_eq!(overdue(&plan), None);
 }
