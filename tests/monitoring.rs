@@ -38,6 +38,8 @@ fn populated() -> Metrics {
             role: "control-plane".into(),
         },
         1.0,
+        // Overdue: its series exists only then.
+        Some(1.0),
     )]);
     metrics
         .refresh_duration
