@@ -66,26 +66,6 @@ impl ExpirySource for Vec<(MachineLabels, f64, Option<f64>)> {
     }
 }
 
-/// Fixed series: for tests and examples.
-impl ExpirySource for Vec<(MachineLabels, f64)> {
-    fn is_empty(&self) -> bool {
-        <[_]>::is_empty(self)
-    }
-
-    fn for_each(&self, series: &mut dyn FnMut(MachineExpiry<'_>)) {
-        for (labels, expiry) in self {
-            series(MachineExpiry {
-                namespace: &labels.namespace,
-                cluster: &labels.cluster,
-                machine: &labels.machine,
-                role: &labels.role,
-                expiry: *expiry,
-                overdue_since: None,
-            });
-        }
-    }
-}
-
 impl MachineExpiries {
     /// Exports the series of `source` from now on (instead of any earlier source's).
     pub fn read_from(&self, source: impl ExpirySource) {

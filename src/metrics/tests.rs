@@ -211,6 +211,7 @@ fn expiry_series_encode_like_the_family_of_gauges() {
                 role: "control-plane".into(),
             },
             1_798_761_600.0,
+            None,
         ),
         (
             MachineLabels {
@@ -220,6 +221,7 @@ fn expiry_series_encode_like_the_family_of_gauges() {
                 role: "worker".into(),
             },
             1_798_761_600.5,
+            None,
         ),
     ];
     let mut registry = Registry::with_prefix("ck8s_certs");
@@ -229,7 +231,7 @@ fn expiry_series_encode_like_the_family_of_gauges() {
         "NotAfter of a node's certificates, as a Unix timestamp",
         family.clone(),
     );
-    for (labels, expiry) in &series {
+    for (labels, expiry, _) in &series {
         family.get_or_create(labels).set(*expiry);
     }
     let mut expected = String::new();
@@ -243,7 +245,7 @@ fn expiry_series_encode_like_the_family_of_gauges() {
     let expected: Vec<&str> = expected.lines().filter(|l| *l != "# EOF").collect();
     assert_eq!(expected.len(), 4, "{expected:?}");
     assert_lines(&text, expected);
-    metrics.expiry.read_from(Vec::<(MachineLabels, f64)>::new());
+    metrics.expiry.read_from(Vec::new());
     assert!(!metrics.encode().unwrap().contains("certificate_expiry"));
     assert!(!text.contains("renewal_overdue"), "{text}");
     // An overdue Machine has a series of its own in the second family; the others none.

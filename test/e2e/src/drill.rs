@@ -379,3 +379,16 @@ pub async fn ready_condition(
         .and_then(|s| s.conditions.into_iter().find(|c| c.type_ == "Ready"))
         .unwrap_or_else(|| panic!("no Ready condition on {}", node.machine))
 }
+
+/// The message of the `Refreshing` condition of `status` (empty without one): what a refresh
+/// in flight waits for.
+pub fn refreshing(
+    status: &ck8s_certs_api::machine_certificates::MachineCertificatesStatus,
+) -> String {
+    status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Refreshing")
+        .map(|c| c.message.clone())
+        .unwrap_or_default()
+}

@@ -8,7 +8,8 @@ use base64::Engine;
 use ck8s_certs_api::annotations::CERTIFICATES_EXPIRY;
 use ck8s_certs_api::cluster_certificates::ClusterCertificates;
 use ck8s_certs_e2e::drill::{
-    at, check_recovered, go_dark, own_by_machine_set, ready_condition, wait_pinned, wait_recovered,
+    at, check_recovered, go_dark, own_by_machine_set, ready_condition, refreshing, wait_pinned,
+    wait_recovered,
 };
 use ck8s_certs_e2e::{EnvSpec, Environment, shared_with};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -327,13 +328,6 @@ async fn an_expired_workload_api_is_passed_by_reaching_a_pinned_control_plane_di
     env.sim.clear_calls("alpha", &worker.node).await.unwrap();
     env.sim.clear_calls("alpha", &cp.node).await.unwrap();
     env.annotate_refresh(worker, "1y").await;
-    let refreshing = |s: &ck8s_certs_api::machine_certificates::MachineCertificatesStatus| {
-        s.conditions
-            .iter()
-            .find(|c| c.type_ == "Refreshing")
-            .map(|c| c.message.clone())
-            .unwrap_or_default()
-    };
     let waiting = env
         .wait_for_status(worker, TIMEOUT, "the worker waiting for the API", |s| {
             refreshing(s).contains("Waiting: a control plane's refresh")

@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use ck8s_certs_e2e::drill::refreshing;
 use ck8s_certs_e2e::fixtures::NodeInfo;
 use ck8s_certs_e2e::sim::runs;
 use ck8s_certs_e2e::{EnvSpec, Environment, shared_with};
@@ -92,12 +93,7 @@ async fn a_machine_being_deleted_holds_the_cluster_s_renewals() {
         "MachineDeleting",
         async |env, nodes| {
             let worker = nodes.iter().find(|n| n.machine == "alpha-md-0-w1").unwrap();
-            env.patch_machine(worker, json!({ "metadata": { "finalizers": [finalizer] } }))
-                .await;
-            env.machine_api(env.management().await.unwrap(), "fleet")
-                .delete(&worker.machine, &DeleteParams::default())
-                .await
-                .unwrap();
+            delete_held(env, worker, finalizer).await;
         },
         async |env, nodes| {
             let worker = nodes.iter().find(|n| n.machine == "alpha-md-0-w1").unwrap();
@@ -118,21 +114,9 @@ async fn a_machine_being_deleted_holds_the_cluster_s_renewals() {
     let [cp, worker] = env.nodes("alpha", ["alpha-cp-1", "alpha-md-0-w0"]);
     let (cp, worker) = (&cp, &worker);
     let _controller = env.start_controller(filter, &[]);
-    env.patch_machine(worker, json!({ "metadata": { "finalizers": [finalizer] } }))
-        .await;
-    env.machine_api(env.management().await.unwrap(), "fleet")
-        .delete(&worker.machine, &DeleteParams::default())
-        .await
-        .unwrap();
+    delete_held(&env, worker, finalizer).await;
     env.sim.clear_calls("alpha", &cp.node).await.unwrap();
     env.annotate_refresh(cp, "1y").await;
-    let refreshing = |s: &ck8s_certs_api::machine_certificates::MachineCertificatesStatus| {
-        s.conditions
-            .iter()
-            .find(|c| c.type_ == "Refreshing")
-            .map(|c| c.message.clone())
-            .unwrap_or_default()
-    };
     let waiting = env
         .wait_for_status(cp, TIMEOUT, "the manual refresh held", |s| {
             refreshing(s).contains("(a pre-flight gate)")
@@ -305,4 +289,14 @@ async fn a_workload_api_that_is_not_ready_holds_the_cluster_s_renewals() {
         ),
         "{message}"
     );
+}
+
+/// Deletes `worker`'s Machine, held by `finalizer` (it stays, being deleted, until that goes).
+async fn delete_held(env: &Environment, worker: &NodeInfo, finalizer: &str) {
+    env.patch_machine(worker, json!({ "metadata": { "finalizers": [finalizer] } }))
+        .await;
+    env.machine_api(env.management().await.unwrap(), "fleet")
+        .delete(&worker.machine, &DeleteParams::default())
+        .await
+        .unwrap();
 }
