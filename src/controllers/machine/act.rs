@@ -431,12 +431,7 @@ fn scopeguard<F: FnOnce()>(f: F) -> impl Drop {
 /// The gate `view`'s workload cluster shows closed now (a fresh look's, else a new look's).
 async fn workload_gate(ctx: &Context, view: &MachineView) -> Option<Gate> {
     let cluster = view.cluster.as_deref()?;
-    let client = ctx
-        .reach
-        .workload
-        .get(&view.namespace, cluster)
-        .await
-        .map_err(|err| err.to_string());
+    let client = ctx.reach.workload.get(&view.namespace, cluster).await.ok();
     let control_planes: Vec<ControlPlane> = ctx
         .stores
         .machines

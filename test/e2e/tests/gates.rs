@@ -227,6 +227,54 @@ async fn a_machine_deployment_rollout_holds_the_cluster_s_renewals() {
         ),
         "{message}"
     );
+
+    // The control plane's rollout holds its other control plane, by the contract's counts (a
+    // new Machine beside the old ones), until its counts settle.
+    let [cp] = env.nodes("gamma", ["alpha-cp-1"]);
+    let _controller = env.start_controller("gates-gamma", &[]);
+    let counts = async |replicas: i64, updated: i64| {
+        env.control_plane_api(env.management().await.unwrap(), "edge")
+            .patch_status(
+                "gamma-control-plane",
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({ "status": { "replicas": replicas, "updatedReplicas": updated } }),
+                ),
+            )
+            .await
+            .unwrap();
+    };
+    counts(3, 1).await;
+    env.sim.clear_calls("gamma", &cp.node).await.unwrap();
+    env.patch_machine(
+        &cp,
+        json!({ "metadata": { "labels": { "e2e-policy": "gates-gamma" } } }),
+    )
+    .await;
+    let held = env
+        .wait_for_status(&cp, TIMEOUT, "held by the control plane's rollout", |s| {
+            s.renewal.as_ref().is_some_and(|r| r.reason == "RollingOut")
+        })
+        .await;
+    let message = held.renewal.map(|r| r.message).unwrap_or_default();
+    assert!(
+        message.starts_with(
+            "Renewal due, held while CK8sControlPlane gamma-control-plane of the cluster is rolling out (gate RollingOut)"
+        ),
+        "{message}"
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(env.calls(&cp).await.is_empty(), "calls while held");
+    let settled = jiff::Timestamp::now();
+    counts(2, 2).await;
+    env.wait_for_done(&cp, TIMEOUT).await;
+    let calls = env.calls(&cp).await;
+    assert_eq!(runs(&calls).len(), 1, "{calls:#?}");
+    let first: jiff::Timestamp = calls[0].started_at.parse().unwrap();
+    assert!(
+        first >= settled,
+        "a call at {first}, before the rollout ended at {settled}"
+    );
 }
 
 #[tokio::test]

@@ -1,5 +1,6 @@
 //! The gates the workload cluster itself shows: its API server ready (`GET /readyz` answers
-//! ok) and every other control-plane Node Ready. Looked at (one `GET /readyz`, then one `GET` per
+//! ok) and every other control-plane Node Ready. An API server whose certificate expired holds
+//! nothing: that is a dark cluster, whose recovery a refresh is. Looked at (one `GET /readyz`, then one `GET` per
 //! other control-plane Node) only right before an automatic renewal starts, and remembered per
 //! cluster for [`FRESH`]: the pure verdict sees a closed gate from there, and the Machines of one
 //! cluster due together cost one look.
@@ -49,18 +50,17 @@ impl Looks {
         &self,
         namespace: &str,
         cluster: &str,
-        client: Result<Client, String>,
+        client: Option<Client>,
         control_planes: &[ControlPlane],
         now: Timestamp,
     ) -> Option<Gate> {
         if let Some(gate) = self.fresh(namespace, cluster, now) {
             return gate;
         }
+        // A workload cluster that cannot even be asked holds nothing: the refresh says why.
         let gate = match client {
-            Ok(client) => look(&client, control_planes).await,
-            Err(why) => Some(Gate::ApiNotReady(format!(
-                "the workload API server cannot be asked whether it is ready ({why})"
-            ))),
+            Some(client) => look(&client, control_planes).await,
+            None => None,
         };
         self.keep(namespace, cluster, now, gate.clone());
         gate
@@ -110,7 +110,10 @@ async fn look(client: &Client, control_planes: &[ControlPlane]) -> Option<Gate> 
     node_gate(&seen)
 }
 
-/// The gate `/readyz`'s answer closes: any answer but a success does.
+/// The gate `/readyz`'s answer closes: any answer but a success does. No answer at all (the
+/// API down, unreachable, serving an expired certificate) closes none: a refresh then waits
+/// for the API, or fails, as it always did, and a dark cluster's recovery (a control plane
+/// reached directly renews the API) is not held.
 fn api_gate(answer: Result<String, kube::Error>) -> Option<Gate> {
     let why = match answer {
         Ok(_) => return None,
@@ -128,7 +131,7 @@ fn api_gate(answer: Result<String, kube::Error>) -> Option<Gate> {
             };
             format!("answered {}: {said}", status.code)
         }
-        Err(err) => format!("did not answer: {err}"),
+        Err(_) => return None,
     };
     Some(Gate::ApiNotReady(format!(
         "the workload API server is not ready (GET /readyz {})",
@@ -251,7 +254,8 @@ mod tests {
     }
 
     #[test]
-    fn any_answer_of_readyz_but_a_success_closes_the_gate_naming_the_failed_checks() {
+    fn any_answer_of_readyz_but_a_success_closes_the_gate_naming_the_failed_checks_and_no_answer_none()
+     {
         assert_eq!(api_gate(Ok("ok".into())), None);
         // What kube-apiserver answers while it shuts down (kube-rs keeps the text as message).
         let body = "[+]ping ok\n[+]log ok\n[-]shutdown failed: reason withheld\n[+]etcd ok\nreadyz check failed";
@@ -271,6 +275,9 @@ mod tests {
                 .with_code(403)
                 .boxed(),
         );
+        // No answer: nothing held (the refresh waits for the API itself, or fails).
+        let refused = kube::Error::Service(Box::new(std::io::Error::other("connection refused")));
+        assert_eq!(api_gate(Err(refused)), None);
         assert_eq!(
             api_gate(Err(forbidden)),
             Some(Gate::ApiNotReady(
