@@ -28,6 +28,10 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource};
 use serde::Deserialize;
 
+/// How long start-up waits for the CK8s control plane kind to be looked for (and listed when
+/// served): its rollouts are a pre-flight gate.
+const CONTROL_PLANES_SETTLE: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// The watch caches the reconcilers read .
 #[derive(Clone)]
 pub struct Stores {
@@ -65,6 +69,7 @@ impl Stores {
         self.certificates.synced().await;
         synced(&self.cluster_records).await;
         synced(&self.policies).await;
+        self.control_planes.settled(CONTROL_PLANES_SETTLE).await;
     }
 }
 
@@ -685,28 +690,54 @@ pub fn trim_policy(policy: &mut DynamicObject) {
 }
 
 /// The CK8s control plane kind, set once it is discovered (it may be installed after we start).
-#[derive(Clone, Default)]
-pub struct ControlPlanes(Arc<std::sync::OnceLock<(ControlPlaneVersion, Store<ControlPlane>)>>);
+#[derive(Clone)]
+pub struct ControlPlanes {
+    kind: Arc<std::sync::OnceLock<(ControlPlaneVersion, Store<ControlPlane>)>>,
+    /// True once what is known of the kind is whole: not served when first looked for, or
+    /// served and listed. Until then a rollout of it would go unseen by the gates.
+    settled: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl Default for ControlPlanes {
+    fn default() -> Self {
+        Self {
+            kind: Arc::default(),
+            settled: Arc::new(tokio::sync::watch::channel(false).0),
+        }
+    }
+}
 
 impl ControlPlanes {
     pub fn set(&self, version: ControlPlaneVersion, store: Store<ControlPlane>) {
         // Set once, by the one task that discovers the kind.
-        let _ = self.0.set((version, store));
+        let _ = self.kind.set((version, store));
+    }
+
+    /// What is known of the kind is whole (see `settled`).
+    pub fn settle(&self) {
+        self.settled.send_replace(true);
+    }
+
+    /// Waits until what is known of the kind is whole, at most `limit` (a watch the API server
+    /// refuses must not keep every reconcile waiting).
+    pub async fn settled(&self, limit: std::time::Duration) {
+        let mut settled = self.settled.subscribe();
+        let _ = tokio::time::timeout(limit, settled.wait_for(|s| *s)).await;
     }
 
     pub fn version(&self) -> Option<&ControlPlaneVersion> {
-        self.0.get().map(|(version, _)| version)
+        self.kind.get().map(|(version, _)| version)
     }
 
     /// A cached control plane object.
     pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<ControlPlane>> {
-        let (version, store) = self.0.get()?;
+        let (version, store) = self.kind.get()?;
         store.get(&ObjectRef::new_with(name, version.clone()).within(namespace))
     }
 
     /// Every cached control plane object (none before the kind is served).
     pub fn state(&self) -> Vec<Arc<ControlPlane>> {
-        self.0
+        self.kind
             .get()
             .map(|(_, store)| store.state())
             .unwrap_or_default()

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::controllers::stores::ControlPlanes;
 use ck8s_certs_api::control_plane::{ControlPlane, ControlPlaneVersion};
 use ck8s_certs_api::machine::Machine;
 use futures::{Stream, StreamExt};
@@ -96,15 +97,20 @@ pub async fn control_plane_triggers(
     ctx: Arc<Context>,
     stop: CancellationToken,
 ) {
+    let planes = ctx.stores.control_planes.clone();
     let version = tokio::select! {
-        version = control_plane_version(&client) => version,
+        version = control_plane_version(&client, &planes) => version,
         () = stop.cancelled() => return,
     };
     let mut watch = SharedWatch::<ControlPlane>::with(version.clone());
     let events = watch.subscribe();
-    ctx.stores
-        .control_planes
-        .set(version.clone(), watch.store.clone());
+    planes.set(version.clone(), watch.store.clone());
+    let listed = watch.store.clone();
+    tokio::spawn(async move {
+        // Polled: the trigger controller waits on the store too, and a store wakes one waiter.
+        crate::controllers::stores::synced(&listed).await;
+        planes.settle();
+    });
     let api: Api<ControlPlane> = match &namespace {
         Some(ns) => Api::namespaced_with(client, ns, &version),
         None => Api::all_with(client, &version),
@@ -118,8 +124,9 @@ pub async fn control_plane_triggers(
     }
 }
 
-/// The served version of the CK8s control plane kind, once it is served.
-async fn control_plane_version(client: &Client) -> ControlPlaneVersion {
+/// The served version of the CK8s control plane kind, once it is served; `planes` is told
+/// when the first look found none.
+async fn control_plane_version(client: &Client, planes: &ControlPlanes) -> ControlPlaneVersion {
     use ck8s_certs_api::capi::{CK8S_CONTROL_PLANE_KIND, CONTROL_PLANE_GROUP};
     let (mut wait, longest) = CONTROL_PLANE_LOOK;
     let mut said = false;
@@ -145,6 +152,7 @@ async fn control_plane_version(client: &Client) -> ControlPlaneVersion {
             }
         }
         if !said {
+            planes.settle();
             tracing::info!(
                 "CK8sControlPlane is not served: its refresh trigger starts once it is (looked for again, at most every {})",
                 humantime::format_duration(longest)

@@ -89,10 +89,11 @@ enum NodeSeen {
 async fn look(client: &Client, control_planes: &[ControlPlane]) -> Option<Gate> {
     let readyz = match http::Request::get("/readyz").body(Vec::new()) {
         Ok(request) => client.request_text(request).await,
-        Err(err) => return Some(Gate::ApiNotReady(err.to_string())),
+        // A static request: cannot fail; were it to, nothing is asked and nothing held.
+        Err(_) => return None,
     };
-    if let Some(gate) = api_gate(readyz) {
-        return Some(gate);
+    if let Err(err) = readyz {
+        return api_gate(&err);
     }
     let nodes: Api<Node> = Api::all(client.clone());
     let seen = futures::future::join_all(control_planes.iter().map(async |cp| {
@@ -110,29 +111,32 @@ async fn look(client: &Client, control_planes: &[ControlPlane]) -> Option<Gate> 
     node_gate(&seen)
 }
 
-/// The gate `/readyz`'s answer closes: any answer but a success does. No answer at all (the
-/// API down, unreachable, serving an expired certificate) closes none: a refresh then waits
-/// for the API, or fails, as it always did, and a dark cluster's recovery (a control plane
-/// reached directly renews the API) is not held.
-fn api_gate(answer: Result<String, kube::Error>) -> Option<Gate> {
-    let why = match answer {
-        Ok(_) => return None,
-        Err(kube::Error::Api(status)) => {
-            // Its body lists every check, the failed ones as `[-]name failed: …`.
-            let failed: Vec<&str> = status
-                .message
-                .lines()
-                .map(str::trim)
-                .filter(|line| line.starts_with("[-]"))
-                .collect();
-            let said = match failed.is_empty() {
-                true => status.message.trim().to_owned(),
-                false => failed.join(", "),
-            };
-            format!("answered {}: {said}", status.code)
-        }
-        Err(_) => return None,
+/// The gate a failed `/readyz` closes: an answer of its failing checks (5xx) does. A refusal
+/// (401, 403) or no answer at all (the API down, unreachable, serving an expired certificate)
+/// closes none, and nothing more is read: a refresh then waits for the API, or fails, as it
+/// always did, and a dark cluster's recovery (a control plane reached directly renews the API)
+/// is not held.
+fn api_gate(failed: &kube::Error) -> Option<Gate> {
+    // Refused (401, 403): the client's credentials, not the API's readiness; its refresh says
+    // what is wrong with them.
+    let kube::Error::Api(status) = failed else {
+        return None;
     };
+    if status.code < 500 {
+        return None;
+    }
+    // Its body lists every check, the failed ones as `[-]name failed: …`.
+    let failed: Vec<&str> = status
+        .message
+        .lines()
+        .map(str::trim)
+        .filter(|line| line.starts_with("[-]"))
+        .collect();
+    let said = match failed.is_empty() {
+        true => status.message.trim().to_owned(),
+        false => failed.join(", "),
+    };
+    let why = format!("answered {}: {said}", status.code);
     Some(Gate::ApiNotReady(format!(
         "the workload API server is not ready (GET /readyz {})",
         crate::text::truncate(why, 300)
@@ -254,9 +258,7 @@ mod tests {
     }
 
     #[test]
-    fn any_answer_of_readyz_but_a_success_closes_the_gate_naming_the_failed_checks_and_no_answer_none()
-     {
-        assert_eq!(api_gate(Ok("ok".into())), None);
+    fn a_readyz_failing_its_checks_closes_the_gate_naming_them_and_a_refusal_or_no_answer_none() {
         // What kube-apiserver answers while it shuts down (kube-rs keeps the text as message).
         let body = "[+]ping ok\n[+]log ok\n[-]shutdown failed: reason withheld\n[+]etcd ok\nreadyz check failed";
         let failed = kube::Error::Api(
@@ -265,7 +267,7 @@ mod tests {
                 .boxed(),
         );
         assert_eq!(
-            api_gate(Err(failed)),
+            api_gate(&failed),
             Some(Gate::ApiNotReady(
                 "the workload API server is not ready (GET /readyz answered 500: [-]shutdown failed: reason withheld)".into()
             ))
@@ -277,13 +279,8 @@ mod tests {
         );
         // No answer: nothing held (the refresh waits for the API itself, or fails).
         let refused = kube::Error::Service(Box::new(std::io::Error::other("connection refused")));
-        assert_eq!(api_gate(Err(refused)), None);
-        assert_eq!(
-            api_gate(Err(forbidden)),
-            Some(Gate::ApiNotReady(
-                "the workload API server is not ready (GET /readyz answered 403: forbidden)".into()
-            ))
-        );
+        assert_eq!(api_gate(&refused), None);
+        assert_eq!(api_gate(&forbidden), None);
     }
 
     #[test]
