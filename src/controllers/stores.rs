@@ -718,11 +718,19 @@ impl ControlPlanes {
         self.settled.send_replace(true);
     }
 
-    /// Waits until what is known of the kind is whole, at most `limit` (a watch the API server
-    /// refuses must not keep every reconcile waiting).
+    /// Waits until what is known of the kind is whole, at most `limit` once: a watch the API
+    /// server refuses must not keep every reconcile waiting, so after that it counts as whole.
     pub async fn settled(&self, limit: std::time::Duration) {
         let mut settled = self.settled.subscribe();
-        let _ = tokio::time::timeout(limit, settled.wait_for(|s| *s)).await;
+        if tokio::time::timeout(limit, settled.wait_for(|s| *s))
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "The CK8sControlPlane kind was not listed in time: its rollouts are not seen by the gates until it is"
+            );
+            self.settle();
+        }
     }
 
     pub fn version(&self) -> Option<&ControlPlaneVersion> {
