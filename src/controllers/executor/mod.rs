@@ -351,14 +351,7 @@ impl Executor {
         let who = Waiter { namespace, machine };
         let mut parked = self.unpark(&who, &request, &cluster);
 
-        // Held by a closed pre-flight gate, before anything was sent to its node.
-        if let Some(gate) = gate.filter(|_| op.seed.is_none()) {
-            let why = format!(
-                "{gate} (a pre-flight gate): it starts once that ends, or now with {FORCE_REFRESH}=true on the Machine"
-            );
-            return self.park(who, parked, op, journal, why, GATE_RECHECK).await;
-        }
-        let held = self.held(&who, &mut parked, &op, role, &cluster, pending);
+        let held = self.held(&who, &mut parked, &op, role, &cluster, pending, gate);
         if let Some((after, why)) = held {
             return self.park(who, parked, op, journal, why, after).await;
         }
@@ -517,6 +510,7 @@ impl Executor {
     /// restart, is waited out), or, for a worker, the control planes of its cluster, which go
     /// first up to the wait timeout (a cluster annotated in one command refreshes its control
     /// planes before its workers, whose approvals need them).
+    #[allow(clippy::too_many_arguments)]
     fn held(
         &self,
         who: &Waiter,
@@ -525,7 +519,15 @@ impl Executor {
         role: Role,
         cluster: &str,
         control_planes_pending: bool,
+        gate: Option<String>,
     ) -> Option<(Duration, String)> {
+        // A closed pre-flight gate, before anything was sent to its node.
+        if let Some(gate) = gate.filter(|_| op.seed.is_none()) {
+            let why = format!(
+                "{gate} (a pre-flight gate): it starts once that ends, or now with {FORCE_REFRESH}=true on the Machine"
+            );
+            return Some((GATE_RECHECK, why));
+        }
         if parked.sent.is_none_or(|sent| op.seed != Some(sent))
             && let Some(seed) = op.seed.filter(|_| !op.is_finished())
         {

@@ -175,22 +175,20 @@ fn decided(
     // When the renewal turns overdue: a day after the instant the policy alone planned it for
     // (its due time into the windows and the spread, as if nothing had failed or held it).
     let overdue_at = due_at(&decision).filter(|due| *due <= now).map(|due| {
-        let planned = match crate::policy::decide(&input(Default::default()), due) {
-            Decision::Defer(deferral) => deferral.until,
-            _ => due,
-        };
-        planned + OVERDUE_AFTER
+        match crate::policy::decide(&input(Default::default()), due) {
+            Decision::Defer(deferral) => deferral.until + OVERDUE_AFTER,
+            _ => due + OVERDUE_AFTER,
+        }
     });
     let shown = |verdict: Verdict, announce: Option<(EventType, &'static str)>, after| {
-        let verdict = overdue(verdict, overdue_at, now);
-        // Looked at again when it turns overdue.
-        let after = match overdue_at.map(|at| at.duration_since(now)) {
-            Some(until) if until.is_positive() => {
-                std::cmp::min(after, Duration::try_from(until).unwrap_or(after))
-            }
-            _ => after,
-        };
-        shown(status, verdict, announce, VerdictNext::Requeue(after), now)
+        let next = VerdictNext::Requeue(until_overdue(after, overdue_at, now));
+        shown(
+            status,
+            overdue(verdict, overdue_at, now),
+            announce,
+            next,
+            now,
+        )
     };
     let requeue = requeue_after(&decision, now, resync);
     let message = decision.to_string();
@@ -241,23 +239,7 @@ fn decided(
             renew_now(status, info, policy, renewal, verdict, message, now)
         }
         Decision::Defer(deferral) => {
-            // Not due is the healthy steady state: no condition, and a Normal Event saying when
-            // the next renewal is. Anything else holds back a due renewal.
-            let (condition, announce) = if deferral.reason == DeferReason::NotDue {
-                (None, (EventType::Normal, events::RENEWAL_SCHEDULED))
-            } else {
-                (
-                    Some(conditions::RENEWAL_DEFERRED),
-                    (severity, events::RENEWAL_DEFERRED),
-                )
-            };
-            let verdict = Verdict::new(
-                info,
-                deferral.reason.as_str(),
-                Some(deferral.until),
-                hinted(message),
-                condition,
-            );
+            let (verdict, announce) = deferred(info, deferral, hinted(message), severity);
             shown(windows_ignored(verdict), Some(announce), requeue)
         }
         Decision::Disabled { .. } => {
@@ -412,6 +394,41 @@ fn due_at(decision: &Decision) -> Option<Timestamp> {
         Decision::RenewNow(renewal) => Some(renewal.due_at),
         Decision::Defer(deferral) => Some(deferral.due_at),
         Decision::NoExpiry { .. } | Decision::Disabled { .. } | Decision::Invalid { .. } => None,
+    }
+}
+
+/// The verdict of a deferral, and how it is announced. Not due is the healthy steady state: no
+/// condition, and a Normal Event saying when the next renewal is. Anything else holds back a due
+/// renewal (announced as `severity`).
+fn deferred(
+    info: &PolicyInfo,
+    deferral: &Deferral,
+    message: String,
+    severity: EventType,
+) -> (Verdict, (EventType, &'static str)) {
+    let (condition, announce) = if deferral.reason == DeferReason::NotDue {
+        (None, (EventType::Normal, events::RENEWAL_SCHEDULED))
+    } else {
+        (
+            Some(conditions::RENEWAL_DEFERRED),
+            (severity, events::RENEWAL_DEFERRED),
+        )
+    };
+    let verdict = Verdict::new(
+        info,
+        deferral.reason.as_str(),
+        Some(deferral.until),
+        message,
+        condition,
+    );
+    (verdict, announce)
+}
+
+/// `after`, or sooner when the renewal turns overdue before (looked at again then).
+fn until_overdue(after: Duration, overdue_at: Option<Timestamp>, now: Timestamp) -> Duration {
+    match overdue_at.map(|at| at.duration_since(now)) {
+        Some(until) if until.is_positive() => after.min(Duration::try_from(until).unwrap_or(after)),
+        _ => after,
     }
 }
 
