@@ -173,6 +173,12 @@ pub struct Args {
     )]
     pub insecure_kubeconfig_exec: bool,
 
+    /// Changed objects a controller may fall behind a watch by before the watch waits for it
+    /// (a test seam: the e2e suite runs with a few, so that a subscription read late, which
+    /// would keep the caches from ever syncing on a large fleet, shows on a small one).
+    #[arg(long, hide = true, default_value_t = 1024, value_parser = clap::value_parser!(u16).range(1..))]
+    pub watch_buffer: u16,
+
     /// How often idle Machines and the policy reports (`status` of CertificateRenewalPolicies)
     /// are re-checked; changes are acted on when they happen.
     #[arg(long, env = "CK8S_CERTS_RESYNC_PERIOD", value_parser = duration, default_value = "1h")]

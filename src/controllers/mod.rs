@@ -52,7 +52,7 @@ pub async fn run(
     carrier: Option<Carrier>,
     term: crate::leader::Term,
 ) {
-    let mut watches = Watches::new(capi);
+    let mut watches = Watches::new(capi, settings.watch_buffer);
     let stores = watches.stores();
     // Ready once every cache holds a full list: reconcilers then act on complete information.
     let (synced_tx, synced_rx) = tokio::sync::watch::channel(false);

@@ -24,6 +24,8 @@ pub struct Settings {
     pub resync: Duration,
     /// This instance's name in the Events it records (the pod's).
     pub instance: Option<String>,
+    /// How far a controller may fall behind a watch (`--watch-buffer`).
+    pub watch_buffer: usize,
 }
 
 impl Settings {
@@ -37,6 +39,7 @@ impl Settings {
     ) -> Self {
         let vetting = args.kubeconfig_vetting();
         Self {
+            watch_buffer: usize::from(args.watch_buffer),
             scope: Scope {
                 namespace: args.namespace.clone(),
                 watch_filter: args.watch_filter.clone(),

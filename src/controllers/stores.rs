@@ -95,8 +95,10 @@ where
     }
 }
 
-/// Changed objects a subscriber may fall behind by before the watch waits for it.
-const BUFFER: usize = 1024;
+/// Changed objects a subscriber may fall behind by before the watch waits for it (the default
+/// of `--watch-buffer`). Every subscription must be read from the start: the caches' sync waits
+/// for the watch, and the watch for its slowest subscriber.
+pub const BUFFER: usize = 1024;
 
 /// Where a [`SharedWatch`] keeps the objects it sees, and what it hands to readers.
 pub trait Cache<K>: Send + 'static {
@@ -199,6 +201,7 @@ pub struct SharedWatch<K, C: Cache<K> = Reflector<K>> {
     pub store: C::Reader,
     cache: C,
     subscribers: Vec<Subscriber<K>>,
+    buffer: usize,
 }
 
 impl<K> SharedWatch<K>
@@ -228,7 +231,14 @@ impl<K: Send + 'static, C: Cache<K>> SharedWatch<K, C> {
             store: cache.reader(),
             cache,
             subscribers: Vec::new(),
+            buffer: BUFFER,
         }
+    }
+
+    /// The same watch with subscriptions of `buffer` objects (at least one).
+    pub fn buffered(mut self, buffer: usize) -> Self {
+        self.buffer = buffer.max(1);
+        self
     }
 
     /// The changed objects (after the cache took them), for one more controller.
@@ -262,7 +272,7 @@ impl<K: Send + 'static, C: Cache<K>> SharedWatch<K, C> {
         wants: Wants<K>,
         deletions: bool,
     ) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static + use<K, C> {
-        let (tx, rx) = tokio::sync::mpsc::channel(BUFFER);
+        let (tx, rx) = tokio::sync::mpsc::channel(self.buffer);
         self.subscribers.push(Subscriber {
             tx,
             wants,

@@ -73,15 +73,16 @@ pub struct Watches {
 }
 
 impl Watches {
-    pub fn new(capi: CapiVersion) -> Self {
+    /// `buffer`: how many changed objects a controller may fall behind each watch by.
+    pub fn new(capi: CapiVersion, buffer: usize) -> Self {
         Self {
-            machines: SharedWatch::with(capi),
-            clusters: SharedWatch::with(capi),
-            deployments: SharedWatch::with(capi),
-            certificates: SharedWatch::in_cache(CertificateWriter::new()),
-            cluster_records: SharedWatch::new(),
-            policies: SharedWatch::with(policy_resource()),
-            requests: SharedWatch::new(),
+            machines: SharedWatch::with(capi).buffered(buffer),
+            clusters: SharedWatch::with(capi).buffered(buffer),
+            deployments: SharedWatch::with(capi).buffered(buffer),
+            certificates: SharedWatch::in_cache(CertificateWriter::new()).buffered(buffer),
+            cluster_records: SharedWatch::new().buffered(buffer),
+            policies: SharedWatch::with(policy_resource()).buffered(buffer),
+            requests: SharedWatch::new().buffered(buffer),
         }
     }
 

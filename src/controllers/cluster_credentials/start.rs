@@ -15,7 +15,6 @@ use kube::runtime::{Controller, controller};
 use super::{Config, Context, Error, SWEEP_INTERVAL, error_policy, reconcile, sweep};
 use crate::controllers::observe::observed;
 use crate::controllers::shared::Shared;
-use crate::controllers::stores;
 use crate::controllers::watches::Watches;
 use crate::metrics::Controller as Timed;
 
@@ -62,51 +61,52 @@ pub fn start(
         metrics: metrics.clone(),
         config,
     };
-    async move {
-        stores.synced().await;
-        stores::synced(&ctx.records).await;
-        // A record changed or deleted by someone else is set right from the last reading.
-        let cluster_of_record = move |record: ClusterCertificates| {
-            let namespace = record.namespace().unwrap_or_default();
-            Some(ObjectRef::new_with(&record.name_any(), capi).within(&namespace))
-        };
-        let cluster_of_machine = move |machine: Machine| {
-            let namespace = machine.namespace().unwrap_or_default();
-            let cluster = machine.cluster()?;
-            Some(ObjectRef::new_with(cluster, capi).within(&namespace))
-        };
-        let ctx = Arc::new(ctx);
-        let sweeper = {
-            let (ctx, clusters, stop) = (ctx.clone(), stores.clusters.clone(), stop.clone());
-            async move {
-                let mut every = tokio::time::interval(SWEEP_INTERVAL);
-                loop {
-                    tokio::select! {
-                        _ = every.tick() => sweep(&ctx, &clusters),
-                        () = stop.cancelled() => break,
-                    }
+    // A record changed or deleted by someone else is set right from the last reading.
+    let cluster_of_record = move |record: ClusterCertificates| {
+        let namespace = record.namespace().unwrap_or_default();
+        Some(ObjectRef::new_with(&record.name_any(), capi).within(&namespace))
+    };
+    let cluster_of_machine = move |machine: Machine| {
+        let namespace = machine.namespace().unwrap_or_default();
+        let cluster = machine.cluster()?;
+        Some(ObjectRef::new_with(cluster, capi).within(&namespace))
+    };
+    let ctx = Arc::new(ctx);
+    let sweeper = {
+        let (ctx, stores, stop) = (ctx.clone(), stores.clone(), stop.clone());
+        async move {
+            stores.synced().await;
+            let mut every = tokio::time::interval(SWEEP_INTERVAL);
+            loop {
+                tokio::select! {
+                    _ = every.tick() => sweep(&ctx, &stores.clusters),
+                    () = stop.cancelled() => break,
                 }
             }
-        };
-        let controller = Controller::for_stream_with(clusters, stores.clusters.clone(), capi)
-            // Secret reads are few and need not be fast: keep them gentle on the API server.
-            .with_config(controller::Config::default().concurrency(2))
-            .graceful_shutdown_on(stop.cancelled_owned())
-            .watches_stream_with(records, cluster_of_record, ())
-            .watches_stream_with(machines, cluster_of_machine, capi)
-            .run(
-                move |cluster, ctx| {
-                    observed(
-                        metrics.clone(),
-                        Timed::Kubeconfig,
-                        reconcile(cluster, ctx),
-                        Error::category,
-                    )
-                },
-                error_policy,
-                ctx,
-            )
-            .for_each(|_| async {});
+        }
+    };
+    // The subscriptions are read from the start (see `fleet::start`); each reconcile waits for
+    // every cache to hold a full list instead, so a Cluster is checked with all its Machines.
+    let controller = Controller::for_stream_with(clusters, stores.clusters.clone(), capi)
+        // Secret reads are few and need not be fast: keep them gentle on the API server.
+        .with_config(controller::Config::default().concurrency(2))
+        .graceful_shutdown_on(stop.cancelled_owned())
+        .watches_stream_with(records, cluster_of_record, ())
+        .watches_stream_with(machines, cluster_of_machine, capi)
+        .run(
+            move |cluster, ctx| {
+                let (stores, metrics) = (stores.clone(), metrics.clone());
+                async move {
+                    stores.synced().await;
+                    let checked = reconcile(cluster, ctx);
+                    observed(metrics, Timed::Kubeconfig, checked, Error::category).await
+                }
+            },
+            error_policy,
+            ctx,
+        )
+        .for_each(|_| async {});
+    async move {
         futures::future::join(controller, sweeper).await;
     }
 }

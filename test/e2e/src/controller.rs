@@ -312,6 +312,9 @@ impl Environment {
             // tests/capi_replace.rs set them.
             "--request-policy=",
             "--renewal-admission-policy=",
+            // Subscriptions of a few objects: one that a controller reads only once the caches
+            // are synced keeps them from syncing here, not only on a fleet of thousands.
+            "--watch-buffer=4",
         ] {
             let name = default.split('=').next().unwrap_or(default);
             if !extra.iter().any(|arg| arg.split('=').next() == Some(name)) {

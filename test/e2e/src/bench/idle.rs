@@ -46,7 +46,11 @@ impl Contender {
             ))
             .arg("--webhook=false")
             .args(extra)
-            .env("RUST_LOG", "info");
+            // CK8S_BENCH_LOG: a log filter for the controller under test (e.g. `info,ck8s_certs=debug`).
+            .env(
+                "RUST_LOG",
+                std::env::var("CK8S_BENCH_LOG").unwrap_or_else(|_| "info".to_owned()),
+            );
         Ok(Self {
             name: "ck8s-certs",
             user: format!("system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"),
