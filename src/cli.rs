@@ -250,6 +250,30 @@ pub struct Args {
     )]
     pub renewal_admission_policy: String,
 
+    /// The ValidatingAdmissionPolicy (and its binding, of the same name) that lets
+    /// `certificates.ck8s.io/requester` name only the user who writes it. A resume of a
+    /// renewal policy's automatic renewals (`kubectl ck8s-certs resume`) is recorded as that
+    /// user's when both were in force at the resume's write, and as unverified otherwise.
+    /// Empty: not checked. The shipped ClusterRole may `get` only the policy and binding named
+    /// `ck8s-certs-requester-annotation`: another name needs that rule changed too.
+    #[arg(
+        long,
+        env = "CK8S_CERTS_REQUESTER_POLICY",
+        default_value = "ck8s-certs-requester-annotation"
+    )]
+    pub requester_policy: String,
+
+    /// The fleet-wide circuit breaker: when this many Machines' automatic renewals failed within
+    /// --fleet-breaker-period, under any policies, every policy stops its automatic renewals
+    /// until a person resumes it (each policy also has a breaker of its own,
+    /// `spec.circuitBreaker`). 0 turns it off.
+    #[arg(long, env = "CK8S_CERTS_FLEET_BREAKER_FAILURES", default_value_t = 10)]
+    pub fleet_breaker_failures: u32,
+
+    /// How far back the fleet-wide circuit breaker counts failures.
+    #[arg(long, env = "CK8S_CERTS_FLEET_BREAKER_PERIOD", value_parser = duration, default_value = "30m")]
+    pub fleet_breaker_period: Duration,
+
     /// Serve the admission webhooks (every replica serves them): the trigger webhook marks a new
     /// `v1beta2.k8sd.io/refresh-certificates` request in-progress in the same write, so the CK8s
     /// bootstrap provider's reconciler stands aside; the fleet-trigger and request webhooks write
@@ -519,7 +543,8 @@ mod tests {
         let command = Args::command();
         for arg in command.get_arguments() {
             let Some(long) = arg.get_long() else { continue };
-            if matches!(long, "help" | "version") {
+            // Hidden flags are test seams, not settings.
+            if matches!(long, "help" | "version") || arg.is_hide_set() {
                 continue;
             }
             assert!(

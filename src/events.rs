@@ -20,6 +20,9 @@ pub use kube::runtime::events::{Event, EventType, Reporter};
 /// How long an Event's series stays open to repeats (kube-runtime's and client-go's).
 const SERIES_OPEN_FOR: SignedDuration = SignedDuration::from_mins(6);
 
+/// The longest note the API server accepts, in bytes.
+const NOTE_MAX: usize = 1024;
+
 /// What makes two Events one series: all kube-runtime keys on, and the note.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Key {
@@ -139,7 +142,11 @@ impl Recorder {
             reason: Some(event.reason.clone()),
             event_time: Some(MicroTime(now)),
             regarding: Some(regarding.clone()),
-            note: event.note.clone(),
+            // The API server refuses a longer note (the whole Event would be lost).
+            note: event
+                .note
+                .clone()
+                .map(|note| crate::text::truncate(note, NOTE_MAX)),
             metadata: ObjectMeta {
                 namespace: regarding.namespace.clone(),
                 name: Some(format!(
@@ -195,6 +202,28 @@ mod tests {
             uid: Some(uid.into()),
             ..ObjectReference::default()
         }
+    }
+
+    #[tokio::test]
+    async fn a_note_is_cut_to_what_the_api_server_accepts() {
+        let client =
+            kube::Client::try_from(kube::Config::new("http://127.0.0.1:1".parse().unwrap()))
+                .unwrap();
+        let recorder = Recorder::new(
+            client,
+            Reporter {
+                controller: "c".into(),
+                instance: None,
+            },
+        );
+        let long = "é".repeat(2000);
+        let published = recorder.new_event(&event(&long), &machine("u1"), Timestamp::now());
+        let note = published.note.unwrap();
+        assert!(
+            note.len() <= NOTE_MAX && note.ends_with('…'),
+            "{} bytes",
+            note.len()
+        );
     }
 
     #[test]

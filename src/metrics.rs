@@ -20,8 +20,10 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 mod expiry;
+mod halted;
 
 pub use expiry::{ExpirySource, MachineExpiries, MachineExpiry, MachineLabels};
+pub use halted::{HaltedPolicies, HaltedPolicy, HaltedSource};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OriginLabels {
@@ -268,6 +270,11 @@ pub fn label_values() -> Vec<(&'static str, &'static str, Vec<&'static str>)> {
             ROLES.to_vec(),
         ),
         (
+            "renewals_halted_since_timestamp_seconds",
+            "scope",
+            vec!["policy", "fleet"],
+        ),
+        (
             "kubeconfig_expiry_timestamp_seconds",
             "certificate",
             vec!["client", "ca", "client_ca"],
@@ -292,6 +299,7 @@ pub fn label_values() -> Vec<(&'static str, &'static str, Vec<&'static str>)> {
                 "remediation_requested",
                 "in_place_upgrade",
                 "rolling_out",
+                "renewals_halted",
             ],
         ),
         ("renewal_bypassed", "reason", vec!["expiry_imminent"]),
@@ -320,6 +328,8 @@ pub fn label_values() -> Vec<(&'static str, &'static str, Vec<&'static str>)> {
 pub struct Metrics {
     registry: Registry,
     pub expiry: MachineExpiries,
+    /// The policies whose circuit breaker is open, read from the policy cache when scraped.
+    pub halted: HaltedPolicies,
     /// NotAfter of each Cluster's `<cluster>-kubeconfig` certificates.
     pub kubeconfig_expiry: Family<KubeconfigLabels, Gauge<f64, AtomicU64>>,
     /// `--renew-management-kubeconfig` attempts by `result`: `renewed`, `dry_run`, `refused`,
@@ -357,6 +367,8 @@ impl Default for Metrics {
         let mut registry = Registry::with_prefix("ck8s_certs");
         let expiry = MachineExpiries::default();
         registry.register_collector(Box::new(expiry.clone()));
+        let halted = HaltedPolicies::default();
+        registry.register_collector(Box::new(halted.clone()));
         let kubeconfig_expiry = Family::<KubeconfigLabels, Gauge<f64, AtomicU64>>::default();
         registry.register(
             "kubeconfig_expiry_timestamp_seconds",
@@ -402,7 +414,7 @@ impl Default for Metrics {
         let renewal_deferred = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "renewal_deferred",
-            "Renewal verdicts that held a due renewal back, by reason (backoff, outside_window, staggered; in_place_impossible: a worker that must be replaced; machine_deleting, remediation_requested, in_place_upgrade, rolling_out: a closed pre-flight gate of its cluster), counted when the verdict changes",
+            "Renewal verdicts that held a due renewal back, by reason (backoff, outside_window, staggered; in_place_impossible: a worker that must be replaced; machine_deleting, remediation_requested, in_place_upgrade, rolling_out: a closed pre-flight gate of its cluster; renewals_halted: its policy's circuit breaker is open), counted when the verdict changes",
             renewal_deferred.clone(),
         );
         let renewal_bypassed = Family::<ReasonLabels, Counter>::default();
@@ -497,6 +509,10 @@ impl Default for Metrics {
         for gate in ck8s_certs_api::reasons::condition_reasons::GATES {
             let _ = renewal_deferred.get_or_create(&reason_label(gate));
         }
+        // And its hold under a policy whose circuit breaker is open.
+        let _ = renewal_deferred.get_or_create(&reason_label(
+            ck8s_certs_api::reasons::condition_reasons::RENEWALS_HALTED,
+        ));
         let _ = renewal_bypassed.get_or_create(&expiry_imminent());
         for origin in [
             ck8s_certs_api::machine_certificates::Origin::Manual,
@@ -511,6 +527,7 @@ impl Default for Metrics {
         Self {
             registry,
             expiry,
+            halted,
             kubeconfig_expiry,
             kubeconfig_renewals,
             cluster_expired_since,

@@ -3,7 +3,8 @@
 /// `text` cut to at most `max` bytes, with an ellipsis when cut.
 pub fn truncate(mut text: String, max: usize) -> String {
     if text.len() > max {
-        let mut end = max.saturating_sub(1);
+        // Room for the ellipsis, three bytes in UTF-8.
+        let mut end = max.saturating_sub('…'.len_utf8());
         while !text.is_char_boundary(end) {
             end -= 1;
         }

@@ -41,6 +41,13 @@ fn populated() -> Metrics {
         // Overdue: its series exists only then.
         Some(1.0),
     )]);
+    // A policy whose circuit breaker is open: its series exists only then.
+    metrics.halted.read_from(vec![(
+        "fleet".to_owned(),
+        "edge".to_owned(),
+        "policy".to_owned(),
+        1.0,
+    )]);
     metrics
         .refresh_duration
         .get_or_create(&RefreshLabels {

@@ -40,6 +40,13 @@ pub const REQUESTER: &str = "certificates.ck8s.io/requester";
 /// records the gate it was forced past; removed with the trigger. Ours.
 pub const FORCE_REFRESH: &str = "certificates.ck8s.io/force-refresh";
 
+/// On a CertificateRenewalPolicy: resumes its automatic renewals after its circuit breaker
+/// opened: each new value resumes once (`kubectl ck8s-certs resume` writes the time). Written
+/// with [`REQUESTER`] naming who resumes (the requester-annotation admission policy lets it name
+/// only the writer); the controller records both in the policy's status (`status.breaker`)
+/// and leaves them.
+pub const RESUME_RENEWALS: &str = "certificates.ck8s.io/resume-renewals";
+
 /// On a Machine: the fleet `CertificateRefresh` its trigger was set by (the refresh is then of
 /// origin Fleet and reported to that request); removed with the trigger. On a Cluster: the
 /// request the Cluster's own trigger last created. Ours, not shared with CK8s tooling.

@@ -65,6 +65,11 @@ pub mod events {
     /// A trigger was not acted on: its owner applies it again after the refresh it asked for
     /// (a machine template, a GitOps tool) (Warning).
     pub const REFRESH_REFUSED: &str = "CertificatesRefreshRefused";
+    /// On a CertificateRenewalPolicy: its circuit breaker opened, automatic renewals stopped
+    /// (the failures listed) (Warning).
+    pub const RENEWALS_HALTED: &str = "CertificatesRenewalsHalted";
+    /// On a CertificateRenewalPolicy: a person resumed its automatic renewals (who) (Normal).
+    pub const RENEWALS_RESUMED: &str = "CertificatesRenewalsResumed";
 }
 
 /// Condition types on MachineCertificates (positive polarity).
@@ -125,6 +130,9 @@ pub mod condition_reasons {
     pub const GATE_CONTROL_PLANE_NOT_READY: &str = "ControlPlaneNotReady";
     /// `RenewalDeferred` True: … while the workload API server's `/readyz` does not answer ok.
     pub const GATE_API_NOT_READY: &str = "ApiNotReady";
+    /// `RenewalDeferred` True: the circuit breaker of the governing policy is open (automatic
+    /// renewals failed too often); held until a person resumes the policy, fail-safe or not.
+    pub const RENEWALS_HALTED: &str = "RenewalsHalted";
     /// The pre-flight gates, in the order they are told.
     pub const GATES: [&str; 6] = [
         GATE_MACHINE_DELETING,

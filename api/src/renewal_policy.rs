@@ -33,7 +33,7 @@
 //! [`MAX_SPREAD`], `renewBefore` is shorter than `ttl`, the label selectors are well formed.
 
 use jiff::civil::Weekday;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
 use kube::{CustomResource, KubeSchema};
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -82,6 +82,9 @@ pub mod conditions {
     pub const VALID: &str = "Valid";
     /// The policy is valid and governs its Machines (none is claimed by another policy too).
     pub const READY: &str = "Ready";
+    /// True while the circuit breaker is open: automatic renewals of the policy's Machines are
+    /// stopped after failures until a person resumes them; the message lists the failures.
+    pub const RENEWALS_HALTED: &str = "RenewalsHalted";
 }
 
 /// Condition reasons on a `CertificateRenewalPolicy`.
@@ -94,6 +97,12 @@ pub mod reasons {
     pub const ACTIVE: &str = "Active";
     /// `Ready` False: another policy also selects some of this policy's Machines.
     pub const CONFLICT: &str = "ConflictingPolicies";
+    /// `RenewalsHalted` True: this policy's automatic renewals failed too often.
+    pub const BREAKER_OPEN: &str = "BreakerOpen";
+    /// `RenewalsHalted` True: automatic renewals failed too often across the fleet.
+    pub const FLEET_BREAKER_OPEN: &str = "FleetBreakerOpen";
+    /// `RenewalsHalted` False: the breaker is closed.
+    pub const BREAKER_CLOSED: &str = "BreakerClosed";
 }
 
 /// Which Machines the policy governs, and when their certificates are renewed.
@@ -120,6 +129,7 @@ pub mod reasons {
     printcolumn = r#"{"name":"Machines","type":"integer","jsonPath":".status.matchedMachines"}"#,
     printcolumn = r#"{"name":"Valid","type":"string","jsonPath":".status.conditions[?(@.type==\"Valid\")].status"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status","priority":1}"#,
+    printcolumn = r#"{"name":"Halted","type":"string","jsonPath":".status.conditions[?(@.type==\"RenewalsHalted\")].status"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[x_kube(
@@ -200,6 +210,76 @@ pub struct CertificateRenewalPolicySpec {
     /// reported (Ready=False, reason InPlaceImpossible) and not renewed automatically again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_place_impossible: Option<InPlaceImpossible>,
+
+    /// When automatic renewals stop on their own: after `failures` automatic renewals of this
+    /// policy's Machines failed within `period` (a wrong ttl, a k8sd release that fails), the
+    /// policy starts no more until a person resumes it (`kubectl ck8s-certs resume`). Manual
+    /// requests still work. Absent: 3 failures within 30m.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub circuit_breaker: Option<CircuitBreaker>,
+}
+
+/// The policy's `circuitBreaker`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CircuitBreaker {
+    /// How many Machines' automatic renewals may fail within `period` before the policy stops
+    /// (the one that reaches it stops it). 0 turns the breaker off. Default 3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub failures: Option<i32>,
+
+    /// How far back failures count, such as 30m or 2h. Default 30m.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub period: Option<PolicyDuration>,
+}
+
+/// The breaker's defaults: 3 failures within 30 minutes.
+pub const DEFAULT_BREAKER_FAILURES: i32 = 3;
+pub const DEFAULT_BREAKER_PERIOD: PolicyDuration = PolicyDuration::from_secs_const(30 * 60);
+
+/// The policy's circuit breaker as last seen by the controller: open (automatic renewals
+/// stopped, and why) or closed since the last resume.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BreakerStatus {
+    /// When the breaker opened; absent while it is closed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub opened_at: Option<Time>,
+    /// Policy: this policy's failures opened it; Fleet: failures across every policy
+    /// (`--fleet-breaker-failures`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+    /// The failures that opened it (at most 10, newest first).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failures: Vec<BreakerFailure>,
+    /// When a person last resumed the policy's automatic renewals: failures before it no longer
+    /// count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed_at: Option<Time>,
+    /// Who resumed them, as the API server authenticated them (see docs/security.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed_by: Option<String>,
+    /// The value of the `certificates.ck8s.io/resume-renewals` annotation that resume was
+    /// read from: the annotation stays, and only a new value resumes again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_request: Option<String>,
+}
+
+/// One failed automatic renewal the breaker counted.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BreakerFailure {
+    /// The Machine, as namespace/name.
+    pub machine: String,
+    /// Its Cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
+    /// When its renewal failed.
+    pub at: Time,
+    /// What failed (the refresh's error, shortened).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
 }
 
 /// The policy's `inPlaceImpossible`.
@@ -260,7 +340,11 @@ pub struct CertificateRenewalPolicyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window_count: Option<i32>,
 
-    /// Valid and Ready.
+    /// The circuit breaker: open while automatic renewals are stopped after failures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breaker: Option<BreakerStatus>,
+
+    /// Valid, Ready and RenewalsHalted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }

@@ -44,6 +44,8 @@ pub struct PolicyInfo {
     pub mode: Option<Mode>,
     /// `None` when the policy cannot be read.
     pub windows: Option<WindowsStatus>,
+    /// Since when its circuit breaker is open (automatic renewals stopped), as its status says.
+    pub halted_since: Option<jiff::Timestamp>,
 }
 
 /// The policies that select a Machine.
@@ -199,6 +201,21 @@ impl PolicyReadings {
     }
 }
 
+/// Since when `policy`'s circuit breaker is open, as its status says (read at each verdict: the
+/// status changes without a new generation).
+pub fn halted_since(policy: &DynamicObject) -> Option<jiff::Timestamp> {
+    policy
+        .data
+        .pointer("/status/breaker/openedAt")
+        .and_then(serde_json::Value::as_str)
+        .and_then(|at| at.parse().ok())
+}
+
+/// [`spec_changed`], or its circuit breaker opened or closed: what can change a Machine's verdict.
+pub fn verdict_input_changed(before: Option<&DynamicObject>, now: &DynamicObject) -> bool {
+    spec_changed(before, now) || before.is_some_and(|b| halted_since(b) != halted_since(now))
+}
+
 /// Whether a policy's change (as the cache held it before, and now) can change a verdict: a new
 /// policy or a new generation of its spec, not a write of its status alone (its own controller's
 /// `matchedMachines`).
@@ -230,6 +247,7 @@ pub fn governing(
         }
         let name = object.name_any();
         let generation = object.metadata.generation;
+        let halted_since = halted_since(object);
         match reading.as_ref() {
             Reading::Decoded {
                 mode,
@@ -242,6 +260,7 @@ pub fn governing(
                     generation,
                     mode: Some(*mode),
                     windows: Some(windows.clone()),
+                    halted_since,
                 };
                 matched.push((info, checked.clone()));
             }
@@ -251,6 +270,7 @@ pub fn governing(
                     generation,
                     mode: None,
                     windows: None,
+                    halted_since,
                 };
                 matched.push((info, Err(message.clone())));
             }

@@ -83,10 +83,14 @@ pub async fn run(
         machines: shared.stores.machines.clone(),
         certificates: shared.stores.certificates.clone(),
     });
+    shared
+        .metrics
+        .halted
+        .read_from(observe::CachedHalts(shared.stores.policies.clone()));
     let fleet = Arc::new(settings.fleet_context(&shared, &watches, synced_rx));
     let controllers = futures::future::join5(
         machine::start(&mut watches, &shared, settings.machine, carrier, term),
-        policy_status::start(&mut watches, &shared, settings.resync),
+        policy_status::start(&mut watches, &shared, settings.resync, settings.breakers),
         cluster_credentials::start(&mut watches, &shared, settings.credentials),
         fleet::start(&mut watches, fleet.clone(), shared.stop.clone()),
         // The CK8s control plane kind is optional and may be installed after we start.

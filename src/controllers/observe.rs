@@ -73,6 +73,37 @@ impl crate::metrics::ExpirySource for CachedExpiries {
     }
 }
 
+/// The series of `renewals_halted_since_timestamp_seconds`: each cached policy whose status
+/// says its circuit breaker is open.
+pub(super) struct CachedHalts(pub(super) Store<kube::api::DynamicObject>);
+
+impl std::fmt::Debug for CachedHalts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachedHalts").finish_non_exhaustive()
+    }
+}
+
+impl crate::metrics::HaltedSource for CachedHalts {
+    fn for_each(&self, each: &mut dyn FnMut(crate::metrics::HaltedPolicy<'_>)) {
+        for policy in self.0.state() {
+            let Some(since) = super::governing_policy::halted_since(&policy) else {
+                continue;
+            };
+            let scope = match policy.data.pointer("/status/breaker/scope") {
+                Some(serde_json::Value::String(scope)) if scope == "Fleet" => "fleet",
+                _ => "policy",
+            };
+            let meta = &policy.metadata;
+            each((
+                meta.namespace.as_deref().unwrap_or_default(),
+                meta.name.as_deref().unwrap_or_default(),
+                scope,
+                since.as_millisecond() as f64 / 1000.0,
+            ));
+        }
+    }
+}
+
 /// Runs one reconcile, recording its wall time and, when it fails, its error's category
 /// (`ck8s_certs_reconcile_duration_seconds`, `ck8s_certs_reconcile_errors_total`); a panic is
 /// category `panic` and a requeue ([`super::panics`]).

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ck8s_certs_api::machine::{Cluster, Machine};
+use ck8s_certs_api::reasons::events;
 use ck8s_certs_api::renewal_policy::{
     CertificateRenewalPolicy, CertificateRenewalPolicyStatus, conditions, reasons,
 };
@@ -19,20 +20,28 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
 use crate::controllers::governing_policy::{PolicyReadings, Reading, machines_in_namespace};
+use crate::events::{Event, EventType, Recorder};
+use crate::policy::breaker::{self as rules, Failure, Limit, Turn};
 use crate::policy::spec;
 
+mod breaker;
 mod start;
 
+pub use breaker::Settings as BreakerSettings;
 pub use start::start;
 
 const MANAGER: &str = "ck8s-certs-policy";
 
 pub struct Context {
     pub client: Client,
-    /// Every Machine, Cluster and policy (watch caches).
+    pub capi: ck8s_certs_api::machine::CapiVersion,
+    /// Every Machine, Cluster, policy and MachineCertificates (watch caches).
     pub machines: Store<Machine>,
     pub clusters: Store<Cluster>,
     pub policies: Store<DynamicObject>,
+    pub certificates: super::stores::CertificateStore,
+    pub recorder: Recorder,
+    pub breakers: BreakerSettings,
     pub readings: Arc<PolicyReadings>,
     /// The time decisions are taken at.
     pub clock: crate::clock::SharedClock,
@@ -134,10 +143,36 @@ pub async fn reconcile(
             observed_generation: generation,
         }
     };
+    let limits = (
+        Limit::of_policy(
+            policy
+                .as_ref()
+                .ok()
+                .and_then(|p| p.spec.circuit_breaker.as_ref()),
+        ),
+        ctx.breakers.fleet,
+    );
+    let (breaker, turn) = breaker_at(&ctx, &object, &old, limits, now).await?;
+    let (halted, halted_reason, halted_message) = match &breaker {
+        Some(open) if rules::is_open(open) => (
+            true,
+            match open.scope.as_deref() {
+                Some("Fleet") => reasons::FLEET_BREAKER_OPEN,
+                _ => reasons::BREAKER_OPEN,
+            },
+            rules::describe(open, limits, &namespace, &name, true),
+        ),
+        _ => (
+            false,
+            reasons::BREAKER_CLOSED,
+            closed_message(breaker.as_ref(), limits),
+        ),
+    };
     let status = CertificateRenewalPolicyStatus {
         observed_generation: generation,
         matched_machines: i32::try_from(matched.len()).ok(),
         window_count,
+        breaker,
         conditions: vec![
             condition(
                 conditions::VALID,
@@ -150,6 +185,12 @@ pub async fn reconcile(
                 valid_message,
             ),
             condition(conditions::READY, ready, ready_reason, ready_message),
+            condition(
+                conditions::RENEWALS_HALTED,
+                halted,
+                halted_reason,
+                halted_message.clone(),
+            ),
         ],
     };
     if status != old {
@@ -170,9 +211,120 @@ pub async fn reconcile(
         )
         .await?;
     }
-    // Changes of Machines and of the other policies are fed to this controller; the resync only
-    // makes up for one missed (a policy deleted while the watch was down).
+    match turn {
+        Turn::Stays => {}
+        Turn::Opens => {
+            tracing::warn!(policy = %format!("{namespace}/{name}"), "Automatic renewals halted");
+            let (type_, reason) = (EventType::Warning, events::RENEWALS_HALTED);
+            let note = status
+                .breaker
+                .as_ref()
+                .map(|b| rules::describe(b, limits, &namespace, &name, false))
+                .unwrap_or(halted_message);
+            announce(
+                &ctx,
+                &object,
+                type_,
+                reason,
+                crate::text::bounded(&note, 1000),
+            )
+            .await;
+        }
+        Turn::Resumed { was_open } => {
+            let note = status
+                .breaker
+                .as_ref()
+                .map(|b| breaker::resumed_message(b, was_open))
+                .unwrap_or_default();
+            let (type_, reason) = (EventType::Normal, events::RENEWALS_RESUMED);
+            announce(&ctx, &object, type_, reason, note).await;
+        }
+    }
+    // Changes of Machines, failures and the other policies are fed to this controller; the
+    // resync only makes up for one missed (a policy deleted while the watch was down).
     Ok(Action::requeue(ctx.resync))
+}
+
+/// The breaker of policy `object` at `now`: as its status holds it, resumed if asked, opened
+/// by the failures of its Machines (or of the fleet's) within the limits.
+async fn breaker_at(
+    ctx: &Context,
+    object: &DynamicObject,
+    old: &CertificateRenewalPolicyStatus,
+    limits: (Limit, Limit),
+    now: jiff::Timestamp,
+) -> Result<(Option<ck8s_certs_api::renewal_policy::BreakerStatus>, Turn), kube::Error> {
+    let resume = breaker::resume(&ctx.client, &ctx.breakers, object, old.breaker.as_ref()).await?;
+    let key = format!(
+        "{}/{}",
+        object.namespace().unwrap_or_default(),
+        object.name_any()
+    );
+    let period = limits.0.period.max(limits.1.period);
+    let failed = breaker::failures(&ctx.certificates, &ctx.machines, ctx.capi, period, now);
+    let ours: Vec<Failure> = failed
+        .iter()
+        .filter(|(policy, _)| policy.as_deref() == Some(key.as_str()))
+        .map(|(_, failure)| failure.clone())
+        .collect();
+    let all: Vec<Failure> = failed.into_iter().map(|(_, failure)| failure).collect();
+    Ok(rules::next(
+        old.breaker.as_ref(),
+        resume.as_ref(),
+        limits,
+        &ours,
+        &all,
+        now,
+    ))
+}
+
+/// `RenewalsHalted` False: the limits, and the last resume.
+fn closed_message(
+    breaker: Option<&ck8s_certs_api::renewal_policy::BreakerStatus>,
+    (policy, fleet): (Limit, Limit),
+) -> String {
+    let period =
+        |limit: Limit| jiff::fmt::friendly::SpanPrinter::new().duration_to_string(&limit.period);
+    let limit = |limit: Limit, whose: &str| match limit.failures {
+        0 => format!("{whose}: off"),
+        n => format!("{whose}: {n} failures within {}", period(limit)),
+    };
+    let mut message = format!(
+        "Automatic renewals run; they stop after failed automatic renewals ({}; {})",
+        limit(policy, "this policy"),
+        limit(fleet, "the fleet"),
+    );
+    if let Some(breaker) = breaker
+        && let (Some(at), Some(by)) = (&breaker.resumed_at, &breaker.resumed_by)
+    {
+        message.push_str(&format!(". Last resumed by {by} at {}", at.0));
+    }
+    message
+}
+
+/// Publishes an Event on the policy (a failure to publish is logged: the status says it too).
+async fn announce(
+    ctx: &Context,
+    object: &DynamicObject,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: "Renew".into(),
+        secondary: None,
+    };
+    let resource = ApiResource::erase::<CertificateRenewalPolicy>(&());
+    if let Err(err) = ctx
+        .recorder
+        .publish(&event, &object.object_ref(&resource))
+        .await
+    {
+        tracing::warn!(error = %err, "Publishing an Event failed");
+    }
 }
 
 /// The CK8s Machines of `namespace` that policy `name` selects (sorted), and by each other

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use super::shared::Shared;
 use super::watches::{Scope, Watches};
-use super::{cluster_credentials, executor, fleet, machine};
+use super::{cluster_credentials, executor, fleet, machine, policy_status};
 use crate::cli::Args;
 use crate::refresh::session::Timeouts;
 
@@ -26,6 +26,8 @@ pub struct Settings {
     pub instance: Option<String>,
     /// How far a controller may fall behind a watch (`--watch-buffer`).
     pub watch_buffer: usize,
+    /// The fleet-wide circuit breaker, and how resumes are attributed.
+    pub breakers: policy_status::BreakerSettings,
 }
 
 impl Settings {
@@ -40,6 +42,14 @@ impl Settings {
         let vetting = args.kubeconfig_vetting();
         Self {
             watch_buffer: usize::from(args.watch_buffer),
+            breakers: policy_status::BreakerSettings {
+                fleet: crate::policy::breaker::Limit {
+                    failures: usize::try_from(args.fleet_breaker_failures).unwrap_or(usize::MAX),
+                    period: jiff::SignedDuration::try_from(args.fleet_breaker_period)
+                        .unwrap_or(jiff::SignedDuration::MAX),
+                },
+                requester_policy: named(&args.requester_policy),
+            },
             scope: Scope {
                 namespace: args.namespace.clone(),
                 watch_filter: args.watch_filter.clone(),

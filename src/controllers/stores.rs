@@ -432,6 +432,11 @@ impl CachedCertificates {
     pub fn status(&self) -> Result<Option<MachineCertificatesStatus>, serde_json::Error> {
         self.status.status()
     }
+
+    /// When its last automatic renewal failed, if it has since the last success.
+    pub fn last_failure(&self) -> Option<jiff::Timestamp> {
+        self.status.last_failure()
+    }
 }
 
 /// A MachineCertificates' status as the cache keeps it: compact JSON, decoded when a reconcile
@@ -444,6 +449,8 @@ pub struct CachedStatus {
     expiry_ms: Option<i64>,
     /// Since when condition `RenewalOverdue` is True, Unix milliseconds (its metric).
     overdue_since_ms: Option<i64>,
+    /// `status.lastFailureTime`, Unix milliseconds (the circuit breakers count them).
+    last_failure_ms: Option<i64>,
 }
 
 impl CachedStatus {
@@ -466,6 +473,12 @@ impl CachedStatus {
     /// Since when its renewal is overdue (condition `RenewalOverdue`), if it is.
     pub fn overdue_since(&self) -> Option<jiff::Timestamp> {
         self.overdue_since_ms
+            .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
+    }
+
+    /// When its last automatic renewal failed, if it has since the last success.
+    pub fn last_failure(&self) -> Option<jiff::Timestamp> {
+        self.last_failure_ms
             .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
     }
 }
@@ -515,6 +528,11 @@ impl<'de> Deserialize<'de> for CachedCertificates {
                 .find(|c| c.type_ == conditions::RENEWAL_OVERDUE && c.status == "True")
                 .map(|c| c.last_transition_time.0.as_millisecond())
         });
+        let last_failure_ms = wire
+            .status
+            .as_ref()
+            .and_then(|status| status.last_failure_time.as_ref())
+            .map(|at| at.0.as_millisecond());
         let json = wire
             .status
             .map(|status| serde_json::to_string(&status).map(String::into_boxed_str))
@@ -532,6 +550,7 @@ impl<'de> Deserialize<'de> for CachedCertificates {
                 json,
                 expiry_ms,
                 overdue_since_ms,
+                last_failure_ms,
             }),
         })
     }
@@ -572,6 +591,25 @@ impl CertificateStore {
         // A poisoned lock only means a writer panicked mid-update of a plain map: still readable.
         let entries = self.entries.read().unwrap_or_else(PoisonError::into_inner);
         entries.get(namespace)?.get(name).cloned()
+    }
+
+    /// The statuses whose last automatic renewal failed after `after`, with their namespace
+    /// and name (a scan of plain numbers: failures are few).
+    pub fn failed_after(
+        &self,
+        after: jiff::Timestamp,
+    ) -> Vec<(Box<str>, Box<str>, Arc<CachedStatus>)> {
+        let after = after.as_millisecond();
+        let entries = self.entries.read().unwrap_or_else(PoisonError::into_inner);
+        entries
+            .iter()
+            .flat_map(|(namespace, names)| {
+                names
+                    .iter()
+                    .filter(|(_, status)| status.last_failure_ms.is_some_and(|ms| ms > after))
+                    .map(|(name, status)| (namespace.clone(), name.clone(), Arc::clone(status)))
+            })
+            .collect()
     }
 
     /// Waits until the cache holds a full list; never returns once its writer is gone (the
@@ -653,6 +691,14 @@ impl Cache<CachedCertificates> for CertificateWriter {
     fn holds(&self, object: &CachedCertificates) -> bool {
         self.cached(object)
             .is_some_and(|status| *status == *object.status)
+    }
+
+    fn held(&self, object: &CachedCertificates) -> Option<Arc<CachedCertificates>> {
+        let status = self.cached(object)?;
+        Some(Arc::new(CachedCertificates {
+            metadata: object.metadata.clone(),
+            status,
+        }))
     }
 
     /// What kube-runtime's reflector store does with each event.

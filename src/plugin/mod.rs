@@ -14,6 +14,7 @@ mod explain;
 mod history;
 mod output;
 mod renew;
+mod resume;
 mod status;
 
 use std::path::PathBuf;
@@ -77,6 +78,9 @@ pub enum PluginCommand {
     /// CertificateRenewalPolicy files, offline.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Resume a CertificateRenewalPolicy's automatic renewals after its circuit breaker stopped
+    /// them (recorded in its status with who resumed them).
+    Resume(resume::ResumeArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -193,6 +197,7 @@ async fn run(args: PluginArgs) -> Result<(), PluginError> {
         PluginCommand::Explain(explain) => explain::run(&session, explain, &mut out).await,
         PluginCommand::Renew(renew) => renew::run(&session, renew, &mut out).await,
         PluginCommand::History(history) => history::run(&session, history, &mut out).await,
+        PluginCommand::Resume(resume) => resume::run(&session, resume, &mut out).await,
         PluginCommand::Policy(_) => Ok(()),
     }
 }

@@ -39,6 +39,7 @@
 //! backoff; only its TTL goes through this module ([`Ttl`]).
 
 pub mod backoff;
+pub mod breaker;
 pub mod cron;
 pub mod decision;
 mod instants;

@@ -156,6 +156,10 @@ pub(super) fn field_problems(spec: &serde_yaml::Value) -> Vec<String> {
         spec,
         "inPlaceImpossible",
     ));
+    problems.extend(field::<ck8s_certs_api::renewal_policy::CircuitBreaker>(
+        spec,
+        "circuitBreaker",
+    ));
     problems
 }
 

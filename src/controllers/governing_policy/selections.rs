@@ -129,16 +129,33 @@ impl PolicySelections {
             }
             readings
         };
-        let selects = |reading: &Option<Arc<Reading>>, machine: &Concerned| {
-            reading.as_ref().is_some_and(|r| machine.selected_by(r))
-        };
-        in_namespace(
-            stores.machines,
-            stores.clusters,
-            policy.namespace().as_deref().unwrap_or_default(),
-        )
-        .into_iter()
-        .filter(|m| selects(&before, m) || selects(&now, m))
-        .collect()
+        selected(policy, stores, before, now)
     }
+
+    /// The Machines `policy` selects now, whatever was shown before: those whose verdict a
+    /// change of its status (its circuit breaker) concerns.
+    pub fn selected_now(&self, policy: &DynamicObject, stores: &Caches<'_>) -> Vec<Concerned> {
+        let now = stores.readings.of(policy);
+        selected(policy, stores, None, now)
+    }
+}
+
+/// The Machines of `policy`'s namespace that `before` or `now` selects.
+fn selected(
+    policy: &DynamicObject,
+    stores: &Caches<'_>,
+    before: Option<Arc<Reading>>,
+    now: Option<Arc<Reading>>,
+) -> Vec<Concerned> {
+    let selects = |reading: &Option<Arc<Reading>>, machine: &Concerned| {
+        reading.as_ref().is_some_and(|r| machine.selected_by(r))
+    };
+    in_namespace(
+        stores.machines,
+        stores.clusters,
+        policy.namespace().as_deref().unwrap_or_default(),
+    )
+    .into_iter()
+    .filter(|m| selects(&before, m) || selects(&now, m))
+    .collect()
 }

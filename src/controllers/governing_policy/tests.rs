@@ -14,6 +14,7 @@ fn info(name: &str, mode: Mode) -> PolicyInfo {
         generation: Some(3),
         mode: Some(mode),
         windows: Some(windows_status(&[])),
+        halted_since: None,
     }
 }
 

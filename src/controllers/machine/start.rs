@@ -82,7 +82,7 @@ pub fn start(
     });
     let policy_events = watches
         .policies
-        .subscribe_with_deletions(governing_policy::spec_changed);
+        .subscribe_with_deletions(governing_policy::verdict_input_changed);
     Controller::for_stream_with(watches.machines.subscribe(), stores.machines.clone(), capi)
         .with_config(controller::Config::default().concurrency(concurrency))
         .graceful_shutdown_on(stop.clone().cancelled_owned())
@@ -213,15 +213,20 @@ fn held_in(
 
 /// A policy change re-checks the Machines it selected and those it selects now; a write of its
 /// status alone (its generation unchanged, as its own controller writes `matchedMachines`)
-/// re-checks none.
+/// re-checks none, unless its circuit breaker opened or closed: then those it selects.
 fn machines_of_policy(
     stores: &crate::controllers::stores::Stores,
     capi: CapiVersion,
 ) -> impl Fn(DynamicObject) -> Vec<ObjectRef<ck8s_certs_api::machine::Machine>> + use<> {
     let (stores, selections) = (stores.clone(), PolicySelections::default());
     move |policy| {
-        selections
-            .concerned(&policy, &stores.policy_caches())
+        let caches = stores.policy_caches();
+        let mut concerned = selections.concerned(&policy, &caches);
+        // The same generation: its circuit breaker opened or closed (what let it through).
+        if concerned.is_empty() {
+            concerned = selections.selected_now(&policy, &caches);
+        }
+        concerned
             .into_iter()
             .map(|c| ObjectRef::from_obj_with(c.machine.as_ref(), capi))
             .collect()

@@ -215,6 +215,14 @@ fn decided(
             metric: None,
             next: VerdictNext::Requeue(resync),
         },
+        // The policy's circuit breaker is open: nothing automatic starts, fail-safe or not (its
+        // renewals fail; a person looks first), until a person resumes the policy. Its own
+        // status lists the failures; a resume wakes its Machines.
+        Decision::RenewNow(_) if let Some(since) = info.halted_since => shown(
+            windows_ignored(halted(machine, info, since, &hinted)),
+            Some((EventType::Warning, events::RENEWAL_DEFERRED)),
+            resync,
+        ),
         // A closed gate holds a due renewal until it opens, or until the fail-safe point (as a
         // closed window would): asked only now, since finding it scans the cluster's objects.
         Decision::RenewNow(renewal)
@@ -272,6 +280,26 @@ fn windows_ignored(decision: &Decision, verdict: Verdict) -> Verdict {
     } else {
         verdict
     }
+}
+
+/// A due renewal held while the circuit breaker of its policy is open (since `since`).
+fn halted(
+    machine: &MachineView,
+    info: &PolicyInfo,
+    since: Timestamp,
+    hinted: &dyn Fn(String) -> String,
+) -> Verdict {
+    let message = format!(
+        "Renewal due, held: the circuit breaker of CertificateRenewalPolicy {} is open since {since} (automatic renewals failed too often; its RenewalsHalted condition lists them). Once the cause is fixed, resume it with `kubectl ck8s-certs resume -n {} {}`",
+        info.name, machine.namespace, info.name,
+    );
+    Verdict::new(
+        info,
+        why::RENEWALS_HALTED,
+        None,
+        hinted(message),
+        Some(conditions::RENEWAL_DEFERRED),
+    )
 }
 
 /// A due renewal held by a closed `gate` until it opens or the fail-safe point comes: its

@@ -1,5 +1,7 @@
 //! The policy controller's wiring: a Machine change re-checks the policies of its namespace; a
-//! policy change, those that select the Machines it concerns.
+//! policy change, those that select the Machines it concerns; a failed automatic renewal, the
+//! policies whose circuit breaker counts it (its namespace's, or every policy with the fleet's
+//! breaker on).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +17,7 @@ use super::{Context, error_policy, reconcile, selects_differently};
 use crate::controllers::governing_policy::{self, PolicySelections};
 use crate::controllers::observe::observed;
 use crate::controllers::shared::Shared;
-use crate::controllers::stores::Stores;
+use crate::controllers::stores::{CachedCertificates, Stores};
 use crate::controllers::watches::{Watches, policy_resource};
 use crate::metrics::Controller as Timed;
 
@@ -25,25 +27,39 @@ pub fn start(
     watches: &mut Watches,
     shared: &Shared,
     resync: Duration,
+    breakers: super::BreakerSettings,
 ) -> impl Future<Output = ()> + use<> {
     let (stores, metrics) = (&shared.stores, shared.metrics.clone());
     let machines = watches.machines.subscribe_changes(selects_differently);
+    let failures = watches.certificates.subscribe_changes(failure_recorded);
     let policies = watches.policies.subscribe();
     // Changes of the policies' specs, and deletions: a change re-checks the other policies
     // that select the Machines it concerns (their conflicts).
     let siblings = watches
         .policies
         .subscribe_with_deletions(governing_policy::spec_changed);
+    let fleet_wide = breakers.fleet.failures > 0;
     let ctx = Arc::new(Context {
         client: shared.client.clone(),
+        capi: shared.capi,
         machines: stores.machines.clone(),
         clusters: stores.clusters.clone(),
         policies: stores.policies.clone(),
+        certificates: stores.certificates.clone(),
+        recorder: shared.recorder.clone(),
+        breakers,
         readings: stores.policy_readings.clone(),
         clock: shared.clock.clone(),
         resync,
     });
     let of_namespace = policies_of_namespace(stores);
+    let of_failure = {
+        let of_namespace = policies_of_namespace(stores);
+        move |failed: CachedCertificates| match fleet_wide {
+            true => of_namespace(None),
+            false => of_namespace(failed.namespace()),
+        }
+    };
     Controller::for_stream_with(policies, stores.policies.clone(), policy_resource())
         .graceful_shutdown_on(shared.stop.clone().cancelled_owned())
         .watches_stream_with(
@@ -52,6 +68,7 @@ pub fn start(
             shared.capi,
         )
         .watches_stream_with(siblings, policies_of_sibling(stores), policy_resource())
+        .watches_stream_with(failures, of_failure, ())
         .run(
             move |object, ctx| {
                 observed(
@@ -71,7 +88,14 @@ pub fn start(
         })
 }
 
-/// The policies of a namespace.
+/// Whether a MachineCertificates records a new failed automatic renewal (its
+/// `lastFailureTime` changed to an instant): what the circuit breakers count.
+fn failure_recorded(before: Option<&CachedCertificates>, now: &CachedCertificates) -> bool {
+    let failed = |c: &CachedCertificates| c.last_failure();
+    failed(now).is_some() && before.map(failed) != Some(failed(now))
+}
+
+/// The policies of a namespace (of every namespace for `None`).
 fn policies_of_namespace(
     stores: &Stores,
 ) -> impl Fn(Option<String>) -> Vec<ObjectRef<DynamicObject>> + use<> {
@@ -80,7 +104,7 @@ fn policies_of_namespace(
         store
             .state()
             .into_iter()
-            .filter(|p| p.namespace() == namespace)
+            .filter(|p| namespace.is_none() || p.namespace() == namespace)
             .map(|p| ObjectRef::from_obj_with(p.as_ref(), policy_resource()))
             .collect()
     }

@@ -308,10 +308,11 @@ impl Environment {
             // band (1d to 1y) is tested by tests/ttl_band.rs, which sets it.
             "--max-ttl=10y",
             // The admission policies are installed only where a test installs them
-            // (`install_admission_policies`); tests/request_checks.rs and
-            // tests/capi_replace.rs set them.
+            // (`install_admission_policies`); tests/request_checks.rs,
+            // tests/capi_replace.rs and tests/breaker.rs set them.
             "--request-policy=",
             "--renewal-admission-policy=",
+            "--requester-policy=",
             // Subscriptions of a few objects: one that a controller reads only once the caches
             // are synced keeps them from syncing here, not only on a fleet of thousands.
             "--watch-buffer=4",

@@ -292,6 +292,12 @@ fn exhibited() -> Result<String, DocsError> {
             })
             .collect();
     m.expiry.read_from(machines);
+    let halted: Vec<(String, String, String, f64)> =
+        of("renewals_halted_since_timestamp_seconds", "scope")
+            .into_iter()
+            .map(|scope| (ANY.into(), ANY.into(), scope, 0.0))
+            .collect();
+    m.halted.read_from(halted);
     for certificate in of("kubeconfig_expiry_timestamp_seconds", "certificate") {
         let _ = m.kubeconfig_expiry.get_or_create(&KubeconfigLabels {
             namespace: ANY.into(),

@@ -46,6 +46,7 @@ fn governing(kind: u8) -> Governing {
             generation: Some(1),
             mode: Some(spec.policy),
             windows: Some(windows_status(&spec.windows)),
+            halted_since: None,
         },
         policy: Ok(Arc::new(valid)),
     }

@@ -41,6 +41,7 @@ fn policy(spec: serde_json::Value) -> Governing {
             generation: Some(1),
             mode: Some(spec.policy),
             windows: Some(windows_status(&spec.windows)),
+            halted_since: None,
         },
         policy: Ok(Arc::new(valid)),
     }
@@ -53,6 +54,7 @@ fn unreadable() -> Governing {
             generation: Some(1),
             mode: None,
             windows: None,
+            halted_since: None,
         },
         policy: Err("spec.ttl: not a duration".into()),
     }
