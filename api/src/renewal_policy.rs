@@ -82,6 +82,12 @@ pub mod conditions {
     pub const VALID: &str = "Valid";
     /// The policy is valid and governs its Machines (none is claimed by another policy too).
     pub const READY: &str = "Ready";
+    /// The policy keeps its promise in the worst case: at least three attempts start before the
+    /// fail-safe point when all fail, the windows open within every lifetime, and the third
+    /// attempt starts before the expiry alert fires. False names the number that is wrong and
+    /// what would work (the admission webhook refuses such a policy; one written without it
+    /// still renews as it says).
+    pub const PROMISE_KEPT: &str = "PromiseKept";
 }
 
 /// Condition reasons on a `CertificateRenewalPolicy`.
@@ -94,6 +100,15 @@ pub mod reasons {
     pub const ACTIVE: &str = "Active";
     /// `Ready` False: another policy also selects some of this policy's Machines.
     pub const CONFLICT: &str = "ConflictingPolicies";
+    /// `PromiseKept` True.
+    pub const PROMISE_KEPT: &str = "PromiseKept";
+    /// `PromiseKept` True: the policy is Disabled and promises nothing.
+    pub const NOTHING_PROMISED: &str = "NothingPromised";
+    /// `PromiseKept` False: the message says which number is wrong and what would work.
+    pub const PROMISE_BROKEN: &str = "PromiseBroken";
+    /// `PromiseKept` Unknown: the windows could not be checked (the message says why), or the
+    /// spec is invalid (reason `InvalidSpec`).
+    pub const PROMISE_UNPROVEN: &str = "PromiseUnproven";
 }
 
 /// Which Machines the policy governs, and when their certificates are renewed.
@@ -260,7 +275,7 @@ pub struct CertificateRenewalPolicyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window_count: Option<i32>,
 
-    /// Valid and Ready.
+    /// Valid, Ready and PromiseKept.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
