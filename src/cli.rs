@@ -253,8 +253,8 @@ pub struct Args {
     pub webhook: bool,
 
     /// HTTPS address of the admission webhooks: `POST /mutate-machine` (the `refresh-trigger`
-    /// and `fleet-trigger` webhooks) and `POST /mutate-certificaterefresh` (the
-    /// `refresh-request` webhook).
+    /// and `fleet-trigger` webhooks), `POST /mutate-certificaterefresh` (the `refresh-request`
+    /// webhook) and `POST /validate-certificaterenewalpolicy` (the `policy-promise` webhook).
     #[arg(
         long,
         env = "CK8S_CERTS_WEBHOOK_BIND_ADDRESS",
@@ -269,6 +269,16 @@ pub struct Args {
         default_value = "ck8s-certs-refresh-trigger"
     )]
     pub webhook_configuration: String,
+
+    /// The ValidatingWebhookConfiguration of the policy webhook (`POST
+    /// /validate-certificaterenewalpolicy`, which refuses a CertificateRenewalPolicy that cannot
+    /// keep its promise), whose caBundle the controller keeps too.
+    #[arg(
+        long,
+        env = "CK8S_CERTS_WEBHOOK_POLICY_CONFIGURATION",
+        default_value = "ck8s-certs-policy-promise"
+    )]
+    pub webhook_policy_configuration: String,
 
     /// The Secret (in the controller's namespace) holding the webhook's CA and serving
     /// certificate: shipped empty with the components and filled by the first replica (created

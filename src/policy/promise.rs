@@ -233,7 +233,7 @@ impl Terms {
             Written::Percentage(_) => {
                 let seconds = needed.as_secs();
                 let percent = (seconds.saturating_mul(100) + ttl.as_secs() - 1) / ttl.as_secs();
-                (percent <= 99).then(|| Suggestion::Percentage(percent as i32))
+                (percent <= 99).then_some(Suggestion::Percentage(percent as i32))
             }
             Written::Duration(_) | Written::Default => {
                 let rounded = round_up(needed);
@@ -324,7 +324,9 @@ pub fn check(policy: &ValidPolicy, backoff: Backoff, now: Timestamp) -> Result<P
 }
 
 /// [`check`]'s answer without the worst case of a refusal: a refusal names the first due time
-/// found that breaks the promise, with its numbers. What is admitted is the same.
+/// found that breaks the promise, with its numbers. What is admitted is the same (the property
+/// test's pace).
+#[cfg(test)]
 pub(crate) fn admission(
     policy: &ValidPolicy,
     backoff: Backoff,
@@ -339,6 +341,8 @@ fn judge(
     now: Timestamp,
     worst: bool,
 ) -> Result<Promise, Broken> {
+    // Whole seconds, as every instant a policy names: a due time in a message reads as one.
+    let now = Timestamp::from_second(now.as_second()).unwrap_or(now);
     let terms = Terms::of(policy);
     let mut simulator = Simulator::new(policy, backoff);
     match policy.mode {

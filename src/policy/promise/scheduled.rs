@@ -459,7 +459,7 @@ impl Search<'_> {
             }
         }
         if let Goal::Decide { threshold } = self.goal
-            && !third.is_some_and(|third| third < threshold)
+            && third.is_none_or(|third| third >= threshold)
         {
             return Err(Stop::Reached(Worst {
                 late,

@@ -280,3 +280,4 @@ fn timings() {
         println!("{:>10.3?}  {name}", started.elapsed() / rounds);
     }
 }
+mod audit;
