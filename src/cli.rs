@@ -247,7 +247,8 @@ pub struct Args {
     /// Serve the admission webhooks (every replica serves them): the trigger webhook marks a new
     /// `v1beta2.k8sd.io/refresh-certificates` request in-progress in the same write, so the CK8s
     /// bootstrap provider's reconciler stands aside; the fleet-trigger and request webhooks write
-    /// who asked. Turn off only where that provider is not installed and no
+    /// who asked; the policy webhook refuses a CertificateRenewalPolicy that cannot keep its
+    /// promise. Turn off only where that provider is not installed and no
     /// MutatingWebhookConfiguration points at the controller.
     #[arg(long, env = "CK8S_CERTS_WEBHOOK", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub webhook: bool,

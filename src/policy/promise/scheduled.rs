@@ -1,11 +1,12 @@
 //! The worst case under `Scheduled` windows, in two steps.
 //!
-//! **A bound.** Each attempt waits at most for a closed stretch of the windows, the spread and,
-//! after a failure, the attempt's length and its backoff: the `k`-th starts at most
-//! `k × (longest closed stretch + spread) + Σ (ATTEMPT_LENGTH + backoff)` after due (inside a
-//! window, the slot lies within the spread after the later of the window's opening and the due
-//! time; outside, the next opening comes within the longest closed stretch). A policy whose
-//! bound keeps the promise is admitted without more work, which is most of them.
+//! **A bound.** Each attempt waits at most for a closed stretch of the windows, its slot in the
+//! spread and, after a failure, the attempt's length and its backoff: the `k`-th starts at most
+//! `k × (longest closed stretch + min(spread, longest occurrence)) + Σ (ATTEMPT_LENGTH + backoff)`
+//! after due (inside a window, the slot lies within the spread after the later of the window's
+//! opening and the due time, and inside that occurrence; outside, the next opening comes within
+//! the longest closed stretch). A policy whose bound keeps the promise is admitted without more
+//! work, which is most of them.
 //!
 //! **An exact search**, for the others: the worst due instant `D`, over every `D` of the scanned
 //! horizon, with two facts about the simulated attempts (the property test checks that what
@@ -61,7 +62,7 @@ const MIN_PER_WINDOW: usize = 64;
 const MAX_PER_WINDOW: usize = 16_384;
 
 /// How far ahead daylight-saving changes are looked for (the rules repeat yearly), and how much
-/// of the time around each is scanned.
+/// of the time around each is scanned at least (more when the attempts reach further).
 const CHANGES_AHEAD: SignedDuration = SignedDuration::from_hours(366 * 24);
 const AROUND_CHANGE: SignedDuration = SignedDuration::from_hours(8 * 24);
 
@@ -103,19 +104,24 @@ impl Windows {
     pub(super) fn scan(simulator: &Simulator, now: Timestamp) -> Result<Self, String> {
         let windows = &simulator.windows;
         let per_window = (SCAN_OCCURRENCES / windows.len().max(1)).max(MIN_PER_WINDOW);
-        let first = scan(windows, now, saturating_add(now, SCAN), per_window)?;
+        let first = scan(
+            windows,
+            now,
+            saturating_add(now, SCAN),
+            saturating_add(now, MIN_SCAN),
+            per_window,
+        )?;
+        // Around a change, every due time whose attempts can meet it.
+        let reach = simulator.reach(first.longest_gap, first.longest_occurrence);
+        let around = AROUND_CHANGE.max(reach + SignedDuration::from_hours(24));
         let mut scans = vec![first];
         for change in changes(windows, now) {
-            if saturating_add(change, AROUND_CHANGE) < scans[0].complete {
+            let until = saturating_add(change, around);
+            if until < scans[0].complete {
                 continue;
             }
-            let from = saturating_sub(change, AROUND_CHANGE);
-            scans.push(scan(
-                windows,
-                from,
-                saturating_add(change, AROUND_CHANGE),
-                MAX_PER_WINDOW,
-            )?);
+            let from = saturating_sub(change, around);
+            scans.push(scan(windows, from, until, until, MAX_PER_WINDOW)?);
         }
         Ok(Self { scans })
     }
@@ -252,17 +258,18 @@ fn changes(windows: &[ValidWindow], now: Timestamp) -> Vec<Timestamp> {
 }
 
 /// Lists the occurrences of `windows` that are open from `from` on and start before `until`:
-/// those of the first [`MIN_SCAN`], then at most `cap` per window after `from`; `complete` is cut
-/// to the earliest window that ran out.
+/// every one that starts before `at_least`, then at most `cap` per window; `complete` is cut to
+/// the earliest window that ran out.
 fn scan(
     windows: &[ValidWindow],
     from: Timestamp,
     until: Timestamp,
+    at_least: Timestamp,
     cap: usize,
 ) -> Result<Scan, String> {
     let mut occurrences = Vec::new();
     let mut complete = until;
-    let at_least = saturating_add(from, MIN_SCAN).min(until);
+    let at_least = at_least.min(until);
     // The window that opens most often first: it cuts `complete` before a rare one is listed
     // for decades.
     let mut order: Vec<usize> = (0..windows.len()).collect();
@@ -299,7 +306,7 @@ fn scan(
     if complete < at_least {
         return Err(format!(
             "window occurrences come too thick: more than {MAX_PER_WINDOW} of one window open within {} from {from}",
-            super::human(complete.duration_since(from).max(MIN_SCAN))
+            super::human(at_least.duration_since(from))
         ));
     }
     occurrences.retain(|occurrence| occurrence.start < complete);

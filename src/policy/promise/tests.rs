@@ -6,6 +6,7 @@ use crate::policy::spec::validate;
 use crate::policy::testing::utc;
 
 mod property;
+mod shipped;
 
 /// A Wednesday, when no zone of the table changes its offset.
 const NOW: &str = "2026-11-25T12:00:00Z";
@@ -280,4 +281,3 @@ fn timings() {
         println!("{:>10.3?}  {name}", started.elapsed() / rounds);
     }
 }
-mod audit;
