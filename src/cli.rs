@@ -277,14 +277,15 @@ pub struct Args {
     /// Serve the admission webhooks (every replica serves them): the trigger webhook marks a new
     /// `v1beta2.k8sd.io/refresh-certificates` request in-progress in the same write, so the CK8s
     /// bootstrap provider's reconciler stands aside; the fleet-trigger and request webhooks write
-    /// who asked. Turn off only where that provider is not installed and no
+    /// who asked; the policy webhook refuses a CertificateRenewalPolicy that cannot keep its
+    /// promise. Turn off only where that provider is not installed and no
     /// MutatingWebhookConfiguration points at the controller.
     #[arg(long, env = "CK8S_CERTS_WEBHOOK", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub webhook: bool,
 
     /// HTTPS address of the admission webhooks: `POST /mutate-machine` (the `refresh-trigger`
-    /// and `fleet-trigger` webhooks) and `POST /mutate-certificaterefresh` (the
-    /// `refresh-request` webhook).
+    /// and `fleet-trigger` webhooks), `POST /mutate-certificaterefresh` (the `refresh-request`
+    /// webhook) and `POST /validate-certificaterenewalpolicy` (the `policy-promise` webhook).
     #[arg(
         long,
         env = "CK8S_CERTS_WEBHOOK_BIND_ADDRESS",
@@ -299,6 +300,16 @@ pub struct Args {
         default_value = "ck8s-certs-refresh-trigger"
     )]
     pub webhook_configuration: String,
+
+    /// The ValidatingWebhookConfiguration of the policy webhook (`POST
+    /// /validate-certificaterenewalpolicy`, which refuses a CertificateRenewalPolicy that cannot
+    /// keep its promise), whose caBundle the controller keeps too.
+    #[arg(
+        long,
+        env = "CK8S_CERTS_WEBHOOK_POLICY_CONFIGURATION",
+        default_value = "ck8s-certs-policy-promise"
+    )]
+    pub webhook_policy_configuration: String,
 
     /// The Secret (in the controller's namespace) holding the webhook's CA and serving
     /// certificate: shipped empty with the components and filled by the first replica (created

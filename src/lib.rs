@@ -113,7 +113,9 @@ pub async fn run(args: cli::Args) -> Result<(), Error> {
 
     // Every replica serves the webhook: refresh requests must be marked whoever leads.
     let webhook = match args.webhook {
-        true => Some(admission::start(&client, webhook_settings(&args, &client, band)).await?),
+        true => {
+            Some(admission::start(&client, webhook_settings(&args, &client, band, backoff)).await?)
+        }
         false => None,
     };
 
@@ -272,6 +274,7 @@ fn webhook_settings(
     args: &cli::Args,
     client: &Client,
     band: refresh::band::TtlBand,
+    backoff: policy::Backoff,
 ) -> admission::Settings {
     let namespace = own_namespace(args, client);
     let service = &args.webhook_service;
@@ -283,6 +286,7 @@ fn webhook_settings(
     admission::Settings {
         address: args.webhook_bind_address,
         configuration: args.webhook_configuration.clone(),
+        policy_configuration: args.webhook_policy_configuration.clone(),
         certificate: admission::certificate::Settings {
             namespace,
             secret: args.webhook_secret.clone(),
@@ -292,6 +296,7 @@ fn webhook_settings(
             namespace: args.namespace.clone(),
             watch_filter: args.watch_filter.clone(),
             band,
+            backoff,
         },
     }
 }

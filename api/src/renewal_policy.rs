@@ -85,6 +85,12 @@ pub mod conditions {
     /// True while the circuit breaker is open: automatic renewals of the policy's Machines are
     /// stopped after failures until a person resumes them; the message lists the failures.
     pub const RENEWALS_HALTED: &str = "RenewalsHalted";
+    /// The policy keeps its promise in the worst case: at least three attempts start before the
+    /// fail-safe point when all fail, the windows open within every lifetime, and the third
+    /// attempt starts before the expiry alert fires. False names the number that is wrong and
+    /// what would work (the admission webhook refuses such a policy; one written without it
+    /// still renews as it says).
+    pub const PROMISE_KEPT: &str = "PromiseKept";
 }
 
 /// Condition reasons on a `CertificateRenewalPolicy`.
@@ -103,6 +109,15 @@ pub mod reasons {
     pub const FLEET_BREAKER_OPEN: &str = "FleetBreakerOpen";
     /// `RenewalsHalted` False: the breaker is closed.
     pub const BREAKER_CLOSED: &str = "BreakerClosed";
+    /// `PromiseKept` True.
+    pub const PROMISE_KEPT: &str = "PromiseKept";
+    /// `PromiseKept` True: the policy is Disabled and promises nothing.
+    pub const NOTHING_PROMISED: &str = "NothingPromised";
+    /// `PromiseKept` False: the message says which number is wrong and what would work.
+    pub const PROMISE_BROKEN: &str = "PromiseBroken";
+    /// `PromiseKept` Unknown: the windows could not be checked (the message says why), or the
+    /// spec is invalid (reason `InvalidSpec`).
+    pub const PROMISE_UNPROVEN: &str = "PromiseUnproven";
 }
 
 /// Which Machines the policy governs, and when their certificates are renewed.
@@ -344,7 +359,7 @@ pub struct CertificateRenewalPolicyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub breaker: Option<BreakerStatus>,
 
-    /// Valid, Ready and RenewalsHalted.
+    /// Valid, Ready, PromiseKept and RenewalsHalted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }

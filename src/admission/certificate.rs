@@ -27,7 +27,10 @@ use std::net::IpAddr;
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::ByteString;
-use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, MutatingWebhookConfiguration};
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhook, MutatingWebhookConfiguration, ValidatingWebhook,
+    ValidatingWebhookConfiguration, WebhookClientConfig,
+};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -76,8 +79,9 @@ pub enum CertificateError {
         #[source]
         source: kube::Error,
     },
-    #[error("updating the caBundle of MutatingWebhookConfiguration {name} failed: {source}")]
+    #[error("updating the caBundle of {kind} {name} failed: {source}")]
     Configuration {
+        kind: &'static str,
         name: String,
         #[source]
         source: kube::Error,
@@ -274,14 +278,73 @@ pub enum Injected {
     NoConfiguration,
 }
 
+/// A webhook configuration whose entries of ours call this controller: the trigger webhooks'
+/// MutatingWebhookConfiguration and the policy webhook's ValidatingWebhookConfiguration.
+pub trait Configuration:
+    kube::Resource<DynamicType = (), Scope = k8s_openapi::ClusterResourceScope>
+    + Clone
+    + std::fmt::Debug
+    + serde::de::DeserializeOwned
+    + serde::Serialize
+    + Send
+    + Sync
+    + 'static
+{
+    type Entry: Entry;
+    /// For messages.
+    const KIND: &'static str;
+    fn entries(&self) -> &[Self::Entry];
+}
+
+/// One entry of a webhook configuration.
+pub trait Entry {
+    fn name(&self) -> &str;
+    fn client_config(&self) -> &WebhookClientConfig;
+}
+
+impl Configuration for MutatingWebhookConfiguration {
+    type Entry = MutatingWebhook;
+    const KIND: &'static str = "MutatingWebhookConfiguration";
+    fn entries(&self) -> &[MutatingWebhook] {
+        self.webhooks.as_deref().unwrap_or_default()
+    }
+}
+
+impl Configuration for ValidatingWebhookConfiguration {
+    type Entry = ValidatingWebhook;
+    const KIND: &'static str = "ValidatingWebhookConfiguration";
+    fn entries(&self) -> &[ValidatingWebhook] {
+        self.webhooks.as_deref().unwrap_or_default()
+    }
+}
+
+impl Entry for MutatingWebhook {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn client_config(&self) -> &WebhookClientConfig {
+        &self.client_config
+    }
+}
+
+impl Entry for ValidatingWebhook {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn client_config(&self) -> &WebhookClientConfig {
+        &self.client_config
+    }
+}
+
 /// Puts `bundle` into each of our entries of the configuration whose caBundle differs.
-pub async fn inject_ca_bundle(
+pub async fn inject_ca_bundle<C: Configuration>(
     client: &Client,
     configuration: &str,
     bundle: &str,
 ) -> Result<Injected, CertificateError> {
-    let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let api: Api<C> = Api::all(client.clone());
     let failed = |source| CertificateError::Configuration {
+        kind: C::KIND,
         name: configuration.to_owned(),
         source,
     };
@@ -291,7 +354,7 @@ pub async fn inject_ca_bundle(
         let Some(current) = api.get_opt(configuration).await.map_err(failed)? else {
             return Ok(Injected::NoConfiguration);
         };
-        let ops = bundle_patch(current.webhooks.as_deref().unwrap_or_default(), bundle);
+        let ops = bundle_patch(current.entries(), bundle);
         if ops.is_empty() {
             return Ok(Injected::AlreadySet);
         }
@@ -315,31 +378,28 @@ pub async fn inject_ca_bundle(
 }
 
 /// Whether any of our entries of `configuration` lacks `bundle`.
-pub fn bundle_differs(configuration: &MutatingWebhookConfiguration, bundle: &str) -> bool {
-    !bundle_patch(
-        configuration.webhooks.as_deref().unwrap_or_default(),
-        bundle,
-    )
-    .is_empty()
+pub fn bundle_differs(configuration: &impl Configuration, bundle: &str) -> bool {
+    !bundle_patch(configuration.entries(), bundle).is_empty()
 }
 
 /// The JSON patch that sets `bundle` on each of our entries that lacks it. Entries are addressed
 /// by index, so each `add` is guarded by a `test` of the entry's name at that index and of the
 /// caBundle read: if the configuration changed in between (entries re-ordered, another replica
 /// already wrote), the whole patch fails instead of setting the wrong entry or writing twice.
-pub fn bundle_patch(webhooks: &[MutatingWebhook], bundle: &str) -> Vec<serde_json::Value> {
+pub fn bundle_patch(webhooks: &[impl Entry], bundle: &str) -> Vec<serde_json::Value> {
     let want = ByteString(bundle.as_bytes().to_vec());
     let mut ops = Vec::new();
     for (i, webhook) in webhooks.iter().enumerate() {
-        let ours = webhook.name.ends_with(OWN_WEBHOOK_SUFFIX);
-        if !ours || webhook.client_config.ca_bundle.as_ref() == Some(&want) {
+        let ours = webhook.name().ends_with(OWN_WEBHOOK_SUFFIX);
+        let read = &webhook.client_config().ca_bundle;
+        if !ours || read.as_ref() == Some(&want) {
             continue;
         }
         let path = format!("/webhooks/{i}/clientConfig/caBundle");
         ops.push(
-            json!({ "op": "test", "path": format!("/webhooks/{i}/name"), "value": webhook.name }),
+            json!({ "op": "test", "path": format!("/webhooks/{i}/name"), "value": webhook.name() }),
         );
-        if let Some(read) = &webhook.client_config.ca_bundle {
+        if let Some(read) = read {
             ops.push(json!({ "op": "test", "path": path, "value": read }));
         }
         ops.push(json!({ "op": "add", "path": path, "value": want }));

@@ -29,9 +29,12 @@
 //! webhook.
 //!
 //! [`decide`] is the pure decision; [`server`] serves it over TLS; [`certificate`] keeps the
-//! serving certificate (in a Secret, shared by the replicas) and the configuration's caBundle.
+//! serving certificate (in a Secret, shared by the replicas) and the configurations' caBundle.
+//! The same server answers the policy webhook, a validating one of its own ([`policies`]: a
+//! CertificateRenewalPolicy that cannot keep its promise is refused).
 
 pub mod certificate;
+pub mod policies;
 pub mod requests;
 pub mod server;
 #[cfg(test)]
@@ -56,6 +59,8 @@ pub struct Settings {
     pub address: std::net::SocketAddr,
     /// The MutatingWebhookConfiguration whose caBundle we keep.
     pub configuration: String,
+    /// The ValidatingWebhookConfiguration of the policy webhook, whose caBundle we keep too.
+    pub policy_configuration: String,
     pub certificate: certificate::Settings,
     pub scope: Scope,
 }
@@ -117,7 +122,9 @@ async fn keep_current(
     mut current: certificate::Current,
 ) {
     use futures::StreamExt;
-    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    use k8s_openapi::api::admissionregistration::v1::{
+        MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+    };
     use k8s_openapi::api::core::v1::Secret;
     use kube::runtime::{WatchStreamExt, watcher};
     let by_name = |name: &str| watcher::Config::default().fields(&format!("metadata.name={name}"));
@@ -125,11 +132,19 @@ async fn keep_current(
     let configuration = watcher(configurations, by_name(&settings.configuration))
         .default_backoff()
         .applied_objects();
+    let policy_configurations: kube::Api<ValidatingWebhookConfiguration> =
+        kube::Api::all(client.clone());
+    let policy_configuration = watcher(
+        policy_configurations,
+        by_name(&settings.policy_configuration),
+    )
+    .default_backoff()
+    .applied_objects();
     let secrets: kube::Api<Secret> =
         kube::Api::namespaced(client.clone(), &settings.certificate.namespace);
     // Raw events: a deleted Secret (the documented CA rotation) matters as much as a changed one.
     let secret = watcher(secrets, by_name(&settings.certificate.secret)).default_backoff();
-    futures::pin_mut!(configuration, secret);
+    futures::pin_mut!(configuration, policy_configuration, secret);
     let mut renewal = tokio::time::interval(RENEWAL_CHECK);
     renewal.tick().await;
     let retry = tokio::time::sleep(RETRY);
@@ -143,6 +158,15 @@ async fn keep_current(
                 Some(Ok(_)) => continue,
                 Some(Err(err)) => {
                     tracing::warn!(configuration = %settings.configuration, error = %err, "Watching the MutatingWebhookConfiguration failed; retrying");
+                    continue;
+                }
+                None => return,
+            },
+            change = policy_configuration.next() => match change {
+                Some(Ok(seen)) if certificate::bundle_differs(&seen, &current.bundle) => true,
+                Some(Ok(_)) => continue,
+                Some(Err(err)) => {
+                    tracing::warn!(configuration = %settings.policy_configuration, error = %err, "Watching the ValidatingWebhookConfiguration failed; retrying");
                     continue;
                 }
                 None => return,
@@ -192,10 +216,24 @@ async fn refresh(
         }
     };
     let new_bundle = fresh.bundle != current.bundle;
+    let mut policies = true;
     if new_bundle || configuration_too {
-        if !inject(client, settings, &fresh.bundle).await {
+        use k8s_openapi::api::admissionregistration::v1::{
+            MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+        };
+        let bundle = &fresh.bundle;
+        if !inject::<MutatingWebhookConfiguration>(client, &settings.configuration, bundle).await {
             return false;
         }
+        // The policy webhook's configuration does not hold the certificate back: while it
+        // lacks the bundle, policies are written unchecked (its failurePolicy is Ignore), and
+        // it is tried again in 30s.
+        policies = inject::<ValidatingWebhookConfiguration>(
+            client,
+            &settings.policy_configuration,
+            bundle,
+        )
+        .await;
         if new_bundle {
             tokio::time::sleep(BUNDLE_SETTLE).await;
         }
@@ -208,20 +246,25 @@ async fn refresh(
         tracing::info!(secret = %settings.certificate.secret, new_ca = fresh.pem.ca != current.pem.ca, "Serving the webhook certificate of the Secret");
     }
     *current = fresh;
-    true
+    policies
 }
 
 /// Writes `bundle` where the configuration differs; `false` when that failed.
-async fn inject(client: &kube::Client, settings: &Settings, bundle: &str) -> bool {
+async fn inject<C: certificate::Configuration>(
+    client: &kube::Client,
+    configuration: &str,
+    bundle: &str,
+) -> bool {
     use certificate::Injected;
-    match certificate::inject_ca_bundle(client, &settings.configuration, bundle).await {
+    let kind = C::KIND;
+    match certificate::inject_ca_bundle::<C>(client, configuration, bundle).await {
         Ok(Injected::Written) => {
-            tracing::info!(configuration = %settings.configuration, "Set the webhook's caBundle");
+            tracing::info!(%kind, %configuration, "Set the webhook's caBundle");
             true
         }
         Ok(Injected::AlreadySet) => true,
         Ok(Injected::NoConfiguration) => {
-            tracing::debug!(configuration = %settings.configuration, "No MutatingWebhookConfiguration to set the caBundle of");
+            tracing::debug!(%kind, %configuration, "No webhook configuration to set the caBundle of");
             true
         }
         Err(err) => {
@@ -239,6 +282,8 @@ pub struct Scope {
     pub watch_filter: Option<String>,
     /// The lifetimes a refresh may ask for (`--min-ttl`, `--max-ttl`), as the controller checks.
     pub band: TtlBand,
+    /// `--renewal-backoff-min`/`-max`: the backoff a policy's promise is checked with.
+    pub backoff: crate::policy::Backoff,
 }
 
 impl Scope {
@@ -952,6 +997,7 @@ mod tests {
             namespace: Some("fleet".into()),
             watch_filter: Some("a".into()),
             band: wide().band,
+            ..Scope::default()
         };
         let update = |ttl: &str| {
             let old = machine(json!({}), json!({ WATCH_FILTER_LABEL: "a" }));

@@ -1,11 +1,12 @@
 //! Serves the admission webhooks over HTTPS: the trigger webhooks on `POST /mutate-machine`
 //! (Machines; Clusters, MachineDeployments and CK8sControlPlanes) and the request webhook on
-//! `POST /mutate-certificaterefresh`, one handler for both. Every replica serves them, leader or
-//! not: the answer is a pure function of the request. The serving certificate can be swapped
-//! while serving (a renewal needs no restart).
+//! `POST /mutate-certificaterefresh`, one handler for both; the policy webhook on
+//! `POST /validate-certificaterenewalpolicy` ([`super::policies`]). Every replica serves them,
+//! leader or not: the answer is a pure function of the request (and, for a policy, of the time).
+//! The serving certificate can be swapped while serving (a renewal needs no restart).
 //!
 //! The server's connection handling and limits under abuse are [`crate::serving`]'s: TLS 1.2 or
-//! 1.3 only here, and anything but an `admission.k8s.io/v1` AdmissionReview on one of those two
+//! 1.3 only here, and anything but an `admission.k8s.io/v1` AdmissionReview on one of those
 //! paths gets a 4xx.
 
 use std::net::SocketAddr;
@@ -38,6 +39,9 @@ pub const PATH: &str = "/mutate-machine";
 /// The path it calls for new CertificateRefreshes (their requester is written). Served by the
 /// same handler: the decision goes by the request's kind.
 pub const REQUESTS_PATH: &str = "/mutate-certificaterefresh";
+
+/// The path the ValidatingWebhookConfiguration calls for CertificateRenewalPolicy writes.
+pub const POLICIES_PATH: &str = "/validate-certificaterenewalpolicy";
 
 /// The only review version the configuration asks for (`admissionReviewVersions: ["v1"]`).
 const REVIEW_API_VERSION: &str = "admission.k8s.io/v1";
@@ -131,6 +135,7 @@ fn router(scope: Scope, limits: &Limits) -> Router {
     Router::new()
         .route(PATH, post(mutate_machine))
         .route(REQUESTS_PATH, post(mutate_machine))
+        .route(POLICIES_PATH, post(validate_policy))
         .with_state(Arc::new(scope))
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
 }
@@ -141,18 +146,42 @@ async fn mutate_machine(
     State(scope): State<Arc<Scope>>,
     Json(review): Json<AdmissionReview<DynamicObject>>,
 ) -> Response {
-    if review.types.kind != "AdmissionReview" || review.types.api_version != REVIEW_API_VERSION {
-        return (
-            StatusCode::UNPROCESSABLE_ENTITY,
-            format!("expected an {REVIEW_API_VERSION} AdmissionReview"),
-        )
-            .into_response();
+    match request_of(review) {
+        Ok(request) => Json(super::review(&request, &scope).into_review()).into_response(),
+        Err(why) => (StatusCode::UNPROCESSABLE_ENTITY, why).into_response(),
     }
-    let request: AdmissionRequest<DynamicObject> = match review.try_into() {
+}
+
+/// As [`mutate_machine`], for a CertificateRenewalPolicy: its promise is checked from now on,
+/// off the async workers (searching odd windows takes a while).
+async fn validate_policy(
+    State(scope): State<Arc<Scope>>,
+    Json(review): Json<AdmissionReview<DynamicObject>>,
+) -> Response {
+    let request = match request_of(review) {
         Ok(request) => request,
-        Err(err) => return (StatusCode::UNPROCESSABLE_ENTITY, err.to_string()).into_response(),
+        Err(why) => return (StatusCode::UNPROCESSABLE_ENTITY, why).into_response(),
     };
-    Json(super::review(&request, &scope).into_review()).into_response()
+    let now = jiff::Timestamp::now();
+    let checked =
+        tokio::task::spawn_blocking(move || super::policies::review(&request, &scope, now)).await;
+    match checked {
+        Ok(response) => Json(response.into_review()).into_response(),
+        // A panic in the check: the API server's failurePolicy (Ignore) decides.
+        Err(err) => (StatusCode::INTERNAL_SERVER_ERROR, err.to_string()).into_response(),
+    }
+}
+
+/// The request of a well-formed review, or why another is unprocessable (a 422).
+fn request_of(
+    review: AdmissionReview<DynamicObject>,
+) -> Result<AdmissionRequest<DynamicObject>, String> {
+    if review.types.kind != "AdmissionReview" || review.types.api_version != REVIEW_API_VERSION {
+        return Err(format!("expected an {REVIEW_API_VERSION} AdmissionReview"));
+    }
+    review
+        .try_into()
+        .map_err(|err: kube::core::admission::ConvertAdmissionReviewError| err.to_string())
 }
 
 #[cfg(test)]

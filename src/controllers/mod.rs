@@ -88,9 +88,16 @@ pub async fn run(
         .halted
         .read_from(observe::CachedHalts(shared.stores.policies.clone()));
     let fleet = Arc::new(settings.fleet_context(&shared, &watches, synced_rx));
+    let backoff = settings.machine.config.renewal.backoff;
     let controllers = futures::future::join5(
         machine::start(&mut watches, &shared, settings.machine, carrier, term),
-        policy_status::start(&mut watches, &shared, settings.resync, settings.breakers),
+        policy_status::start(
+            &mut watches,
+            &shared,
+            settings.resync,
+            settings.breakers,
+            backoff,
+        ),
         cluster_credentials::start(&mut watches, &shared, settings.credentials),
         fleet::start(&mut watches, fleet.clone(), shared.stop.clone()),
         // The CK8s control plane kind is optional and may be installed after we start.

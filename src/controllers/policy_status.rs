@@ -1,10 +1,12 @@
 //! The CertificateRenewalPolicy reconciler: tells the policy's author whether it is usable and
-//! what it governs. Conditions `Valid` (the spec, with field paths) and `Ready` (valid and not in
-//! conflict with another policy over some Machine), `matchedMachines`, `windowCount`. The Machine
+//! what it governs. Conditions `Valid` (the spec, with field paths), `Ready` (valid and not in
+//! conflict with another policy over some Machine) and `PromiseKept` (the admission webhook's
+//! check, `policy::promise`, for a policy written while the webhook was down or before it was
+//! installed: reported only, its renewals go on), `matchedMachines`, `windowCount`. The Machine
 //! reconciler applies policies; this one only reports on them.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use ck8s_certs_api::machine::{Cluster, Machine};
@@ -22,7 +24,8 @@ use serde_json::json;
 use crate::controllers::governing_policy::{PolicyReadings, Reading, machines_in_namespace};
 use crate::events::{Event, EventType, Recorder};
 use crate::policy::breaker::{self as rules, Failure, Limit, Turn};
-use crate::policy::spec;
+use crate::policy::promise::{self, Promise};
+use crate::policy::{Backoff, spec};
 
 mod breaker;
 mod start;
@@ -47,6 +50,82 @@ pub struct Context {
     pub clock: crate::clock::SharedClock,
     /// How often each policy's report is computed again without a change.
     pub resync: Duration,
+    /// `--renewal-backoff-min`/`-max`, which a promise is checked with.
+    pub backoff: Backoff,
+    /// Each policy's `PromiseKept` condition by UID, for the generation it was checked at: the
+    /// check searches the windows, so it runs once per spec, not once per reconcile.
+    pub promises: Promises,
+}
+
+/// The `PromiseKept` condition of a policy generation: status, reason, message.
+type PromiseCondition = (&'static str, &'static str, String);
+
+/// Checked promises by policy UID, with the generation checked.
+#[derive(Default)]
+pub struct Promises(Mutex<HashMap<String, (Option<i64>, PromiseCondition)>>);
+
+impl Promises {
+    /// The condition of `uid` at `generation`, checked with `check` unless known.
+    fn of(
+        &self,
+        uid: Option<&str>,
+        generation: Option<i64>,
+        check: impl FnOnce() -> PromiseCondition,
+    ) -> PromiseCondition {
+        let Some(uid) = uid else {
+            return check();
+        };
+        let mut known = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((checked, condition)) = known.get(uid)
+            && *checked == generation
+        {
+            return condition.clone();
+        }
+        let condition = check();
+        known.insert(uid.to_owned(), (generation, condition.clone()));
+        condition
+    }
+
+    /// Forgets the policies that are gone, once more are known than `live` holds.
+    fn forget_gone(&self, live: &[Arc<DynamicObject>]) {
+        let mut known = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if known.len() > live.len() {
+            let uids: std::collections::HashSet<&str> = live
+                .iter()
+                .filter_map(|policy| policy.metadata.uid.as_deref())
+                .collect();
+            known.retain(|uid, _| uids.contains(uid.as_str()));
+        }
+    }
+}
+
+/// `PromiseKept` for a policy (`None`: invalid), checked at `now`.
+pub fn promise_condition(
+    policy: Option<&spec::ValidPolicy>,
+    backoff: Backoff,
+    now: jiff::Timestamp,
+) -> PromiseCondition {
+    let Some(policy) = policy else {
+        return (
+            "Unknown",
+            reasons::INVALID,
+            "The spec is not valid (see the Valid condition): nothing to check".to_owned(),
+        );
+    };
+    match promise::check(policy, backoff, now) {
+        Ok(promise @ Promise::Nothing) => ("True", reasons::NOTHING_PROMISED, promise.to_string()),
+        Ok(promise @ Promise::Kept(_)) => ("True", reasons::PROMISE_KEPT, promise.to_string()),
+        Ok(promise @ Promise::Unproven(_)) => {
+            ("Unknown", reasons::PROMISE_UNPROVEN, promise.to_string())
+        }
+        Err(broken) => (
+            "False",
+            reasons::PROMISE_BROKEN,
+            format!(
+                "Cannot keep its promise: {broken}; it renews as it says all the same (the admission webhook refuses such a policy when it is written)"
+            ),
+        ),
+    }
 }
 
 pub fn error_policy(
@@ -85,10 +164,21 @@ pub async fn reconcile(
     let raw = serde_json::to_value(object.as_ref()).unwrap_or_default();
     let policy: Result<CertificateRenewalPolicy, _> = serde_json::from_value(raw.clone());
 
+    let checked = policy
+        .as_ref()
+        .ok()
+        .map(|policy| spec::validate(&policy.spec));
+    ctx.promises.forget_gone(&ctx.policies.state());
+    let promised = ctx
+        .promises
+        .of(object.metadata.uid.as_deref(), generation, || {
+            let valid = checked.as_ref().and_then(|checked| checked.as_ref().ok());
+            promise_condition(valid, ctx.backoff, now)
+        });
     let (valid, valid_message, window_count, selector) = match &policy {
         Ok(policy) => {
             let windows = i32::try_from(policy.spec.windows.len()).ok();
-            match spec::validate(&policy.spec) {
+            match checked.unwrap_or_else(|| spec::validate(&policy.spec)) {
                 Ok(valid) => (
                     true,
                     "The policy is valid".to_owned(),
@@ -126,8 +216,8 @@ pub async fn reconcile(
         .get("status")
         .and_then(|status| serde_json::from_value(status.clone()).ok())
         .unwrap_or_default();
-    let condition = |type_: &str, status: bool, reason: &str, message: String| {
-        let value = if status { "True" } else { "False" }.to_owned();
+    let condition = |type_: &str, status: &str, reason: &str, message: String| {
+        let value = status.to_owned();
         let transition = old
             .conditions
             .iter()
@@ -176,7 +266,7 @@ pub async fn reconcile(
         conditions: vec![
             condition(
                 conditions::VALID,
-                valid,
+                truth(valid),
                 if valid {
                     reasons::VALID
                 } else {
@@ -184,10 +274,11 @@ pub async fn reconcile(
                 },
                 valid_message,
             ),
-            condition(conditions::READY, ready, ready_reason, ready_message),
+            condition(conditions::READY, truth(ready), ready_reason, ready_message),
+            condition(conditions::PROMISE_KEPT, promised.0, promised.1, promised.2),
             condition(
                 conditions::RENEWALS_HALTED,
-                halted,
+                truth(halted),
                 halted_reason,
                 halted_message.clone(),
             ),
@@ -327,6 +418,10 @@ async fn announce(
     }
 }
 
+fn truth(value: bool) -> &'static str {
+    if value { "True" } else { "False" }
+}
+
 /// The CK8s Machines of `namespace` that policy `name` selects (sorted), and by each other
 /// policy of the namespace, those of them it selects too.
 fn selection(
@@ -415,6 +510,53 @@ mod tests {
                 "apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "CK8sConfig", "name": "m" } } },
         }))
         .expect("a Machine")
+    }
+
+    fn valid(fields: serde_json::Value) -> spec::ValidPolicy {
+        let mut spec = json!({ "machineSelector": {} });
+        for (key, value) in fields.as_object().unwrap() {
+            spec[key] = value.clone();
+        }
+        spec::validate(&serde_json::from_value(spec).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_broken_promise_is_reported_not_enforced() {
+        let now = "2026-11-25T12:00:00Z".parse().unwrap();
+        let condition = |fields| promise_condition(Some(&valid(fields)), Backoff::default(), now);
+        let (status, reason, message) =
+            condition(json!({ "policy": "Automatic", "renewBefore": "12h" }));
+        assert_eq!((status, reason), ("False", reasons::PROMISE_BROKEN));
+        assert!(
+            message.starts_with("Cannot keep its promise: renewBefore 12h leaves 0 attempts before the fail-safe point (expiry − 1d)"),
+            "{message}"
+        );
+        assert!(message.ends_with("it renews as it says all the same (the admission webhook refuses such a policy when it is written)"));
+        let (status, reason, message) = condition(json!({ "policy": "Automatic" }));
+        assert_eq!((status, reason), ("True", reasons::PROMISE_KEPT));
+        assert!(message.starts_with("At least 3 attempts start before the fail-safe point"));
+        let (status, reason, _) = condition(json!({ "policy": "Disabled" }));
+        assert_eq!((status, reason), ("True", reasons::NOTHING_PROMISED));
+        let (status, reason, _) = promise_condition(None, Backoff::default(), now);
+        assert_eq!((status, reason), ("Unknown", reasons::INVALID));
+    }
+
+    #[test]
+    fn a_promise_is_checked_once_per_generation() {
+        let promises = Promises::default();
+        let checks = std::cell::Cell::new(0);
+        let check = || {
+            checks.set(checks.get() + 1);
+            ("True", reasons::PROMISE_KEPT, String::new())
+        };
+        promises.of(Some("u"), Some(1), check);
+        promises.of(Some("u"), Some(1), check);
+        assert_eq!(checks.get(), 1);
+        promises.of(Some("u"), Some(2), check);
+        assert_eq!(checks.get(), 2);
+        promises.forget_gone(&[]);
+        promises.of(Some("u"), Some(2), check);
+        assert_eq!(checks.get(), 3);
     }
 
     #[test]

@@ -326,11 +326,18 @@ impl CronWindow {
 
     /// The earliest occurrence start strictly after `t`; `None` past the end of the calendar.
     pub fn next_start_after(&self, zone: &TimeZone, t: Timestamp) -> Option<Timestamp> {
+        self.next_occurrence_after(zone, t)
+            .map(|occurrence| occurrence.start)
+    }
+
+    /// The occurrence with the earliest start strictly after `t`; `None` past the end of the
+    /// calendar.
+    pub fn next_occurrence_after(&self, zone: &TimeZone, t: Timestamp) -> Option<Occurrence> {
         let (bound, inclusive) = wall_bound(zone, t);
         let mut firing = self.next_firing(bound, !inclusive)?;
         for _ in 0..MAX_SKIPS {
             match self.occurrence(zone, firing) {
-                Some(occurrence) if occurrence.start > t => return Some(occurrence.start),
+                Some(occurrence) if occurrence.start > t => return Some(occurrence),
                 // Cannot happen after the bound; answered rather than assumed.
                 Some(_) => firing = self.next_firing(firing, false)?,
                 None => {

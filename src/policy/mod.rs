@@ -34,6 +34,9 @@
 //! - [`backoff`]: exponential backoff from the persisted failure history.
 //! - [`stagger`]: a Machine's fixed place in a policy's `spread` (from its UID).
 //! - [`decision`]: the decision itself and its condition messages.
+//! - [`promise`]: whether a policy keeps its promise in the worst case (renewed before the
+//!   fail-safe point with room for failures, before the expiry alert), proven by stepping
+//!   [`decide`] through failing attempts; the admission webhook refuses a policy that does not.
 //!
 //! A manual request (`v1beta2.k8sd.io/refresh-certificates`) bypasses windows, `Disabled` and
 //! backoff; only its TTL goes through this module ([`Ttl`]).
@@ -43,6 +46,7 @@ pub mod breaker;
 pub mod cron;
 pub mod decision;
 mod instants;
+pub mod promise;
 pub mod spec;
 pub mod stagger;
 pub mod window;
@@ -60,6 +64,7 @@ pub use decision::{
     Resume, decide, requeue_at,
 };
 pub use duration::{DurationError, FailSafeMargin, PolicyDuration, Spread, Ttl, WorkerTtlError};
+pub use promise::{Broken, Promise, check as check_promise};
 pub use spec::{MachineSelector, SelectorError, Settings, ValidPolicy, lifetime_start, validate};
 pub use stagger::{Slot, StaggerKey};
 pub use window::{

@@ -22,6 +22,10 @@ use super::window::WindowOccurrence;
 pub struct StaggerKey(u64);
 
 impl StaggerKey {
+    /// The last place in every spread: the Machine that starts latest, the worst case a
+    /// policy's promise is checked for ([`super::promise`]).
+    pub const LAST: StaggerKey = StaggerKey(u64::MAX);
+
     /// The place of the Machine with this key (its UID).
     pub fn new(key: &str) -> Self {
         let digest = Sha256::digest(key.as_bytes());

@@ -430,6 +430,28 @@ impl ValidWindow {
     }
 }
 
+impl ValidWindow {
+    /// The occurrences that start strictly after `t`, earliest first, until the end of jiff's
+    /// calendar: what a policy's promise is checked against ([`super::promise`]).
+    pub fn occurrences_after(&self, t: Timestamp) -> impl Iterator<Item = Occurrence> + '_ {
+        let mut after = t;
+        std::iter::from_fn(move || {
+            let next = match &self.form {
+                Form::Schedule(cron) => cron.next_occurrence_after(&self.zone, after)?,
+                // As in `next_start_after`: the first start after `after` in date order.
+                Form::Daily { .. } => {
+                    let local = self.zone.to_datetime(after).date();
+                    dates(days_before(local, DAYS_BACK), DAYS_BACK + SEARCH_DAYS)
+                        .filter_map(|date| self.occurrence(date))
+                        .find(|occurrence| occurrence.start > after)?
+                }
+            };
+            after = next.start;
+            Some(next)
+        })
+    }
+}
+
 /// The first window, in list order, that contains `t`.
 pub fn first_containing(windows: &[ValidWindow], t: Timestamp) -> Option<usize> {
     windows.iter().position(|window| window.contains(t))

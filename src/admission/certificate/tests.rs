@@ -378,3 +378,40 @@ fn a_configuration_without_entries_of_ours_is_left_alone() {
     assert!(!bundle_differs(&foreign, "new"));
     assert!(!bundle_differs(&configuration(Vec::new()), "new"));
 }
+
+#[test]
+fn the_policy_webhook_configuration_gets_the_same_bundle() {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingWebhook, ValidatingWebhookConfiguration,
+    };
+    let entry = |name: &str, bundle: Option<&str>| ValidatingWebhook {
+        name: name.into(),
+        admission_review_versions: vec!["v1".into()],
+        side_effects: "None".into(),
+        client_config: WebhookClientConfig {
+            ca_bundle: bundle.map(|b| ByteString(b.as_bytes().to_vec())),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let configuration = ValidatingWebhookConfiguration {
+        metadata: kube::api::ObjectMeta {
+            name: Some("ck8s-certs-policy-promise".into()),
+            ..Default::default()
+        },
+        webhooks: Some(vec![
+            entry("audit.example.com", None),
+            entry("policy-promise.certificates.ck8s.io", Some("old")),
+        ]),
+    };
+    assert!(bundle_differs(&configuration, "new"));
+    assert_eq!(
+        bundle_patch(configuration.entries(), "new"),
+        vec![
+            json!({ "op": "test", "path": "/webhooks/1/name", "value": "policy-promise.certificates.ck8s.io" }),
+            json!({ "op": "test", "path": "/webhooks/1/clientConfig/caBundle", "value": "b2xk" }),
+            json!({ "op": "add", "path": "/webhooks/1/clientConfig/caBundle", "value": "bmV3" }),
+        ]
+    );
+    assert!(!bundle_differs(&configuration, "old"));
+}

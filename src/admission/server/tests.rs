@@ -221,6 +221,97 @@ async fn a_review_is_answered_marked_or_denied() {
     );
 }
 
+/// The review of writing a CertificateRenewalPolicy with `spec` (`old`: the stored spec of an
+/// update).
+fn policy_review(
+    operation: &str,
+    spec: serde_json::Value,
+    old: Option<serde_json::Value>,
+) -> Vec<u8> {
+    let policy = |spec: serde_json::Value| {
+        json!({
+            "apiVersion": "certificates.ck8s.io/v1alpha1",
+            "kind": "CertificateRenewalPolicy",
+            "metadata": { "name": "nightly", "namespace": "fleet" },
+            "spec": spec,
+        })
+    };
+    let review = crate::admission::testing::review(
+        [
+            "certificates.ck8s.io",
+            "v1alpha1",
+            "CertificateRenewalPolicy",
+        ],
+        "certificaterenewalpolicies",
+        operation,
+        json!({ "username": "alice" }),
+        policy(spec),
+        old.map_or(serde_json::Value::Null, policy),
+    );
+    http(
+        "POST",
+        POLICIES_PATH,
+        Some("application/json"),
+        &serde_json::to_vec(&review).unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn a_policy_that_cannot_keep_its_promise_is_refused() {
+    let server = start(relaxed()).await;
+    let nightly = |renew_before: &str| {
+        json!({
+            "machineSelector": {},
+            "policy": "Scheduled",
+            "renewBefore": renew_before,
+            "windows": [{ "daysOfWeek": ["Sunday"], "start": "02:00", "end": "03:00" }],
+        })
+    };
+    // Weekly windows and two days to renew: none opens before the fail-safe point at worst.
+    let response =
+        response_of(&exchange(&server, &policy_review("CREATE", nightly("2d"), None)).await);
+    assert_eq!(response["uid"], "req-1");
+    assert_eq!(response["allowed"], false);
+    assert_eq!(response["status"]["code"], 422);
+    assert_eq!(response["status"]["reason"], "Invalid");
+    let message = response["status"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with(
+            "CertificateRenewalPolicy fleet/nightly cannot keep its promise: renewBefore 2d leaves 0 attempts before the fail-safe point (expiry − 1d) in the worst case: the 3rd would start 2w6d23h14m59s after due"
+        ),
+        "{message}"
+    );
+    assert!(
+        message.contains("a renewBefore of at least 1mo5d would leave 3"),
+        "{message}"
+    );
+
+    // Enough time for three Sundays.
+    let response =
+        response_of(&exchange(&server, &policy_review("CREATE", nightly("5w"), None)).await);
+    assert_eq!(response["allowed"], true, "{response}");
+    assert!(response["warnings"].is_null(), "{response}");
+
+    // Stored before the webhook: a write that keeps the spec is not judged again.
+    let response = response_of(
+        &exchange(
+            &server,
+            &policy_review("UPDATE", nightly("2d"), Some(nightly("2d"))),
+        )
+        .await,
+    );
+    assert_eq!(response["allowed"], true, "{response}");
+    // Changing it is.
+    let response = response_of(
+        &exchange(
+            &server,
+            &policy_review("UPDATE", nightly("3d"), Some(nightly("2d"))),
+        )
+        .await,
+    );
+    assert_eq!(response["allowed"], false, "{response}");
+}
+
 #[tokio::test]
 async fn garbage_is_answered_with_a_4xx() {
     let server = start(relaxed()).await;

@@ -22,12 +22,14 @@ use crate::controllers::watches::{Watches, policy_resource};
 use crate::metrics::Controller as Timed;
 
 /// Subscribes the policy controller to `watches`; the future runs it. `resync`: how often a
-/// policy's report is computed again without a change.
+/// policy's report is computed again without a change; `backoff`: the renewal backoff flags, which
+/// a policy's promise is checked with.
 pub fn start(
     watches: &mut Watches,
     shared: &Shared,
     resync: Duration,
     breakers: super::BreakerSettings,
+    backoff: crate::policy::Backoff,
 ) -> impl Future<Output = ()> + use<> {
     let (stores, metrics) = (&shared.stores, shared.metrics.clone());
     let machines = watches.machines.subscribe_changes(selects_differently);
@@ -51,6 +53,8 @@ pub fn start(
         readings: stores.policy_readings.clone(),
         clock: shared.clock.clone(),
         resync,
+        backoff,
+        promises: Default::default(),
     });
     let of_namespace = policies_of_namespace(stores);
     let of_failure = {

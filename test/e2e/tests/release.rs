@@ -313,6 +313,10 @@ fn the_release_is_config_default_for_an_addon_provider_of_contract_v1beta1() {
         ("NetworkPolicy", "ck8s-certs-controller-manager"),
         ("FlowSchema", "ck8s-certs-leader-election"),
         ("MutatingWebhookConfiguration", "ck8s-certs-refresh-trigger"),
+        (
+            "ValidatingWebhookConfiguration",
+            "ck8s-certs-policy-promise",
+        ),
         ("ValidatingAdmissionPolicy", "ck8s-certs-template-trigger"),
         (
             "ValidatingAdmissionPolicyBinding",
