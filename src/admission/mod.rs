@@ -472,6 +472,15 @@ fn surprises(machine: &MachineView, trigger: &str, ttl: Ttl) -> Vec<String> {
 
 /// The answer to one review: allowed unchanged, allowed and marked ours (with any warnings), or
 /// denied as invalid with the controller's message.
+/// `response` refused with `message` as 422 Invalid, as for a field the API server itself
+/// rejects: kubectl prints "The request is invalid: …" with our message.
+fn invalid(response: AdmissionResponse, message: String) -> AdmissionResponse {
+    let mut denied = response.deny(message);
+    denied.result.code = 422;
+    denied.result.reason = "Invalid".into();
+    denied
+}
+
 pub fn review(request: &AdmissionRequest<DynamicObject>, scope: &Scope) -> AdmissionResponse {
     let response = AdmissionResponse::from(request);
     let machine = || {
@@ -491,12 +500,7 @@ pub fn review(request: &AdmissionRequest<DynamicObject>, scope: &Scope) -> Admis
                 reason = %message,
                 "Denied a refresh trigger the controller would refuse"
             );
-            let mut denied = response.deny(message);
-            // 422 Invalid, as for a field the API server itself rejects: kubectl prints "The
-            // request is invalid: …" with our message.
-            denied.result.code = 422;
-            denied.result.reason = "Invalid".into();
-            denied
+            invalid(response, message)
         }
         Decision::Mark { patch, warnings } => {
             tracing::info!(

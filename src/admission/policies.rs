@@ -124,11 +124,7 @@ pub fn review(
                 reason = %message,
                 "Denied a renewal policy that cannot keep its promise"
             );
-            // 422 Invalid, as for a field the API server itself rejects.
-            let mut denied = response.deny(message);
-            denied.result.code = 422;
-            denied.result.reason = "Invalid".into();
-            denied
+            super::invalid(response, message)
         }
     }
 }
@@ -144,25 +140,7 @@ mod tests {
     const NOW: &str = "2026-11-25T12:00:00Z";
 
     fn request(operation: &str, namespace: &str, spec: Value) -> AdmissionRequest<DynamicObject> {
-        let policy = json!({
-            "apiVersion": "certificates.ck8s.io/v1alpha1",
-            "kind": "CertificateRenewalPolicy",
-            "metadata": { "name": "p", "namespace": namespace },
-            "spec": spec,
-        });
-        let mut review = testing::review(
-            [
-                "certificates.ck8s.io",
-                "v1alpha1",
-                "CertificateRenewalPolicy",
-            ],
-            "certificaterenewalpolicies",
-            operation,
-            json!({ "username": "alice" }),
-            policy,
-            Value::Null,
-        );
-        review["request"]["namespace"] = json!(namespace);
+        let review = testing::policy_review(operation, "p", namespace, spec, None);
         serde_json::from_value(review["request"].clone()).unwrap()
     }
 

@@ -31,3 +31,36 @@ pub fn review(
         }
     })
 }
+
+/// The review of `operation` by alice on CertificateRenewalPolicy `name` of `namespace` with
+/// `spec` (`old`: the stored spec, if any).
+pub fn policy_review(
+    operation: &str,
+    name: &str,
+    namespace: &str,
+    spec: Value,
+    old: Option<Value>,
+) -> Value {
+    let policy = |spec: Value| {
+        json!({
+            "apiVersion": "certificates.ck8s.io/v1alpha1",
+            "kind": "CertificateRenewalPolicy",
+            "metadata": { "name": name, "namespace": namespace },
+            "spec": spec,
+        })
+    };
+    let mut review = review(
+        [
+            "certificates.ck8s.io",
+            "v1alpha1",
+            "CertificateRenewalPolicy",
+        ],
+        "certificaterenewalpolicies",
+        operation,
+        json!({ "username": "alice" }),
+        policy(spec),
+        old.map_or(Value::Null, policy),
+    );
+    review["request"]["namespace"] = json!(namespace);
+    review
+}

@@ -228,26 +228,7 @@ fn policy_review(
     spec: serde_json::Value,
     old: Option<serde_json::Value>,
 ) -> Vec<u8> {
-    let policy = |spec: serde_json::Value| {
-        json!({
-            "apiVersion": "certificates.ck8s.io/v1alpha1",
-            "kind": "CertificateRenewalPolicy",
-            "metadata": { "name": "nightly", "namespace": "fleet" },
-            "spec": spec,
-        })
-    };
-    let review = crate::admission::testing::review(
-        [
-            "certificates.ck8s.io",
-            "v1alpha1",
-            "CertificateRenewalPolicy",
-        ],
-        "certificaterenewalpolicies",
-        operation,
-        json!({ "username": "alice" }),
-        policy(spec),
-        old.map_or(serde_json::Value::Null, policy),
-    );
+    let review = crate::admission::testing::policy_review(operation, "nightly", "fleet", spec, old);
     http(
         "POST",
         POLICIES_PATH,
