@@ -175,33 +175,7 @@ pub async fn reconcile(
             let valid = checked.as_ref().and_then(|checked| checked.as_ref().ok());
             promise_condition(valid, ctx.backoff, now)
         });
-    let (valid, valid_message, window_count, selector) = match &policy {
-        Ok(policy) => {
-            let windows = i32::try_from(policy.spec.windows.len()).ok();
-            match checked.unwrap_or_else(|| spec::validate(&policy.spec)) {
-                Ok(valid) => (
-                    true,
-                    "The policy is valid".to_owned(),
-                    windows,
-                    Some(valid.selector.clone()),
-                ),
-                Err(invalid) => (
-                    false,
-                    invalid.to_string(),
-                    windows,
-                    spec::selector(&policy.spec).ok(),
-                ),
-            }
-        }
-        // Reported on the policy itself; its selectors, when readable, still tell which
-        // Machines it was meant for (they show the same error).
-        Err(err) => (
-            false,
-            format!("Renewal policy cannot be read: {err}"),
-            None,
-            super::governing_policy::readable_selector(&raw),
-        ),
-    };
+    let (valid, valid_message, window_count, selector) = validity(&policy, checked, &raw);
 
     let (matched, conflicts) = match &selector {
         Some(selector) => selection(&ctx, &namespace, &name, selector),
@@ -243,21 +217,8 @@ pub async fn reconcile(
         ctx.breakers.fleet,
     );
     let (breaker, turn) = breaker_at(&ctx, &object, &old, limits, now).await?;
-    let (halted, halted_reason, halted_message) = match &breaker {
-        Some(open) if rules::is_open(open) => (
-            true,
-            match open.scope.as_deref() {
-                Some("Fleet") => reasons::FLEET_BREAKER_OPEN,
-                _ => reasons::BREAKER_OPEN,
-            },
-            rules::describe(open, limits, &namespace, &name, true),
-        ),
-        _ => (
-            false,
-            reasons::BREAKER_CLOSED,
-            closed_message(breaker.as_ref(), limits),
-        ),
-    };
+    let (halted, halted_reason, halted_message) =
+        halted_condition(breaker.as_ref(), limits, &namespace, &name);
     let status = CertificateRenewalPolicyStatus {
         observed_generation: generation,
         matched_machines: i32::try_from(matched.len()).ok(),
@@ -285,41 +246,123 @@ pub async fn reconcile(
         ],
     };
     if status != old {
-        let apply = json!({
-            "apiVersion": CertificateRenewalPolicy::api_version(&()),
-            "kind": CertificateRenewalPolicy::kind(&()),
-            "status": status,
-        });
-        Api::<DynamicObject>::namespaced_with(
-            ctx.client.clone(),
-            &namespace,
-            &ApiResource::erase::<CertificateRenewalPolicy>(&()),
-        )
-        .patch_status(
-            &name,
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(apply),
-        )
-        .await?;
+        write_status(&ctx, &namespace, &name, &status).await?;
     }
+    announce_turn(&ctx, &object, turn, &status, limits, halted_message).await;
+    // Changes of Machines, failures and the other policies are fed to this controller; the
+    // resync only makes up for one missed (a policy deleted while the watch was down).
+    Ok(Action::requeue(ctx.resync))
+}
+
+/// Whether the policy is valid (and the message that says so), its window count, and the
+/// Machines it is meant to select: `checked` is its validation when it could be read.
+fn validity(
+    policy: &Result<CertificateRenewalPolicy, serde_json::Error>,
+    checked: Option<Result<spec::ValidPolicy, crate::policy::InvalidPolicy>>,
+    raw: &serde_json::Value,
+) -> (bool, String, Option<i32>, Option<spec::MachineSelector>) {
+    match policy {
+        Ok(policy) => {
+            let windows = i32::try_from(policy.spec.windows.len()).ok();
+            match checked.unwrap_or_else(|| spec::validate(&policy.spec)) {
+                Ok(valid) => (
+                    true,
+                    "The policy is valid".to_owned(),
+                    windows,
+                    Some(valid.selector.clone()),
+                ),
+                Err(invalid) => (
+                    false,
+                    invalid.to_string(),
+                    windows,
+                    spec::selector(&policy.spec).ok(),
+                ),
+            }
+        }
+        // Reported on the policy itself; its selectors, when readable, still tell which
+        // Machines it was meant for (they show the same error).
+        Err(err) => (
+            false,
+            format!("Renewal policy cannot be read: {err}"),
+            None,
+            super::governing_policy::readable_selector(raw),
+        ),
+    }
+}
+
+/// `RenewalsHalted`: whether the breaker is open, why, and the message.
+fn halted_condition(
+    breaker: Option<&ck8s_certs_api::renewal_policy::BreakerStatus>,
+    limits: (Limit, Limit),
+    namespace: &str,
+    name: &str,
+) -> (bool, &'static str, String) {
+    match breaker {
+        Some(open) if rules::is_open(open) => (
+            true,
+            match open.scope.as_deref() {
+                Some("Fleet") => reasons::FLEET_BREAKER_OPEN,
+                _ => reasons::BREAKER_OPEN,
+            },
+            rules::describe(open, limits, namespace, name, true),
+        ),
+        _ => (
+            false,
+            reasons::BREAKER_CLOSED,
+            closed_message(breaker, limits),
+        ),
+    }
+}
+
+/// Writes the policy's status (server-side apply, as its one manager).
+async fn write_status(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+    status: &CertificateRenewalPolicyStatus,
+) -> Result<(), kube::Error> {
+    let apply = json!({
+        "apiVersion": CertificateRenewalPolicy::api_version(&()),
+        "kind": CertificateRenewalPolicy::kind(&()),
+        "status": status,
+    });
+    Api::<DynamicObject>::namespaced_with(
+        ctx.client.clone(),
+        namespace,
+        &ApiResource::erase::<CertificateRenewalPolicy>(&()),
+    )
+    .patch_status(
+        name,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(apply),
+    )
+    .await
+    .map(drop)
+}
+
+/// Announces a breaker that opened or was resumed (once the status says so).
+async fn announce_turn(
+    ctx: &Context,
+    object: &DynamicObject,
+    turn: Turn,
+    status: &CertificateRenewalPolicyStatus,
+    limits: (Limit, Limit),
+    halted_message: String,
+) {
+    let (namespace, name) = (object.namespace().unwrap_or_default(), object.name_any());
     match turn {
         Turn::Stays => {}
         Turn::Opens => {
             tracing::warn!(policy = %format!("{namespace}/{name}"), "Automatic renewals halted");
             let (type_, reason) = (EventType::Warning, events::RENEWALS_HALTED);
+            // An Event's note is short: the Machines and times, not each error.
             let note = status
                 .breaker
                 .as_ref()
                 .map(|b| rules::describe(b, limits, &namespace, &name, false))
                 .unwrap_or(halted_message);
-            announce(
-                &ctx,
-                &object,
-                type_,
-                reason,
-                crate::text::bounded(&note, 1000),
-            )
-            .await;
+            let note = crate::text::bounded(&note, 1000);
+            announce(ctx, object, type_, reason, note).await;
         }
         Turn::Resumed { was_open } => {
             let note = status
@@ -328,12 +371,9 @@ pub async fn reconcile(
                 .map(|b| breaker::resumed_message(b, was_open))
                 .unwrap_or_default();
             let (type_, reason) = (EventType::Normal, events::RENEWALS_RESUMED);
-            announce(&ctx, &object, type_, reason, note).await;
+            announce(ctx, object, type_, reason, note).await;
         }
     }
-    // Changes of Machines, failures and the other policies are fed to this controller; the
-    // resync only makes up for one missed (a policy deleted while the watch was down).
-    Ok(Action::requeue(ctx.resync))
 }
 
 /// The breaker of policy `object` at `now`: as its status holds it, resumed if asked, opened

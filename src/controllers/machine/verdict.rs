@@ -193,11 +193,7 @@ fn decided(
     let requeue = requeue_after(&decision, now, resync);
     let message = decision.to_string();
     let windows_ignored = |verdict: Verdict| windows_ignored(&decision, verdict);
-    let severity = if decision.is_warning() {
-        EventType::Warning
-    } else {
-        EventType::Normal
-    };
+    let severity = severity(&decision);
     match &decision {
         // Its last refresh found it cannot be refreshed in place: renewing it again would fail
         // the same way (one `plan` and one `run` per backoff step, for ever), and a backoff
@@ -266,6 +262,14 @@ fn decided(
             let announce = (EventType::Warning, events::RENEWAL_CONFIG_INVALID);
             shown(verdict, Some(announce), resync)
         }
+    }
+}
+
+/// The type of the Event announcing `decision`.
+fn severity(decision: &Decision) -> EventType {
+    match decision.is_warning() {
+        true => EventType::Warning,
+        false => EventType::Normal,
     }
 }
 
