@@ -431,6 +431,11 @@ fn scopeguard<F: FnOnce()>(f: F) -> impl Drop {
 /// The gate `view`'s workload cluster shows closed now (a fresh look's, else a new look's).
 async fn workload_gate(ctx: &Context, view: &MachineView) -> Option<Gate> {
     let cluster = view.cluster.as_deref()?;
+    let now = ctx.clock.now();
+    // A fresh look answers without the client, whose making reads the kubeconfig Secret.
+    if let Some(gate) = ctx.workload_gates.fresh(&view.namespace, cluster, now) {
+        return gate;
+    }
     let client = ctx.reach.workload.get(&view.namespace, cluster).await.ok();
     let control_planes: Vec<ControlPlane> = ctx
         .stores
@@ -450,7 +455,6 @@ async fn workload_gate(ctx: &Context, view: &MachineView) -> Option<Gate> {
             node: m.node_name,
         })
         .collect();
-    let now = ctx.clock.now();
     ctx.workload_gates
         .look(&view.namespace, cluster, client, &control_planes, now)
         .await

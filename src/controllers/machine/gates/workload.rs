@@ -27,7 +27,7 @@ pub struct Looks(Mutex<HashMap<(String, String), Look>>);
 
 impl Looks {
     /// The look at `namespace/cluster` taken within [`FRESH`] of `now`, if any.
-    fn fresh(&self, namespace: &str, cluster: &str, now: Timestamp) -> Option<Option<Gate>> {
+    pub fn fresh(&self, namespace: &str, cluster: &str, now: Timestamp) -> Option<Option<Gate>> {
         let looks = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let (at, gate) = looks.get(&(namespace.to_owned(), cluster.to_owned()))?;
         let age = Duration::try_from(now.duration_since(*at)).ok()?;
