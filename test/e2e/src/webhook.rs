@@ -134,6 +134,13 @@ impl Environment {
     }
 }
 
+/// Waits until admission policies created now count as in force for the controller (its
+/// `SETTLE` after their creation, in whole seconds): what is written after this was checked.
+pub async fn admission_settled() {
+    let settle = ck8s_certs::controllers::admission_policy::SETTLE.unsigned_abs();
+    tokio::time::sleep(settle + Duration::from_secs(1)).await;
+}
+
 impl Environment {
     /// Installs the provider's admission policies (`config/policy`, as kustomize renders them;
     /// the API server enforces them itself) and returns each object's API and name, to delete
@@ -151,8 +158,7 @@ impl Environment {
         let objects = crate::manifests::parse(&String::from_utf8_lossy(&rendered.stdout))
             .expect("config/policy renders");
         let installed = create_cluster_objects(&client, objects).await;
-        // The API server's policy informer sees them within a moment.
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        admission_settled().await;
         installed
     }
 

@@ -14,6 +14,7 @@ use ck8s_certs_api::certificate_refresh::{CertificateRefresh, RequestPhase, Requ
 use ck8s_certs_e2e::fixtures::{NodeInfo, manual_request};
 use ck8s_certs_e2e::sim::{Endpoint, Fault};
 use ck8s_certs_e2e::users::{Grant, refused};
+use ck8s_certs_e2e::webhook::admission_settled;
 use ck8s_certs_e2e::{EnvSpec, Environment, shared_with};
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
 use k8s_openapi::api::rbac::v1::RoleBinding;
@@ -135,7 +136,7 @@ async fn a_request_the_policy_never_checked_or_whose_author_lost_the_right_refre
         .create(&PostParams::default(), &restore())
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    admission_settled().await;
 
     // 2. Bob may refresh and asks (naming himself, as the webhook, which runs with the
     //    controller, would); his right is revoked before the controller gets to the request.
@@ -184,7 +185,7 @@ async fn a_request_the_policy_never_checked_or_whose_author_lost_the_right_refre
         .create(&PostParams::default(), &restore())
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    admission_settled().await;
 
     // 4. And with everything in place, alice's own request goes through: the checks refuse
     //    what they should, not everything.
