@@ -299,7 +299,11 @@ pub fn label_values() -> Vec<(&'static str, &'static str, Vec<&'static str>)> {
                 "remediation_requested",
                 "in_place_upgrade",
                 "rolling_out",
+                "api_not_ready",
+                "control_plane_not_ready",
                 "renewals_halted",
+                "canaries_pending",
+                "canary_failed",
             ],
         ),
         ("renewal_bypassed", "reason", vec!["expiry_imminent"]),
@@ -414,7 +418,7 @@ impl Default for Metrics {
         let renewal_deferred = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "renewal_deferred",
-            "Renewal verdicts that held a due renewal back, by reason (backoff, outside_window, staggered; in_place_impossible: a worker that must be replaced; machine_deleting, remediation_requested, in_place_upgrade, rolling_out: a closed pre-flight gate of its cluster; renewals_halted: its policy's circuit breaker is open), counted when the verdict changes",
+            "Renewal verdicts that held a due renewal back, by reason (backoff, outside_window, staggered; in_place_impossible: a worker that must be replaced; machine_deleting, remediation_requested, in_place_upgrade, rolling_out, api_not_ready, control_plane_not_ready: a closed pre-flight gate of its cluster; renewals_halted: its policy's circuit breaker is open; canaries_pending, canary_failed: it waits for its policy's canaries), counted when the verdict changes",
             renewal_deferred.clone(),
         );
         let renewal_bypassed = Family::<ReasonLabels, Counter>::default();
@@ -509,10 +513,14 @@ impl Default for Metrics {
         for gate in ck8s_certs_api::reasons::condition_reasons::GATES {
             let _ = renewal_deferred.get_or_create(&reason_label(gate));
         }
-        // And its hold under a policy whose circuit breaker is open.
-        let _ = renewal_deferred.get_or_create(&reason_label(
+        // And its holds under a policy whose circuit breaker is open, or whose canaries go first.
+        for reason in [
             ck8s_certs_api::reasons::condition_reasons::RENEWALS_HALTED,
-        ));
+            ck8s_certs_api::reasons::condition_reasons::CANARIES_PENDING,
+            ck8s_certs_api::reasons::condition_reasons::CANARY_FAILED,
+        ] {
+            let _ = renewal_deferred.get_or_create(&reason_label(reason));
+        }
         let _ = renewal_bypassed.get_or_create(&expiry_imminent());
         for origin in [
             ck8s_certs_api::machine_certificates::Origin::Manual,

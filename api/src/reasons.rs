@@ -133,6 +133,13 @@ pub mod condition_reasons {
     /// `RenewalDeferred` True: the circuit breaker of the governing policy is open (automatic
     /// renewals failed too often); held until a person resumes the policy, fail-safe or not.
     pub const RENEWALS_HALTED: &str = "RenewalsHalted";
+    /// `RenewalDeferred` True: a due renewal of a Machine that is not on a canary cluster of its
+    /// policy waits for the canaries to renew first (`spec.canary`), until the policy's
+    /// `maxWait` at the latest.
+    pub const CANARIES_PENDING: &str = "CanariesPending";
+    /// `RenewalDeferred` True: … waits because a canary's automatic renewal failed under the
+    /// policy's current generation, until that canary renews.
+    pub const CANARY_FAILED: &str = "CanaryFailed";
     /// The pre-flight gates, in the order they are told.
     pub const GATES: [&str; 6] = [
         GATE_MACHINE_DELETING,

@@ -91,6 +91,10 @@ pub mod conditions {
     /// what would work (the admission webhook refuses such a policy; one written without it
     /// still renews as it says).
     pub const PROMISE_KEPT: &str = "PromiseKept";
+    /// Only with `spec.canary`: True while the policy's other Machines may renew (every canary
+    /// renewed under this generation, or the wait for them ended); False while they wait for
+    /// the canaries, and the message says for which and until when, or which canary failed.
+    pub const CANARIES_PASSED: &str = "CanariesPassed";
 }
 
 /// Condition reasons on a `CertificateRenewalPolicy`.
@@ -118,6 +122,19 @@ pub mod reasons {
     /// `PromiseKept` Unknown: the windows could not be checked (the message says why), or the
     /// spec is invalid (reason `InvalidSpec`).
     pub const PROMISE_UNPROVEN: &str = "PromiseUnproven";
+    /// `CanariesPassed` True: every canary renewed under this generation, none is due.
+    pub const CANARIES_RENEWED: &str = "CanariesRenewed";
+    /// `CanariesPassed` True: some canaries did not renew under this generation, but the others
+    /// waited `maxWait` for them.
+    pub const CANARY_WAIT_ELAPSED: &str = "CanaryWaitElapsed";
+    /// `CanariesPassed` True: no Machine of the policy is on a canary cluster.
+    pub const NO_CANARIES: &str = "NoCanaries";
+    /// `CanariesPassed` False: the others wait for canaries due or not yet renewed under this
+    /// generation (named), until a stated time at the latest.
+    pub const CANARIES_PENDING: &str = "CanariesPending";
+    /// `CanariesPassed` False: a canary's automatic renewal failed under this generation: the
+    /// others wait until it succeeds.
+    pub const CANARY_FAILED: &str = "CanaryFailed";
 }
 
 /// Which Machines the policy governs, and when their certificates are renewed.
@@ -232,6 +249,46 @@ pub struct CertificateRenewalPolicySpec {
     /// requests still work. Absent: 3 failures within 30m.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub circuit_breaker: Option<CircuitBreaker>,
+
+    /// Canary clusters: the Machines of Clusters that `clusterSelector` matches renew first.
+    /// Each other Machine of the policy whose renewal is due waits while a canary's automatic
+    /// renewal failed (until it succeeds, a person renews it, or the Machine's fail-safe point),
+    /// while a canary is due and not yet renewed, and while a canary has not renewed since this
+    /// generation of the policy was first seen; the last two for at most `maxWait`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<Canary>,
+}
+
+/// The policy's `canary`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Canary {
+    /// The canary clusters, by the labels of their Cluster (among the policy's own Machines).
+    pub cluster_selector: LabelSelector,
+    /// How long the other Machines wait for a canary that is due, or has not renewed under this
+    /// generation of the policy, such as 1d or 12h. Never for a canary whose renewal failed.
+    /// Default 1d.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_wait: Option<PolicyDuration>,
+}
+
+/// The canaries' default wait: a day.
+pub const DEFAULT_CANARY_MAX_WAIT: PolicyDuration = PolicyDuration::from_secs_const(24 * 3600);
+
+/// The canaries of the policy's current generation, as the controller last saw them.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CanaryStatus {
+    /// The generation of the policy they are tried for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+    /// When the controller first saw that generation: a canary counts as renewed under it once
+    /// a refresh of it succeeded after this, and `maxWait` counts from here.
+    pub since: Time,
+    /// The canary Machines.
+    pub machines: i32,
+    /// Of them, those renewed since `since`.
+    pub renewed: i32,
 }
 
 /// The policy's `circuitBreaker`.
@@ -358,6 +415,9 @@ pub struct CertificateRenewalPolicyStatus {
     /// The circuit breaker: open while automatic renewals are stopped after failures.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub breaker: Option<BreakerStatus>,
+    /// The canaries (`spec.canary`) of this generation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canaries: Option<CanaryStatus>,
 
     /// Valid, Ready, PromiseKept and RenewalsHalted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -28,8 +28,10 @@ use serde::Deserialize;
 use super::patches::set_condition;
 use crate::policy::spec::{self, ValidPolicy};
 
+mod canaries;
 mod selections;
 
+pub use canaries::{canaries_since, canary_machines};
 pub use selections::{Caches, Concerned, PolicySelections, in_namespace as machines_in_namespace};
 
 /// The condition reason of a fail-safe bypass (also its `RenewReason`).
@@ -46,6 +48,9 @@ pub struct PolicyInfo {
     pub windows: Option<WindowsStatus>,
     /// Since when its circuit breaker is open (automatic renewals stopped), as its status says.
     pub halted_since: Option<jiff::Timestamp>,
+    /// When its current generation's canaries began, as its status says (`None`: not yet
+    /// written, or no canaries).
+    pub canaries_since: Option<jiff::Timestamp>,
 }
 
 /// The policies that select a Machine.
@@ -135,6 +140,16 @@ impl Reading {
                 },
             },
         )
+    }
+
+    /// The policy checked, when it is valid.
+    pub(crate) fn valid(&self) -> Option<&Arc<ValidPolicy>> {
+        match self {
+            Self::Decoded {
+                checked: Ok(valid), ..
+            } => Some(valid),
+            _ => None,
+        }
     }
 
     pub(crate) fn selects(
@@ -248,6 +263,7 @@ pub fn governing(
         let name = object.name_any();
         let generation = object.metadata.generation;
         let halted_since = halted_since(object);
+        let canaries_since = canaries_since(object);
         match reading.as_ref() {
             Reading::Decoded {
                 mode,
@@ -261,6 +277,7 @@ pub fn governing(
                     mode: Some(*mode),
                     windows: Some(windows.clone()),
                     halted_since,
+                    canaries_since,
                 };
                 matched.push((info, checked.clone()));
             }
@@ -271,6 +288,7 @@ pub fn governing(
                     mode: None,
                     windows: None,
                     halted_since,
+                    canaries_since,
                 };
                 matched.push((info, Err(message.clone())));
             }

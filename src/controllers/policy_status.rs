@@ -28,6 +28,7 @@ use crate::policy::promise::{self, Promise};
 use crate::policy::{Backoff, spec};
 
 mod breaker;
+mod canaries;
 mod start;
 
 pub use breaker::Settings as BreakerSettings;
@@ -219,7 +220,12 @@ pub async fn reconcile(
     let (breaker, turn) = breaker_at(&ctx, &object, &old, limits, now).await?;
     let (halted, halted_reason, halted_message) =
         halted_condition(breaker.as_ref(), limits, &namespace, &name);
-    let status = CertificateRenewalPolicyStatus {
+    let canaries = ctx
+        .readings
+        .of(&object)
+        .and_then(|reading| reading.valid().cloned())
+        .and_then(|valid| canaries::report(&ctx, &object, &valid, &old, now));
+    let mut status = CertificateRenewalPolicyStatus {
         observed_generation: generation,
         matched_machines: i32::try_from(matched.len()).ok(),
         window_count,
@@ -244,14 +250,32 @@ pub async fn reconcile(
                 halted_message.clone(),
             ),
         ],
+        canaries: None,
     };
+    let mut after = ctx.resync;
+    if let Some(report) = canaries {
+        let (truth, reason, message) = report.condition;
+        status.conditions.push(condition(
+            conditions::CANARIES_PASSED,
+            truth,
+            reason,
+            message,
+        ));
+        status.canaries = Some(report.status);
+        // The wait for pending canaries ends on its own.
+        if let Some(until) = report.until {
+            let left = Duration::try_from(until.duration_since(now)).unwrap_or_default();
+            after = after.min(left + Duration::from_secs(1));
+        }
+    }
     if status != old {
         write_status(&ctx, &namespace, &name, &status).await?;
     }
     announce_turn(&ctx, &object, turn, &status, limits, halted_message).await;
-    // Changes of Machines, failures and the other policies are fed to this controller; the
-    // resync only makes up for one missed (a policy deleted while the watch was down).
-    Ok(Action::requeue(ctx.resync))
+    // Changes of Machines, failures, renewals and the other policies are fed to this
+    // controller; the resync only makes up for one missed (a policy deleted while the watch
+    // was down).
+    Ok(Action::requeue(after))
 }
 
 /// Whether the policy is valid (and the message that says so), its window count, and the

@@ -437,6 +437,11 @@ impl CachedCertificates {
     pub fn last_failure(&self) -> Option<jiff::Timestamp> {
         self.status.last_failure()
     }
+
+    /// `status.expiry`, when known.
+    pub fn expiry(&self) -> Option<jiff::Timestamp> {
+        self.status.expiry()
+    }
 }
 
 /// A MachineCertificates' status as the cache keeps it: compact JSON, decoded when a reconcile

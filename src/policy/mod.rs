@@ -34,6 +34,7 @@
 //! - [`backoff`]: exponential backoff from the persisted failure history.
 //! - [`stagger`]: a Machine's fixed place in a policy's `spread` (from its UID).
 //! - [`decision`]: the decision itself and its condition messages.
+//! - [`canary`]: where a policy's other Machines stand while its canary clusters renew first.
 //! - [`promise`]: whether a policy keeps its promise in the worst case (renewed before the
 //!   fail-safe point with room for failures, before the expiry alert), proven by stepping
 //!   [`decide`] through failing attempts; the admission webhook refuses a policy that does not.
@@ -43,6 +44,7 @@
 
 pub mod backoff;
 pub mod breaker;
+pub mod canary;
 pub mod cron;
 pub mod decision;
 mod instants;

@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use ck8s_certs_api::machine_certificates::{MachineCertificatesStatus, Phase};
 use ck8s_certs_api::renewal_policy::{
-    CertificateRenewalPolicySpec, InPlaceImpossibleAction, MAX_WINDOWS,
+    CertificateRenewalPolicySpec, DEFAULT_CANARY_MAX_WAIT, InPlaceImpossibleAction, MAX_WINDOWS,
 };
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -61,7 +61,27 @@ pub struct ValidPolicy {
     /// `inPlaceImpossible: {action: Replace}`: the share of a MachineDeployment that may be
     /// being deleted at once; `None`: such workers are only reported.
     pub replace: Option<MaxUnavailable>,
+    /// `canary`: the canary clusters, and how long the others wait for them.
+    pub canary: Option<ValidCanary>,
     valid_windows: Arc<[ValidWindow]>,
+}
+
+/// A checked `canary`.
+#[derive(Debug, Clone)]
+pub struct ValidCanary {
+    /// `canary.clusterSelector`, over the labels of a Machine's Cluster.
+    pub clusters: Selector,
+    /// `canary.maxWait`.
+    pub max_wait: jiff::SignedDuration,
+}
+
+impl ValidPolicy {
+    /// Whether a Machine whose Cluster has `cluster_labels` (`None`: not known) is a canary.
+    pub fn is_canary(&self, cluster_labels: Option<&BTreeMap<String, String>>) -> bool {
+        self.canary.as_ref().is_some_and(|canary| {
+            cluster_labels.is_some_and(|labels| canary.clusters.matches(labels))
+        })
+    }
 }
 
 /// How many Machines of one MachineDeployment may be being deleted at once.
@@ -176,8 +196,23 @@ pub fn validate(spec: &CertificateRenewalPolicySpec) -> Result<ValidPolicy, Inva
         fail_safe_margin: spec.fail_safe_margin,
         spread: spec.spread,
         replace: None,
+        canary: None,
         valid_windows: Arc::from([]),
     };
+    if let Some(canary) = &spec.canary {
+        match compile_selector("canary.clusterSelector", &canary.cluster_selector) {
+            Ok(clusters) => {
+                policy.canary = Some(ValidCanary {
+                    clusters,
+                    max_wait: canary
+                        .max_wait
+                        .unwrap_or(DEFAULT_CANARY_MAX_WAIT)
+                        .as_duration(),
+                });
+            }
+            Err(problems) => errors.extend(problems.into_iter().map(PolicyError::Selector)),
+        }
+    }
     if let Some(impossible) = &spec.in_place_impossible
         && impossible.action == InPlaceImpossibleAction::Replace
     {

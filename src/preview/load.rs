@@ -160,6 +160,9 @@ pub(super) fn field_problems(spec: &serde_yaml::Value) -> Vec<String> {
         spec,
         "circuitBreaker",
     ));
+    problems.extend(field::<ck8s_certs_api::renewal_policy::Canary>(
+        spec, "canary",
+    ));
     problems
 }
 

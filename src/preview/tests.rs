@@ -528,7 +528,7 @@ fn every_field_of_the_schema_is_checked_with_its_path() {
         assert!(problems[0].starts_with(&path), "{problems:?}");
         checked += 1;
     }
-    assert_eq!(checked, 11 + 6);
+    assert_eq!(checked, 12 + 6);
     let not_a_window: serde_yaml::Value = serde_yaml::from_str("windows: [3]").unwrap();
     assert_eq!(
         field_problems(&not_a_window),

@@ -37,6 +37,11 @@ impl Concerned {
         reading.selects(self.cluster_labels.as_deref(), &self.labels)
     }
 
+    /// Whether this Machine is on a canary cluster of `policy`.
+    pub fn is_canary(&self, policy: &crate::policy::ValidPolicy) -> bool {
+        policy.is_canary(self.cluster_labels.as_deref())
+    }
+
     /// Whether `selector` selects this Machine.
     pub fn matched_by(&self, selector: &MachineSelector) -> bool {
         selector.matches(self.cluster_labels.as_deref(), &self.labels)

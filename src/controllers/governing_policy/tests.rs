@@ -15,6 +15,7 @@ fn info(name: &str, mode: Mode) -> PolicyInfo {
         mode: Some(mode),
         windows: Some(windows_status(&[])),
         halted_since: None,
+        canaries_since: None,
     }
 }
 

@@ -226,7 +226,10 @@ impl<'a> Act<'a> {
             &self.view.labels,
         );
         let now = self.ctx.clock.now();
-        let gate = || self.ctx.gate(self.view, now);
+        let gate = || {
+            let labels = Some(&self.cluster.labels);
+            self.ctx.renewal_gate(self.view, labels, &governing, now)
+        };
         let renewals = Renewals {
             governing: &governing,
             settings: self.ctx.config().renewal,

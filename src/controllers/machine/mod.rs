@@ -131,6 +131,29 @@ impl Context {
         gates::of_cluster(&self.stores, &machine.namespace, cluster)
             .or_else(|| self.workload_gates.closed(&machine.namespace, cluster, now))
     }
+
+    /// What holds an automatic renewal of `machine` (on a Cluster labelled `cluster_labels`):
+    /// a closed [`gate`](Self::gate), or else its policy's canaries, which a manual refresh
+    /// never waits for.
+    fn renewal_gate(
+        &self,
+        machine: &MachineView,
+        cluster_labels: Option<&std::collections::BTreeMap<String, String>>,
+        governing: &crate::controllers::governing_policy::Governing,
+        now: jiff::Timestamp,
+    ) -> Option<gates::Gate> {
+        self.gate(machine, now).or_else(|| {
+            let settings = self.config().renewal;
+            gates::canaries(
+                &self.stores,
+                machine,
+                cluster_labels,
+                governing,
+                settings,
+                now,
+            )
+        })
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

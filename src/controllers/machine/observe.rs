@@ -85,7 +85,10 @@ impl Observed {
             ),
             Source::Live | Source::Fresh => crate::controllers::governing_policy::Governing::None,
         };
-        let gate = || ctx.gate(&self.view, now);
+        let gate = || {
+            let labels = self.cluster.as_ref().map(|c| &c.labels);
+            ctx.renewal_gate(&self.view, labels, &governing, now)
+        };
         let renewals = Renewals {
             governing: &governing,
             settings: ctx.config().renewal,

@@ -1,7 +1,7 @@
 //! The policy controller's wiring: a Machine change re-checks the policies of its namespace; a
 //! policy change, those that select the Machines it concerns; a failed automatic renewal, the
 //! policies whose circuit breaker counts it (its namespace's, or every policy with the fleet's
-//! breaker on).
+//! breaker on); a renewal (a new expiry), the policies of its namespace that have canaries.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,6 +34,7 @@ pub fn start(
     let (stores, metrics) = (&shared.stores, shared.metrics.clone());
     let machines = watches.machines.subscribe_changes(selects_differently);
     let failures = watches.certificates.subscribe_changes(failure_recorded);
+    let renewals = watches.certificates.subscribe_changes(renewal_recorded);
     let policies = watches.policies.subscribe();
     // Changes of the policies' specs, and deletions: a change re-checks the other policies
     // that select the Machines it concerns (their conflicts).
@@ -73,6 +74,7 @@ pub fn start(
         )
         .watches_stream_with(siblings, policies_of_sibling(stores), policy_resource())
         .watches_stream_with(failures, of_failure, ())
+        .watches_stream_with(renewals, with_canaries_of_namespace(stores), ())
         .run(
             move |object, ctx| {
                 observed(
@@ -97,6 +99,28 @@ pub fn start(
 fn failure_recorded(before: Option<&CachedCertificates>, now: &CachedCertificates) -> bool {
     let failed = |c: &CachedCertificates| c.last_failure();
     failed(now).is_some() && before.map(failed) != Some(failed(now))
+}
+
+/// Whether a MachineCertificates records new certificates (its expiry changed): what a
+/// policy's canaries wait for.
+fn renewal_recorded(before: Option<&CachedCertificates>, now: &CachedCertificates) -> bool {
+    now.expiry().is_some() && before.map(CachedCertificates::expiry) != Some(now.expiry())
+}
+
+/// The policies of a renewed Machine's namespace that have canaries.
+fn with_canaries_of_namespace(
+    stores: &Stores,
+) -> impl Fn(CachedCertificates) -> Vec<ObjectRef<DynamicObject>> + use<> {
+    let store = stores.policies.clone();
+    move |renewed| {
+        store
+            .state()
+            .into_iter()
+            .filter(|p| p.namespace() == renewed.namespace())
+            .filter(|p| p.data.pointer("/spec/canary").is_some())
+            .map(|p| ObjectRef::from_obj_with(p.as_ref(), policy_resource()))
+            .collect()
+    }
 }
 
 /// The policies of a namespace (of every namespace for `None`).

@@ -488,6 +488,7 @@ fn a_changed_verdict_is_written_by_the_pass_that_planned_it_and_an_unchanged_one
             mode: Some(spec.policy),
             windows: Some(crate::controllers::governing_policy::windows_status(&[])),
             halted_since: None,
+            canaries_since: None,
         },
         policy: Ok(std::sync::Arc::new(
             crate::policy::spec::validate(&spec).unwrap(),

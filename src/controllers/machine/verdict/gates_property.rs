@@ -47,6 +47,7 @@ fn governing(kind: u8) -> Governing {
             mode: Some(spec.policy),
             windows: Some(windows_status(&spec.windows)),
             halted_since: None,
+            canaries_since: None,
         },
         policy: Ok(Arc::new(valid)),
     }

@@ -42,6 +42,7 @@ fn policy(spec: serde_json::Value) -> Governing {
             mode: Some(spec.policy),
             windows: Some(windows_status(&spec.windows)),
             halted_since: None,
+            canaries_since: None,
         },
         policy: Ok(Arc::new(valid)),
     }
@@ -55,6 +56,7 @@ fn unreadable() -> Governing {
             mode: None,
             windows: None,
             halted_since: None,
+            canaries_since: None,
         },
         policy: Err("spec.ttl: not a duration".into()),
     }
