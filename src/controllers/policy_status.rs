@@ -191,23 +191,7 @@ pub async fn reconcile(
         .get("status")
         .and_then(|status| serde_json::from_value(status.clone()).ok())
         .unwrap_or_default();
-    let condition = |type_: &str, status: &str, reason: &str, message: String| {
-        let value = status.to_owned();
-        let transition = old
-            .conditions
-            .iter()
-            .find(|c| c.type_ == type_ && c.status == value)
-            .map(|c| c.last_transition_time.clone())
-            .unwrap_or(Time(now));
-        Condition {
-            type_: type_.to_owned(),
-            status: value,
-            reason: reason.to_owned(),
-            message,
-            last_transition_time: transition,
-            observed_generation: generation,
-        }
-    };
+    let condition = conditioner(&old, generation, now);
     let limits = (
         Limit::of_policy(
             policy
@@ -252,21 +236,16 @@ pub async fn reconcile(
         ],
         canaries: None,
     };
+    // The wait for pending canaries ends on its own.
     let mut after = ctx.resync;
     if let Some(report) = canaries {
         let (truth, reason, message) = report.condition;
-        status.conditions.push(condition(
-            conditions::CANARIES_PASSED,
-            truth,
-            reason,
-            message,
-        ));
+        let passed = condition(conditions::CANARIES_PASSED, truth, reason, message);
+        status.conditions.push(passed);
         status.canaries = Some(report.status);
-        // The wait for pending canaries ends on its own.
-        if let Some(until) = report.until {
-            let left = Duration::try_from(until.duration_since(now)).unwrap_or_default();
-            after = after.min(left + Duration::from_secs(1));
-        }
+        let left = report.until.map(|at| at.duration_since(now));
+        let left = left.and_then(|left| Duration::try_from(left).ok());
+        after = left.map_or(after, |left| after.min(left + Duration::from_secs(1)));
     }
     if status != old {
         write_status(&ctx, &namespace, &name, &status).await?;
@@ -276,6 +255,32 @@ pub async fn reconcile(
     // controller; the resync only makes up for one missed (a policy deleted while the watch
     // was down).
     Ok(Action::requeue(after))
+}
+
+/// The policy's conditions as of `now`: each keeps its transition time from `old` while its
+/// status stays.
+fn conditioner<'a>(
+    old: &'a CertificateRenewalPolicyStatus,
+    generation: Option<i64>,
+    now: jiff::Timestamp,
+) -> impl Fn(&str, &str, &str, String) -> Condition + 'a {
+    move |type_, status, reason, message| {
+        let value = status.to_owned();
+        let transition = old
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_ && c.status == value)
+            .map(|c| c.last_transition_time.clone())
+            .unwrap_or(Time(now));
+        Condition {
+            type_: type_.to_owned(),
+            status: value,
+            reason: reason.to_owned(),
+            message,
+            last_transition_time: transition,
+            observed_generation: generation,
+        }
+    }
 }
 
 /// Whether the policy is valid (and the message that says so), its window count, and the

@@ -30,6 +30,9 @@
 //! - every attempt failing, its failure recorded [`ATTEMPT_LENGTH`] after it started (a later
 //!   failure delays every later attempt);
 //! - the last place in the `spread` ([`StaggerKey::LAST`]);
+//! - with `canary`, a Machine that is not a canary and waits `maxWait` for them after it is due
+//!   (a failed canary holds it longer, until its fail-safe point: that stop of the line is
+//!   deliberate, like the circuit breaker's, and no promise covers it);
 //! - under `Scheduled`, the worst due instant `D` from `now` on: see [`scheduled`]. `Automatic`
 //!   has no windows: every due instant gives the same attempts.
 //!
@@ -116,22 +119,23 @@ pub enum Broken {
     NeverOpens { terms: Terms, gap: Gap },
     #[error(
         "{} leaves {} before the fail-safe point (expiry − {}) in the worst case: the {} would {}; {}",
-        terms.renew_before, attempts(*fits), human(terms.margin.as_duration()),
+        terms.renew_before, attempts(usize::from(*fits)), human(terms.margin.as_duration()),
         ordinal(PROMISED_ATTEMPTS), start(*third, *due, terms), suggest(*suggestion, terms, "would leave 3")
     )]
     TooFewAttempts {
         terms: Terms,
-        /// The attempts that start before the fail-safe point in the worst case.
-        fits: usize,
+        /// The attempts that start before the fail-safe point in the worst case (of the
+        /// first three).
+        fits: u8,
         third: Option<SignedDuration>,
         /// The due instant of the worst case, under `Scheduled`.
         due: Option<Timestamp>,
         suggestion: Option<Suggestion>,
     },
     #[error(
-        "the {EXPIRING_SOON_ALERT} alert fires {} before expiry, before the {} attempt in the worst case: with {} it starts {} ({} after due{}); {} (certificates whose ttl is at most {} are exempt: the alert fires for them throughout their lifetime)",
+        "the {EXPIRING_SOON_ALERT} alert fires {} before expiry, before the {} attempt in the worst case: with {} it starts {} ({} after due{}{}); {} (certificates whose ttl is at most {} are exempt: the alert fires for them throughout their lifetime)",
         human(EXPIRING_SOON), ordinal(PROMISED_ATTEMPTS), terms.renew_before,
-        from_expiry(terms.renew_before.length - *third), human(*third), when(*due),
+        from_expiry(terms.renew_before.length - *third), human(*third), when(*due), waited(terms),
         suggest(*suggestion, terms, "would start it before the alert"), human(EXPIRING_SOON)
     )]
     AlertFirst {
@@ -156,6 +160,9 @@ pub struct Terms {
     pub ttl: Ttl,
     pub renew_before: RenewBefore,
     pub margin: FailSafeMargin,
+    /// `canary.maxWait` in seconds, which a Machine that is not a canary may wait first (0:
+    /// none; seconds keep [`Broken`] small).
+    pub canary_wait: i64,
 }
 
 /// How the policy sets the due time, and how long before expiry that is for a lifetime of
@@ -205,6 +212,10 @@ impl Terms {
                 length: expiry.duration_since(due.due_at(expiry)),
             },
             margin: policy.fail_safe_margin,
+            canary_wait: policy
+                .canary
+                .as_ref()
+                .map_or(0, |canary| canary.max_wait.as_secs()),
         }
     }
 
@@ -281,7 +292,7 @@ impl Terms {
             _ => {
                 return Err(Broken::TooFewAttempts {
                     terms: self,
-                    fits,
+                    fits: u8::try_from(fits).unwrap_or(u8::MAX),
                     third,
                     due: worst.due,
                     suggestion,
@@ -448,6 +459,9 @@ pub(crate) struct Simulator {
     horizon: SignedDuration,
     backoff: Backoff,
     spread: SignedDuration,
+    /// How long a Machine that is not a canary may wait for the canaries after it is due
+    /// (`canary.maxWait`; zero without canaries): its first attempt starts no earlier.
+    canaries: SignedDuration,
     /// Simulations run, for the check's own bound.
     runs: usize,
 }
@@ -496,6 +510,10 @@ impl Simulator {
             horizon,
             backoff,
             spread: policy.spread.as_duration(),
+            canaries: policy
+                .canary
+                .as_ref()
+                .map_or(SignedDuration::ZERO, |canary| canary.max_wait),
             runs: 0,
         }
     }
@@ -513,7 +531,7 @@ impl Simulator {
         };
         self.input.expiry = Some(end);
         self.input.failures = Failures::default();
-        let mut now = due;
+        let mut now = saturating_add(due, self.canaries);
         'attempts: for attempt in 0..PROMISED_ATTEMPTS {
             for _ in 0..STEPS_PER_ATTEMPT {
                 match decide(&self.input, now) {
@@ -549,7 +567,7 @@ impl Simulator {
         longest_open: SignedDuration,
     ) -> [SignedDuration; PROMISED_ATTEMPTS] {
         let wait = longest_closed + self.spread.min(longest_open);
-        let mut bound = SignedDuration::ZERO;
+        let mut bound = self.canaries;
         std::array::from_fn(|attempt| {
             if attempt > 0 {
                 bound += ATTEMPT_LENGTH + self.backoff.delay(Some(attempt as i64));
@@ -610,9 +628,25 @@ fn when(due: Option<Timestamp>) -> String {
 }
 
 /// When the worst case's third attempt starts, for the refusal.
+/// `, counting canary.maxWait …` when the worst case waits for canaries first.
+fn waited(terms: &Terms) -> String {
+    match terms.canary_wait {
+        0 => String::new(),
+        seconds => format!(
+            ", counting canary.maxWait {} waited for the canaries first",
+            human(SignedDuration::from_secs(seconds))
+        ),
+    }
+}
+
 fn start(third: Option<SignedDuration>, due: Option<Timestamp>, terms: &Terms) -> String {
     match third {
-        Some(third) => format!("start {} after due{}", human(third), when(due)),
+        Some(third) => format!(
+            "start {} after due{}{}",
+            human(third),
+            when(due),
+            waited(terms)
+        ),
         None => format!(
             "not start within the certificates' lifetime (ttl {}) after due{}",
             terms.ttl,

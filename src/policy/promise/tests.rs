@@ -53,6 +53,20 @@ fn rows() -> Vec<(&'static str, Value, &'static str, Expect)> {
             ),
         ),
         (
+            "Automatic with canaries: the others' first attempt may wait maxWait",
+            json!({ "policy": "Automatic", "canary": { "clusterSelector": {}, "maxWait": "1d" } }),
+            NOW,
+            Kept("the 3rd 1d5h after due, 3w6d19h before it"),
+        ),
+        (
+            "Automatic, the canaries waited for past the alert",
+            json!({ "policy": "Automatic", "canary": { "clusterSelector": {}, "maxWait": "20d" } }),
+            NOW,
+            Refused(
+                "with renewBefore 1mo (the default) it starts 1w2d19h before expiry (2w6d5h after due, counting canary.maxWait 2w6d waited for the canaries first); a renewBefore of at least 1mo5d",
+            ),
+        ),
+        (
             "Disabled promises nothing",
             json!({ "policy": "Disabled", "renewBefore": "1h" }),
             NOW,

@@ -84,11 +84,41 @@ pub fn regions(root: &Path) -> Result<Vec<Region>, DocsError> {
             content: reasons_tables(&read("api/src/reasons.rs")?)?,
         },
         Region {
+            file: "docs/reference.md",
+            name: "alerts",
+            content: alerts_table(&read("config/monitoring/rules/ck8s-certs.rules.yaml")?)?,
+        },
+        Region {
             file: "docs/install.md",
             name: "clusterctl-variables",
             content: variables_table(&read("config/manager/manager.yaml")?, &controller)?,
         },
     ])
+}
+
+/// The alerts of the shipped rules file: name, severity, `for`, summary, and the runbook's
+/// section in docs/monitoring.md.
+fn alerts_table(rules: &str) -> Result<String, DocsError> {
+    let rules: serde_yaml::Value = serde_yaml::from_str(rules)
+        .map_err(|err| DocsError::Inconsistent(format!("the alerting rules: {err}")))?;
+    let mut table = String::from("| alert | severity | for | summary |\n|---|---|---|---|\n");
+    let groups = rules["groups"].as_sequence().into_iter().flatten();
+    for rule in groups.flat_map(|g| g["rules"].as_sequence().into_iter().flatten()) {
+        let Some(alert) = rule["alert"].as_str() else {
+            continue;
+        };
+        let text = |value: &serde_yaml::Value| value.as_str().unwrap_or("").to_owned();
+        table.push_str(&format!(
+            "| [`{alert}`](monitoring.md#{}) | {} | {} | {} |\n",
+            alert.to_lowercase(),
+            text(&rule["labels"]["severity"]),
+            Some(text(&rule["for"]))
+                .filter(|f| !f.is_empty())
+                .unwrap_or("—".into()),
+            cell(&text(&rule["annotations"]["summary"])),
+        ));
+    }
+    Ok(table)
 }
 
 /// `text` with the region `name` replaced by `content`.

@@ -83,7 +83,11 @@ fn succeeded(status: &MachineCertificatesStatus) -> bool {
 #[tokio::test]
 async fn the_others_renew_only_after_both_canaries_and_wait_while_one_fails() {
     let env = shared_with(spec).await;
-    let node = |cluster: &str| env.cluster(cluster).node(&format!("{cluster}-cp-0")).clone();
+    let node = |cluster: &str| {
+        env.cluster(cluster)
+            .node(&format!("{cluster}-cp-0"))
+            .clone()
+    };
     let canaries: Vec<NodeInfo> = CANARIES.iter().map(|c| node(c)).collect();
     let others: Vec<NodeInfo> = OTHERS.iter().map(|c| node(c)).collect();
     let client = env.management().await.unwrap();
@@ -153,7 +157,9 @@ async fn the_others_renew_only_after_both_canaries_and_wait_while_one_fails() {
     for other in &others {
         let status = env
             .wait_for_status(other, TIMEOUT, "held for the canary", |s| {
-                s.renewal.as_ref().is_some_and(|r| r.reason == "CanaryFailed")
+                s.renewal
+                    .as_ref()
+                    .is_some_and(|r| r.reason == "CanaryFailed")
             })
             .await;
         let message = status.renewal.unwrap().message;
