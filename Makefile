@@ -141,7 +141,7 @@ unit:
 ## renders the artifacts with hack/release.sh and installs them with the pinned clusterctl.
 E2E_VERSIONED := admission capi_manager cluster_move coexistence coexistence_fleet \
   control_plane_late environment fleet refresh refresh_scope release sharding steady_state
-## Test binaries run E2E_JOBS at a time (default 2, hack/e2e.sh), the tests of each E2E_TEST_THREADS
+## Test binaries run E2E_JOBS at a time (default 3, hack/e2e.sh), the tests of each E2E_TEST_THREADS
 ## at a time (default 2); their logs are in target/e2e-logs.
 e2e: env capi-manager tools promtool
 	$(CARGO) build --bin ck8s-certs

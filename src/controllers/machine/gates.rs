@@ -18,6 +18,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::controllers::stores::Stores;
 
+pub mod canaries;
 pub mod workload;
 
 /// What holds a cluster's automatic renewals back.
@@ -152,45 +153,6 @@ pub fn of_cluster(stores: &Stores, namespace: &str, cluster: &str) -> Option<Gat
             .filter(|cp| ours(cp.metadata.namespace.as_ref(), cp.cluster_name.as_deref()))
             .map(AsRef::as_ref),
     )
-}
-
-/// Whether `machine` (on a Cluster labelled `cluster_labels`) waits for the canaries of the
-/// policy that `governing` names (`crate::policy::canary`), as the caches show them.
-pub fn canaries(
-    stores: &Stores,
-    machine: &ck8s_certs_api::machine::MachineView,
-    cluster_labels: Option<&std::collections::BTreeMap<String, String>>,
-    governing: &crate::controllers::governing_policy::Governing,
-    settings: crate::policy::Settings,
-    now: jiff::Timestamp,
-) -> Option<Gate> {
-    use crate::controllers::governing_policy::{Governing, canary_machines};
-    use crate::policy::canary::{self, Standing};
-    let Governing::One {
-        info,
-        policy: Ok(policy),
-    } = governing
-    else {
-        return None;
-    };
-    let max_wait = policy.canary.as_ref()?.max_wait;
-    if policy.is_canary(cluster_labels) {
-        return None;
-    }
-    let canaries = canary_machines(
-        &stores.machines,
-        &stores.clusters,
-        &stores.certificates,
-        &machine.namespace,
-        policy,
-        settings,
-    );
-    // Before the policy's status names this generation's start: from now, held meanwhile.
-    let since = info.canaries_since.unwrap_or(now);
-    match canary::standing(&canaries, since, max_wait, now) {
-        Standing::Hold(hold) => Some(Gate::Canary(hold)),
-        Standing::NoCanaries | Standing::Renewed | Standing::WaitElapsed => None,
-    }
 }
 
 /// What of a Machine opens or closes a gate of its cluster.

@@ -101,6 +101,8 @@ pub struct Context {
     pub replace_refusals: replace::Refusals,
     /// The last look at each workload cluster's gates.
     pub workload_gates: gates::workload::Looks,
+    /// The last look at each policy's canaries.
+    pub canary_gates: gates::canaries::Looks,
     /// Our identity among the --watch-filter shards, and what we saw of the others' Leases.
     pub shard: crate::controllers::shard::Shard,
     pub metrics: Arc<crate::metrics::Metrics>,
@@ -144,14 +146,8 @@ impl Context {
     ) -> Option<gates::Gate> {
         self.gate(machine, now).or_else(|| {
             let settings = self.config().renewal;
-            gates::canaries(
-                &self.stores,
-                machine,
-                cluster_labels,
-                governing,
-                settings,
-                now,
-            )
+            let stores = &self.stores;
+            (self.canary_gates).gate(stores, machine, cluster_labels, governing, settings, now)
         })
     }
 }

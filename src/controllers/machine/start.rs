@@ -73,6 +73,7 @@ pub fn start(
         outcomes: KeptOutcomes::default(),
         replace_refusals: Default::default(),
         workload_gates: Default::default(),
+        canary_gates: Default::default(),
         shard: Shard::new(client.clone(), carrier, clock.clone()),
         stores: stores.clone(),
         recorder: shared.recorder.clone(),
