@@ -170,6 +170,9 @@ async fn workload_clusters_have_ready_nodes_and_a_running_k8sd_proxy_on_each() {
     }
 }
 
+/// The controller's `--shutdown-grace-period` in the SIGTERM test.
+const GRACE: Duration = Duration::from_secs(10);
+
 #[tokio::test]
 async fn the_controller_binary_connects_serves_health_and_stops_on_sigterm() {
     let env = shared().await;
@@ -184,6 +187,7 @@ async fn the_controller_binary_connects_serves_health_and_stops_on_sigterm() {
         // Not the default 0.0.0.0:9443: this test of the other Cluster API version may run at
         // the same time (hack/e2e.sh), and a port in use ends the controller.
         .arg("--webhook-bind-address=127.0.0.1:0")
+        .arg(format!("--shutdown-grace-period={}s", GRACE.as_secs()))
         .env("RUST_LOG", "info");
     let mut controller = Process::spawn("controller-health", command, &env.dir).unwrap();
 
@@ -210,9 +214,22 @@ async fn the_controller_binary_connects_serves_health_and_stops_on_sigterm() {
         .unwrap();
     assert_eq!(healthz.status(), 200);
 
+    // A stop waits for the reconciles in flight (their calls have timeouts of their own) up to
+    // the grace period: under the suite's load, the first reconciles of five clusters' Machines
+    // took longer than the 10 s this once allowed. It must exit within the grace period.
+    let asked = std::time::Instant::now();
     let status = controller
-        .terminate(Duration::from_secs(10))
-        .expect("exits on SIGTERM");
+        .terminate(GRACE + Duration::from_secs(20))
+        .unwrap_or_else(|| {
+            panic!(
+                "did not exit within its grace period of SIGTERM:\n{}",
+                controller.log_tail(80)
+            )
+        });
+    println!("exited {:?} after SIGTERM", asked.elapsed());
+    if asked.elapsed() >= GRACE / 2 {
+        println!("{}", controller.log_tail(60));
+    }
     assert!(status.success(), "{status}");
     let log = std::fs::read_to_string(&controller.log).unwrap();
     let expected = format!(
