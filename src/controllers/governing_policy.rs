@@ -53,6 +53,25 @@ pub struct PolicyInfo {
     pub canaries_since: Option<jiff::Timestamp>,
 }
 
+#[cfg(test)]
+impl PolicyInfo {
+    /// A readable policy `name` of generation 1 with `spec`, its breaker closed and no canaries
+    /// started (tests).
+    pub fn of_spec(
+        name: &str,
+        spec: &ck8s_certs_api::renewal_policy::CertificateRenewalPolicySpec,
+    ) -> Self {
+        Self {
+            name: name.to_owned(),
+            generation: Some(1),
+            mode: Some(spec.policy),
+            windows: Some(windows_status(&spec.windows)),
+            halted_since: None,
+            canaries_since: None,
+        }
+    }
+}
+
 /// The policies that select a Machine.
 pub enum Governing {
     /// No policy: manual refreshes only.

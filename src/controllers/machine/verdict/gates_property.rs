@@ -13,7 +13,7 @@ use proptest::prelude::*;
 use serde_json::json;
 
 use super::*;
-use crate::controllers::governing_policy::{PolicyInfo, windows_status};
+use crate::controllers::governing_policy::PolicyInfo;
 use crate::controllers::machine::gates::Gate;
 use crate::policy::spec::{Settings, validate};
 
@@ -41,14 +41,7 @@ fn governing(kind: u8) -> Governing {
     .unwrap();
     let valid = validate(&spec).unwrap();
     Governing::One {
-        info: PolicyInfo {
-            name: format!("p{kind}"),
-            generation: Some(1),
-            mode: Some(spec.policy),
-            windows: Some(windows_status(&spec.windows)),
-            halted_since: None,
-            canaries_since: None,
-        },
+        info: PolicyInfo::of_spec(&format!("p{kind}"), &spec),
         policy: Ok(Arc::new(valid)),
     }
 }

@@ -8,7 +8,7 @@ use ck8s_certs_api::renewal_policy::CertificateRenewalPolicySpec;
 use serde_json::json;
 
 use super::*;
-use crate::controllers::governing_policy::{PolicyInfo, windows_status};
+use crate::controllers::governing_policy::PolicyInfo;
 use crate::policy::spec::{Settings, validate};
 use crate::testing::{assert_contains, assert_starts_with};
 
@@ -36,14 +36,7 @@ fn policy(spec: serde_json::Value) -> Governing {
     let spec: CertificateRenewalPolicySpec = serde_json::from_value(spec).unwrap();
     let valid = validate(&spec).unwrap();
     Governing::One {
-        info: PolicyInfo {
-            name: "p".into(),
-            generation: Some(1),
-            mode: Some(spec.policy),
-            windows: Some(windows_status(&spec.windows)),
-            halted_since: None,
-            canaries_since: None,
-        },
+        info: PolicyInfo::of_spec("p", &spec),
         policy: Ok(Arc::new(valid)),
     }
 }
