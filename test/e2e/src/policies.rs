@@ -2,7 +2,9 @@
 //! by the label `e2e-policy=<selector>`.
 
 use ck8s_certs_api::capi::WATCH_FILTER_LABEL;
-use ck8s_certs_api::renewal_policy::CertificateRenewalPolicy;
+use std::time::{Duration, Instant};
+
+use ck8s_certs_api::renewal_policy::{CertificateRenewalPolicy, CertificateRenewalPolicyStatus};
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, PostParams};
 use serde_json::json;
@@ -10,6 +12,32 @@ use serde_json::json;
 use crate::Environment;
 
 impl Environment {
+    /// The status of policy `namespace/name` once `done` holds (polled; fails after `timeout`
+    /// saying `what` it waited for, with the status).
+    pub async fn policy_status_until(
+        &self,
+        namespace: &str,
+        name: &str,
+        timeout: Duration,
+        what: &str,
+        done: impl Fn(&CertificateRenewalPolicyStatus) -> bool,
+    ) -> CertificateRenewalPolicyStatus {
+        let client = self.management().await.expect("client");
+        let api: Api<CertificateRenewalPolicy> = Api::namespaced(client, namespace);
+        let start = Instant::now();
+        loop {
+            let status = api.get(name).await.unwrap().status.unwrap_or_default();
+            if done(&status) {
+                return status;
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "policy {namespace}/{name}, {what}: {status:#?}"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
     /// Creates policy `name` with `spec`, selecting Machines labelled `e2e-policy=<selector>`,
     /// in the watch-filter shard of the same name (the controller `start_controller(selector)`
     /// starts sees it).

@@ -26,17 +26,8 @@ async fn policy_status(
     env: &Environment,
     done: impl Fn(&CertificateRenewalPolicyStatus) -> bool,
 ) -> CertificateRenewalPolicyStatus {
-    let api: Api<CertificateRenewalPolicy> =
-        Api::namespaced(env.management().await.unwrap(), "fleet");
-    let start = Instant::now();
-    loop {
-        let status = api.get(POLICY).await.unwrap().status.unwrap_or_default();
-        if done(&status) {
-            return status;
-        }
-        assert!(start.elapsed() < TIMEOUT, "policy {POLICY}: {status:#?}");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    env.policy_status_until("fleet", POLICY, TIMEOUT, "waited for", done)
+        .await
 }
 
 fn halted(status: &CertificateRenewalPolicyStatus) -> Option<&str> {

@@ -8,12 +8,11 @@ use std::time::{Duration, Instant};
 
 use ck8s_certs::k8sd::wire::path;
 use ck8s_certs_api::machine_certificates::{MachineCertificatesStatus, Phase};
-use ck8s_certs_api::renewal_policy::{CertificateRenewalPolicy, CertificateRenewalPolicyStatus};
+use ck8s_certs_api::renewal_policy::CertificateRenewalPolicyStatus;
 use ck8s_certs_e2e::fixtures::{ClusterSpec, NodeInfo};
 use ck8s_certs_e2e::sim::{Endpoint, Fault};
 use ck8s_certs_e2e::{EnvSpec, Environment, shared_with};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
@@ -54,17 +53,8 @@ async fn policy_until(
     what: &str,
     done: impl Fn(&CertificateRenewalPolicyStatus) -> bool,
 ) -> CertificateRenewalPolicyStatus {
-    let api: Api<CertificateRenewalPolicy> =
-        Api::namespaced(env.management().await.unwrap(), NAMESPACE);
-    let start = Instant::now();
-    loop {
-        let status = api.get(POLICY).await.unwrap().status.unwrap_or_default();
-        if done(&status) {
-            return status;
-        }
-        assert!(start.elapsed() < TIMEOUT, "{what}: {status:#?}");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    env.policy_status_until(NAMESPACE, POLICY, TIMEOUT, what, done)
+        .await
 }
 
 /// `run` calls the simulator recorded on `node`.
