@@ -294,6 +294,21 @@ impl EnvSpec {
         }
     }
 
+    /// [`Self::standard`] with only the named clusters: a test binary that uses one or two of
+    /// them starts one or two workload kube-apiservers with their nodes, not five (each costs
+    /// the suite about 2 CPU-seconds, and the controller reads every Machine's expiry).
+    pub fn standard_of(names: &[&str]) -> Self {
+        let mut spec = Self::standard();
+        if let Some(unknown) = names
+            .iter()
+            .find(|name| !spec.clusters.iter().any(|c| c.name == **name))
+        {
+            panic!("the standard environment has no cluster {unknown}");
+        }
+        spec.clusters.retain(|c| names.contains(&c.name.as_str()));
+        spec
+    }
+
     /// The index of the workload kube-apiserver that cluster `index` uses, and how many
     /// workload kube-apiservers there are.
     fn workload_server(&self, index: usize) -> usize {
@@ -999,8 +1014,14 @@ pub async fn shared() -> Arc<Environment> {
     shared_with(EnvSpec::standard).await
 }
 
+/// [`shared`] with only the named clusters of the standard environment
+/// ([`EnvSpec::standard_of`]).
+pub async fn shared_of(names: &'static [&'static str]) -> Arc<Environment> {
+    shared_with(move || EnvSpec::standard_of(names)).await
+}
+
 /// [`shared`] with another environment: the first call of the test binary decides which.
-pub async fn shared_with(spec: fn() -> EnvSpec) -> Arc<Environment> {
+pub async fn shared_with(spec: impl FnOnce() -> EnvSpec + Send + 'static) -> Arc<Environment> {
     let result = tokio::task::spawn_blocking(move || {
         SHARED
             .get_or_init(|| {

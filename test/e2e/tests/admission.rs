@@ -17,7 +17,7 @@ use ck8s_certs_api::annotations::{
 };
 use ck8s_certs_api::machine::MachineView;
 use ck8s_certs_e2e::fixtures::NodeInfo;
-use ck8s_certs_e2e::{Environment, manifests, shared, tool};
+use ck8s_certs_e2e::{Environment, manifests, shared_of, tool};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -73,7 +73,7 @@ fn text(bytes: &[u8]) -> String {
 #[tokio::test]
 async fn kubectl_annotate_with_a_bad_ttl_is_refused_with_the_controllers_message_and_nothing_is_stored()
  {
-    let env = shared().await;
+    let env = shared_of(&["alpha"]).await;
     let [control_plane, worker] = env.nodes("alpha", ["alpha-cp-1", "alpha-md-0-w1"]);
     env.isolate_all([&control_plane, &worker], FILTER).await;
     let _controller = env

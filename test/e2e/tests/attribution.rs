@@ -9,7 +9,7 @@ use ck8s_certs_api::capi::WATCH_FILTER_LABEL;
 use ck8s_certs_api::certificate_refresh::{CertificateRefresh, RequestPhase, Requester, Target};
 use ck8s_certs_e2e::fixtures::manual_request;
 use ck8s_certs_e2e::users::{Grant, refused};
-use ck8s_certs_e2e::{Environment, shared};
+use ck8s_certs_e2e::{Environment, shared_of};
 use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
@@ -48,7 +48,7 @@ async fn find_record(
 
 #[tokio::test]
 async fn only_users_who_may_change_the_target_get_a_refresh_and_they_are_named() {
-    let env = shared().await;
+    let env = shared_of(&["beta"]).await;
     let [by_request, by_trigger] = env
         .isolated("beta", ["beta-md-0-w0", "beta-md-0-w1"], FILTER)
         .await;

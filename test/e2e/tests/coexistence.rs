@@ -16,7 +16,7 @@ use ck8s_certs_api::annotations::{
 };
 use ck8s_certs_e2e::fixtures::NodeInfo;
 use ck8s_certs_e2e::sim;
-use ck8s_certs_e2e::{Environment, shared};
+use ck8s_certs_e2e::{Environment, shared_of};
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
@@ -48,7 +48,7 @@ async fn answered_runs(env: &Environment, node: &NodeInfo) -> Vec<i64> {
 #[tokio::test]
 async fn beside_the_bootstrap_provider_exactly_one_controller_refreshes_and_without_ours_nothing_does()
  {
-    let env = shared().await;
+    let env = shared_of(&["alpha"]).await;
     let nodes = env
         .isolated("alpha", ["alpha-cp-0", "alpha-md-0-w0"], FILTER)
         .await;

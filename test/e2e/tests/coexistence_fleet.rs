@@ -14,8 +14,8 @@ use ck8s_certs_api::annotations::{
     CERTIFICATES_EXPIRY, FLEET_REQUEST, REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS,
 };
 use ck8s_certs_api::certificate_refresh::{CertificateRefresh, RequestPhase};
+use ck8s_certs_e2e::shared_of;
 use ck8s_certs_e2e::sim::answered_runs;
-use ck8s_certs_e2e::{EnvSpec, shared_with};
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
@@ -23,15 +23,9 @@ use serde_json::json;
 const TIMEOUT: Duration = Duration::from_secs(180);
 const FILTER: &str = "coexist-fleet";
 
-fn spec() -> EnvSpec {
-    let mut spec = EnvSpec::standard();
-    spec.clusters.retain(|c| c.name == "alpha");
-    spec
-}
-
 #[tokio::test]
 async fn a_fleet_refresh_beside_the_bootstrap_provider_is_carried_out_by_us_alone() {
-    let env = shared_with(spec).await;
+    let env = shared_of(&["alpha"]).await;
     let nodes = env.isolate_cluster("alpha", FILTER).await;
     let _controller = env.start_controller_with_webhook(FILTER, &[]).await;
     // Our expiry first, so the double (which writes a missing one itself) has nothing to write.

@@ -24,8 +24,7 @@ const TIMEOUT: Duration = Duration::from_secs(150);
 const FILTER: &str = "late-cp";
 
 fn spec() -> EnvSpec {
-    let mut spec = EnvSpec::standard();
-    spec.clusters.retain(|c| c.name == "alpha");
+    let mut spec = EnvSpec::standard_of(&["alpha"]);
     spec.control_plane_crd = false;
     spec
 }

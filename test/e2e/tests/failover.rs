@@ -9,10 +9,13 @@ use ck8s_certs_api::machine_certificates::Phase;
 use ck8s_certs_e2e::Environment;
 use ck8s_certs_e2e::controller::Controller;
 use ck8s_certs_e2e::fixtures::NodeInfo;
-use ck8s_certs_e2e::shared;
+use ck8s_certs_e2e::shared_of;
 use ck8s_certs_e2e::sim::{CallRecord, Endpoint, runs};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
+
+/// The standard clusters these tests use; the others are not started.
+const CLUSTERS: &[&str] = &["alpha", "beta", "gamma", "trio"];
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 
@@ -97,7 +100,7 @@ async fn completed_runs(env: &Environment, node: &NodeInfo) -> Vec<CallRecord> {
 
 #[tokio::test]
 async fn leader_killed_after_a_worker_run_the_standby_refreshes_it_again_with_a_new_plan() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let filter = "failover-worker";
     let [node] = env.isolated("alpha", ["alpha-md-0-w0"], filter).await;
     let (mut a, b) = two_replicas(
@@ -150,7 +153,7 @@ async fn expect_finished_by(
 
 #[tokio::test]
 async fn leader_killed_during_a_control_plane_run_the_standby_finishes_it_with_a_new_plan() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let filter = "failover-cp-kill";
     let [node] = env.isolated("beta", ["beta-cp-0"], filter).await;
     let (a, b) = two_replicas(&env, filter, &[], &[]).await;
@@ -174,7 +177,7 @@ async fn leader_killed_during_a_control_plane_run_the_standby_finishes_it_with_a
 
 #[tokio::test]
 async fn leader_stopped_during_a_control_plane_run_finishes_it_and_hands_over() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let [cp, worker] = env.nodes("alpha", ["alpha-cp-0", "alpha-md-0-w1"]);
     env.isolate_all([&cp, &worker], "failover-cp-stop").await;
     let (mut a, b) = two_replicas(&env, "failover-cp-stop", &[], &[]).await;
@@ -232,7 +235,7 @@ async fn leader_stopped_during_a_control_plane_run_finishes_it_and_hands_over() 
 
 #[tokio::test]
 async fn a_leader_that_loses_its_lease_stops_acting_and_exits() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let mut leader =
         env.start_controller_with_env("failover-lost", &[], &[("POD_NAME", "failover-lost-a")]);
     leader.wait_until_leader(TIMEOUT).await;
@@ -271,7 +274,7 @@ fn signal(controller: &Controller, signal: libc::c_int) {
 
 #[tokio::test]
 async fn a_leader_paused_past_its_lease_sends_nothing_after_the_standby_took_over() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let [cp] = env.isolated("trio", ["trio-cp-2"], "failover-paused").await;
     let (mut a, b) = two_replicas(&env, "failover-paused", &[], &[]).await;
     // The leader's `plan` is answered late: it is frozen (SIGSTOP, as a VM pause or a debugger
@@ -310,7 +313,7 @@ async fn a_leader_paused_past_its_lease_sends_nothing_after_the_standby_took_ove
 #[tokio::test]
 async fn leader_stopped_while_a_worker_run_waits_for_approval_the_run_is_waited_out_before_a_new_plan()
  {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let gamma = env.cluster("gamma");
     let worker = gamma.node("alpha-md-0-w1").clone();
     env.isolate(&worker, "failover-worker-stop").await;
@@ -395,7 +398,9 @@ mod lease {
     use std::time::{Duration, Instant};
 
     use ck8s_certs::leader::{Elector, Lost, Settings};
-    use ck8s_certs_e2e::shared;
+    use ck8s_certs_e2e::shared_of;
+
+    use super::CLUSTERS;
     use k8s_openapi::api::coordination::v1::Lease;
     use kube::Api;
     use kube::api::{Patch, PatchParams};
@@ -415,7 +420,7 @@ mod lease {
     }
 
     async fn lease(name: &str) -> Lease {
-        let env = shared().await;
+        let env = shared_of(CLUSTERS).await;
         Api::<Lease>::namespaced(env.management().await.unwrap(), NAMESPACE)
             .get(name)
             .await
@@ -424,7 +429,7 @@ mod lease {
 
     #[tokio::test]
     async fn one_leader_at_a_time_and_a_released_lease_is_taken_at_once() {
-        let env = shared().await;
+        let env = shared_of(CLUSTERS).await;
         let client = env.management().await.unwrap();
         let mut first = Elector::new(client.clone(), settings("release", "first")).unwrap();
         let mut second = Elector::new(client, settings("release", "second")).unwrap();
@@ -461,7 +466,7 @@ mod lease {
 
     #[tokio::test]
     async fn an_abandoned_lease_is_taken_after_its_duration() {
-        let env = shared().await;
+        let env = shared_of(CLUSTERS).await;
         let client = env.management().await.unwrap();
         let mut crashed = Elector::new(client.clone(), settings("abandoned", "crashed")).unwrap();
         crashed.acquire().await;
@@ -480,7 +485,7 @@ mod lease {
 
     #[tokio::test]
     async fn a_lease_deleted_while_held_is_waited_out_not_taken_at_once() {
-        let env = shared().await;
+        let env = shared_of(CLUSTERS).await;
         let client = env.management().await.unwrap();
         let mut holder = Elector::new(client.clone(), settings("deleted", "holder")).unwrap();
         holder.acquire().await;
@@ -507,7 +512,7 @@ mod lease {
 
     #[tokio::test]
     async fn a_leader_whose_lease_is_taken_over_stops_leading() {
-        let env = shared().await;
+        let env = shared_of(CLUSTERS).await;
         let client = env.management().await.unwrap();
         let mut leader = Elector::new(client.clone(), settings("takeover", "leader")).unwrap();
         leader.acquire().await;
@@ -531,7 +536,7 @@ mod lease {
 
     #[tokio::test]
     async fn inconsistent_timings_are_refused() {
-        let env = shared().await;
+        let env = shared_of(CLUSTERS).await;
         let mut bad = settings("never", "me");
         bad.renew_deadline = Duration::from_secs(3);
         let error = Elector::new(env.management().await.unwrap(), bad)

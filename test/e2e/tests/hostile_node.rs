@@ -14,11 +14,14 @@ use ck8s_certs_api::annotations::REFRESH_CERTIFICATES_STATUS;
 use ck8s_certs_e2e::fixtures::{NodeInfo, Role};
 use ck8s_certs_e2e::sim::{Endpoint, Fault};
 use ck8s_certs_e2e::users::Grant;
-use ck8s_certs_e2e::{Environment, shared};
+use ck8s_certs_e2e::{Environment, shared_of};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::Api;
 use kube::api::PostParams;
 use serde_json::json;
+
+/// The standard clusters these tests use; the others are not started.
+const CLUSTERS: &[&str] = &["alpha", "beta"];
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 /// What the hostile node answers: 100 times the cap.
@@ -89,7 +92,7 @@ async fn wait_for_huge_answers(env: &Environment, count: usize) -> Vec<u64> {
 
 #[tokio::test]
 async fn a_node_answering_100_mib_fails_its_refresh_without_exhausting_the_controller() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let machines = ["alpha-md-0-w0", "alpha-cp-1", "alpha-md-0-w1"];
     let [hostile_worker, hostile_control_plane, healthy] =
         env.isolated("alpha", machines, "hostile").await;
@@ -200,7 +203,7 @@ fn certificate_request(common_name: &str, organization: &str, dns: &[&str]) -> S
 /// succeeds with CSRs the node made.
 #[tokio::test]
 async fn a_tenants_csr_under_a_leaked_seed_is_never_approved_and_the_refresh_plans_again() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let [worker] = env.isolated("beta", ["beta-md-0-w0"], "csr-check").await;
     let _controller = env.start_controller("csr-check", &[]);
     let cluster = env.cluster("beta");

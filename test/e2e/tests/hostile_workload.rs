@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use ck8s_certs_api::annotations::{REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS};
 use ck8s_certs_api::capi;
-use ck8s_certs_e2e::{Environment, shared};
+use ck8s_certs_e2e::{Environment, shared_of};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
@@ -146,7 +146,7 @@ async fn redirect(env: &Environment, cluster: &str, port: u16, ca: &str) {
 
 #[tokio::test]
 async fn hostile_workload_api_servers_cost_the_healthy_cluster_nothing() {
-    let env = shared().await;
+    let env = shared_of(&["alpha", "gamma", "trio"]).await;
     let [healthy] = env.isolated("alpha", ["alpha-md-0-w0"], FILTER).await;
     let [endless] = env.isolated("gamma", ["alpha-md-0-w0"], FILTER).await;
     let [drip] = env.isolated("trio", ["trio-md-0-w0"], FILTER).await;

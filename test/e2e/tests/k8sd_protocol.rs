@@ -11,10 +11,13 @@ use ck8s_certs::k8sd::{K8sdError, Token, client::Auth};
 use ck8s_certs_e2e::fixtures::Role;
 use ck8s_certs_e2e::k8sd::{CAPI, NODE, TIMEOUT};
 use ck8s_certs_e2e::sim::{Endpoint, Fault};
-use ck8s_certs_e2e::{Environment, shared};
+use ck8s_certs_e2e::{Environment, shared_of};
 use http::Method;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::Api;
+
+/// The standard clusters these tests use; the others are not started.
+const CLUSTERS: &[&str] = &["alpha", "beta"];
 
 fn post_json(body: &str) -> Option<Vec<u8>> {
     Some(body.as_bytes().to_vec())
@@ -22,7 +25,7 @@ fn post_json(body: &str) -> Option<Vec<u8>> {
 
 #[tokio::test]
 async fn get_root_through_the_workload_port_forward_reaches_exactly_the_chosen_node() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     // Each test uses its own nodes: a `run` elsewhere restarts that node's k8sd.
     let node = env.cluster("beta").node("beta-md-0-w0").clone();
 
@@ -60,7 +63,7 @@ async fn get_root_through_the_workload_port_forward_reaches_exactly_the_chosen_n
 
 #[tokio::test]
 async fn the_direct_transport_reaches_the_node_address_and_microcluster_port() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let node = env.cluster("beta").node("beta-cp-0").clone();
     assert_eq!(
         node.microcluster_port, 6543,
@@ -82,7 +85,7 @@ async fn the_direct_transport_reaches_the_node_address_and_microcluster_port() {
 
 #[tokio::test]
 async fn a_pin_mismatch_fails_the_handshake_with_both_fingerprints() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let node = env.cluster("alpha").node("alpha-md-0-w1").clone();
     let wrong = ck8s_certs::k8sd::Fingerprint::of(b"some other certificate");
     let route = env.port_forward_route(&node).await.unwrap();
@@ -107,7 +110,7 @@ async fn a_pin_mismatch_fails_the_handshake_with_both_fingerprints() {
 
 #[tokio::test]
 async fn an_unknown_json_field_is_a_400_from_strict_decoding() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let node = env.cluster("alpha").node("alpha-cp-0").clone();
     let token = env.node_token(&node);
     let mut k8sd = env.k8sd(&node).await;
@@ -143,7 +146,7 @@ async fn an_unknown_json_field_is_a_400_from_strict_decoding() {
 
 #[tokio::test]
 async fn tokens_are_checked_against_this_nodes_machine() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let [node, other_machine] = env.nodes("alpha", ["alpha-md-0-w0", "alpha-md-0-w1"]);
     let mut k8sd = env.k8sd(&node).await;
     let expect_401 = |err: K8sdError, text: &str| match err {
@@ -181,7 +184,7 @@ async fn tokens_are_checked_against_this_nodes_machine() {
 
 #[tokio::test]
 async fn a_worker_refresh_runs_plan_then_run_alongside_approve_and_signs_three_csrs() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let beta = env.cluster("beta");
     let worker = beta.node("beta-md-0-w1").clone();
     let control_plane = beta
@@ -304,7 +307,7 @@ async fn a_worker_refresh_runs_plan_then_run_alongside_approve_and_signs_three_c
 
 #[tokio::test]
 async fn an_injected_hang_times_out_on_the_client_side() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let node = env.cluster("alpha").node("alpha-cp-1").clone();
     let id = env
         .sim
@@ -329,7 +332,7 @@ async fn an_injected_hang_times_out_on_the_client_side() {
 
 #[tokio::test]
 async fn injected_faults_surface_as_typed_errors() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let node = env.cluster("alpha").node("alpha-md-0-w1").clone();
     let token = env.node_token(&node);
     let auth = node_auth(&token);
@@ -377,7 +380,7 @@ async fn injected_faults_surface_as_typed_errors() {
 
 #[tokio::test]
 async fn a_control_plane_run_issues_a_certificate_with_the_requested_lifetime_and_sans() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let beta = env.cluster("beta");
     let node = beta.node("beta-cp-1").clone();
     let token = env.node_token(&node);

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use ck8s_certs_api::annotations::REFRESH_CERTIFICATES_STATUS;
 use ck8s_certs_api::cluster_certificates::ClusterCertificates;
 use ck8s_certs_e2e::fixtures::NodeInfo;
-use ck8s_certs_e2e::{Environment, shared};
+use ck8s_certs_e2e::{Environment, shared_of};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
@@ -126,7 +126,7 @@ async fn wait_unreadable(env: &Environment) -> String {
 #[tokio::test]
 async fn a_kubeconfig_that_reads_the_controllers_files_or_runs_a_command_is_refused_before_any_connection()
  {
-    let env = shared().await;
+    let env = shared_of(&["alpha"]).await;
     let listener = Listener::start().await;
     let node = env.cluster("alpha").node("alpha-cp-0").clone();
     // Stands for /var/run/secrets/kubernetes.io/serviceaccount/token: a file that exists, so

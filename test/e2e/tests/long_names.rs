@@ -20,8 +20,7 @@ const FILTER: &str = "long-names";
 const PREFIX: &str = "edge-eu-west.site-0042.production.ck8s.example.pool-a1b2c3d4e5";
 
 fn spec() -> EnvSpec {
-    let mut spec = EnvSpec::standard();
-    spec.clusters.retain(|c| c.name == "alpha");
+    let mut spec = EnvSpec::standard_of(&["alpha"]);
     for cluster in &mut spec.clusters {
         cluster.machine_prefix = PREFIX.into();
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ck8s_certs_api::annotations::REFRESH_CERTIFICATES_STATUS;
 use ck8s_certs_e2e::controller::{NAMESPACE, SERVICE_ACCOUNT};
-use ck8s_certs_e2e::shared;
+use ck8s_certs_e2e::shared_of;
 use ck8s_certs_e2e::users::{Grant, kubeconfig_of};
 use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
@@ -45,7 +45,7 @@ fn rendered_rules(kind: &str, name: &str) -> serde_json::Value {
 
 #[tokio::test]
 async fn a_controller_with_the_namespaced_rights_refreshes_its_namespace_and_reads_no_other() {
-    let env = shared().await;
+    let env = shared_of(&["beta", "gamma"]).await;
     let [worker] = env.isolated("beta", ["beta-md-0-w1"], FILTER).await;
     assert_eq!(worker.namespace, "fleet", "the overlay's namespace");
     let admin = env.management().await.unwrap();

@@ -12,7 +12,7 @@ use ck8s_certs_api::annotations::REFRESH_CERTIFICATES;
 use ck8s_certs_api::certificate_refresh::CertificateRefresh;
 use ck8s_certs_api::machine_certificates::MachineCertificatesStatus;
 use ck8s_certs_e2e::fixtures::NodeInfo;
-use ck8s_certs_e2e::{Binaries, Environment, shared};
+use ck8s_certs_e2e::{Binaries, Environment, shared_of};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Api;
@@ -134,7 +134,7 @@ fn left(expiry: jiff::Timestamp, now: jiff::Timestamp) -> String {
 
 #[tokio::test]
 async fn status_explain_and_renew_answer_for_a_small_fleet_and_a_reader_cannot_renew() {
-    let env = shared().await;
+    let env = shared_of(&["solo"]).await;
     let solo = env.cluster("solo");
     let nodes = solo.nodes.clone();
     // The Cluster too: `renew --cluster` is the Cluster's trigger.

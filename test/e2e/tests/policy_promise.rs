@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use ck8s_certs_api::capi::WATCH_FILTER_LABEL;
 use ck8s_certs_api::renewal_policy::CertificateRenewalPolicy;
-use ck8s_certs_e2e::{controlplane, shared};
+use ck8s_certs_e2e::{controlplane, shared_of};
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
@@ -20,7 +20,8 @@ const TIMEOUT: Duration = Duration::from_secs(60);
 
 #[tokio::test]
 async fn a_policy_that_cannot_keep_its_promise_is_refused_at_admission() {
-    let env = shared().await;
+    // Only the management cluster is used; alpha brings its namespace, fleet.
+    let env = shared_of(&["alpha"]).await;
     let client = env.management().await.unwrap();
     // The shipped configuration, calling the test controller, for this test's policies only.
     let port = controlplane::free_port().unwrap();

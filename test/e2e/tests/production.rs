@@ -9,8 +9,11 @@ use ck8s_certs::k8sd::wire::path;
 use ck8s_certs_api::annotations::{CERTIFICATES_EXPIRY, REFRESH_CERTIFICATES_STATUS};
 use ck8s_certs_e2e::fixtures::{NodeInfo, Role};
 use ck8s_certs_e2e::sim::{CallRecord, Endpoint, Fault, runs};
-use ck8s_certs_e2e::{Environment, shared};
+use ck8s_certs_e2e::{Environment, shared_of};
 use jiff::Timestamp;
+
+/// The standard clusters these tests use; the others are not started.
+const CLUSTERS: &[&str] = &["beta", "gamma", "solo", "trio"];
 
 const TIMEOUT: Duration = Duration::from_secs(180);
 
@@ -76,7 +79,7 @@ async fn annotate_all(env: &Environment, nodes: &[NodeInfo], filter: &str) {
 #[tokio::test]
 async fn a_single_control_plane_cluster_annotated_at_once_refreshes_its_control_plane_then_every_worker()
  {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let solo = env.cluster("solo");
     let nodes = solo.nodes.clone();
     assert_eq!(solo.nodes_with_role(Role::ControlPlane).count(), 1);
@@ -104,7 +107,7 @@ async fn a_single_control_plane_cluster_annotated_at_once_refreshes_its_control_
 
 #[tokio::test]
 async fn three_control_planes_are_refreshed_strictly_one_at_a_time_then_the_workers() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let trio = env.cluster("trio");
     let nodes = trio.nodes.clone();
     let _controller = env.start_controller("trio", &[]);
@@ -139,7 +142,7 @@ async fn three_control_planes_are_refreshed_strictly_one_at_a_time_then_the_work
 
 #[tokio::test]
 async fn a_lost_run_answer_is_refreshed_again_with_a_new_plan_until_the_node_serves_it() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let nodes = env.nodes("beta", ["beta-cp-0", "beta-md-0-w0"]);
     for node in &nodes {
         env.isolate(node, "lost-answer").await;
@@ -168,7 +171,7 @@ async fn a_lost_run_answer_is_refreshed_again_with_a_new_plan_until_the_node_ser
 
 #[tokio::test]
 async fn with_auto_approve_on_a_worker_is_refreshed_once_and_the_approve_error_is_only_noted() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     // Auto-approve applies to a whole cluster: gamma, which no other test here uses.
     let node = env.cluster("gamma").node("alpha-md-0-w0").clone();
     env.isolate(&node, "auto-approve").await;

@@ -13,9 +13,12 @@ use ck8s_certs_api::certificate_refresh::{CertificateRefresh, RequestPhase, labe
 use ck8s_certs_api::machine_certificates::Phase;
 use ck8s_certs_e2e::fixtures::{NodeInfo, Role};
 use ck8s_certs_e2e::sim::{Endpoint, runs};
-use ck8s_certs_e2e::{Environment, shared};
+use ck8s_certs_e2e::{Environment, shared_of};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::Api;
+
+/// The standard clusters these tests use; the others are not started.
+const CLUSTERS: &[&str] = &["alpha", "beta", "gamma", "trio"];
 
 const REFRESH_TIMEOUT: Duration = Duration::from_secs(90);
 
@@ -45,7 +48,7 @@ async fn timed_refresh(env: &Environment, node: &NodeInfo, ttl: &str) -> BTreeMa
 
 #[tokio::test]
 async fn a_control_plane_refresh_touches_only_that_node_and_records_the_new_expiry() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let filter = "cp-refresh";
     let [node] = env.nodes("alpha", ["alpha-cp-0"]);
     env.isolate_fresh([&node], filter).await;
@@ -131,7 +134,7 @@ async fn a_control_plane_refresh_touches_only_that_node_and_records_the_new_expi
 
 #[tokio::test]
 async fn a_worker_refresh_gets_three_approved_signed_csrs_and_reports_the_lifetime_it_got() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let filter = "worker-refresh";
     let [node] = env.isolated("beta", ["beta-md-0-w0"], filter).await;
     let _controller = env.start_controller(filter, &[]);
@@ -176,7 +179,7 @@ async fn a_worker_refresh_gets_three_approved_signed_csrs_and_reports_the_lifeti
 
 #[tokio::test]
 async fn a_bad_ttl_fails_at_once_without_calling_k8sd_and_names_the_accepted_forms() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let [node] = env.isolated("alpha", ["alpha-md-0-w0"], "bad-ttl").await;
     let _controller = env.start_controller("bad-ttl", &[]);
     // Let the controller read the expiry first, so the only k8sd traffic left is what a bad TTL causes.
@@ -219,7 +222,7 @@ async fn a_bad_ttl_fails_at_once_without_calling_k8sd_and_names_the_accepted_for
 /// refresh ends.
 #[tokio::test]
 async fn a_refresh_is_journaled_in_its_request_and_without_history_none_is_kept() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     // Not a control plane of beta or alpha: the worker tests of this file, run at the same
     // time, pick those as approvers, and one restarting under an approve costs a worker a
     // second `run` (which `refresh_costs` counts).
@@ -311,7 +314,7 @@ async fn a_refresh_is_journaled_in_its_request_and_without_history_none_is_kept(
 
 #[tokio::test]
 async fn refresh_costs() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let filter = "costs";
     let [cp, worker] = env.nodes("beta", ["beta-cp-1", "beta-md-0-w1"]);
     env.isolate_fresh([&cp, &worker], filter).await;
@@ -433,7 +436,7 @@ async fn refresh_costs() {
 
 #[tokio::test]
 async fn machines_with_the_same_name_in_two_namespaces_never_mix() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let [fleet] = env.nodes("alpha", ["alpha-cp-1"]);
     let [edge] = env.nodes("gamma", ["alpha-cp-1"]);
     assert_eq!(fleet.machine, edge.machine);

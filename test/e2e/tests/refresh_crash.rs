@@ -12,7 +12,10 @@ use ck8s_certs_api::machine_certificates::Phase;
 use ck8s_certs_e2e::controller::Controller;
 use ck8s_certs_e2e::fixtures::NodeInfo;
 use ck8s_certs_e2e::sim::{CallRecord, Endpoint, Fault, runs};
-use ck8s_certs_e2e::{Environment, shared};
+use ck8s_certs_e2e::{Environment, shared_of};
+
+/// The standard clusters these tests use; the others are not started.
+const CLUSTERS: &[&str] = &["alpha", "beta"];
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 
@@ -68,7 +71,7 @@ async fn ran_again_with_a_new_seed(env: &Environment, node: &NodeInfo) -> Vec<Ca
 
 #[tokio::test]
 async fn killed_during_plan_the_refresh_starts_over_and_runs_once() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let [node] = env.isolated("alpha", ["alpha-cp-0"], "crash-plan").await;
     crash_while_held(&env, &node, "crash-plan", Endpoint::Plan).await;
     assert_eq!(runs(&env.calls(&node).await).len(), 1);
@@ -76,7 +79,7 @@ async fn killed_during_plan_the_refresh_starts_over_and_runs_once() {
 
 #[tokio::test]
 async fn killed_after_the_seed_is_recorded_it_continues_with_a_new_plan_and_runs_once() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let [node] = env.isolated("alpha", ["alpha-cp-1"], "crash-seed").await;
     crash_at(&env, &node, "crash-seed", "after-seed-recorded").await;
     let op = env.operation(&node).await;
@@ -98,7 +101,7 @@ async fn killed_after_the_seed_is_recorded_it_continues_with_a_new_plan_and_runs
 
 #[tokio::test]
 async fn killed_after_run_before_the_machine_patch_nothing_is_run_again() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let [node] = env.isolated("beta", ["beta-cp-0"], "crash-outcome").await;
     let annotations = crash_at(&env, &node, "crash-outcome", "after-outcome-recorded").await;
     // The outcome is in the request (the journal) and nowhere else yet.
@@ -150,7 +153,7 @@ async fn serves_the_recorded_expiry(env: &Environment, node: &NodeInfo) -> i64 {
 
 #[tokio::test]
 async fn killed_during_a_control_plane_run_it_is_refreshed_again_with_a_new_plan() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let [node] = env.isolated("beta", ["beta-cp-1"], "crash-run-cp").await;
     crash_while_held(&env, &node, "crash-run-cp", Endpoint::Run).await;
     let runs = ran_again_with_a_new_seed(&env, &node).await;
@@ -167,7 +170,7 @@ async fn killed_during_a_control_plane_run_it_is_refreshed_again_with_a_new_plan
 
 #[tokio::test]
 async fn killed_while_a_worker_run_waits_for_approval_it_finishes_with_a_new_seed() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let filter = "crash-run-worker";
     let [node] = env.isolated("alpha", ["alpha-md-0-w0"], filter).await;
     // The approve is held back, so the worker's run is waiting for approval when the

@@ -11,12 +11,15 @@ use ck8s_certs_api::annotations::{
 use ck8s_certs_api::capi::{self, WATCH_FILTER_LABEL};
 use ck8s_certs_api::machine_certificates::MachineCertificatesStatus;
 use ck8s_certs_e2e::fixtures::{NodeInfo, Role};
-use ck8s_certs_e2e::shared;
+use ck8s_certs_e2e::shared_of;
 use ck8s_certs_e2e::sim::{CallRecord, Endpoint, Fault};
 use kube::Api;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use serde_json::json;
+
+/// The standard clusters these tests use; the others are not started.
+const CLUSTERS: &[&str] = &["alpha", "beta", "gamma", "trio"];
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 
@@ -35,7 +38,7 @@ fn paused(status: &MachineCertificatesStatus) -> bool {
 
 #[tokio::test]
 async fn a_paused_cluster_is_left_alone_until_it_is_resumed() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let [node] = env.isolated("beta", ["beta-cp-0"], "paused").await;
     let mgmt = env.management().await.unwrap();
     let version = env.spec.capi_version.storage_version();
@@ -86,7 +89,7 @@ async fn a_paused_cluster_is_left_alone_until_it_is_resumed() {
 /// new starts on it, and it goes on once the annotation is removed.
 #[tokio::test]
 async fn a_paused_machine_is_left_alone_until_it_is_resumed() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let [node] = env.nodes("trio", ["trio-md-0-w0"]);
     env.isolate(&node, "paused-machine").await;
     let _controller = env.start_controller("paused-machine", &[]);
@@ -126,7 +129,7 @@ async fn a_paused_machine_is_left_alone_until_it_is_resumed() {
 
 #[tokio::test]
 async fn machines_of_other_bootstrap_providers_are_untouched() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let mgmt = env.management().await.unwrap();
     let api = env.machine_api(mgmt.clone(), "fleet");
     let v1beta2 = env.spec.capi_version.storage_version() == "v1beta2";
@@ -166,7 +169,7 @@ async fn machines_of_other_bootstrap_providers_are_untouched() {
 
 #[tokio::test]
 async fn control_planes_of_one_cluster_are_refreshed_one_at_a_time() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let nodes: Vec<NodeInfo> = env
         .cluster("alpha")
         .nodes_with_role(Role::ControlPlane)
@@ -202,7 +205,7 @@ async fn control_planes_of_one_cluster_are_refreshed_one_at_a_time() {
 
 #[tokio::test]
 async fn a_new_ttl_written_during_a_refresh_is_carried_out_afterwards() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let [node] = env.isolated("alpha", ["alpha-md-0-w0"], "reannotate").await;
     let _controller = env.start_controller("reannotate", &[]);
     env.annotate_held_at(&node, Endpoint::Run, Duration::from_secs(2), TIMEOUT)
@@ -239,7 +242,7 @@ async fn a_new_ttl_written_during_a_refresh_is_carried_out_afterwards() {
 
 #[tokio::test]
 async fn a_machine_deleted_mid_refresh_leaves_no_error_loop() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let [node] = env.isolated("alpha", ["alpha-md-0-w1"], "deleted").await;
     env.sim
         .inject(&Fault::hang().on(&node).at(Endpoint::Run))
@@ -261,7 +264,7 @@ async fn a_machine_deleted_mid_refresh_leaves_no_error_loop() {
 
 #[tokio::test]
 async fn the_expiry_of_a_new_node_is_read_quietly_while_it_starts() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let [node] = env.isolated("beta", ["beta-md-0-w1"], "expiry").await;
     env.sim
         .inject(&Fault::unavailable().on(&node).at(Endpoint::Expiry).times(2))
@@ -287,7 +290,7 @@ async fn the_expiry_of_a_new_node_is_read_quietly_while_it_starts() {
 
 #[tokio::test]
 async fn a_controller_limited_to_a_namespace_leaves_the_others_alone() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let [inside] = env.isolated("gamma", ["alpha-md-0-w1"], "namespaced").await;
     let [outside] = env.isolated("beta", ["beta-md-0-w0"], "namespaced").await;
     let _controller = env.start_controller("namespaced", &["--namespace=edge"]);
@@ -306,7 +309,7 @@ async fn a_controller_limited_to_a_namespace_leaves_the_others_alone() {
 
 #[tokio::test]
 async fn the_direct_transport_refreshes_through_the_node_address() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let [node] = env.isolated("gamma", ["alpha-cp-0"], "direct").await;
     // Without k8sd-proxy pods the port-forward route cannot work: only the node address can.
     let workload = env.cluster("gamma").client().await.unwrap();

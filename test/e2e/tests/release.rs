@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use ck8s_certs_e2e::manifests::{self, Applier, describe};
 use ck8s_certs_e2e::process::Process;
-use ck8s_certs_e2e::{Binaries, Environment, controlplane, shared, tool};
+use ck8s_certs_e2e::{Binaries, Environment, controlplane, shared_of, tool};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
@@ -24,6 +24,9 @@ use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
 use kube::api::{DynamicObject, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
+
+/// The standard clusters these tests use; the others are not started.
+const CLUSTERS: &[&str] = &["solo"];
 
 /// `clusterctl init --addon ck8s-certs`.
 const PROVIDER: &str = "ck8s-certs";
@@ -593,7 +596,7 @@ async fn clusterctl_generates_components_that_the_management_cluster_accepts() {
         }
     }
 
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let mgmt = env.management().await.unwrap();
     let _installing = INSTALLING.lock().await;
     let mut applier = Applier::new(mgmt.clone(), "e2e-clusterctl");
@@ -858,7 +861,7 @@ struct Running {
 #[tokio::test]
 async fn the_controller_runs_with_the_installed_service_account_and_the_deployments_environment() {
     let (objects, _) = generate_for_the_management_cluster("run");
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let mgmt = env.management().await.unwrap();
     {
         let _installing = INSTALLING.lock().await;
@@ -1070,7 +1073,7 @@ async fn readme_install_today_installs_a_release_that_runs() {
         version()
     );
 
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let dir = scratch("readme");
     let shell = DocShell::new(&env, &dir, &dir.join("home"));
     let deployment = {
@@ -1110,7 +1113,7 @@ async fn kubeconfig_renewal_installed_as_its_doc_says_renews_a_kubeconfig() {
         blocks[1]
     );
 
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let mgmt = env.management().await.unwrap();
     let dir = scratch("kubeconfig-renewal");
     let clusterctl = Clusterctl::new(&dir, json!({}));
@@ -1252,7 +1255,7 @@ async fn install_md_kustomize_route_installs_the_patched_release() {
         "{script}"
     );
 
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let dir = scratch("install-md-kustomize");
     let work = dir.join("work");
     write(

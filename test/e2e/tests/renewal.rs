@@ -13,10 +13,13 @@ use ck8s_certs_api::renewal_policy::CertificateRenewalPolicy;
 use ck8s_certs_e2e::fixtures::NodeInfo;
 use ck8s_certs_e2e::policies::closed_window;
 use ck8s_certs_e2e::sim::{Endpoint, Fault};
-use ck8s_certs_e2e::{Environment, shared};
+use ck8s_certs_e2e::{Environment, shared_of};
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject};
 use serde_json::json;
+
+/// The standard clusters these tests use; the others are not started.
+const CLUSTERS: &[&str] = &["alpha", "beta", "gamma"];
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 
@@ -90,7 +93,7 @@ async fn event_reasons(env: &Environment, node: &NodeInfo) -> Vec<(String, Strin
 
 #[tokio::test]
 async fn an_automatic_policy_renews_before_expiry_without_an_annotation() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let node = env.cluster("alpha").node("alpha-cp-0").clone();
     env.create_policy(
         "fleet",
@@ -265,7 +268,7 @@ async fn an_automatic_policy_renews_before_expiry_without_an_annotation() {
 
 #[tokio::test]
 async fn a_disabled_policy_warns_inside_the_fail_safe_margin_and_a_manual_request_still_works() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let node = env.cluster("alpha").node("alpha-cp-1").clone();
     env.create_policy(
         "fleet",
@@ -305,7 +308,7 @@ async fn a_disabled_policy_warns_inside_the_fail_safe_margin_and_a_manual_reques
 #[tokio::test]
 async fn a_scheduled_policy_defers_to_the_next_window_and_bypasses_it_only_inside_the_fail_safe_margin()
  {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let [deferred, bypassed] = env.nodes("alpha", ["alpha-md-0-w0", "alpha-md-0-w1"]);
     let [strict] = env.nodes("beta", ["beta-cp-0"]);
     env.create_policy("fleet", "night", "night", json!({ "policy": "Scheduled", "renewBefore": "100d", "failSafeMargin": "1d", "windows": closed_window() })).await;
@@ -439,7 +442,7 @@ async fn a_scheduled_policy_defers_to_the_next_window_and_bypasses_it_only_insid
 
 #[tokio::test]
 async fn invalid_and_conflicting_policies_are_shown_on_the_machine_and_nothing_runs() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let invalid = env.cluster("beta").node("beta-cp-1").clone();
     let conflicted = env.cluster("beta").node("beta-md-0-w0").clone();
     env.create_policy(
@@ -604,7 +607,7 @@ async fn invalid_and_conflicting_policies_are_shown_on_the_machine_and_nothing_r
 
 #[tokio::test]
 async fn a_failing_node_backs_off_exponentially_across_restarts_and_recovers() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let node = env.cluster("beta").node("beta-md-0-w1").clone();
     env.create_policy(
         "fleet",
@@ -778,7 +781,7 @@ async fn defers_then_renews_at(
 
 #[tokio::test]
 async fn a_scheduled_renewal_starts_when_the_window_opens() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let node = env.cluster("gamma").node("alpha-cp-0").clone();
     let (start, end) = next_minute();
     let (from, to) = (
@@ -793,7 +796,7 @@ async fn a_scheduled_renewal_starts_when_the_window_opens() {
 
 #[tokio::test]
 async fn a_cron_window_defers_the_renewal_and_it_starts_at_the_opening() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let node = env.cluster("gamma").node("alpha-md-0-w0").clone();
     let (start, _) = next_minute();
     let schedule = format!("{} {} * * *", start.minute(), start.hour());

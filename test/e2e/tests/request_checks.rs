@@ -15,7 +15,7 @@ use ck8s_certs_e2e::fixtures::{NodeInfo, manual_request};
 use ck8s_certs_e2e::sim::{Endpoint, Fault};
 use ck8s_certs_e2e::users::{Grant, refused};
 use ck8s_certs_e2e::webhook::admission_settled;
-use ck8s_certs_e2e::{EnvSpec, Environment, shared_with};
+use ck8s_certs_e2e::{Environment, shared_of};
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
@@ -26,12 +26,6 @@ const FILTER: &str = "request-checks";
 const NAMESPACE: &str = "fleet";
 const POLICY: &str = "ck8s-certs-requests";
 const TIMEOUT: Duration = Duration::from_secs(90);
-
-fn spec() -> EnvSpec {
-    let mut spec = EnvSpec::standard();
-    spec.clusters.retain(|c| c.name == "alpha");
-    spec
-}
 
 fn request_for(name: &str, machine: &str) -> CertificateRefresh {
     let target = Target {
@@ -65,7 +59,7 @@ async fn user(env: &Environment, name: &str, rules: serde_json::Value) -> (Clien
 
 #[tokio::test]
 async fn a_request_the_policy_never_checked_or_whose_author_lost_the_right_refreshes_nothing() {
-    let env = shared_with(spec).await;
+    let env = shared_of(&["alpha"]).await;
     let nodes = env.isolate_cluster("alpha", FILTER).await;
     let node = |machine: &str| {
         nodes

@@ -12,7 +12,7 @@ use ck8s_certs_api::capi::{CLUSTER_NAME_LABEL, GROUP, WATCH_FILTER_LABEL};
 use ck8s_certs_api::machine_certificates::{MachineCertificates, Phase};
 use ck8s_certs_e2e::controller::{Controller, NAMESPACE};
 use ck8s_certs_e2e::sim::{CallRecord, Endpoint, runs};
-use ck8s_certs_e2e::{Environment, shared};
+use ck8s_certs_e2e::{Environment, shared_of};
 use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::GroupVersionKind;
 use kube::{Api, ResourceExt};
@@ -87,7 +87,7 @@ fn about(log: &str, from: usize, machine: &str) -> Vec<String> {
 
 #[tokio::test]
 async fn a_cluster_moved_between_shards_mid_refresh_is_refreshed_once_then_by_the_new_shard() {
-    let env = shared().await;
+    let env = shared_of(&["alpha"]).await;
     let alpha = env.cluster("alpha");
     let namespace = alpha.spec.namespace.clone();
     let node = alpha.node("alpha-cp-0").clone();

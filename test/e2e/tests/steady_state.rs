@@ -12,7 +12,7 @@ use ck8s_certs_e2e::controlplane::audited_writes;
 use ck8s_certs_e2e::fixtures::NodeInfo;
 use ck8s_certs_e2e::policies::closed_window;
 use ck8s_certs_e2e::sim::{Endpoint, Fault, runs};
-use ck8s_certs_e2e::{Environment, shared};
+use ck8s_certs_e2e::{Environment, shared_of};
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use serde_json::json;
@@ -86,7 +86,7 @@ fn writes_since(env: &Environment, from: usize) -> (usize, BTreeMap<String, Vec<
 
 #[tokio::test]
 async fn a_machine_whose_situation_does_not_change_costs_zero_writes_for_every_verdict() {
-    let env = shared().await;
+    let env = shared_of(&["alpha", "beta", "gamma"]).await;
     // Simulated nodes start with 90-day certificates: renewBefore 100d is due, 30d is not.
     #[rustfmt::skip]
     let cases = [

@@ -16,12 +16,15 @@ use ck8s_certs_api::machine_certificates::{Origin, Phase};
 use ck8s_certs_e2e::fixtures::{NodeInfo, manual_request};
 use ck8s_certs_e2e::users::Grant;
 use ck8s_certs_e2e::webhook::CONFIGURATION;
-use ck8s_certs_e2e::{Environment, shared};
+use ck8s_certs_e2e::{Environment, shared_of};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
+
+/// The standard clusters these tests use; the others are not started.
+const CLUSTERS: &[&str] = &["alpha", "trio"];
 
 const FILTER: &str = "ttl-band";
 const TIMEOUT: Duration = Duration::from_secs(90);
@@ -95,7 +98,7 @@ async fn runs(env: &Environment, node: &NodeInfo) -> Vec<serde_json::Value> {
 
 #[tokio::test]
 async fn a_requester_s_lifetime_outside_the_band_is_refused_at_admission_and_by_the_controller() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let [cp] = env.isolated("alpha", ["alpha-cp-0"], FILTER).await;
     let namespace = cp.namespace.clone();
     env.install_admission_policies().await;
@@ -431,7 +434,7 @@ async fn recorded_ca_end(env: &Environment, namespace: &str, cluster: &str) -> j
 /// an automatic renewal asks for no more than the CA has left, and its record says why.
 #[tokio::test]
 async fn no_lifetime_outlives_the_cluster_ca() {
-    let env = shared().await;
+    let env = shared_of(CLUSTERS).await;
     let [cp] = env.isolated("trio", ["trio-cp-0"], "ca-end").await;
     let _controller = env.start_controller("ca-end", &["--max-ttl=20y"]);
     let ca_end = recorded_ca_end(&env, &cp.namespace, &cp.cluster).await;

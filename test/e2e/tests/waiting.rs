@@ -15,8 +15,7 @@ const TIMEOUT: Duration = Duration::from_secs(600);
 const WORKERS: usize = 150;
 
 fn spec() -> EnvSpec {
-    let mut spec = EnvSpec::standard();
-    spec.clusters.retain(|c| c.name == "alpha");
+    let mut spec = EnvSpec::standard_of(&["alpha"]);
     let bulk = ClusterSpec {
         name: "bulk".into(),
         machine_prefix: "bulk".into(),

@@ -20,7 +20,7 @@ use std::time::Duration;
 use ck8s_certs_api::annotations::{REFRESH_CERTIFICATES, REFRESH_CERTIFICATES_STATUS};
 use ck8s_certs_api::certificate_refresh::CertificateRefresh;
 use ck8s_certs_api::machine_certificates::{Origin, Phase};
-use ck8s_certs_e2e::{controlplane, shared, webhook};
+use ck8s_certs_e2e::{controlplane, shared_of, webhook};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams};
@@ -91,7 +91,7 @@ async fn hold(connector: &TlsConnector, source: IpAddr, server: SocketAddr) -> s
 
 #[tokio::test]
 async fn under_a_flood_the_webhook_answers_and_while_it_is_down_only_users_are_refused() {
-    let env = shared().await;
+    let env = shared_of(&["alpha", "beta"]).await;
     let [flooded_manual, flooded_automatic] = env
         .isolated("beta", ["beta-md-0-w0", "beta-md-0-w1"], FILTER)
         .await;

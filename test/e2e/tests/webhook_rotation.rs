@@ -17,7 +17,7 @@ use ck8s_certs_e2e::controller::{Controller, NAMESPACE};
 use ck8s_certs_e2e::controlplane::{self, AuditEvent, audited_writes};
 use ck8s_certs_e2e::fixtures::NodeInfo;
 use ck8s_certs_e2e::webhook::CONFIGURATION;
-use ck8s_certs_e2e::{Environment, shared};
+use ck8s_certs_e2e::{Environment, shared_of};
 use futures::StreamExt;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
@@ -243,7 +243,7 @@ fn count(writes: &[(String, String, String, u16)], verb: &str, resource: &str, o
 
 #[tokio::test]
 async fn two_replicas_converge_on_a_rotated_ca_with_one_ca_bundle_write_and_no_refused_trigger() {
-    let env = shared().await;
+    let env = shared_of(&["alpha"]).await;
     let node = env.cluster("alpha").node("alpha-md-0-w0").clone();
     env.isolate(&node, FILTER).await;
     let a = env.start_controller_with_webhook(FILTER, &[]).await;
