@@ -42,7 +42,7 @@ manifests:
 docs:
 	$(CARGO) run -q -p ck8s-certs-e2e --bin docsgen
 
-.PHONY: manifests docs all build control-plane capi-manager nodesim bootstrapdouble refmanager env tools promtool monitoring-manifests monitoring-test release docker-build run unit e2e test test-tools bench fuzz lint fmt clean-env
+.PHONY: manifests docs all build control-plane capi-manager nodesim bootstrapdouble refmanager env tools promtool monitoring-manifests monitoring-test release docker-build run unit e2e test bench fuzz lint fmt clean-env
 
 all: build
 
@@ -149,11 +149,6 @@ e2e: env capi-manager tools promtool
 	  CARGO=$(CARGO) hack/e2e.sh "$(CAPI_VERSIONS)" "$(E2E_VERSIONED)"
 
 test: unit monitoring-test e2e
-
-## Every Go-built tool `make test` needs, promtool first (`make monitoring-test` needs it soonest).
-## CI builds them in the background while lint and the unit tests run (.ci/run); a build that
-## `make test` needs meanwhile waits for it (hack/lib.sh's `claim`) rather than building it twice.
-test-tools: promtool env capi-manager tools
 
 ## Fleet-scale benchmark, not part of `make test` (~15 min at the defaults on 2 cores): a fleet
 ## of 50 clusters x 100 Machines, ck8s-certs (release build) and the reference manager each

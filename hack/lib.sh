@@ -1,8 +1,8 @@
 # shellcheck shell=bash
-# Shared by hack/build-control-plane.sh, hack/build-tools.sh, hack/build-promtool.sh,
-# hack/build-capi-manager.sh and hack/release.sh: builds pinned Go commands from the Go module
-# proxy into a cache outside the work tree, keyed by version, so that later runs reuse them.
-# Source it; it reads hack/versions.env and sets CACHE and BIN.
+# Shared by hack/build-control-plane.sh, hack/build-tools.sh, hack/build-promtool.sh and
+# hack/release.sh: builds pinned Go
+# commands from the Go module proxy into a cache outside the work tree, keyed by version, so that
+# later runs reuse them. Source it; it reads hack/versions.env and sets CACHE and BIN.
 #
 # Why generated wrapper modules: k8s.io/kubernetes and sigs.k8s.io/cluster-api are not meant to
 # be required as modules, and `go install pkg@version` refuses modules whose go.mod has replace
@@ -29,26 +29,6 @@ quiet() {
   rm -f "$err"
   return "$rc"
 }
-
-# claim OUT: returns 1 when OUT is already built. Otherwise it waits until no other process is
-# building OUT (CI builds the tools in the background while lint runs, and `make test` may need
-# one before that is done), then returns 1 if that process built it, or 0 holding the lock,
-# which `unclaim` (or the script's exit, a failed build's included) releases.
-claim() {
-  [[ -x "$1" ]] && return 1
-  mkdir -p "$(dirname "$1")"
-  exec {CLAIM_FD}>"$1.lock"
-  if ! flock -n "$CLAIM_FD"; then
-    log "waiting for another build of $(basename "$1")"
-    flock "$CLAIM_FD"
-  fi
-  if [[ -x "$1" ]]; then
-    unclaim
-    return 1
-  fi
-}
-
-unclaim() { exec {CLAIM_FD}>&-; }
 
 # wrapper_module NAME MODULE VERSION NESTED_VERSION PACKAGE
 # Creates (in the current folder) a module that requires MODULE@VERSION, replaces every module
@@ -102,7 +82,7 @@ kube_ldflags() {
 build_kubernetes_cmd() {
   local name="$1"
   local out="$BIN/$name-$KUBE_VERSION"
-  claim "$out" || return 0
+  [[ -x "$out" ]] && return 0
   local src="$CACHE/src/$name-$KUBE_VERSION"
   mkdir -p "$src" "$BIN"
   log "building $name $KUBE_VERSION (first time only)"
@@ -114,12 +94,11 @@ build_kubernetes_cmd() {
     go build -trimpath -ldflags="$(kube_ldflags)" -o "$out.tmp" "k8s.io/kubernetes/cmd/$name"
     mv "$out.tmp" "$out"
   )
-  unclaim
 }
 
 build_etcd() {
   local out="$BIN/etcd-$ETCD_VERSION"
-  claim "$out" || return 0
+  [[ -x "$out" ]] && return 0
   local src="$CACHE/src/etcd-$ETCD_VERSION"
   mkdir -p "$src" "$BIN"
   log "building etcd $ETCD_VERSION"
@@ -148,7 +127,6 @@ GOMOD
     go build -trimpath -ldflags=-s -o "$out.tmp" .
     mv "$out.tmp" "$out"
   )
-  unclaim
 }
 
 # build_clusterctl: sigs.k8s.io/cluster-api/cmd/clusterctl at CLUSTERCTL_VERSION; its nested
@@ -156,7 +134,7 @@ GOMOD
 # cluster-api's hack/scripts/release/version.sh does (`clusterctl version` tells the truth).
 build_clusterctl() {
   local out="$BIN/clusterctl-$CLUSTERCTL_VERSION"
-  claim "$out" || return 0
+  [[ -x "$out" ]] && return 0
   local src="$CACHE/src/clusterctl-$CLUSTERCTL_VERSION"
   mkdir -p "$src" "$BIN"
   log "building clusterctl $CLUSTERCTL_VERSION (first time only)"
@@ -172,7 +150,6 @@ build_clusterctl() {
       -o "$out.tmp" sigs.k8s.io/cluster-api/cmd/clusterctl
     mv "$out.tmp" "$out"
   )
-  unclaim
 }
 
 
@@ -182,7 +159,7 @@ build_clusterctl() {
 # stamped as Prometheus' own build does (promu), so that `promtool --version` tells the truth.
 build_promtool() {
   local out="$BIN/promtool-$PROMTOOL_VERSION"
-  claim "$out" || return 0
+  [[ -x "$out" ]] && return 0
   local src="$CACHE/src/promtool-$PROMTOOL_VERSION"
   mkdir -p "$src" "$BIN"
   log "building promtool $PROMTOOL_VERSION (first time only)"
@@ -207,7 +184,6 @@ build_promtool() {
       -o "$out.tmp" github.com/prometheus/prometheus/cmd/promtool
     mv "$out.tmp" "$out"
   )
-  unclaim
 }
 
 # build_capi_manager VERSION: the Cluster API core manager (Cluster, Machine, MachineSet,
@@ -219,7 +195,7 @@ build_promtool() {
 build_capi_manager() {
   local version="$1"
   local out="$BIN/capi-manager-$version"
-  claim "$out" || return 0
+  [[ -x "$out" ]] && return 0
   local src="$CACHE/src/capi-manager-$version"
   mkdir -p "$src" "$BIN"
   log "building the Cluster API core manager $version (first time only)"
@@ -237,5 +213,4 @@ build_capi_manager() {
       -o "$out.tmp" "$package"
     mv "$out.tmp" "$out"
   )
-  unclaim
 }
