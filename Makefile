@@ -28,7 +28,10 @@ SHELL := /bin/bash
 CARGO ?= cargo
 GO ?= go
 export GOTOOLCHAIN := local
-export GOFLAGS := -mod=mod
+# -trimpath as hack/lib.sh builds the tools: the test programs' Kubernetes packages (nodesim and
+# the bootstrap double at kube-apiserver's versions, refmanager at the newest Cluster API
+# manager's) are then the same build actions, compiled once into the Go build cache.
+export GOFLAGS := -mod=mod -trimpath
 NODESIM := target/bin/nodesim
 BOOTSTRAPDOUBLE := target/bin/bootstrapdouble
 REFMANAGER := target/bin/refmanager
@@ -141,7 +144,7 @@ unit:
 ## renders the artifacts with hack/release.sh and installs them with the pinned clusterctl.
 E2E_VERSIONED := admission capi_manager cluster_move coexistence coexistence_fleet \
   control_plane_late environment fleet refresh refresh_scope release sharding steady_state
-## Test binaries run E2E_JOBS at a time (default 3, hack/e2e.sh), the tests of each E2E_TEST_THREADS
+## Test binaries run E2E_JOBS at a time (default 4, hack/e2e.sh), the tests of each E2E_TEST_THREADS
 ## at a time (default 2); their logs are in target/e2e-logs.
 e2e: env capi-manager tools promtool
 	$(CARGO) build --bin ck8s-certs

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Runs the e2e test binaries E2E_JOBS at a time (default 3), and the tests of each binary
+# Runs the e2e test binaries E2E_JOBS at a time (default 4), and the tests of each binary
 # E2E_TEST_THREADS at a time (default 2, fixed rather than cargo's one per core, so that the
 # suite runs as measured on any machine). Each binary starts its own environment and spends most
 # of its time waiting on it (nodes restarting, windows opening, controllers settling), so a
-# 2-core machine runs several at once: two binaries at a time left 57 % of the 2 cores idle;
-# three keep them about 80 % busy and ran the 55 binaries in 992 s instead of about 1,200
-# (docs/performance.md, "What the test suite costs").
+# 2-core machine runs several at once: two binaries at a time left 57 % of the 2 cores idle.
+# Since each binary starts only the clusters it uses, three kept them 67 % busy (851 s for the
+# 55 binaries) and four 88 % (784 s) (docs/performance.md, "What the test suite costs").
 #
 #   hack/e2e.sh "<Cluster API versions>" "<tests run against every version>"
 #
@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 
 versions=($1)
 versioned=" $2 "
-jobs=${E2E_JOBS:-3}
+jobs=${E2E_JOBS:-4}
 threads=${E2E_TEST_THREADS:-2}
 cargo=${CARGO:-cargo}
 logs=target/e2e-logs

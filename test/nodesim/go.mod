@@ -1,3 +1,5 @@
+// Its Kubernetes dependencies are at the versions kube-apiserver KUBE_VERSION is built with
+// (hack/lib.sh), so that the two share compiled packages in the Go build cache.
 module ck8s-certs/test/nodesim
 
 go 1.26
